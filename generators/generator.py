@@ -1,0 +1,241 @@
+"""Generator: a loaded model run with one method, answering a stacked prompt and scoring its passages.
+
+    gen = Generator("smollm2-135m", method="ms-poe")
+    prompt = gen.prompt("Who wrote X?", passages)
+    answer = gen.generate(prompt)            # text + per-passage evidence + timings
+    for piece in gen.stream(prompt): ...     # same, token by token
+
+One forward pass over the prompt (SDPA, KV cache) both prepares generation and reads the evidence;
+decoding reuses the cache and reads the answer's attention; calibration crops the cache back to the
+passages and runs the content-free question ("N/A") on top of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+import torch
+from transformers import DynamicCache
+
+from generators.attention import install_positional_attention
+from generators.methods import MethodConfig, build_schemes, method_config
+from generators.probe import PassageProbe
+from rag.evidence import Answer, EvidenceConfig, EvidenceMaps, passage_evidence
+from rag.models import DEFAULT_MODEL, LoadedModel, load_model
+from rag.prompt import CONTENT_FREE_QUESTION, Passage, StackedPrompt, build_prompt, render, shared_prefix_length
+
+
+class Generator:
+    def __init__(
+        self,
+        model: str | LoadedModel = DEFAULT_MODEL,
+        method: str = "baseline",
+        evidence: EvidenceConfig | None = None,
+        **method_options,
+    ):
+        self.loaded = load_model(model) if isinstance(model, str) else model
+        self.method: MethodConfig = method_config(method, method_options)
+        self.evidence_config = evidence or EvidenceConfig()
+        self.modules = install_positional_attention(self.loaded.model)
+        self.schemes = build_schemes(self.method, self.loaded.model)
+        self.evidence_config.layer_indices(len(self.modules))  # validate early
+        eos = self.loaded.model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_ids.add(self.tokenizer.eos_token_id)
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.loaded.model
+
+    @property
+    def context_window(self) -> int:
+        return self.loaded.context_window
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.modules)
+
+    def prompt(
+        self,
+        question: str,
+        passages: list[Passage],
+        max_new_tokens: int = 48,
+        truncate: Literal["error", "drop_last"] = "error",
+    ) -> StackedPrompt:
+        return build_prompt(self.tokenizer, passages, question, self.context_window - max_new_tokens, truncate)
+
+    @contextmanager
+    def _running(self, probe: PassageProbe | None):
+        """Put this generator's schemes (and the probe) into the shared model for one call."""
+        with self.loaded.lock, torch.inference_mode():
+            for module, scheme in zip(self.modules, self.schemes, strict=True):
+                module.scheme = scheme
+                module.probe = probe
+            try:
+                yield
+            finally:
+                for module in self.modules:
+                    module.probe = None
+
+    def _forward(self, ids: list[int], cache: DynamicCache, keep: int = 1) -> torch.Tensor:
+        out = self.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        return out.logits[0]
+
+    def _pick(self, logits: torch.Tensor, temperature: float, top_p: float, rng: torch.Generator | None) -> int:
+        if temperature <= 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        if top_p < 1.0:
+            sorted_probs, idx = probs.sort(descending=True)
+            keep = sorted_probs.cumsum(0) - sorted_probs < top_p
+            probs = torch.zeros_like(probs).scatter(0, idx[keep], sorted_probs[keep])
+        return int(torch.multinomial(probs, 1, generator=rng))
+
+    def _steps(
+        self,
+        prompt: StackedPrompt,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        calibrate: bool,
+    ) -> Iterator[str]:
+        """Yields text deltas; returns the Answer (generator return value)."""
+        if temperature > 0 and not 0 < top_p <= 1:
+            raise ValueError(f"top_p={top_p} must be in (0, 1].")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0.")
+        if prompt.num_tokens + max_new_tokens > self.context_window:
+            raise ValueError(
+                f"prompt ({prompt.num_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"context window ({self.context_window}); build the prompt with Generator.prompt()."
+            )
+        rng = torch.Generator().manual_seed(seed) if (temperature > 0 and seed is not None) else None
+        probe = PassageProbe(prompt.passage_spans, self.num_layers)
+        q_rows = list(range(*prompt.question_span))
+        last = prompt.num_tokens - 1
+        timings: dict[str, float] = {}
+        generated: list[int] = []
+        text = ""
+        with self._running(probe):
+            cache = DynamicCache(config=self.model.config)
+            t0 = time.perf_counter()
+            probe.score_rows(q_rows + [last])
+            logits = self._forward(prompt.input_ids, cache)[-1]
+            rows = probe.take()[:, 0]  # [layers, H, S, P]
+            timings["prefill_s"] = time.perf_counter() - t0
+            maps = EvidenceMaps(last=rows[:, :, -1], question=rows[:, :, :-1].mean(2))
+
+            t0 = time.perf_counter()
+            probe.score_rows([0])  # each decode step: the fed-back token's own query
+            while len(generated) < max_new_tokens:
+                token = self._pick(logits, temperature, top_p, rng)
+                if token in self.eos_ids:
+                    break
+                generated.append(token)
+                new_text = self.tokenizer.decode(generated, skip_special_tokens=True)
+                if len(new_text) > len(text) and not new_text.endswith("\ufffd"):
+                    yield new_text[len(text) :]
+                    text = new_text
+                if len(generated) == max_new_tokens:
+                    break
+                logits = self._forward([token], cache)[-1]
+            timings["decode_s"] = time.perf_counter() - t0
+            if len(generated) > 1:
+                maps.answer = probe.take()[:, 0].mean(2)
+            probe.score_rows([])
+
+            if calibrate:
+                t0 = time.perf_counter()
+                maps.null_last, maps.null_question = self._null_maps(prompt, cache, probe)
+                timings["calibrate_s"] = time.perf_counter() - t0
+        final = self.tokenizer.decode(generated, skip_special_tokens=True)
+        if len(final) > len(text):
+            yield final[len(text) :]
+        return Answer(
+            question=prompt.question,
+            text=final.strip(),
+            passages=passage_evidence(prompt.passages, maps, self.evidence_config),
+            model=self.loaded.name,
+            method=self.method.to_dict(),
+            evidence_config=self.evidence_config,
+            prompt_tokens=prompt.num_tokens,
+            generated_tokens=len(generated),
+            timings=timings,
+            dropped=prompt.dropped,
+            maps=maps,
+        )
+
+    def _null_maps(self, prompt: StackedPrompt, cache: DynamicCache, probe: PassageProbe):
+        """ICR calibration: the same passages with a content-free question, on the cached prefix."""
+        null = render(self.tokenizer, prompt.passages, CONTENT_FREE_QUESTION)
+        shared = shared_prefix_length(prompt.input_ids, null.input_ids)
+        # Passages must be inside the shared prefix, else the prefix cache would not describe them.
+        shared = min(shared, null.question_span[0])
+        assert shared >= null.passage_spans[-1][1], "calibration prompt diverges inside the passages"
+        cache.crop(shared - cache.get_seq_length())
+        rows_q = [i - shared for i in range(*null.question_span)]
+        probe.score_rows(rows_q + [null.num_tokens - 1 - shared])
+        self._forward(null.input_ids[shared:], cache)
+        rows = probe.take()[:, 0]
+        return rows[:, :, -1], rows[:, :, :-1].mean(2)
+
+    def generate(
+        self,
+        prompt: StackedPrompt,
+        max_new_tokens: int = 48,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = 0,
+        calibrate: bool = True,
+        on_token: Callable[[str], None] | None = None,
+    ) -> Answer:
+        """Greedy by default (temperature 0); sampled with temperature > 0 (seeded, top-p)."""
+        steps = self._steps(prompt, max_new_tokens, temperature, top_p, seed, calibrate)
+        while True:
+            try:
+                piece = next(steps)
+            except StopIteration as done:
+                return done.value
+            if on_token is not None:
+                on_token(piece)
+
+    def stream(self, prompt: StackedPrompt, **kwargs) -> GenerationStream:
+        return GenerationStream(self._steps(prompt, **{**_STREAM_DEFAULTS, **kwargs}))
+
+    def score(self, prompt: StackedPrompt, calibrate: bool = True) -> Answer:
+        """Evidence for the passages without generating (one prefill, plus the calibration suffix)."""
+        return self.generate(prompt, max_new_tokens=0, calibrate=calibrate)
+
+    def answer_logprob(self, prompt: StackedPrompt, answer: str) -> float:
+        """Sum of log p(answer tokens | prompt): a continuous accuracy measure for weak models."""
+        answer_ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        if not answer_ids:
+            raise ValueError("answer is empty.")
+        with self._running(None):
+            cache = DynamicCache(config=self.model.config)
+            logits = self._forward(prompt.input_ids + answer_ids, cache, keep=len(answer_ids) + 1)
+        logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
+        return float(logprobs[torch.arange(len(answer_ids)), torch.tensor(answer_ids)].sum())
+
+
+_STREAM_DEFAULTS = {"max_new_tokens": 48, "temperature": 0.0, "top_p": 1.0, "seed": 0, "calibrate": True}
+
+
+class GenerationStream:
+    """Iterate for text deltas; `answer` holds the full Answer once iteration ends."""
+
+    def __init__(self, steps: Iterator[str]):
+        self._steps = steps
+        self.answer: Answer | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        self.answer = yield from self._steps

@@ -1,0 +1,71 @@
+"""Attention evidence read inside the forward pass, without eager attention.
+
+For a handful of scoring queries s (the last prompt token, the question's tokens, generated tokens) a
+`PassageProbe` computes softmax(q_s K^T * scale + mask) from the rotated q and the cached K that the
+attention module already holds, mixes experts with the scheme's weights, and keeps only each passage's
+attention mass: a cumulative sum over keys, differenced at the span boundaries. Cost per layer is
+O(S * T * d) per head, against O(T^2 * d) for the forward; nothing of size T x T is ever built.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from generators.attention import expand_heads
+
+
+class PassageProbe:
+    """Collects, per layer, the attention mass [B, H, S, P] that scoring rows give to passage spans."""
+
+    def __init__(self, spans: list[tuple[int, int]], num_layers: int):
+        self.starts = torch.tensor([s for s, _ in spans], dtype=torch.long)
+        self.ends = torch.tensor([e for _, e in spans], dtype=torch.long)
+        self.num_layers = num_layers
+        self.rows: list[int] = []  # indices, within the current forward's chunk, of the scoring queries
+        self.collected: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
+
+    def score_rows(self, rows: list[int]) -> None:
+        self.rows = list(rows)
+
+    def take(self) -> torch.Tensor:
+        """All rows observed since the last take, as [layers, B, H, S, P]; resets the buffer."""
+        out = torch.stack([torch.cat(per_layer, dim=2) for per_layer in self.collected])
+        self.collected = [[] for _ in range(self.num_layers)]
+        return out
+
+    @torch.no_grad()
+    def observe(
+        self,
+        layer: int,
+        q_rot: torch.Tensor,  # [E, B, H, L, d]
+        keys: torch.Tensor,  # [B, E, Hk, T, d]
+        weights: torch.Tensor | None,  # [E, B, H, L, 1]
+        past: int,
+        mask: torch.Tensor | None,  # [B or 1, 1, L, T] bool/float, or None for plain causal
+        scale: float,
+    ) -> None:
+        if not self.rows:
+            return
+        rows = torch.tensor(self.rows, dtype=torch.long, device=q_rot.device)
+        heads, total = q_rot.shape[2], keys.shape[3]
+        q_sel = q_rot.index_select(3, rows).float()  # [E, B, H, S, d]
+        k_all = expand_heads(keys.transpose(0, 1), heads).float()  # [E, B, H, T, d]
+        logits = q_sel @ k_all.transpose(-1, -2) * scale  # [E, B, H, S, T]
+        if mask is None:
+            key_idx = torch.arange(total, device=q_rot.device)
+            allowed = key_idx[None, :] <= (past + rows)[:, None]  # [S, T]
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        else:
+            row_mask = mask.index_select(-2, rows)  # [B, 1, S, T]
+            if row_mask.dtype == torch.bool:
+                logits = logits.masked_fill(~row_mask, float("-inf"))
+            else:
+                logits = logits + row_mask.float()
+        probs = torch.softmax(logits, dim=-1)
+        if weights is None:
+            probs = probs[0]
+        else:
+            probs = (weights.index_select(3, rows).float() * probs).sum(0)
+        cums = torch.nn.functional.pad(probs.cumsum(-1), (1, 0))  # [B, H, S, T + 1]
+        mass = cums[..., self.ends] - cums[..., self.starts]  # [B, H, S, P]
+        self.collected[layer].append(mass)

@@ -1,0 +1,73 @@
+"""Rotary position schemes: how one attention layer turns token positions into q/k rotations.
+
+The baseline is the model's own RoPE. The methods are parameterisations of the same rotation:
+  - Ms-PoE divides positions by a per-head ratio (one expert, ratio r_h per head);
+  - MoICE rotates with several bases and mixes the experts' attention per token (E experts + router);
+  - MuDAF keeps RoPE and changes q/k projection weights, so it needs no scheme of its own.
+Shapes the attention module relies on: `rotate` returns q as [E, B, H, L, d] and k as [E, B, Hk, L, d],
+where Hk is the number of key heads stored per expert (kv heads, or every query head when keys must be
+rotated per query head); `mixing_weights` returns [E, B, H, L, 1] or None for a single expert.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, heads, L, d] for positions [B, L] and per-head frequencies [heads, d/2] or [B, heads, d/2]."""
+    if inv_freq.dim() == 2:
+        inv_freq = inv_freq[None]
+    angles = positions[:, None, :, None].float() * inv_freq[:, :, None, :].float()
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+class RotaryScheme(nn.Module):
+    """Plain RoPE, exactly as the stock model applies it: the identity case every method extends."""
+
+    num_experts = 1
+
+    def __init__(self, inv_freq: torch.Tensor, num_heads: int, num_kv_heads: int):
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq.clone().float(), persistent=False)
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+
+    @property
+    def key_heads(self) -> int:
+        return self.num_kv_heads
+
+    def start_sequence(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """Called with pre-RoPE q [B, H, L, d] and k [B, G, L, d] when a new sequence is prefilled."""
+
+    def rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if position_embeddings is not None:  # the model's own tables: bit-identical to stock
+            cos, sin = position_embeddings
+            cos, sin = cos[:, None], sin[:, None]
+        else:
+            cos, sin = rotary_tables(positions, self.inv_freq[None])
+            cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        return apply_rotary(q, cos, sin)[None], apply_rotary(k, cos, sin)[None]
+
+    def mixing_weights(self, q_rot: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def describe(self) -> dict:
+        return {"scheme": "rope"}

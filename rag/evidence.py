@@ -1,0 +1,129 @@
+"""Evidence results: per-passage attention scores, how they are aggregated, and the answer record.
+
+The generator hands over raw maps, attention mass per (layer, head, passage) for each scoring query:
+  last      the last prompt token (what the model "looks at" just before answering);
+  question  mean over the question's tokens (ICR, arXiv 2410.02642);
+  answer    mean over the generated tokens (attribution of the answer);
+  and the same `last`/`question` maps for a content-free query ("N/A") when calibration ran.
+`EvidenceConfig` picks the query, layers and heads; a passage's score is the mean over the chosen
+layers and heads of the attention mass it receives. Calibrated = score(query) - score("N/A").
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import torch
+
+from rag.prompt import Passage
+
+LayerSpec = Literal["all", "upper", "lower"] | list[int]
+
+
+@dataclass(frozen=True)
+class EvidenceConfig:
+    query: Literal["last", "question"] = "last"
+    layers: LayerSpec = "upper"
+    heads: Literal["all"] | tuple[int, ...] = "all"
+
+    def layer_indices(self, num_layers: int) -> list[int]:
+        if self.layers == "all":
+            return list(range(num_layers))
+        if self.layers == "upper":
+            return list(range(num_layers // 2, num_layers))
+        if self.layers == "lower":
+            return list(range(num_layers // 2))
+        bad = [i for i in self.layers if not 0 <= i < num_layers]
+        if bad:
+            raise ValueError(f"evidence layers {bad} out of range: the model has layers 0..{num_layers - 1}.")
+        return list(self.layers)
+
+
+def aggregate(maps: torch.Tensor, config: EvidenceConfig) -> list[float]:
+    """[layers, heads, passages] attention mass -> one score per passage."""
+    layers = config.layer_indices(maps.shape[0])
+    selected = maps[layers]
+    if config.heads != "all":
+        selected = selected[:, list(config.heads)]
+    return selected.mean(dim=(0, 1)).tolist()
+
+
+@dataclass
+class EvidenceMaps:
+    """Raw attention mass, each [layers, heads, passages] (batch of one)."""
+
+    last: torch.Tensor
+    question: torch.Tensor
+    answer: torch.Tensor | None = None
+    null_last: torch.Tensor | None = None
+    null_question: torch.Tensor | None = None
+
+    def scores(self, config: EvidenceConfig) -> list[float]:
+        return aggregate(getattr(self, config.query), config)
+
+    def calibrated(self, config: EvidenceConfig) -> list[float] | None:
+        null = self.null_last if config.query == "last" else self.null_question
+        if null is None:
+            return None
+        return [a - b for a, b in zip(self.scores(config), aggregate(null, config), strict=True)]
+
+    def attribution(self, config: EvidenceConfig) -> list[float] | None:
+        return None if self.answer is None else aggregate(self.answer, config)
+
+
+@dataclass
+class PassageEvidence:
+    """One passage as the model saw it: prompt position (1-based) and the scores it earned."""
+
+    position: int
+    passage: Passage
+    retrieval_score: float | None
+    evidence: float
+    calibrated: float | None
+    answer_attribution: float | None
+    rank: int  # 1 = strongest evidence (calibrated when available, else raw)
+
+
+@dataclass
+class Answer:
+    question: str
+    text: str
+    passages: list[PassageEvidence]
+    model: str
+    method: dict
+    evidence_config: EvidenceConfig
+    prompt_tokens: int
+    generated_tokens: int
+    timings: dict[str, float]
+    dropped: list[Passage] = field(default_factory=list)
+    maps: EvidenceMaps | None = field(default=None, repr=False)
+
+    def ranked(self) -> list[PassageEvidence]:
+        return sorted(self.passages, key=lambda p: p.rank)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("maps")
+        return out
+
+
+def passage_evidence(passages: list[Passage], maps: EvidenceMaps, config: EvidenceConfig) -> list[PassageEvidence]:
+    raw = maps.scores(config)
+    calibrated = maps.calibrated(config)
+    attribution = maps.attribution(config)
+    key = calibrated if calibrated is not None else raw
+    order = sorted(range(len(passages)), key=lambda i: -key[i])
+    rank = {i: r + 1 for r, i in enumerate(order)}
+    return [
+        PassageEvidence(
+            position=i + 1,
+            passage=p,
+            retrieval_score=p.score,
+            evidence=raw[i],
+            calibrated=None if calibrated is None else calibrated[i],
+            answer_attribution=None if attribution is None else attribution[i],
+            rank=rank[i],
+        )
+        for i, p in enumerate(passages)
+    ]

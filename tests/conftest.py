@@ -1,0 +1,53 @@
+"""Shared, session-scoped real parts: one SmolLM2-135M in memory, one embedded-corpus retriever."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    from rag.models import load_model
+
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def generator(loaded):
+    from generators import Generator
+
+    return Generator(loaded)
+
+
+@pytest.fixture(scope="session")
+def default_retriever(tmp_path_factory):
+    from rag.pipeline import default_corpus_path
+    from retrievers.dense import DenseRetriever
+
+    return DenseRetriever.build(default_corpus_path(), index_dir=tmp_path_factory.mktemp("idx") / "default")
+
+
+@pytest.fixture(scope="session")
+def pipeline(default_retriever, generator):
+    from rag.pipeline import Pipeline
+
+    return Pipeline(default_retriever, generator, top_k=5, max_new_tokens=24)
+
+
+PLANTED_FACT = "The secret code word of the Zorbland expedition is 'pelican'."
+
+
+def planted_passages(n: int = 8, gold_at: int = 3):
+    """n distractor paragraphs from the embedded corpus with one planted fact at 1-based `gold_at`."""
+    from rag.pipeline import default_corpus_path
+    from rag.prompt import Passage
+    from retrievers.corpus import read_documents
+
+    docs = read_documents(default_corpus_path())[:n]
+    passages = [Passage(text=d["text"][:400], title=d["title"], id=d["id"]) for d in docs[: n - 1]]
+    passages.insert(gold_at - 1, Passage(text=PLANTED_FACT, title="Zorbland expedition", id="gold"))
+    return passages
