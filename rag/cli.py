@@ -25,7 +25,7 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
         "--gqa", choices=["group", "per_query_head"], help="ms-poe: ratio per kv group or per query head"
     )
     parser.add_argument("--evidence-layers", default="upper", help="all | upper | lower | comma-separated indices")
-    parser.add_argument("--evidence-query", default="last", choices=["last", "question"])
+    parser.add_argument("--evidence-query", default="question", choices=["last", "question"])
 
 
 def method_options(args: argparse.Namespace) -> dict:

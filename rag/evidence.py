@@ -23,7 +23,7 @@ LayerSpec = Literal["all", "upper", "lower"] | list[int]
 
 @dataclass(frozen=True)
 class EvidenceConfig:
-    query: Literal["last", "question"] = "last"
+    query: Literal["last", "question"] = "question"
     layers: LayerSpec = "upper"
     heads: Literal["all"] | tuple[int, ...] = "all"
 

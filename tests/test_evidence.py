@@ -1,0 +1,80 @@
+"""Evidence from the model's own attention: planted facts, calibration, answer attribution, sampling."""
+
+from __future__ import annotations
+
+import pytest
+
+from rag.evidence import EvidenceConfig, aggregate
+from tests.conftest import PLANTED_FACT, planted_passages
+
+QUESTION = "What is the secret code word of the Zorbland expedition?"
+
+
+@pytest.mark.parametrize("gold_at", [1, 4, 8])
+def test_planted_fact_ranks_first_with_the_default_aggregation(generator, gold_at):
+    """Default = mean over the question's tokens, upper half of the layers (best of the 15 aggregations measured
+    on this prompt family: gold rank 1 at every position, raw and calibrated; last-token/all-layers ranks it 2-8)."""
+    prompt = generator.prompt(QUESTION, planted_passages(8, gold_at), max_new_tokens=8)
+    answer = generator.generate(prompt, max_new_tokens=8)
+    gold = answer.passages[gold_at - 1]
+    assert gold.passage.text == PLANTED_FACT
+    assert gold.rank == 1
+    assert gold.evidence == max(p.evidence for p in answer.passages)
+    assert gold.calibrated == max(p.calibrated for p in answer.passages)
+    assert sorted(p.rank for p in answer.passages) == list(range(1, 9))
+
+
+def test_result_fields_and_timings(generator):
+    prompt = generator.prompt(QUESTION, planted_passages(4, 2), max_new_tokens=6)
+    answer = generator.generate(prompt, max_new_tokens=6)
+    assert answer.prompt_tokens == prompt.num_tokens
+    assert 1 <= answer.generated_tokens <= 6
+    assert {"prefill_s", "decode_s", "calibrate_s"} <= set(answer.timings)
+    assert [p.position for p in answer.passages] == [1, 2, 3, 4]
+    null = aggregate(answer.maps.null_question, answer.evidence_config)
+    for p, n in zip(answer.passages, null, strict=True):
+        assert 0.0 <= p.evidence <= 1.0
+        assert p.calibrated == pytest.approx(p.evidence - n, abs=1e-7)
+    if answer.generated_tokens > 1:
+        assert all(p.answer_attribution is not None for p in answer.passages)
+    d = answer.to_dict()
+    assert d["passages"][0]["passage"]["text"] and "maps" not in d
+    assert d["method"] == {"name": "baseline"}
+
+
+def test_calibration_equals_a_separate_full_run_of_the_null_prompt(generator):
+    """The cached-prefix N/A pass must give the same rows as running the N/A prompt from scratch."""
+    from rag.prompt import CONTENT_FREE_QUESTION
+
+    passages = planted_passages(4, 3)
+    real = generator.generate(generator.prompt(QUESTION, passages), max_new_tokens=3)
+    null = generator.score(generator.prompt(CONTENT_FREE_QUESTION, passages), calibrate=False)
+    # Both are fp32 softmax rows of the same positions; the cached path only changes kernel order.
+    assert (real.maps.null_question - null.maps.question).abs().max().item() < 1e-5
+    assert (real.maps.null_last - null.maps.last).abs().max().item() < 1e-5
+
+
+def test_score_without_generation_and_without_calibration(generator):
+    prompt = generator.prompt(QUESTION, planted_passages(4, 2))
+    scored = generator.score(prompt, calibrate=False)
+    assert scored.text == "" and scored.generated_tokens == 0
+    assert all(p.calibrated is None for p in scored.passages)
+    assert scored.passages[1].rank == 1
+
+
+def test_sampling_is_seeded_and_streaming_matches_generate(generator):
+    prompt = generator.prompt(QUESTION, planted_passages(3, 1), max_new_tokens=8)
+    a = generator.generate(prompt, max_new_tokens=8, temperature=0.9, seed=7, calibrate=False)
+    b = generator.generate(prompt, max_new_tokens=8, temperature=0.9, seed=7, calibrate=False)
+    assert a.text == b.text
+    stream = generator.stream(prompt, max_new_tokens=8, calibrate=False)
+    pieces = list(stream)
+    greedy = generator.generate(prompt, max_new_tokens=8, calibrate=False)
+    assert "".join(pieces).strip() == greedy.text == stream.answer.text
+
+
+def test_evidence_config_validation(generator):
+    from generators import Generator
+
+    with pytest.raises(ValueError, match="out of range"):
+        Generator(generator.loaded, evidence=EvidenceConfig(layers=[0, 99]))
