@@ -30,7 +30,7 @@ from retrievers.corpus import fingerprint, read_documents, to_passages
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 IndexType = Literal["flat", "ivf", "hnsw"]
-SHARD = 512  # passages per saved embedding shard
+SHARD = 128  # passages per saved embedding shard: the unit of resumption
 
 _embedder = None
 
@@ -92,18 +92,19 @@ def _make_index(vectors: np.ndarray, index_type: IndexType) -> faiss.Index:
 
 def _embed_resumable(passages: list[Passage], work: Path) -> np.ndarray:
     work.mkdir(parents=True, exist_ok=True)
-    shards = range(0, len(passages), SHARD)
     parts = []
-    for start in tqdm(shards, desc="embedding passages", unit="shard", disable=len(passages) <= SHARD):
-        shard = work / f"{start:09d}.npy"
-        if shard.exists():
-            parts.append(np.load(shard))
-            continue
-        vectors = embed([f"{p.title}\n{p.text}".strip() for p in passages[start : start + SHARD]])
-        tmp = shard.with_suffix(".tmp.npy")
-        np.save(tmp, vectors)
-        os.replace(tmp, shard)
-        parts.append(vectors)
+    with tqdm(total=len(passages), desc="embedding passages", unit="passage") as bar:
+        for start in range(0, len(passages), SHARD):
+            shard = work / f"{start:09d}.npy"
+            if shard.exists():  # done before an interruption
+                vectors = np.load(shard)
+            else:
+                vectors = embed([f"{p.title}\n{p.text}".strip() for p in passages[start : start + SHARD]])
+                tmp = shard.with_suffix(".tmp.npy")
+                np.save(tmp, vectors)
+                os.replace(tmp, shard)
+            parts.append(vectors)
+            bar.update(len(vectors))
     return np.concatenate(parts)
 
 

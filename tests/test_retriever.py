@@ -129,3 +129,36 @@ def test_search_rejects_bad_arguments(default_retriever):
         default_retriever.search(" ")
     with pytest.raises(ValueError, match="top_k=0"):
         default_retriever.search("x", top_k=0)
+
+
+def test_interrupted_build_resumes_from_saved_shards(tmp_path, monkeypatch):
+    import numpy as np
+
+    from retrievers import dense
+
+    corpus = tmp_path / "many.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": str(i), "text": f"Fact number {i} about item {i * 7}."}) + "\n" for i in range(300))
+    )
+    real_embed = dense.embed
+    calls = []
+
+    def interrupted(texts, show_progress=False):
+        calls.append(len(texts))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the user hits Ctrl-C during the second shard
+        return real_embed(texts)
+
+    monkeypatch.setattr(dense, "embed", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        DenseRetriever.build(corpus, index_dir=tmp_path / "idx")
+    assert not (tmp_path / "idx").exists()  # no half-written index
+    calls.clear()
+    monkeypatch.setattr(
+        dense, "embed", lambda texts, show_progress=False: calls.append(len(texts)) or real_embed(texts)
+    )
+    resumed = DenseRetriever.build(corpus, index_dir=tmp_path / "idx")
+    assert calls == [128, 44]  # the first shard came from disk
+    fresh = real_embed([f"\n{p.text}".strip() for p in resumed.passages])
+    stored = resumed.index.reconstruct_n(0, resumed.index.ntotal)
+    assert np.allclose(stored, fresh, atol=1e-5)
