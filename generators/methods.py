@@ -71,6 +71,10 @@ def build_schemes(config: MethodConfig, model) -> list[RotaryScheme]:
     inv_freq = model.model.rotary_emb.inv_freq
     if config.name == "baseline":
         return [RotaryScheme(inv_freq, heads, kv_heads) for _ in range(num_layers)]
+    rope_type = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type in ("dynamic", "yarn", "longrope"):
+        # These rescale frequencies per sequence length or scale the tables; per-head ratios on top are untested.
+        raise MethodConfigError(f"{config.name} does not support rope_type '{rope_type}' models yet.")
     opts = config.options
     layers = opts["layers"] if opts["layers"] is not None else list(range(2, num_layers))
     bad = [i for i in layers if not (isinstance(i, int) and 0 <= i < num_layers)]

@@ -179,6 +179,14 @@ def load_model(name_or_path: str = DEFAULT_MODEL) -> LoadedModel:
                 f"model '{name_or_path}' is a {arch}; midlens supports RoPE decoders: "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}."
             )
+        window = int(config.max_position_embeddings)
+        sliding = getattr(config, "sliding_window", None)
+        uses_sliding = getattr(config, "use_sliding_window", sliding is not None) and sliding is not None
+        if uses_sliding and sliding < window:
+            raise ModelError(
+                f"model '{name_or_path}' uses sliding-window attention ({sliding} of {window} positions); "
+                "midlens' attention module implements full causal attention only."
+            )
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
         model.eval()
@@ -186,7 +194,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL) -> LoadedModel:
             name=name_or_path,
             model=model,
             tokenizer=tokenizer,
-            context_window=int(config.max_position_embeddings),
+            context_window=window,
         )
         _LOADED[name_or_path] = loaded
         return loaded

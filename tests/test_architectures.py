@@ -1,0 +1,79 @@
+"""The attention module on every supported architecture: tiny randomly initialised Llama, Qwen2 (q/k/v biases)
+and Mistral configs, saved as local folders and loaded through the same path as any `--model PATH`."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, MistralConfig, Qwen2Config
+
+from generators import Generator
+from rag.models import load_model, resolve_model_dir
+
+LOGIT_TOL = 1e-4
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    vocab_size=49152,  # SmolLM2's tokenizer is reused
+)
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**TINY, rope_theta=10000.0, architectures=["LlamaForCausalLM"]),
+    "qwen2": lambda: Qwen2Config(**TINY, rope_theta=1e6, use_sliding_window=False, architectures=["Qwen2ForCausalLM"]),
+    "mistral": lambda: MistralConfig(**TINY, rope_theta=1e6, sliding_window=None, architectures=["MistralForCausalLM"]),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def tiny(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(CONFIGS[request.param]())
+    model.save_pretrained(folder)
+    smol = resolve_model_dir("smollm2-135m")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smol / name).exists():
+            shutil.copy(smol / name, folder / name)
+    stock = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    return load_model(str(folder)), stock
+
+
+def test_baseline_and_unit_ratio_ms_poe_match_stock(tiny):
+    loaded, stock = tiny
+    ids = torch.randint(0, 49152, (1, 40))
+    with torch.inference_mode():
+        ref = stock(ids).logits
+    for gen in (Generator(loaded), Generator(loaded, method="ms-poe", ratio_min=1.0, ratio_max=1.0, layers=[0, 3])):
+        with gen._running(None):
+            ours = gen._forward(ids[0].tolist(), DynamicCache(config=gen.model.config), keep=40)
+        assert (ref[0] - ours).abs().max().item() < LOGIT_TOL
+
+
+@pytest.mark.parametrize("gqa", ["group", "per_query_head"])
+def test_ms_poe_cache_matches_recomputation(tiny, gqa):
+    loaded, _ = tiny
+    gen = Generator(loaded, method="ms-poe", gqa=gqa, layers=[1, 2, 3])
+    ids = torch.randint(0, 49152, (30,)).tolist()
+    with gen._running(None):
+        cache = DynamicCache(config=gen.model.config)
+        cached = [gen._forward(ids[:27], cache)[-1]] + [gen._forward([t], cache)[-1] for t in ids[27:]]
+    for s in gen.schemes:  # keep the prefill's head order for the one-pass recomputation
+        s.start_sequence = lambda q, k: None
+    with gen._running(None):
+        full = gen._forward(ids, DynamicCache(config=gen.model.config), keep=4)
+    assert (torch.stack(cached) - full).abs().max().item() < LOGIT_TOL
+
+
+def test_sliding_window_models_are_refused(tmp_path):
+    from rag.errors import ModelError
+
+    cfg = MistralConfig(**TINY, sliding_window=128, architectures=["MistralForCausalLM"])
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="sliding-window attention \\(128 of 512 positions\\)"):
+        load_model(str(tmp_path))
