@@ -177,11 +177,11 @@ class Generator:
     def _null_maps(self, prompt: StackedPrompt, cache: DynamicCache, probe: PassageProbe):
         """ICR calibration: the same passages with a content-free question, on the cached prefix."""
         null = render(self.tokenizer, prompt.passages, CONTENT_FREE_QUESTION)
-        shared = shared_prefix_length(prompt.input_ids, null.input_ids)
-        # Passages must be inside the shared prefix, else the prefix cache would not describe them.
-        shared = min(shared, null.question_span[0])
-        assert shared >= null.passage_spans[-1][1], "calibration prompt diverges inside the passages"
-        cache.crop(shared - cache.get_seq_length())
+        shared = min(shared_prefix_length(prompt.input_ids, null.input_ids), null.question_span[0])
+        if shared >= null.passage_spans[-1][1]:
+            cache.crop(shared - cache.get_seq_length())
+        else:  # a tokenizer merged across the question boundary: the cached passages don't apply
+            shared, cache = 0, DynamicCache(config=self.model.config)
         rows_q = [i - shared for i in range(*null.question_span)]
         probe.score_rows(rows_q + [null.num_tokens - 1 - shared])
         self._forward(null.input_ids[shared:], cache)
