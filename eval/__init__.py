@@ -1,0 +1,1 @@
+"""Offline evaluation and benchmarks of midlens' generators and evidence."""

@@ -1,0 +1,1 @@
+"""Retrievers: documents -> passages -> a searchable index (`retrievers.dense.DenseRetriever`)."""
