@@ -1,0 +1,193 @@
+"""The Gradio demo, served for real on a free local port and driven with gradio_client."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+from contextlib import contextmanager
+
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+
+from demo.app import DemoBackend, UserError, create_demo, launch
+from demo.views import EXAMPLE_IDS, MID_PROMPT_EXAMPLE_ID, _questions, example_questions, gold_titles
+from rag.pipeline import Pipeline
+from rag.prompt import Passage
+
+MODEL = "smollm2-135m"
+UPLOAD_LIMIT_MB = 0.01  # ~10 KB, so the too-large case needs no big file
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def served(pipeline: Pipeline, **options):
+    """The demo on 127.0.0.1:<free port>, closed afterwards."""
+    demo = create_demo(pipeline, **options)
+    _, url, _ = launch(demo, port=free_port(), prevent_thread_lock=True)
+    try:
+        yield url
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def server(pipeline):
+    with served(pipeline, max_upload_mb=UPLOAD_LIMIT_MB) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server, verbose=False)
+
+
+def ask(client: Client, question: str, method="baseline", compare=False, top_k=3, view="calibrated", corpus=None):
+    return client.predict(question, MODEL, method, compare, top_k, view, corpus, 4, api_name="/ask")
+
+
+def headers(highlighted: list[dict]) -> list[dict]:
+    return [seg for seg in highlighted if seg["class_or_confidence"] is None]
+
+
+def heat(highlighted: list[dict]) -> list[float]:
+    return [seg["class_or_confidence"] for seg in highlighted if seg["class_or_confidence"] is not None]
+
+
+def test_examples_include_a_gold_passage_mid_prompt(default_retriever):
+    questions = _questions()
+    assert all(i in questions for i in EXAMPLE_IDS)
+    mid = questions[MID_PROMPT_EXAMPLE_ID]
+    titles = [p.title for p in default_retriever.search(mid["question"], 5)]
+    positions = [i + 1 for i, t in enumerate(titles) if t in mid["gold_titles"]]
+    assert positions == [3], f"gold at {positions} of 5: {titles}"
+    assert example_questions()[0][0] == mid["question"].strip()
+    assert gold_titles("  " + mid["question"] + " ") == mid["gold_titles"]
+    assert gold_titles("not a HotpotQA question") == []
+
+
+def test_ask_returns_answer_and_evidence_in_prompt_order(client, pipeline):
+    question = example_questions()[0][0]
+    answer_md, passages, base_md, base_passages, ranks_md, table, plot, attribution = ask(client, question)
+    assert answer_md.startswith(f"**baseline** ({MODEL}):")
+    assert re.search(r"\n\n\d+ prompt tokens, [0-4] generated; prefill", answer_md)
+    expected = pipeline.retrieve(question, 3)
+    heads = headers(passages)
+    assert len(heads) == 3 and len(heat(passages)) == 3
+    for i, (head, p) in enumerate(zip(heads, expected, strict=True), start=1):
+        assert head["token"].startswith(f"[{i}] {p.title}  ·  retrieval {p.score:.3f}")
+    values = heat(passages)
+    assert all(-1.0 <= v <= 1.0 for v in values) and max(abs(v) for v in values) == pytest.approx(1.0)
+    # The gold passage (Torrid) is at prompt position 3 and the rank table tracks it.
+    assert "Torrid (clothing retailer)" in heads[2]["token"] and "★ gold" in heads[2]["token"]
+    assert "| Torrid (clothing retailer) | 3 |" in ranks_md
+    assert base_md == "" and base_passages is None
+    assert table["headers"][:4] == ["position", "title", "retrieval", "baseline evidence"]
+    assert [row[0] for row in table["data"]] == [1, 2, 3]
+    ranks = [row[table["headers"].index("baseline rank")] for row in table["data"]]
+    assert sorted(ranks) == [1, 2, 3]
+    assert [row[2] for row in plot["data"]] == ["baseline"] * 3
+    shares = [row[1] for row in attribution["data"]]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_method_switch_runs_side_by_side_on_the_same_passages(client):
+    question = example_questions()[1][0]
+    answer_md, passages, base_md, base_passages, ranks_md, table, plot, _ = ask(
+        client, question, method="ms-poe", compare=True
+    )
+    assert answer_md.startswith(f"**ms-poe** ({MODEL}):")
+    assert base_md.startswith(f"**baseline** ({MODEL}):")
+    titles = [h["token"].split("  ·  ")[0] for h in headers(passages)]
+    assert titles == [h["token"].split("  ·  ")[0] for h in headers(base_passages)]
+    assert "rank under ms-poe | rank under baseline" in ranks_md
+    assert {"ms-poe evidence", "baseline evidence"} <= set(table["headers"])
+    ms_poe = [row[table["headers"].index("ms-poe evidence")] for row in table["data"]]
+    baseline = [row[table["headers"].index("baseline evidence")] for row in table["data"]]
+    # Ms-PoE rescales positions in most layers, so the attention the passages receive must change.
+    assert ms_poe != baseline
+    assert sorted({row[2] for row in plot["data"]}) == ["baseline", "ms-poe"]
+
+
+def test_raw_scores_view(client):
+    _, passages, *_, table, _, _ = ask(client, example_questions()[3][0], top_k=2, view="raw")
+    raw = [row[table["headers"].index("baseline evidence")] for row in table["data"]]
+    assert all(v > 0 for v in raw)  # raw attention mass is positive; calibrated scores need not be
+    assert max(heat(passages)) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "question, top_k, message",
+    [
+        ("   ", 3, "The question is empty"),
+        ("Who founded Torrid?", 0, "Value 0 is less than minimum value 1"),  # Gradio's slider bound check
+        ("Who founded Torrid?", 2.5, "top-k must be a whole number from 1 to 10"),
+    ],
+)
+def test_bad_input_returns_the_message(client, question, top_k, message):
+    with pytest.raises(AppError, match=message):
+        ask(client, question, top_k=top_k)
+
+
+def test_uploaded_corpus_is_used_and_oversized_upload_is_refused(client, tmp_path):
+    small = tmp_path / "zorbland_notes.md"
+    small.write_text("The Zorbland expedition's secret code word is 'pelican'.\n\nIt sailed in 1911.\n")
+    answer_md, passages, *_ = ask(client, "What is the Zorbland code word?", top_k=1, corpus=handle_file(str(small)))
+    assert headers(passages)[0]["token"].startswith("[1] zorbland notes  ·  retrieval")
+    assert "pelican" in heat_text(passages)
+    big = tmp_path / "big.txt"
+    big.write_text("lorem ipsum dolor sit amet\n" * 1000)  # ~26 KB > the 10 KB limit set for this server
+    with pytest.raises(AppError, match=r"corpus upload big.txt is 26\.\d KB; the demo indexes at most 10\.\d KB"):
+        ask(client, "What is lorem?", corpus=handle_file(str(big)))
+    bad = tmp_path / "notes.pdf"
+    bad.write_text("not really a pdf")
+    with pytest.raises(AppError, match=r"Invalid file type. Please upload a file that is one of these formats"):
+        ask(client, "What is this?", corpus=handle_file(str(bad)))
+
+
+def heat_text(highlighted: list[dict]) -> str:
+    return " ".join(seg["token"] for seg in highlighted if seg["class_or_confidence"] is not None)
+
+
+def test_two_users_at_once_get_their_own_results(server, pipeline):
+    questions = [example_questions()[0][0], example_questions()[2][0]]
+    results: dict[int, list] = {}
+
+    def user(i: int) -> None:
+        results[i] = ask(Client(server, verbose=False), questions[i], top_k=2)
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(results) == [0, 1]
+    for i, q in enumerate(questions):
+        expected = [f"[{j}] {p.title}  ·  " for j, p in enumerate(pipeline.retrieve(q, 2), start=1)]
+        got = [h["token"][: len(e)] for h, e in zip(headers(results[i][1]), expected, strict=True)]
+        assert got == expected
+
+
+def test_prompt_over_the_window_is_a_message(pipeline, tmp_path):
+    from retrievers.dense import DenseRetriever
+
+    words = " ".join(f"word{i}" for i in range(3000))  # ~3 passages of this exceed the 8k window
+    long = [Passage(text=words, title=f"long {i}", id=str(i)) for i in range(3)]
+    retriever = DenseRetriever.from_passages(long, tmp_path / "idx")
+    backend = DemoBackend(Pipeline(retriever, pipeline.generator, top_k=3))
+    with pytest.raises(UserError, match="The prompt is too long for smollm2-135m: .* lower top-k"):
+        backend.ask("What is word7?", MODEL, "baseline", False, 3)
+
+
+def test_unknown_model_or_method_is_a_message(pipeline):
+    backend = DemoBackend(pipeline)
+    with pytest.raises(UserError, match="method 'moice' is not available; choose one of baseline, ms-poe"):
+        backend.ask("Who founded Torrid?", MODEL, "moice", False, 3)
+    with pytest.raises(UserError, match="model 'gpt-9' is not offered here"):
+        backend.ask("Who founded Torrid?", "gpt-9", "baseline", False, 3)
