@@ -178,6 +178,15 @@ def test_query_engine_over_faiss_sync_async_and_streaming(llm, faiss_index):
     assert [(s.node_id, s.score) for s in stream.source_nodes] == [(s.node_id, s.score) for s in response.source_nodes]
 
 
+def test_query_engine_without_nodes_answers_empty_response(llm, faiss_index):
+    from llama_index.core.postprocessor import SimilarityPostprocessor
+
+    cutoff = SimilarityPostprocessor(similarity_cutoff=1.5)  # cosine never exceeds 1: every node is filtered out
+    engine = MidlensQueryEngine.from_index(faiss_index, llm=llm, node_postprocessors=[cutoff])
+    response = engine.query(QUESTION)
+    assert response.response == "Empty Response" and response.source_nodes == []
+
+
 def test_dense_retriever_as_llamaindex_retriever(tmp_path):
     from retrievers.dense import DenseRetriever
 
