@@ -52,7 +52,7 @@ from generators.generator import Generator  # noqa: E402
 from rag.errors import PromptTooLongError  # noqa: E402
 from rag.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
 from rag.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
-from rag.prompt import Passage, StackedPrompt, build_prompt  # noqa: E402
+from rag.prompt import Passage, StackedPrompt, build_prompt, render  # noqa: E402
 
 logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
@@ -360,14 +360,15 @@ class AttentionReranker(BaseNodePostprocessor):
         while remaining:
             try:
                 prompt = build_prompt(self._generator.tokenizer, remaining, query, limit, truncate="drop_last")
-            except PromptTooLongError as err:
+            except PromptTooLongError:
                 first = remaining[0]
+                alone = render(self._generator.tokenizer, [first], query).num_tokens
+                cap = "max_tokens_per_pass" if limit < window else "the context window"
                 raise PromptTooLongError(
-                    f"node {first.id or '(no id)'} does not fit one reranking pass: with the query it needs "
-                    f"{err.prompt_tokens if len(remaining) == 1 else 'more than'} {limit} tokens "
-                    f"({'max_tokens_per_pass' if limit < window else 'the context window'}). Split documents "
-                    "into smaller nodes (e.g. SentenceSplitter(chunk_size=...)) or raise max_tokens_per_pass.",
-                    prompt_tokens=err.prompt_tokens,
+                    f"node {first.id or '(no id)'} does not fit one reranking pass: stacked alone under the query "
+                    f"it takes {alone} tokens, more than the {limit} allowed ({cap}). Split documents into smaller "
+                    "nodes (e.g. SentenceSplitter(chunk_size=...)) or raise max_tokens_per_pass.",
+                    prompt_tokens=alone,
                     window=limit,
                     passages_that_fit=0,
                     passages=len(passages),
