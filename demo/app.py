@@ -39,7 +39,12 @@ DEFAULT_CORPUS = "default"
 
 CSS = """
 #passages, #baseline-passages { font-size: 0.92em; line-height: 1.5; }
+#passages .text, #baseline-passages .text { word-break: normal; overflow-wrap: anywhere; }
+#passages .score-token:not(.highlighted) .text, #baseline-passages .score-token:not(.highlighted) .text {
+  font-weight: 600;
+}
 """
+POSITIONS = [str(i) for i in range(1, MAX_TOP_K + 1)]  # explicit order: "10" must not sort before "2"
 
 
 class UserError(Exception):
@@ -216,7 +221,7 @@ class DemoBackend:
             done[0] += 1
             _progress(progress, (done[0], new_tokens), f"generating with {method}", unit="tokens")
 
-        _progress(progress, (0, new_tokens), f"reading the prompt ({method}), waiting for the model if busy")
+        _progress(progress, (0, new_tokens), f"reading the prompt ({method}; waits if the model is busy)", "tokens")
         return pipe.answer(question, passages, max_new_tokens=new_tokens, on_token=on_token)
 
 
@@ -323,7 +328,7 @@ def build_blocks(backend: DemoBackend) -> gr.Blocks:
             "# midlens: what did the model read?\n"
             "Ask a question: midlens retrieves passages, stacks them into one prompt and answers. Each passage "
             "below is shaded by the attention it received (red = more than a content-free question gives it, "
-            "blue = less, per query). Small models lose passages in the middle of the prompt; "
+            "purple = less, per query). Small models lose passages in the middle of the prompt; "
             "**side by side** runs a position-aware method against baseline on the very same passages."
         )
         with gr.Row():
@@ -372,17 +377,18 @@ def build_blocks(backend: DemoBackend) -> gr.Blocks:
                 x="position",
                 y="evidence",
                 color="method",
-                title="Evidence by prompt position",
+                sort=POSITIONS,
                 label="Evidence by prompt position",
-                height=280,
+                height=380,  # room for the method legend under the axis
             )
             attribution_plot = gr.BarPlot(
-                x="passage",
+                x="position",
                 y="share",
-                sort="x",
-                title="Answer attribution: share of the answer tokens' attention",
-                label="Answer attribution",
-                height=280,
+                sort=POSITIONS,
+                tooltip=["position", "passage", "share"],
+                y_lim=[0, None],  # bars must start at zero to compare by length
+                label="Answer attribution: share of the answer tokens' attention per passage",
+                height=320,
             )
         table = gr.Dataframe(label="Scores per passage", interactive=False, wrap=True)
         state = gr.State(None)

@@ -197,9 +197,12 @@ def evidence_table(answers: list[Answer], view: ScoreView) -> pd.DataFrame:
 
 
 def position_frame(answers: list[Answer], view: ScoreView) -> pd.DataFrame:
-    """Long format for gr.LinePlot: evidence against prompt position, one line per method."""
+    """Long format for gr.LinePlot: evidence against prompt position, one line per method.
+
+    Positions are strings so the axis is categorical (whole positions only, no 1.4 ticks).
+    """
     rows = [
-        {"position": p.position, "evidence": v, "method": method_label(a)}
+        {"position": str(p.position), "evidence": v, "method": method_label(a)}
         for a in answers
         for p, v in zip(a.passages, scores(a, view), strict=True)
     ]
@@ -209,7 +212,7 @@ def position_frame(answers: list[Answer], view: ScoreView) -> pd.DataFrame:
 def attribution_frame(answer: Answer) -> pd.DataFrame:
     shares = attribution_shares(answer) or [0.0] * len(answer.passages)
     rows = [
-        {"passage": f"[{p.position}] {p.passage.title[:24]}", "share": s, "position": p.position}
+        {"position": str(p.position), "passage": p.passage.title, "share": s}
         for p, s in zip(answer.passages, shares, strict=True)
     ]
-    return pd.DataFrame(rows, columns=["passage", "share", "position"])
+    return pd.DataFrame(rows, columns=["position", "passage", "share"])

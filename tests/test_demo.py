@@ -93,7 +93,7 @@ def test_ask_returns_answer_and_evidence_in_prompt_order(client, pipeline):
     ranks = [row[table["headers"].index("baseline rank")] for row in table["data"]]
     assert sorted(ranks) == [1, 2, 3]
     assert [row[2] for row in plot["data"]] == ["baseline"] * 3
-    shares = [row[1] for row in attribution["data"]]
+    shares = [row[2] for row in attribution["data"]]
     assert sum(shares) == pytest.approx(1.0, abs=1e-6)
 
 
