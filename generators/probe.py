@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from generators.attention import expand_heads
-
 
 class PassageProbe:
     """Collects, per layer, the attention mass [B, H, S, P] that scoring rows give to passage spans."""
@@ -47,10 +45,13 @@ class PassageProbe:
         if not self.rows:
             return
         rows = torch.tensor(self.rows, dtype=torch.long, device=q_rot.device)
-        heads, total = q_rot.shape[2], keys.shape[3]
-        q_sel = q_rot.index_select(3, rows).float()  # [E, B, H, S, d]
-        k_all = expand_heads(keys.transpose(0, 1), heads).float()  # [E, B, H, T, d]
-        logits = q_sel @ k_all.transpose(-1, -2) * scale  # [E, B, H, S, T]
+        experts, batch, heads, _, dim = q_rot.shape
+        key_heads, total = keys.shape[2], keys.shape[3]
+        # Group the query heads that share a key head instead of copying K per query head (GQA): this
+        # runs at every decode step, where a copy of the whole cache per layer would dominate.
+        q_sel = q_rot.index_select(3, rows).float().view(experts, batch, key_heads, -1, dim)
+        k_all = keys.transpose(0, 1).float()  # [E, B, Hk, T, d]
+        logits = (q_sel @ k_all.transpose(-1, -2) * scale).view(experts, batch, heads, len(self.rows), total)
         if mask is None:
             key_idx = torch.arange(total, device=q_rot.device)
             allowed = key_idx[None, :] <= (past + rows)[:, None]  # [S, T]

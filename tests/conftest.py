@@ -24,11 +24,12 @@ def generator(loaded):
 
 
 @pytest.fixture(scope="session")
-def default_retriever(tmp_path_factory):
+def default_retriever():
     from rag.pipeline import default_corpus_path
     from retrievers.dense import DenseRetriever
 
-    return DenseRetriever.build(default_corpus_path(), index_dir=tmp_path_factory.mktemp("idx") / "default")
+    # The shared cache index: built once per machine (about 50 s), reused by later sessions.
+    return DenseRetriever.build(default_corpus_path())
 
 
 @pytest.fixture(scope="session")
