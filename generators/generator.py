@@ -153,7 +153,7 @@ class Generator:
                 maps.answer = probe.take()[:, 0].mean(2)
             probe.score_rows([])
 
-            if calibrate:
+            if calibrate and prompt.passages:
                 t0 = time.perf_counter()
                 maps.null_last, maps.null_question = self._null_maps(prompt, cache, probe)
                 timings["calibrate_s"] = time.perf_counter() - t0
