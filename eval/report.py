@@ -1,0 +1,221 @@
+"""`midlens eval report`: markdown tables and PNG plots from one or more run directories.
+
+Sweep tables compare methods on the same questions: only examples finished for every method and
+position of that dataset count (a run still in progress reports its complete prefix), and `n` says
+how many. Unavailable methods (not built yet) are listed as such.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from eval.runner import CONFIG, RunError, read_rows, write_atomic
+
+RANKERS = ("dense", "bm25", "evidence_raw", "evidence_calibrated")
+RANK_METRICS = ("recall@1", "recall@2", "recall@5", "mrr", "ndcg@10")
+
+
+def load_runs(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
+    configs, rows = [], {}
+    for run in map(Path, run_dirs):
+        if not (run / CONFIG).is_file():
+            raise RunError(
+                f"{run} is not a run directory (no {CONFIG}); pass the --out of `midlens eval sweep|rerank|e2e`."
+            )
+        configs.append(json.loads((run / CONFIG).read_text()))
+        for f in sorted(run.glob("results*.jsonl")):
+            for row in read_rows(f):
+                rows[(row["config_sha256"], row["key"])] = row
+    return configs, list(rows.values())
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def sweep_summary(rows: list[dict]) -> dict:
+    """{dataset: {"n", "positions", "methods": {method: {position: {metric: mean}, "avg", "gap", ...}}}}."""
+    by_ds: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["kind"] == "sweep":
+            by_ds[f"{r['dataset']} (K={r['k']})"].append(r)
+    out = {}
+    for ds, rs in by_ds.items():
+        methods = sorted({r["method"] for r in rs}, key=_method_order)
+        positions = sorted({r["position"] for r in rs})
+        cells = {(r["example_id"], r["method"], r["position"]) for r in rs}
+        ids = {r["example_id"] for r in rs}
+        complete = {e for e in ids if all((e, m, p) in cells for m in methods for p in positions)}
+        table = {}
+        for m in methods:
+            per_pos = {}
+            for p in positions:
+                sel = [r for r in rs if r["method"] == m and r["position"] == p and r["example_id"] in complete]
+                per_pos[p] = {
+                    key: _mean([r[key] for r in sel if key in r])
+                    for key in ("em", "f1", "logprob", "gold_rank", "gold_share", "seconds")
+                }
+                per_pos[p]["recall@2"] = _mean([float(r["gold_rank"] <= 2) for r in sel])
+            accs = [per_pos[p]["em"] for p in positions]
+            table[m] = {
+                "positions": per_pos,
+                "avg": _mean(accs),
+                "gap": max(accs) - min(accs) if accs else float("nan"),
+                "recall@2": _mean([per_pos[p]["recall@2"] for p in positions]),
+                "seconds": _mean([per_pos[p]["seconds"] for p in positions]),
+                "f1": _mean([per_pos[p]["f1"] for p in positions]),
+            }
+        out[ds] = {"n": len(complete), "positions": positions, "methods": table}
+    return out
+
+
+def _method_order(m: str) -> tuple[int, str]:
+    order = ["baseline", "ms-poe", "moice", "mudaf", "lcr", "attn-sort"]
+    return (order.index(m) if m in order else len(order), m)
+
+
+def rerank_summary(rows: list[dict]) -> dict:
+    by: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["kind"] == "rerank":
+            by[(r["dataset"], r["method"])].append(r)
+    return {
+        key: {
+            "n": len(rs),
+            "rankers": {
+                name: {m: _mean([r["rankers"][name][m] for r in rs]) for m in RANK_METRICS} for name in RANKERS
+            },
+        }
+        for key, rs in by.items()
+    }
+
+
+def e2e_summary(rows: list[dict]) -> dict:
+    by: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["kind"] == "e2e":
+            by[(r["dataset"], r["method"])].append(r)
+    keys = ("em", "f1", "retrieval_recall", "evidence_recall@2", "seconds")
+    return {k: {"n": len(rs), **{m: _mean([r[m] for r in rs if m in r]) for m in keys}} for k, rs in by.items()}
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100 * x:.1f}"
+
+
+def markdown(configs: list[dict], rows: list[dict]) -> str:
+    lines = ["# midlens evaluation report", ""]
+    models = sorted({c.get("model", "?") for c in configs})
+    lines.append(f"Model(s): {', '.join(models)}. Accuracy = best_subspan_em on the first output line, in %.")
+    for ds, s in sweep_summary(rows).items():
+        pos = s["positions"]
+        lines += ["", f"## Position sweep: {ds}, n = {s['n']} questions complete for every method and position", ""]
+        head = ["method"] + [f"gold@{p}" for p in pos] + ["average", "gap", "evidence R@2", "s/example"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for m, t in s["methods"].items():
+            cells = [_pct(t["positions"][p]["em"]) for p in pos]
+            lines.append(
+                f"| {m} | " + " | ".join(cells) + f" | {_pct(t['avg'])} | {_pct(t['gap'])} | "
+                f"{_pct(t['recall@2'])} | {t['seconds']:.2f} |"
+            )
+        lines += [
+            "",
+            "Continuous measures per gold position (answer F1 %, gold-answer log-probability, gold evidence "
+            "rank by calibrated evidence, gold share of raw passage attention %):",
+            "",
+        ]
+        head = ["method", "F1"] + [f"logp@{p}" for p in pos] + [f"rank@{p}" for p in pos] + [f"share@{p}" for p in pos]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for m, t in s["methods"].items():
+            pp = t["positions"]
+            cells = (
+                [_pct(t["f1"])] + [f"{pp[p]['logprob']:.2f}" for p in pos] + [f"{pp[p]['gold_rank']:.2f}" for p in pos]
+            )
+            cells += [_pct(pp[p]["gold_share"]) for p in pos]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    unavailable = {m: why for c in configs for m, why in c.get("unavailable", {}).items()}
+    if unavailable:
+        lines += [
+            "",
+            "Unavailable methods (not run): " + "; ".join(f"{m}: {w}" for m, w in sorted(unavailable.items())),
+        ]
+    for (ds, method), s in rerank_summary(rows).items():
+        lines += ["", f"## Evidence as a reranker: {ds}, evidence from {method}, n = {s['n']}", ""]
+        lines += ["| ranker | " + " | ".join(RANK_METRICS) + " |", "|" + "---|" * (len(RANK_METRICS) + 1)]
+        for name, vals in s["rankers"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{vals[m]:.3f}" for m in RANK_METRICS) + " |")
+    e2e = e2e_summary(rows)
+    if e2e:
+        lines += ["", "## End to end (retrieve -> generate)", ""]
+        lines += ["| dataset | method | n | EM | F1 | retrieval recall | evidence R@2 | s/example |", "|" + "---|" * 8]
+        for (ds, m), s in e2e.items():
+            lines.append(
+                f"| {ds} | {m} | {s['n']} | {_pct(s['em'])} | {_pct(s['f1'])} | {_pct(s['retrieval_recall'])} | "
+                f"{_pct(s['evidence_recall@2'])} | {s['seconds']:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _save(fig, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    write_atomic(path, buf.getvalue())
+
+
+def plots(rows: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    sweeps = sweep_summary(rows)
+    for metric, label, fname in (
+        ("em", "accuracy (%)", "accuracy_vs_position.png"),
+        ("gold_rank", "gold evidence rank (1 = top)", "evidence_rank_vs_position.png"),
+    ):
+        if not sweeps:
+            break
+        fig, axes = plt.subplots(1, len(sweeps), figsize=(5 * len(sweeps), 3.6), squeeze=False)
+        for ax, (ds, s) in zip(axes[0], sweeps.items(), strict=True):
+            for m, t in s["methods"].items():
+                ys = [t["positions"][p][metric] * (100 if metric == "em" else 1) for p in s["positions"]]
+                ax.plot(s["positions"], ys, marker="o", label=m)
+            ax.set(title=f"{ds}, n={s['n']}", xlabel="gold position", ylabel=label, xticks=s["positions"])
+            if metric == "gold_rank":
+                ax.invert_yaxis()
+            ax.legend(fontsize=8)
+        _save(fig, out / fname)
+        plt.close(fig)
+        written.append(out / fname)
+    reranks = rerank_summary(rows)
+    if reranks:
+        fig, axes = plt.subplots(1, len(reranks), figsize=(6 * len(reranks), 3.6), squeeze=False)
+        for ax, ((ds, method), s) in zip(axes[0], reranks.items(), strict=True):
+            ks = ["recall@1", "recall@2", "recall@5"]
+            width = 0.8 / len(RANKERS)
+            for i, name in enumerate(RANKERS):
+                ax.bar([j + i * width for j in range(len(ks))], [s["rankers"][name][k] for k in ks], width, label=name)
+            ax.set(title=f"{ds} ({method}), n={s['n']}", ylabel="recall", ylim=(0, 1))
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ks))], ks)
+            ax.legend(fontsize=8)
+        _save(fig, out / "reranker_recall.png")
+        plt.close(fig)
+        written.append(out / "reranker_recall.png")
+    return written
+
+
+def write_report(run_dirs: list[Path], out: Path) -> Path:
+    configs, rows = load_runs(run_dirs)
+    if not rows:
+        raise RunError(f"no results yet in {', '.join(map(str, run_dirs))}.")
+    out = Path(out)
+    text = markdown(configs, rows)
+    pngs = plots(rows, out)
+    text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
+    write_atomic(out / "report.md", text)
+    return out / "report.md"

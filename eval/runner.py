@@ -1,0 +1,173 @@
+"""Runs that survive being killed and split across machines.
+
+A run directory holds `config.json` (everything that defines the run: data, seed, model, methods,
+their hashes) and one results file per shard. Each finished unit appends one JSON line and is flushed,
+so after a kill the run resumes at the first unit without a line; a half-written last line (killed
+mid-write) is cut off first. `--shard i/n` takes the units of every n-th example (examples stay whole,
+so a shard's table is meaningful on its own); `merge` joins shard files or run dirs into one results
+file in the canonical unit order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from tqdm import tqdm
+
+from rag.errors import MidlensError
+
+RESULTS = "results.jsonl"
+CONFIG = "config.json"
+VOLATILE = ("seconds", "timings", "started", "shard")  # differ between runs of the same work
+
+
+class RunError(MidlensError):
+    """A run directory that cannot be resumed or merged as asked."""
+
+
+def sha256_json(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode() if isinstance(text, str) else text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    if not text:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise RunError(f"--shard {text!r}: expected i/n, e.g. 0/4 (shards are numbered 0..n-1).") from None
+    if n < 1 or not 0 <= i < n:
+        raise RunError(f"--shard {text}: need n >= 1 and 0 <= i < n.")
+    return i, n
+
+
+def results_name(shard: tuple[int, int]) -> str:
+    i, n = shard
+    return RESULTS if n == 1 else f"results.shard-{i}-of-{n}.jsonl"
+
+
+def read_rows(path: Path, repair: bool = False) -> list[dict]:
+    """Rows of a results file; a torn last line is dropped (and cut from the file when `repair`)."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    rows, good_end, start = [], 0, 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            break  # no newline: the writer was killed mid-line
+        line = data[start:end].strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                lineno = data[:start].count(b"\n") + 1
+                raise RunError(
+                    f"{path}: line {lineno} is not valid JSON; the file was edited or corrupted, not just interrupted."
+                ) from None
+        start = good_end = end + 1
+    if repair and good_end < len(data):
+        write_atomic(path, data[:good_end])
+    return rows
+
+
+def comparable(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in VOLATILE}
+
+
+def prepare_dir(out: Path, config: dict) -> None:
+    """Create the run dir, or check that an existing one was started with the same config."""
+    path = out / CONFIG
+    if path.exists():
+        old = json.loads(path.read_text())
+        if comparable(old) != comparable(config):
+            diff = sorted(k for k in set(old) | set(config) if k not in VOLATILE and old.get(k) != config.get(k))
+            raise RunError(
+                f"{out} holds a run with a different configuration (differs in: {', '.join(diff)}); "
+                "pass a new --out, or repeat the original options to resume it."
+            )
+        return
+    write_atomic(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def run_units(
+    out: Path,
+    config: dict,
+    units: list[dict],
+    evaluate: Callable[[dict], dict],
+    shard: tuple[int, int] = (0, 1),
+    limit: int | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Evaluate the shard's units not yet in its results file, appending one line each.
+
+    Each unit carries "key" (unique), "order" (canonical position) and "example" (index for sharding);
+    `limit` stops after that many new units (a bounded run, or a simulated interruption in tests).
+    """
+    out = Path(out)
+    prepare_dir(out, config)
+    path = out / results_name(shard)
+    done = {row["key"] for row in read_rows(path, repair=True)}
+    i, n = shard
+    mine = [u for u in units if u["example"] % n == i]
+    todo = [u for u in mine if u["key"] not in done]
+    if limit is not None:
+        todo = todo[:limit]
+    config_hash = sha256_json(comparable(config))
+    already = sum(u["key"] in done for u in mine)
+    bar = tqdm(total=len(mine), initial=already, desc=out.name, unit="ex", disable=not progress, dynamic_ncols=True)
+    with path.open("a", encoding="utf-8") as handle:
+        for unit in todo:
+            row = {**unit, **evaluate(unit), "config_sha256": config_hash}
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            handle.flush()
+            bar.update(1)
+    bar.close()
+    return read_rows(path)
+
+
+def merge(sources: Iterable[Path], out: Path) -> tuple[int, int]:
+    """Join run dirs and/or shard files into out/results.jsonl -> (rows written, units still missing)."""
+    configs, rows = [], {}
+    for src in map(Path, sources):
+        files = [src] if src.is_file() else sorted(src.glob("results*.jsonl"))
+        cfg_path = (src.parent if src.is_file() else src) / CONFIG
+        if not cfg_path.exists():
+            raise RunError(f"{cfg_path} not found: {src} is not a midlens eval run directory.")
+        configs.append((src, json.loads(cfg_path.read_text())))
+        for f in files:
+            for row in read_rows(f):
+                old = rows.get(row["key"])
+                if old is not None and comparable(old) != comparable(row):
+                    raise RunError(f"{f}: unit {row['key']} is also in another source with a different result.")
+                rows[row["key"]] = row
+    if not configs:
+        raise RunError("merge: no sources given.")
+    first_src, first = configs[0]
+    for src, cfg in configs[1:]:
+        if comparable(cfg) != comparable(first):
+            raise RunError(f"{src} and {first_src} are different runs (configs differ); merge only shards of one run.")
+    merged = sorted(rows.values(), key=lambda r: r["order"])
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / CONFIG).resolve() != (Path(first_src) / CONFIG).resolve():
+        write_atomic(out / CONFIG, json.dumps({**first, "shard": "merged"}, indent=2, sort_keys=True) + "\n")
+    write_atomic(out / RESULTS, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged))
+    return len(merged), max(0, first.get("units", len(merged)) - len(merged))

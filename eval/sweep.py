@@ -1,0 +1,98 @@
+"""Position sweep (lost-in-the-middle): one gold among K documents, the gold moved through positions.
+
+Methods are the generator methods (baseline, ms-poe, moice, mudaf) and two ordering baselines that
+run on the baseline generator:
+  lcr        LlamaIndex's LongContextReorder over the dense retriever's cosine scores (highest-scored
+             passages to the two ends of the prompt);
+  attn-sort  attention sorting (Peysakhovich & Lerer 2023): score the prompt once, reorder passages
+             by calibrated evidence, ascending, so the most-attended passage sits next to the question,
+             then answer.
+Every answer comes from Generator.prompt/generate; the ordering baselines only change passage order.
+"""
+
+from __future__ import annotations
+
+import time
+
+from eval.datasets import Example
+from eval.metrics import answer_f1, best_subspan_em
+from generators.generator import Generator
+from rag.prompt import Passage
+
+ORDERINGS = ("lcr", "attn-sort")
+
+
+def layout(example: Example, k: int, position: int) -> list[Passage]:
+    """K documents: the example's first K-1 distractors with its gold inserted at 1-based `position`."""
+    if not 1 <= position <= k:
+        raise ValueError(f"gold position {position} is outside 1..{k}.")
+    distractors = example.distractors
+    if len(distractors) < k - 1:
+        raise ValueError(f"example {example.id} has {len(distractors)} distractors, K={k} needs {k - 1}; lower --k.")
+    passages = list(distractors[: k - 1])
+    passages.insert(position - 1, example.gold)
+    return passages
+
+
+def dense_scores(question: str, passages: list[Passage]) -> list[float]:
+    from retrievers.dense import embed
+
+    vectors = embed([question] + [f"{p.title}: {p.text}" for p in passages])
+    return [float(v @ vectors[0]) for v in vectors[1:]]
+
+
+def long_context_reorder(question: str, passages: list[Passage]) -> list[Passage]:
+    from llama_index.core.postprocessor import LongContextReorder
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    scores = dense_scores(question, passages)
+    nodes = [
+        NodeWithScore(node=TextNode(text=p.text, id_=str(i)), score=s)
+        for i, (p, s) in enumerate(zip(passages, scores, strict=True))
+    ]
+    return [passages[int(n.node.node_id)] for n in LongContextReorder().postprocess_nodes(nodes)]
+
+
+def attention_sort(gen: Generator, question: str, passages: list[Passage], max_new_tokens: int) -> list[Passage]:
+    scored = gen.score(gen.prompt(question, passages, max_new_tokens=max_new_tokens))
+    key = [p.calibrated if p.calibrated is not None else p.evidence for p in scored.passages]
+    order = sorted(range(len(passages)), key=lambda i: key[i])  # ascending: strongest last
+    return [passages[i] for i in order]
+
+
+def evaluate_position(
+    gen: Generator,
+    example: Example,
+    k: int,
+    position: int,
+    method: str,
+    max_new_tokens: int,
+    logprob: bool = True,
+) -> dict:
+    """One (example, method, gold position) cell of the sweep -> a flat result row."""
+    t0 = time.perf_counter()
+    passages = layout(example, k, position)
+    if method == "lcr":
+        passages = long_context_reorder(example.question, passages)
+    elif method == "attn-sort":
+        passages = attention_sort(gen, example.question, passages, max_new_tokens)
+    prompt = gen.prompt(example.question, passages, max_new_tokens=max_new_tokens)
+    answer = gen.generate(prompt, max_new_tokens=max_new_tokens)
+    gold_id = example.gold_ids[0]
+    gold = next(p for p in answer.passages if p.passage.id == gold_id)
+    raw_total = sum(p.evidence for p in answer.passages)
+    raw_rank = 1 + sum(p.evidence > gold.evidence for p in answer.passages)
+    row = {
+        "prediction": answer.text,
+        "em": best_subspan_em(answer.text, example.answers),
+        "f1": answer_f1(answer.text, example.answers),
+        "gold_prompt_position": gold.position,
+        "gold_rank": gold.rank,
+        "gold_rank_raw": raw_rank,
+        "gold_share": gold.evidence / raw_total if raw_total > 0 else 0.0,
+        "prompt_tokens": answer.prompt_tokens,
+    }
+    if logprob:
+        row["logprob"] = gen.answer_logprob(prompt, example.answers[0])
+    row["seconds"] = time.perf_counter() - t0
+    return row
