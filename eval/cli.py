@@ -228,7 +228,7 @@ def _sweep(args, name, examples, gens, config):
 
 def _e2e(args, loaded, gens, config):
     from eval.datasets import load_questions
-    from eval.metrics import answer_f1, best_subspan_em
+    from eval.e2e import evaluate_e2e
     from eval.runner import sha256_json
     from rag.pipeline import Pipeline, default_corpus_path, default_questions_path
     from retrievers.dense import DenseRetriever
@@ -258,22 +258,7 @@ def _e2e(args, loaded, gens, config):
     ]
 
     def evaluate(u):
-        q = questions[u["example"]]
-        t0 = time.perf_counter()
-        answer = pipes[u["method"]].ask(q["question"])
-        row = {
-            "prediction": answer.text,
-            "em": best_subspan_em(answer.text, q["answers"]),
-            "f1": answer_f1(answer.text, q["answers"]),
-        }
-        gold = set(q["gold_titles"])
-        if gold:
-            titles = [p.passage.title for p in answer.passages]
-            ranked = [p.passage.title for p in answer.ranked()]
-            row["retrieval_recall"] = len(gold & set(titles)) / len(gold)
-            row["evidence_recall@2"] = len(gold & set(ranked[:2])) / len(gold)
-        row["seconds"] = time.perf_counter() - t0
-        return row
+        return evaluate_e2e(pipes[u["method"]], questions[u["example"]])
 
     return units, evaluate
 

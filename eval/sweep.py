@@ -77,7 +77,7 @@ def evaluate_position(
     elif method == "attn-sort":
         passages = attention_sort(gen, example.question, passages, max_new_tokens)
     prompt = gen.prompt(example.question, passages, max_new_tokens=max_new_tokens)
-    answer = gen.generate(prompt, max_new_tokens=max_new_tokens)
+    answer = gen.generate(prompt, max_new_tokens=max_new_tokens, reference=example.answers[0] if logprob else None)
     gold_id = example.gold_ids[0]
     gold = next(p for p in answer.passages if p.passage.id == gold_id)
     raw_total = sum(p.evidence for p in answer.passages)
@@ -93,6 +93,6 @@ def evaluate_position(
         "prompt_tokens": answer.prompt_tokens,
     }
     if logprob:
-        row["logprob"] = gen.answer_logprob(prompt, example.answers[0])
+        row["logprob"] = answer.reference_logprob
     row["seconds"] = time.perf_counter() - t0
     return row

@@ -107,6 +107,7 @@ class Generator:
         top_p: float,
         seed: int | None,
         calibrate: bool,
+        reference: str | None = None,
     ) -> Iterator[str]:
         """Yields text deltas; returns the Answer (generator return value)."""
         if temperature > 0 and not 0 < top_p <= 1:
@@ -129,7 +130,7 @@ class Generator:
             cache = DynamicCache(config=self.model.config)
             t0 = time.perf_counter()
             probe.score_rows(q_rows + [last])
-            logits = self._forward(prompt.input_ids, cache)[-1]
+            logits = prefill_logits = self._forward(prompt.input_ids, cache)[-1]
             rows = probe.take()[:, 0]  # [layers, H, S, P]
             timings["prefill_s"] = time.perf_counter() - t0
             maps = EvidenceMaps(last=rows[:, :, -1], question=rows[:, :, :-1].mean(2))
@@ -153,6 +154,11 @@ class Generator:
                 maps.answer = probe.take()[:, 0].mean(2)
             probe.score_rows([])
 
+            reference_logprob = None
+            if reference is not None:
+                cache.crop(prompt.num_tokens - cache.get_seq_length())  # back to the prompt
+                reference_logprob = self._continuation_logprob(prefill_logits, reference, cache)
+
             if calibrate and prompt.passages:
                 t0 = time.perf_counter()
                 maps.null_last, maps.null_question = self._null_maps(prompt, cache, probe)
@@ -172,7 +178,20 @@ class Generator:
             timings=timings,
             dropped=prompt.dropped,
             maps=maps,
+            reference_logprob=reference_logprob,
         )
+
+    def _continuation_logprob(self, first_logits: torch.Tensor, text: str, cache: DynamicCache) -> float:
+        """log p(text | cached prompt): the prompt's last logits score the first token, one forward the rest."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError("the reference answer is empty.")
+        logprob = torch.log_softmax(first_logits.float(), dim=-1)[ids[0]]
+        if len(ids) > 1:
+            logits = self._forward(ids[:-1], cache, keep=len(ids) - 1)
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            logprob = logprob + logprobs[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].sum()
+        return float(logprob)
 
     def _null_maps(self, prompt: StackedPrompt, cache: DynamicCache, probe: PassageProbe):
         """ICR calibration: the same passages with a content-free question, on the cached prefix."""
@@ -197,9 +216,14 @@ class Generator:
         seed: int | None = 0,
         calibrate: bool = True,
         on_token: Callable[[str], None] | None = None,
+        reference: str | None = None,
     ) -> Answer:
-        """Greedy by default (temperature 0); sampled with temperature > 0 (seeded, top-p)."""
-        steps = self._steps(prompt, max_new_tokens, temperature, top_p, seed, calibrate)
+        """Greedy by default (temperature 0); sampled with temperature > 0 (seeded, top-p).
+
+        `reference` (a gold answer) also scores log p(reference | prompt) on the prompt's cached keys,
+        so evaluation gets its continuous accuracy measure without a second prefill.
+        """
+        steps = self._steps(prompt, max_new_tokens, temperature, top_p, seed, calibrate, reference)
         while True:
             try:
                 piece = next(steps)
@@ -217,14 +241,10 @@ class Generator:
 
     def answer_logprob(self, prompt: StackedPrompt, answer: str) -> float:
         """Sum of log p(answer tokens | prompt): a continuous accuracy measure for weak models."""
-        answer_ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
-        if not answer_ids:
-            raise ValueError("answer is empty.")
         with self._running(None):
             cache = DynamicCache(config=self.model.config)
-            logits = self._forward(prompt.input_ids + answer_ids, cache, keep=len(answer_ids) + 1)
-        logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
-        return float(logprobs[torch.arange(len(answer_ids)), torch.tensor(answer_ids)].sum())
+            logits = self._forward(prompt.input_ids, cache)[-1]
+            return self._continuation_logprob(logits, answer, cache)
 
 
 _STREAM_DEFAULTS = {"max_new_tokens": 48, "temperature": 0.0, "top_p": 1.0, "seed": 0, "calibrate": True}

@@ -98,6 +98,7 @@ class Answer:
     timings: dict[str, float]
     dropped: list[Passage] = field(default_factory=list)
     maps: EvidenceMaps | None = field(default=None, repr=False)
+    reference_logprob: float | None = None  # log p(reference answer | prompt), when one was given
 
     def ranked(self) -> list[PassageEvidence]:
         return sorted(self.passages, key=lambda p: p.rank)

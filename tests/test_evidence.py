@@ -54,6 +54,27 @@ def test_calibration_equals_a_separate_full_run_of_the_null_prompt(generator):
     assert (real.maps.null_last - null.maps.last).abs().max().item() < 1e-5
 
 
+def test_reference_logprob_on_the_cache_equals_one_full_forward(generator):
+    """generate(reference=...) scores the gold answer on the prompt's cached keys, after decoding has grown
+    the cache; it must equal log p(answer | prompt) from one uncached forward over prompt + answer, and
+    must leave the calibration (which crops the same cache further) untouched."""
+    import torch
+
+    prompt = generator.prompt(QUESTION, planted_passages(4, 3), max_new_tokens=6)
+    with_ref = generator.generate(prompt, max_new_tokens=6, reference="pelican feathers")
+    plain = generator.generate(prompt, max_new_tokens=6)
+    ids = generator.tokenizer("pelican feathers", add_special_tokens=False)["input_ids"]
+    with torch.inference_mode():
+        logits = generator.model(input_ids=torch.tensor([prompt.input_ids + ids])).logits[0].float()
+    n = prompt.num_tokens
+    full = torch.log_softmax(logits[n - 1 : n - 1 + len(ids)], -1)[torch.arange(len(ids)), torch.tensor(ids)].sum()
+    # fp32 sums of a few log-probs; cached vs uncached attention differs by kernel order only (~1e-5 per logit).
+    assert with_ref.reference_logprob == pytest.approx(float(full), abs=1e-3)
+    assert generator.answer_logprob(prompt, "pelican feathers") == pytest.approx(float(full), abs=1e-3)
+    assert plain.reference_logprob is None and with_ref.text == plain.text
+    assert [p.calibrated for p in with_ref.passages] == pytest.approx([p.calibrated for p in plain.passages], abs=1e-6)
+
+
 def test_score_without_generation_and_without_calibration(generator):
     prompt = generator.prompt(QUESTION, planted_passages(4, 2))
     scored = generator.score(prompt, calibrate=False)

@@ -1,0 +1,296 @@
+"""midlens eval: metrics on hand-worked cases, loaders, the sweep/rerank/e2e units with the real model,
+resume after an interruption, shard + merge, and the report."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+
+import pytest
+
+from eval.datasets import Example, kv_retrieval, load_hotpotqa, load_litm, load_questions, subsample_indices
+from eval.metrics import answer_f1, best_subspan_em, mrr, ndcg_at_k, normalize_answer, recall_at_k, token_f1
+from rag.errors import CorpusError
+from rag.prompt import Passage
+
+
+def test_normalisation_and_first_line_rule():
+    assert normalize_answer("The  Quick, brown fox!") == "quick brown fox"
+    assert normalize_answer("An apple a day") == "apple day"
+    assert best_subspan_em("It is Paris.", ["paris"]) == 1.0
+    assert best_subspan_em("Paris\nLondon", ["London"]) == 0.0  # only the first line counts
+    assert best_subspan_em("\n\nLondon, England", ["the london"]) == 1.0  # leading blank lines skipped
+    assert best_subspan_em("Lond", ["London"]) == 0.0
+
+
+def test_f1_hand_worked():
+    # pred {cat, sat} vs gold {cat, sat, down}: precision 1, recall 2/3 -> F1 0.8
+    assert token_f1("the cat sat", "cat sat down") == pytest.approx(0.8)
+    assert answer_f1("cat sat\ncat sat down", ["cat sat down", "dog"]) == pytest.approx(0.8)
+    assert token_f1("", "") == 1.0 and token_f1("x", "") == 0.0
+
+
+def test_ranking_metrics_hand_worked():
+    ranked, gold = ["a", "b", "c", "d"], {"b", "d"}
+    assert [recall_at_k(ranked, gold, k) for k in (1, 2, 5)] == [0.0, 0.5, 1.0]
+    assert mrr(ranked, gold) == 0.5 and mrr(ranked, {"z"}) == 0.0
+    ideal = 1 + 1 / math.log2(3)
+    assert ndcg_at_k(ranked, gold) == pytest.approx((1 / math.log2(3) + 1 / math.log2(5)) / ideal)
+    assert ndcg_at_k(["b", "d", "a"], gold) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        recall_at_k(ranked, set(), 1)
+
+
+def test_subsampling_is_seeded_and_prefix_stable():
+    assert subsample_indices(100, 10, 3) == subsample_indices(100, 10, 3)
+    assert subsample_indices(100, 20, 3)[:10] == subsample_indices(100, 10, 3)
+    assert subsample_indices(100, 10, 3) != subsample_indices(100, 10, 4)
+
+
+def _litm_row(q, gold_text, answer="pelican"):
+    ctxs = [
+        {"title": "G", "text": gold_text, "hasanswer": True, "isgold": True},
+        {"title": "D1", "text": "nothing here", "hasanswer": False, "isgold": False},
+        {"title": "D2", "text": f"also {answer}", "hasanswer": True, "isgold": False},
+        {"title": "D3", "text": "filler", "hasanswer": False, "isgold": False},
+    ]
+    return {"question": q, "answers": [answer], "ctxs": ctxs}
+
+
+def test_litm_loader_plain_and_gzip_and_errors(tmp_path):
+    rows = [_litm_row("q1?", "the word is pelican"), _litm_row("q2?", "the word is heron", "heron")]
+    plain = tmp_path / "a.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gz = tmp_path / "a.jsonl.gz"
+    with gzip.open(gz, "wt") as f:
+        f.write(plain.read_text())
+    for path in (plain, gz):
+        examples = load_litm(path)
+        assert sorted(e.question for e in examples) == ["q1?", "q2?"]
+        ex = examples[0]
+        assert ex.gold.title == "G"
+        assert [p.title for p in ex.distractors] == ["D1", "D3"]  # a non-gold ctx with the answer is dropped
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(rows[0]) + "\n" + '{"question": "x", "answers": [], "ctxs": []}\n')
+    with pytest.raises(CorpusError, match=r"bad\.jsonl:2: .*answers"):
+        load_litm(bad)
+    bad.write_text(json.dumps(rows[0]) + "\n{not json\n")
+    with pytest.raises(CorpusError, match=r"bad\.jsonl:2: invalid JSON"):
+        load_litm(bad)
+    nogold = dict(rows[0], ctxs=[c | {"isgold": False} for c in rows[0]["ctxs"]])
+    bad.write_text(json.dumps(nogold) + "\n")
+    with pytest.raises(CorpusError, match="isgold"):
+        load_litm(bad)
+
+
+def test_questions_loader_names_file_and_line(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "a?", "answers": ["x"]}\n\n{"question": "", "answers": ["y"]}\n')
+    with pytest.raises(CorpusError, match=r"q\.jsonl:3"):
+        load_questions(path)
+    path.write_text('{"question": "a?", "answers": ["x"], "gold_titles": "T"}\n')
+    with pytest.raises(CorpusError, match="gold_titles"):
+        load_questions(path)
+
+
+def test_hotpotqa_mdqa_and_rerank_modes():
+    examples = load_hotpotqa(30, seed=1, mode="mdqa", k=10)
+    assert len(examples) == 30
+    assert [e.id for e in examples] == [e.id for e in load_hotpotqa(30, seed=1, mode="mdqa", k=10)]
+    for ex in examples:
+        norm = normalize_answer(ex.answers[0])
+        assert len(ex.gold_ids) == 1 and norm in normalize_answer(ex.gold.text)
+        assert norm not in ("yes", "no") and norm not in normalize_answer(ex.question)
+        assert len(ex.distractors) >= 9
+        assert all(len(p.text.split()) < 250 for p in ex.distractors[:9])
+    reranks = load_hotpotqa(5, seed=1, mode="rerank", max_words=None)
+    assert all(len(e.gold_ids) == 2 and len(e.passages) == 10 for e in reranks)
+
+
+def test_kv_retrieval_is_seeded():
+    a, b = kv_retrieval(3, pairs=5, seed=7), kv_retrieval(3, pairs=5, seed=7)
+    assert [e.passages for e in a] == [e.passages for e in b]
+    ex = a[0]
+    assert len(ex.passages) == 5 and ex.gold_ids[0] in ex.question and ex.answers[0] not in ex.question
+    assert ex.answers[0] in ex.gold.text
+    with pytest.raises(ValueError):
+        kv_retrieval(1, pairs=1)
+
+
+def test_layout_moves_the_gold():
+    from eval.sweep import layout
+
+    ex = kv_retrieval(1, pairs=5)[0]
+    for pos in (1, 3, 5):
+        passages = layout(ex, 5, pos)
+        assert passages[pos - 1].id == ex.gold_ids[0] and len(passages) == 5
+    with pytest.raises(ValueError, match="outside"):
+        layout(ex, 5, 6)
+    with pytest.raises(ValueError, match="lower --k"):
+        layout(ex, 6, 1)
+
+
+def test_long_context_reorder_puts_best_passages_at_the_ends():
+    from eval.sweep import dense_scores, long_context_reorder
+
+    docs = [
+        Passage("Bananas are a yellow fruit grown in the tropics.", "Banana", "b"),
+        Passage("The Eiffel Tower is a wrought-iron tower in Paris.", "Eiffel Tower", "e"),
+        Passage("Volcanoes erupt molten rock.", "Volcano", "v"),
+        Passage("Paris is the capital of France; the Eiffel Tower stands there.", "Paris", "p"),
+        Passage("Chess is a board game.", "Chess", "c"),
+    ]
+    question = "Where is the Eiffel Tower?"
+    scores = dict(zip([d.id for d in docs], dense_scores(question, docs), strict=True))
+    out = long_context_reorder(question, docs)
+    assert sorted(p.id for p in out) == sorted(d.id for d in docs)
+    best_two = sorted(scores, key=scores.get)[-2:]
+    assert {out[0].id, out[-1].id} == set(best_two)
+    assert min(scores, key=scores.get) == out[len(out) // 2].id
+
+
+def _planted_example(n=4):
+    from tests.conftest import planted_passages
+
+    passages = planted_passages(n, gold_at=1)
+    for p in passages:
+        p.text = p.text[:200]
+    return Example(
+        "planted", "What is the secret code word of the Zorbland expedition?", ["pelican"], passages, ["gold"]
+    )
+
+
+def test_attention_sort_and_sweep_row(generator, loaded):
+    from eval.sweep import attention_sort, evaluate_position
+    from generators import Generator
+
+    ex = _planted_example(4)
+    scored = generator.score(generator.prompt(ex.question, ex.passages, max_new_tokens=4))
+    key = {p.passage.id: p.calibrated for p in scored.passages}
+    out = attention_sort(generator, ex.question, ex.passages, 4)
+    assert [key[p.id] for p in out] == sorted(key.values())  # strongest evidence next to the question
+
+    ms_poe = Generator(loaded, method="ms-poe")
+    row = evaluate_position(ms_poe, ex, k=4, position=2, method="ms-poe", max_new_tokens=4)
+    assert row["gold_prompt_position"] == 2 and 1 <= row["gold_rank"] <= 4 and 1 <= row["gold_rank_raw"] <= 4
+    assert 0 < row["gold_share"] < 1 and row["logprob"] < 0
+    assert row["em"] == best_subspan_em(row["prediction"], ["pelican"])
+    row = evaluate_position(generator, ex, k=4, position=1, method="attn-sort", max_new_tokens=4, logprob=False)
+    assert (
+        "logprob" not in row
+        and row["gold_prompt_position"]
+        == 5 - {v: i for i, v in enumerate(sorted(key.values(), reverse=True), 1)}[key["gold"]]
+    )
+
+
+def _sweep_args(out, *extra):
+    return [
+        "eval",
+        "sweep",
+        "--dataset",
+        "kv",
+        "--k",
+        "3",
+        "--n",
+        "2",
+        "--positions",
+        "1,3",
+        "--methods",
+        "baseline,moice",
+        "--max-new-tokens",
+        "4",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def _stable(rows):
+    from eval.runner import VOLATILE
+
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in sorted(rows, key=lambda r: r["order"])]
+
+
+def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loaded):
+    from eval.runner import RunError, read_rows
+    from rag.cli import main
+
+    assert main(_sweep_args(tmp_path / "full")) == 0
+    full = read_rows(tmp_path / "full" / "results.jsonl")
+    assert len(full) == 4 and {r["method"] for r in full} == {"baseline"}
+    config = json.loads((tmp_path / "full" / "config.json").read_text())
+    assert "moice" in config["unavailable"] and config["model_sha256"] and config["data_sha256"]
+    assert config["seed"] == 0 and config["methods_sha256"]["baseline"]
+
+    # Interrupted: two units done, then killed while writing the third line.
+    part = tmp_path / "part"
+    assert main(_sweep_args(part, "--limit", "2")) == 0
+    with (part / "results.jsonl").open("a") as f:
+        f.write('{"key": "torn')
+    assert main(_sweep_args(part)) == 0
+    assert _stable(read_rows(part / "results.jsonl")) == _stable(full)
+
+    shards = tmp_path / "shards"
+    for i in (0, 1):
+        assert main(_sweep_args(shards, "--shard", f"{i}/2")) == 0
+    assert main(["eval", "merge", str(shards), "--out", str(tmp_path / "merged")]) == 0
+    assert _stable(read_rows(tmp_path / "merged" / "results.jsonl")) == _stable(full)
+
+    # Resuming with other options is refused, naming what differs.
+    assert main(_sweep_args(part, "--seed", "1")) == 2
+    with pytest.raises(RunError, match="seed"):
+        from rag.cli import build_parser
+
+        args = build_parser().parse_args(_sweep_args(part, "--seed", "1"))
+        args.func(args)
+
+
+def test_rerank_run_and_report(tmp_path, loaded):
+    from eval.report import write_report
+    from eval.runner import read_rows
+    from rag.cli import main
+
+    out = tmp_path / "rerank"
+    args = ["eval", "rerank", "--dataset", "hotpotqa", "--n", "1", "--max-words", "25", "--no-progress"]
+    assert main(args + ["--out", str(out)]) == 0
+    (row,) = read_rows(out / "results.jsonl")
+    assert set(row["rankers"]) == {"dense", "bm25", "evidence_raw", "evidence_calibrated"}
+    for metrics in row["rankers"].values():
+        assert all(0 <= v <= 1 for v in metrics.values())
+        assert metrics["recall@1"] <= metrics["recall@2"] <= metrics["recall@5"]
+    assert main(_sweep_args(tmp_path / "sweep")) == 0
+
+    report = write_report([tmp_path / "sweep", out], tmp_path / "report")
+    text = report.read_text()
+    assert "| baseline | " in text and "gold@1 | gold@3" in text and "moice" in text
+    assert "| evidence_calibrated |" in text
+    for name in ("accuracy_vs_position.png", "evidence_rank_vs_position.png", "reranker_recall.png"):
+        assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_e2e_unit(pipeline):
+    from eval.e2e import evaluate_e2e
+
+    q = {
+        "question": "What film is a sequel to Wings of Desire?",
+        "answers": ["Faraway, So Close!"],
+        "gold_titles": ["Wings of Desire", "Richard Reitinger"],
+    }
+    row = evaluate_e2e(pipeline.with_method("baseline"), q)
+    assert len(row["retrieved"]) == pipeline.top_k
+    assert row["retrieval_recall"] == len(set(q["gold_titles"]) & set(row["retrieved"])) / 2
+    assert 0 <= row["evidence_recall@2"] <= row["retrieval_recall"]
+    assert row["em"] == best_subspan_em(row["prediction"], q["answers"])
+
+
+def test_report_refuses_a_non_run_dir(tmp_path):
+    from eval.runner import RunError
+    from rag.cli import main
+
+    assert main(["eval", "report", str(tmp_path)]) == 2
+    with pytest.raises(RunError, match="not a run directory"):
+        from eval.report import write_report
+
+        write_report([tmp_path], tmp_path)
