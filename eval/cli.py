@@ -15,7 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
-from rag.errors import MethodConfigError, MidlensError
+from rag.errors import MidlensError
 
 SWEEP_MODES = ("sweep", "rerank", "e2e")
 
@@ -25,7 +25,12 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
 
     p.add_argument("--out", required=True, type=Path, help="run directory (created; resumed when it exists)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="registry name or local HF folder")
-    p.add_argument("--methods", default=methods, help="comma-separated; unavailable methods are recorded, not run")
+    p.add_argument(
+        "--methods",
+        default=methods,
+        help="comma-separated; a variant as NAME(option=value, ...), e.g. 'ms-poe(ratio_min=1.0, ratio_max=1.2)'; "
+        "unavailable methods are recorded, not run",
+    )
     p.add_argument("--n", type=int, help="number of questions (seeded subsample; default: all)")
     p.add_argument("--seed", type=int, default=0, help="subsampling / synthetic-data seed")
     p.add_argument("--max-new-tokens", type=int, default=24)
@@ -99,19 +104,24 @@ def _examples(args: argparse.Namespace):
 
 
 def _generators(loaded, methods: list[str], evidence) -> tuple[dict, dict]:
+    """One Generator per method spec (`ms-poe(ratio_max=1.4)` runs a variant), keyed by the spec."""
     from eval.sweep import ORDERINGS
     from generators.generator import Generator
-    from generators.methods import METHODS
+    from generators.methods import BUILT, METHODS, parse_method_spec
 
     gens, unavailable = {}, {}
-    for m in methods:
-        if m not in METHODS + ORDERINGS:
-            raise MidlensError(f"unknown method {m!r}: choose from {', '.join(METHODS + ORDERINGS)}.")
-        try:
-            gens[m] = Generator(loaded, method="baseline" if m in ORDERINGS else m, evidence=evidence)
-        except MethodConfigError as err:
-            unavailable[m] = str(err)
-            print(f"midlens eval: {m} is unavailable and is recorded as such: {err}")
+    for spec in methods:
+        name, options = parse_method_spec(spec)
+        if name not in METHODS + ORDERINGS:
+            raise MidlensError(f"unknown method {name!r}: choose from {', '.join(METHODS + ORDERINGS)}.")
+        if name in ORDERINGS and options:
+            raise MidlensError(f"{name} reorders passages for the baseline generator and takes no options.")
+        if name not in BUILT + ORDERINGS:
+            unavailable[spec] = f"method '{name}' is not built yet"
+            print(f"midlens eval: {spec} is not built yet; recorded as unavailable, not run.")
+            continue
+        # A bad option of a built method is a typo: it fails here, loudly, before any work is done.
+        gens[spec] = Generator(loaded, method="baseline" if name in ORDERINGS else name, evidence=evidence, **options)
     return gens, unavailable
 
 
@@ -120,11 +130,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from eval import runner
     from eval.datasets import data_sha256
+    from eval.sweep import ORDERINGS
+    from generators.methods import split_top_level
     from rag.cli import evidence_config
     from rag.models import load_model
 
     shard = runner.parse_shard(args.shard)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = split_top_level(args.methods)
     evidence = evidence_config(args)
     loaded = load_model(args.model)
     gens, unavailable = _generators(loaded, methods, evidence)
@@ -132,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "kind": args.mode,
         "model": loaded.name,
         "model_sha256": model_sha256(args.model),
-        "methods": {m: {**g.method.to_dict(), "ordering": m if m != g.method.name else None} for m, g in gens.items()},
+        "methods": {m: {**g.method.to_dict(), "ordering": m if m in ORDERINGS else None} for m, g in gens.items()},
         "unavailable": unavailable,
         "evidence": asdict(evidence),
         "seed": args.seed,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass, field
 
 from generators.ms_poe import MsPoEScheme
@@ -29,6 +31,48 @@ class MethodConfig:
 
     def to_dict(self) -> dict:
         return {"name": self.name, **self.options}
+
+
+_SPEC = re.compile(r"^\s*([\w-]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
+
+
+def parse_method_spec(spec: str) -> tuple[str, dict]:
+    """`ms-poe(ratio_min=1.0, ratio_max=1.2)` -> ("ms-poe", {"ratio_min": 1.0, "ratio_max": 1.2}).
+
+    How an evaluation names method variants for ablations. Values are Python literals (numbers, lists,
+    None); anything else is taken as a bare string (`head_order=sequential`). Names are checked later,
+    by method_config.
+    """
+    match = _SPEC.match(spec)
+    if not match:
+        raise MethodConfigError(f"method spec {spec!r}: expected NAME or NAME(option=value, ...).")
+    name, body = match.group(1), (match.group(2) or "").strip()
+    options: dict = {}
+    for item in split_top_level(body) if body else []:
+        key, eq, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not eq or not key.isidentifier() or not raw:
+            raise MethodConfigError(f"method spec {spec!r}: {item.strip()!r} is not option=value.")
+        try:
+            options[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            options[key] = raw
+    return name, options
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside brackets: "a,b(x=1,y=[2,3]),c" -> ["a", "b(x=1,y=[2,3])", "c"]."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
 
 
 def method_config(name: str, options: dict | None = None) -> MethodConfig:

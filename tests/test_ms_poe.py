@@ -169,3 +169,42 @@ def test_generate_reports_evidence_like_the_baseline(loaded, prompt):
     assert sorted(p.rank for p in answer.passages) == list(range(1, 6))
     assert all(p.calibrated is not None for p in answer.passages)
     assert answer.passages[2].rank == 1  # the planted fact, as under the baseline
+
+
+def test_method_specs_name_ablation_variants():
+    from generators.methods import parse_method_spec, split_top_level
+
+    assert parse_method_spec("baseline") == ("baseline", {})
+    assert parse_method_spec("ms-poe(ratio_min=1.0, ratio_max=1.2, head_order=sequential, layers=[2, 3])") == (
+        "ms-poe",
+        {"ratio_min": 1.0, "ratio_max": 1.2, "head_order": "sequential", "layers": [2, 3]},
+    )
+    assert split_top_level("baseline, ms-poe(ratio_min=1.0, layers=[2,3]),lcr") == [
+        "baseline",
+        "ms-poe(ratio_min=1.0, layers=[2,3])",
+        "lcr",
+    ]
+    for bad in ("ms-poe(ratio_min)", "ms-poe(=1)", "ms poe", "ms-poe(ratio_min=1.0"):
+        with pytest.raises(MethodConfigError, match="method spec"):
+            parse_method_spec(bad)
+
+
+def test_eval_runs_a_variant_and_refuses_a_mistyped_option(loaded, tmp_path, capsys):
+    import json
+
+    from rag.cli import main
+
+    base = ["eval", "sweep", "--dataset", "kv", "--k", "3", "--n", "1", "--positions", "2", "--no-progress"]
+    base += ["--max-new-tokens", "2", "--no-logprob"]
+    spec = "ms-poe(ratio_min=1.0, ratio_max=1.0)"
+    assert main(base + ["--methods", f"baseline,{spec}", "--out", str(tmp_path / "ok")]) == 0
+    config = json.loads((tmp_path / "ok" / "config.json").read_text())
+    assert config["methods"][spec]["ratio_max"] == 1.0 and config["methods"][spec]["ordering"] is None
+    rows = [json.loads(line) for line in (tmp_path / "ok" / "results.jsonl").read_text().splitlines()]
+    by = {r["method"]: r for r in rows}
+    # Unit ratios are the identity case: the variant must answer exactly like the baseline.
+    assert by[spec]["prediction"] == by["baseline"]["prediction"]
+    assert by[spec]["gold_share"] == pytest.approx(by["baseline"]["gold_share"], abs=1e-4)
+    capsys.readouterr()
+    assert main(base + ["--methods", "ms-poe(ratio_mn=1.0)", "--out", str(tmp_path / "bad")]) == 2
+    assert "unknown ms-poe option(s) ['ratio_mn']" in capsys.readouterr().err
