@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 
 from generators.attention import expand_heads
-from generators.rope import RotaryScheme, apply_rotary, rotary_tables
+from generators.rope import RotaryScheme, apply_rotary
 
 HeadOrder = Literal["awareness", "sequential", "fixed"]
 GQAMode = Literal["group", "per_query_head"]
@@ -76,9 +76,18 @@ class MsPoEScheme(RotaryScheme):
             self.fixed_ranks = torch.arange(units)
         else:
             self.fixed_ranks = None
-        # Ratios of the current sequence per unit, [B, units]; set at prefill.
-        self.ratios = self.ladder[None] if self.fixed_ranks is None else self.ladder[self.fixed_ranks][None]
         self.last_scores: torch.Tensor | None = None
+        self._set_ratios(self.ladder[None] if self.fixed_ranks is None else self.ladder[self.fixed_ranks][None])
+
+    def _set_ratios(self, ratios: torch.Tensor) -> None:
+        """Ratios of the current sequence per unit, [B, units], and the frequencies they give.
+
+        Dividing positions by r is dividing the frequencies by r; the doubled [B, units, d] frequency rows
+        are built once per sequence here, because `rotate` runs at every decode step of every layer.
+        """
+        self.ratios = ratios
+        freqs = self.inv_freq / ratios[..., None]
+        self._freqs = torch.cat((freqs, freqs), dim=-1)
 
     @property
     def key_heads(self) -> int:
@@ -86,13 +95,13 @@ class MsPoEScheme(RotaryScheme):
 
     def start_sequence(self, q: torch.Tensor, k: torch.Tensor) -> None:
         if self.fixed_ranks is not None:
-            self.ratios = self.ladder[self.fixed_ranks][None].expand(q.shape[0], -1)
+            self._set_ratios(self.ladder[self.fixed_ranks][None].expand(q.shape[0], -1))
             return
         scores = position_awareness(q, k, self.alpha)  # [B, H]
         if self.gqa == "group":
             scores = scores.view(q.shape[0], self.num_kv_heads, -1).mean(-1)
         self.last_scores = scores
-        self.ratios = self.ladder[ranks_descending(scores)]
+        self._set_ratios(self.ladder[ranks_descending(scores)])
 
     def head_ratios(self) -> torch.Tensor:
         """Ratio seen by each query head, [B, H]."""
@@ -101,17 +110,15 @@ class MsPoEScheme(RotaryScheme):
         return self.ratios
 
     def rotate(self, q, k, positions, position_embeddings):
-        q_ratios = self.head_ratios().to(q.device)  # [B', H]
-        if self.gqa == "group":
-            k_ratios, k_in = self.ratios.to(k.device), k
-        else:  # every query head gets its own rotated copy of its group's keys
-            k_ratios, k_in = q_ratios, expand_heads(k, self.num_heads)
-        # Dividing positions by r is dividing the frequencies by r.
-        cos_q, sin_q = rotary_tables(positions, self.inv_freq / q_ratios[..., None])
-        cos_k, sin_k = rotary_tables(positions, self.inv_freq / k_ratios[..., None])
-        q_rot = apply_rotary(q, cos_q.to(q.dtype), sin_q.to(q.dtype))
-        k_rot = apply_rotary(k_in, cos_k.to(k.dtype), sin_k.to(k.dtype))
-        return q_rot[None], k_rot[None]
+        angles = positions[:, None, :, None].float() * self._freqs.to(q.device)[:, :, None, :]  # [B, units, L, d]
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        if self.gqa == "per_query_head":  # every query head gets its own rotated copy of its group's keys
+            return apply_rotary(q, cos, sin)[None], apply_rotary(expand_heads(k, self.num_heads), cos, sin)[None]
+        # One ratio per kv group: view q as [B, G, heads per group, L, d] so the group's table broadcasts.
+        b, heads, length, d = q.shape
+        groups = self.num_kv_heads
+        q_rot = apply_rotary(q.view(b, groups, heads // groups, length, d), cos[:, :, None], sin[:, :, None])
+        return q_rot.view(b, heads, length, d)[None], apply_rotary(k, cos, sin)[None]
 
     def describe(self) -> dict:
         return {

@@ -56,27 +56,36 @@ def test_logits_match_stock_with_kv_cache(generator, stock, prompt):
     assert (ref - ours).abs().max().item() < LOGIT_TOL
 
 
+def _eager_span_mass(stock, ids: list[int], rows: list[int], spans) -> torch.Tensor:
+    """[layers, H, S, P] from transformers' eager attention: the reference the probe must reproduce."""
+    stock.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            att = stock(torch.tensor([ids]), output_attentions=True).attentions
+    finally:
+        stock.set_attn_implementation("sdpa")
+    return torch.stack([torch.stack([a[0][:, rows, s:e].sum(-1) for s, e in spans], dim=-1) for a in att])
+
+
 def test_evidence_rows_equal_eager_attention(generator, stock, prompt):
     rows = list(range(*prompt.question_span)) + [prompt.num_tokens - 1]
     probe = PassageProbe(prompt.passage_spans, generator.num_layers)
     probe.score_rows(rows)
+    cache = DynamicCache(config=generator.model.config)
     with generator._running(probe):
-        generator._forward(prompt.input_ids, DynamicCache(config=generator.model.config))
-    ours = probe.take()[:, 0]  # [layers, H, S, P]
+        logits = generator._forward(prompt.input_ids, cache)
+        ours = probe.take()[:, 0]  # [layers, H, S, P]
+        # A decode step: the fed-back token's row, read against the cached keys.
+        token = int(logits[-1].argmax())
+        probe.score_rows([0])
+        generator._forward([token], cache)
+        ours_decode = probe.take()[:, 0]
 
-    stock.set_attn_implementation("eager")
-    try:
-        with torch.inference_mode():
-            att = stock(torch.tensor([prompt.input_ids]), output_attentions=True).attentions
-    finally:
-        stock.set_attn_implementation("sdpa")
-    ref = torch.stack(
-        [
-            torch.stack([a[0][:, rows, s:e].sum(-1) for s, e in prompt.passage_spans], dim=-1)  # [H, S, P]
-            for a in att
-        ]
-    )
+    ref = _eager_span_mass(stock, prompt.input_ids, rows, prompt.passage_spans)
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() < ROW_TOL
     # The rows are real distributions over keys: passage mass can't exceed the whole row.
     assert ours.sum(-1).max().item() <= 1.0 + ROW_TOL
+    ref_decode = _eager_span_mass(stock, prompt.input_ids + [token], [prompt.num_tokens], prompt.passage_spans)
+    assert ours_decode.shape == ref_decode.shape
+    assert (ours_decode - ref_decode).abs().max().item() < ROW_TOL
