@@ -3,7 +3,7 @@
 Times are medians over repeats, interleaved across variants in one process so machine noise hits
 them alike; ratios are against the baseline of the same run. Memory is the peak RSS growth of one
 prefill, each variant in its own fresh process: the kernel's high-water mark is reset
-(/proc/self/clear_refs = 5) after the model is loaded and read (VmHWM) after the prefill.
+(/proc/self/clear_refs = 5) after the model is loaded and read (VmHWM) after one cold prefill.
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def make_runner(variant: str, model_name: str, prompt_tokens: int):
 
 def child(variant: str, model_name: str, tokens: int) -> None:
     prefill, _, prompt = make_runner(variant, model_name, tokens)
-    prefill()  # warm-up: first-call allocations are not the steady state
+    # No warm-up prefill: the allocator keeps what a warm-up freed (differently per variant), which hid
+    # part of the second prefill's growth and inflated the resting size. One cold prefill per process.
     import gc
 
     gc.collect()
@@ -240,7 +241,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = run(args.kind, args.model, [int(x) for x in sizes.split(",")], args.repeats, args.decode_tokens)
     print_report(report)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        from eval.runner import write_atomic
+
+        write_atomic(Path(args.json), json.dumps(report, indent=2) + "\n")
     return 0
 
 
