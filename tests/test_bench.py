@@ -1,0 +1,21 @@
+"""The benchmark commands run end to end on a tiny prompt (a smoke test: timings are not asserted here,
+they are measured by `midlens bench` on a quiet machine)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize(("kind", "variants"), [("evidence", {"plain", "evidence", "eager"}), ("ms-poe", None)])
+def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants):
+    from eval.bench import VARIANTS_MSPOE, run
+
+    report = run(kind, "smollm2-135m", [400], repeats=1, decode_tokens=2)
+    (row,) = report["sizes"]
+    expected = variants or set(VARIANTS_MSPOE)
+    assert 0 < row["prompt_tokens"] <= 400
+    for key in ("prefill_s", "time_ratio", "peak_rss_mb", "memory_ratio_total"):
+        assert set(row[key]) == expected and all(v > 0 for v in row[key].values())
+    base = next(iter(row["time_ratio"]))
+    assert row["time_ratio"][base] == 1.0 and row["memory_ratio_total"][base] == 1.0
+    assert row["decode_tok_per_s"]["ratio"] > 0
