@@ -2,7 +2,7 @@
 
 Times are medians over repeats, interleaved across variants in one process so machine noise hits
 them alike; ratios are against the baseline of the same run. Memory is the peak RSS growth of one
-prefill, each variant in its own fresh process: the kernel's high-water mark is reset
+prefill, the median over several fresh processes per variant: the kernel's high-water mark is reset
 (/proc/self/clear_refs = 5) after the model is loaded and read (VmHWM) after one cold prefill.
 """
 
@@ -138,7 +138,19 @@ def child(variant: str, model_name: str, tokens: int) -> None:
     )
 
 
-def memory_of(variant: str, model_name: str, tokens: int) -> dict:
+def memory_of(variant: str, model_name: str, tokens: int, repeats: int = 3) -> dict:
+    """Median over `repeats` fresh processes: one process's peak RSS varies by +-200 MB at 4k tokens
+    (allocator and thread-pool timing), more than the differences being measured."""
+    samples = [_memory_once(variant, model_name, tokens) for _ in range(repeats)]
+    return {
+        **samples[0],
+        "peak_growth_mb": statistics.median(s["peak_growth_mb"] for s in samples),
+        "peak_mb": statistics.median(s["peak_mb"] for s in samples),
+        "samples_peak_mb": [s["peak_mb"] for s in samples],
+    }
+
+
+def _memory_once(variant: str, model_name: str, tokens: int) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "eval.bench", "--child", variant, model_name, str(tokens)],
         capture_output=True,
@@ -159,7 +171,9 @@ def timed(fn, repeats: int) -> list[float]:
     return times
 
 
-def run(kind: str, model_name: str, token_sizes: list[int], repeats: int, decode_tokens: int) -> dict:
+def run(
+    kind: str, model_name: str, token_sizes: list[int], repeats: int, decode_tokens: int, memory_repeats: int = 3
+) -> dict:
     variants = VARIANTS_EVIDENCE if kind == "evidence" else VARIANTS_MSPOE
     base = variants[0]
     report: dict = {"kind": kind, "model": model_name, "threads": torch.get_num_threads(), "sizes": []}
@@ -172,7 +186,7 @@ def run(kind: str, model_name: str, token_sizes: list[int], repeats: int, decode
             for v in variants:
                 samples[v] += timed(runners[v][0], 1)
         median = {v: statistics.median(s) for v, s in samples.items()}
-        mem = {v: memory_of(v, model_name, tokens) for v in variants}
+        mem = {v: memory_of(v, model_name, tokens, memory_repeats) for v in variants}
         n = runners[variants[1]][2].num_tokens
         row = {
             "prompt_tokens": n,
@@ -232,13 +246,16 @@ def add_bench_parser(sub) -> None:
     )
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--decode-tokens", type=int, default=32)
+    bench.add_argument("--memory-repeats", type=int, default=3, help="fresh processes per variant (median)")
     bench.add_argument("--json", help="also write the report to this file")
     bench.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     sizes = args.tokens or ("2048" if args.kind == "evidence" else "2048,4096")
-    report = run(args.kind, args.model, [int(x) for x in sizes.split(",")], args.repeats, args.decode_tokens)
+    report = run(
+        args.kind, args.model, [int(x) for x in sizes.split(",")], args.repeats, args.decode_tokens, args.memory_repeats
+    )
     print_report(report)
     if args.json:
         from eval.runner import write_atomic

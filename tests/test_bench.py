@@ -10,7 +10,7 @@ import pytest
 def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants):
     from eval.bench import VARIANTS_MSPOE, run
 
-    report = run(kind, "smollm2-135m", [400], repeats=1, decode_tokens=2)
+    report = run(kind, "smollm2-135m", [400], repeats=1, decode_tokens=2, memory_repeats=1)
     (row,) = report["sizes"]
     expected = variants or set(VARIANTS_MSPOE)
     assert 0 < row["prompt_tokens"] <= 400
