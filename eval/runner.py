@@ -38,6 +38,9 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; results and reports are meant to be shared
         with os.fdopen(fd, "wb") as handle:
             handle.write(text.encode() if isinstance(text, str) else text)
         os.replace(tmp, path)

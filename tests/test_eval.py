@@ -294,3 +294,17 @@ def test_report_refuses_a_non_run_dir(tmp_path):
         from eval.report import write_report
 
         write_report([tmp_path], tmp_path)
+
+
+def test_write_atomic_replaces_whole_files_with_the_usual_permissions(tmp_path):
+    import os
+
+    from eval.runner import write_atomic
+
+    path = tmp_path / "sub" / "report.md"
+    write_atomic(path, "one\n")
+    write_atomic(path, b"two\n")
+    assert path.read_text() == "two\n" and [p.name for p in path.parent.iterdir()] == ["report.md"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
