@@ -28,7 +28,7 @@ def default_retriever():
     from rag.pipeline import default_corpus_path
     from retrievers.dense import DenseRetriever
 
-    # The shared cache index: built once per machine (about 50 s), reused by later sessions.
+    # The shared cache index: built once per machine (about 50 s), reused by later test runs.
     return DenseRetriever.build(default_corpus_path())
 
 
