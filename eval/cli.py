@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _sweep(args, name, examples, gens, config):
-    from eval.sweep import evaluate_position
+    from eval.sweep import PositionSweep
 
     k = args.k
     if args.positions:
@@ -224,16 +224,10 @@ def _sweep(args, name, examples, gens, config):
         for q, p in enumerate(positions)
     ]
 
+    sweep = PositionSweep(gens, k, args.max_new_tokens, logprob=not args.no_logprob)
+
     def evaluate(u):
-        return evaluate_position(
-            gens[u["method"]],
-            examples[u["example"]],
-            k,
-            u["position"],
-            u["method"],
-            args.max_new_tokens,
-            logprob=not args.no_logprob,
-        )
+        return sweep(examples[u["example"]], u["position"], u["method"])
 
     return units, evaluate
 

@@ -60,22 +60,18 @@ def attention_sort(gen: Generator, question: str, passages: list[Passage], max_n
     return [passages[i] for i in order]
 
 
-def evaluate_position(
-    gen: Generator,
-    example: Example,
-    k: int,
-    position: int,
-    method: str,
-    max_new_tokens: int,
-    logprob: bool = True,
-) -> dict:
-    """One (example, method, gold position) cell of the sweep -> a flat result row."""
-    t0 = time.perf_counter()
+def arrange(gen: Generator, example: Example, k: int, position: int, method: str, max_new_tokens: int) -> list[Passage]:
+    """The passages in prompt order for one sweep cell: the layout, reordered by an ordering baseline."""
     passages = layout(example, k, position)
     if method == "lcr":
-        passages = long_context_reorder(example.question, passages)
-    elif method == "attn-sort":
-        passages = attention_sort(gen, example.question, passages, max_new_tokens)
+        return long_context_reorder(example.question, passages)
+    if method == "attn-sort":
+        return attention_sort(gen, example.question, passages, max_new_tokens)
+    return passages
+
+
+def answer_row(gen: Generator, example: Example, passages: list[Passage], max_new_tokens: int, logprob: bool) -> dict:
+    """Answer one arranged prompt and score it -> the metric columns of a result row."""
     prompt = gen.prompt(example.question, passages, max_new_tokens=max_new_tokens)
     answer = gen.generate(prompt, max_new_tokens=max_new_tokens, reference=example.answers[0] if logprob else None)
     gold_id = example.gold_ids[0]
@@ -94,5 +90,45 @@ def evaluate_position(
     }
     if logprob:
         row["logprob"] = answer.reference_logprob
-    row["seconds"] = time.perf_counter() - t0
     return row
+
+
+class PositionSweep:
+    """Evaluates sweep cells; a cell whose arranged prompt equals one already answered reuses that answer.
+
+    Greedy decoding makes the answer a function of the prompt, and an ordering baseline can map every
+    gold position to the same prompt (LongContextReorder sorts by retrieval score, so it does, always):
+    answering it again would only cost time. A reused row says which position it came from.
+    """
+
+    def __init__(self, gens: dict[str, Generator], k: int, max_new_tokens: int, logprob: bool = True):
+        self.gens, self.k, self.max_new_tokens, self.logprob = gens, k, max_new_tokens, logprob
+        self._answered: dict[tuple, tuple[int, dict]] = {}
+
+    def __call__(self, example: Example, position: int, method: str) -> dict:
+        t0 = time.perf_counter()
+        gen = self.gens[method]
+        passages = arrange(gen, example, self.k, position, method, self.max_new_tokens)
+        key = (method, example.id, tuple(p.id for p in passages))
+        if key in self._answered:
+            first_position, row = self._answered[key]
+            row = {**row, "reused_from_position": first_position}
+        else:
+            row = answer_row(gen, example, passages, self.max_new_tokens, self.logprob)
+            if any(k[1] != example.id for k in self._answered):
+                self._answered.clear()  # units come example by example: only the current one can repeat
+            self._answered[key] = (position, row)
+        return {**row, "seconds": time.perf_counter() - t0}
+
+
+def evaluate_position(
+    gen: Generator,
+    example: Example,
+    k: int,
+    position: int,
+    method: str,
+    max_new_tokens: int,
+    logprob: bool = True,
+) -> dict:
+    """One (example, method, gold position) cell of the sweep -> a flat result row."""
+    return PositionSweep({method: gen}, k, max_new_tokens, logprob)(example, position, method)

@@ -184,6 +184,21 @@ def test_attention_sort_and_sweep_row(generator, loaded):
     )
 
 
+def test_sweep_reuses_an_identical_prompt_and_the_reuse_is_exact(generator):
+    """LongContextReorder sorts by retrieval score, so every gold position yields one prompt: answered once."""
+    from eval.sweep import PositionSweep
+
+    ex = _planted_example(4)
+    sweep = PositionSweep({"lcr": generator}, k=4, max_new_tokens=4)
+    first, moved = sweep(ex, 1, "lcr"), sweep(ex, 3, "lcr")
+    assert "reused_from_position" not in first and moved["reused_from_position"] == 1
+    fresh = PositionSweep({"lcr": generator}, k=4, max_new_tokens=4)(ex, 3, "lcr")
+    volatile = {"seconds", "reused_from_position"}
+    assert {k: v for k, v in moved.items() if k not in volatile} == {k: v for k, v in fresh.items() if k != "seconds"}
+    baseline = PositionSweep({"baseline": generator}, k=4, max_new_tokens=4)
+    assert "reused_from_position" not in baseline(ex, 1, "baseline") | baseline(ex, 3, "baseline")
+
+
 def _sweep_args(out, *extra):
     return [
         "eval",
