@@ -114,6 +114,8 @@ class Generator:
             raise ValueError(f"top_p={top_p} must be in (0, 1].")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0.")
+        if reference is not None and not self.tokenizer(reference, add_special_tokens=False)["input_ids"]:
+            raise ValueError("the reference answer is empty: pass a non-empty gold answer, or reference=None.")
         if prompt.num_tokens + max_new_tokens > self.context_window:
             raise ValueError(
                 f"prompt ({prompt.num_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "

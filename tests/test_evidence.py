@@ -73,6 +73,8 @@ def test_reference_logprob_on_the_cache_equals_one_full_forward(generator):
     assert generator.answer_logprob(prompt, "pelican feathers") == pytest.approx(float(full), abs=1e-3)
     assert plain.reference_logprob is None and with_ref.text == plain.text
     assert [p.calibrated for p in with_ref.passages] == pytest.approx([p.calibrated for p in plain.passages], abs=1e-6)
+    with pytest.raises(ValueError, match="reference answer is empty"):
+        generator.generate(prompt, max_new_tokens=6, reference="")  # refused before any decoding
 
 
 def test_score_without_generation_and_without_calibration(generator):
