@@ -34,13 +34,26 @@ def sha256_json(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask can only be read by setting it, which would
+    race with other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o022)  # no /proc (not Linux): the set-and-restore fallback
+    os.umask(umask)
+    return umask
+
+
 def write_atomic(path: Path, text: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; results and reports are meant to be shared
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results and reports are meant to be shared
         with os.fdopen(fd, "wb") as handle:
             handle.write(text.encode() if isinstance(text, str) else text)
         os.replace(tmp, path)

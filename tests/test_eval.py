@@ -320,6 +320,10 @@ def test_write_atomic_replaces_whole_files_with_the_usual_permissions(tmp_path):
     write_atomic(path, "one\n")
     write_atomic(path, b"two\n")
     assert path.read_text() == "two\n" and [p.name for p in path.parent.iterdir()] == ["report.md"]
-    umask = os.umask(0)
-    os.umask(umask)
-    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
+    previous = os.umask(0o027)  # an unusual umask, so a hard-coded 0o644 could not pass
+    try:
+        write_atomic(path, "three\n")
+        assert path.stat().st_mode & 0o777 == 0o640  # 0o666 & ~umask, not mkstemp's 0600
+        assert os.umask(0o027) == 0o027  # and the umask was left as it was
+    finally:
+        os.umask(previous)
