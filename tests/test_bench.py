@@ -19,3 +19,16 @@ def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants):
     base = next(iter(row["time_ratio"]))
     assert row["time_ratio"][base] == 1.0 and row["memory_ratio_total"][base] == 1.0
     assert row["decode_tok_per_s"]["ratio"] > 0
+    assert report["malloc_mmap_threshold"] == 65536
+
+
+def test_memory_processes_run_with_the_fixed_mmap_threshold(loaded, monkeypatch):
+    """The allocator setting must reach the measuring process (glibc reads it at start-up), and 0 must
+    remove an inherited one."""
+    from eval.bench import memory_of
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    fixed = memory_of("baseline", "smollm2-135m", 200, repeats=1)
+    default = memory_of("baseline", "smollm2-135m", 200, repeats=1, mmap_threshold=0)
+    assert fixed["mmap_threshold"] == "65536" and default["mmap_threshold"] is None
+    assert fixed["peak_mb"] > fixed["base_mb"] > 0
