@@ -2,7 +2,9 @@
 
 Sweep tables compare methods on the same questions: only examples finished for every method and
 position of that dataset count (a run still in progress reports its complete prefix), and `n` says
-how many. Unavailable methods (not built yet) are listed as such.
+how many. Runs whose answers were produced under different settings (token budget, paragraph
+clipping, evidence configuration, model) are never pooled: each setting gets its own table, labelled
+by what differs. Unavailable methods (not built yet) are listed as such.
 """
 
 from __future__ import annotations
@@ -19,18 +21,54 @@ RANKERS = ("dense", "bm25", "evidence_raw", "evidence_calibrated")
 RANK_METRICS = ("recall@1", "recall@2", "recall@5", "mrr", "ndcg@10")
 
 
+# Config entries that change a unit's result beyond what its key names (example, method, position).
+SETTINGS = ("model", "max_new_tokens", "max_words", "evidence", "logprob", "top_k")
+
+
 def load_runs(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
+    """Configs and rows of the runs; each row gets its run's "setting". A unit present in several runs
+    under the same setting (the same work done twice, or shard files next to their merge) counts once."""
     configs, rows = [], {}
     for run in map(Path, run_dirs):
         if not (run / CONFIG).is_file():
             raise RunError(
                 f"{run} is not a run directory (no {CONFIG}); pass the --out of `midlens eval sweep|rerank|e2e`."
             )
-        configs.append(json.loads((run / CONFIG).read_text()))
+        config = json.loads((run / CONFIG).read_text())
+        configs.append(config)
+        setting = {k: config.get(k) for k in SETTINGS}
         for f in sorted(run.glob("results*.jsonl")):
             for row in read_rows(f):
-                rows[(row["config_sha256"], row["key"])] = row
+                rows[(json.dumps(setting, sort_keys=True), row["key"])] = {**row, "setting": setting}
     return configs, list(rows.values())
+
+
+def _grouped(rows: list[dict], kind: str, base, shown: tuple[str, ...] = ()) -> dict[tuple, tuple[str, list[dict]]]:
+    """Rows of one kind by base(row) and setting -> {(base, setting): (label suffix, rows)}; the suffix
+    names each setting that differs between groups with the same base, so no two tables look alike."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["kind"] == kind:
+            groups[(base(r), json.dumps(r.get("setting", {}), sort_keys=True))].append(r)
+    out = {}
+    for b, setting in groups:
+        siblings = [json.loads(s) for bb, s in groups if bb == b]
+        this = json.loads(setting)
+        differs = [
+            key
+            for key in SETTINGS
+            if key not in shown and len({json.dumps(s.get(key), sort_keys=True) for s in siblings}) > 1
+        ]
+        out[(b, setting)] = ("".join(f", {key}={this.get(key)}" for key in differs), groups[(b, setting)])
+    return out
+
+
+def _sweep_groups(rows: list[dict]) -> dict[str, list[dict]]:
+    groups = _grouped(rows, "sweep", lambda r: (r["dataset"], r["k"]), shown=("max_new_tokens",))
+    return {
+        f"{ds} (K={k}, {json.loads(setting).get('max_new_tokens')} new tokens{suffix})": rs
+        for ((ds, k), setting), (suffix, rs) in groups.items()
+    }
 
 
 def _mean(values: list[float]) -> float:
@@ -39,12 +77,8 @@ def _mean(values: list[float]) -> float:
 
 def sweep_summary(rows: list[dict]) -> dict:
     """{dataset: {"n", "positions", "methods": {method: {position: {metric: mean}, "avg", "gap", ...}}}}."""
-    by_ds: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        if r["kind"] == "sweep":
-            by_ds[f"{r['dataset']} (K={r['k']})"].append(r)
     out = {}
-    for ds, rs in by_ds.items():
+    for ds, rs in _sweep_groups(rows).items():
         methods = sorted({r["method"] for r in rs}, key=_method_order)
         positions = sorted({r["position"] for r in rs})
         cells = {(r["example_id"], r["method"], r["position"]) for r in rs}
@@ -79,10 +113,8 @@ def _method_order(m: str) -> tuple[int, str]:
 
 
 def rerank_summary(rows: list[dict]) -> dict:
-    by: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for r in rows:
-        if r["kind"] == "rerank":
-            by[(r["dataset"], r["method"])].append(r)
+    groups = _grouped(rows, "rerank", lambda r: (r["dataset"], r["method"]))
+    by = {(ds + suffix, m): rs for ((ds, m), _), (suffix, rs) in groups.items()}
     return {
         key: {
             "n": len(rs),
@@ -95,10 +127,8 @@ def rerank_summary(rows: list[dict]) -> dict:
 
 
 def e2e_summary(rows: list[dict]) -> dict:
-    by: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for r in rows:
-        if r["kind"] == "e2e":
-            by[(r["dataset"], r["method"])].append(r)
+    groups = _grouped(rows, "e2e", lambda r: (r["dataset"], r["method"]))
+    by = {(ds + suffix, m): rs for ((ds, m), _), (suffix, rs) in groups.items()}
     keys = ("em", "f1", "retrieval_recall", "evidence_recall@2", "seconds")
     return {k: {"n": len(rs), **{m: _mean([r[m] for r in rs if m in r]) for m in keys}} for k, rs in by.items()}
 

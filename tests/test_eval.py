@@ -277,9 +277,15 @@ def test_rerank_run_and_report(tmp_path, loaded):
         assert metrics["recall@1"] <= metrics["recall@2"] <= metrics["recall@5"]
     assert main(_sweep_args(tmp_path / "sweep")) == 0
 
-    report = write_report([tmp_path / "sweep", out], tmp_path / "report")
+    assert main(_sweep_args(tmp_path / "sweep2", "--max-new-tokens", "2")) == 0
+
+    # The same run passed twice counts once; a run under another token budget gets its own table.
+    report = write_report([tmp_path / "sweep", tmp_path / "sweep2", tmp_path / "sweep", out], tmp_path / "report")
     text = report.read_text()
     assert "| baseline | " in text and "gold@1 | gold@3" in text and "moice" in text
+    tables = [line for line in text.splitlines() if line.startswith("## Position sweep")]
+    assert len(tables) == 2 and all("n = 2 questions" in t for t in tables)
+    assert any("4 new tokens" in t for t in tables) and any("2 new tokens" in t for t in tables)
     assert "| evidence_calibrated |" in text
     for name in ("accuracy_vs_position.png", "evidence_rank_vs_position.png", "reranker_recall.png"):
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
