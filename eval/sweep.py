@@ -103,32 +103,20 @@ class PositionSweep:
 
     def __init__(self, gens: dict[str, Generator], k: int, max_new_tokens: int, logprob: bool = True):
         self.gens, self.k, self.max_new_tokens, self.logprob = gens, k, max_new_tokens, logprob
-        self._answered: dict[tuple, tuple[int, dict]] = {}
+        self._example_id: str | None = None
+        self._answered: dict[tuple, tuple[int, dict]] = {}  # (method, passage ids) of the current example
 
     def __call__(self, example: Example, position: int, method: str) -> dict:
         t0 = time.perf_counter()
+        if example.id != self._example_id:  # units come example by example: only the current one can repeat
+            self._example_id, self._answered = example.id, {}
         gen = self.gens[method]
         passages = arrange(gen, example, self.k, position, method, self.max_new_tokens)
-        key = (method, example.id, tuple(p.id for p in passages))
+        key = (method, tuple(p.id for p in passages))
         if key in self._answered:
             first_position, row = self._answered[key]
             row = {**row, "reused_from_position": first_position}
         else:
             row = answer_row(gen, example, passages, self.max_new_tokens, self.logprob)
-            if any(k[1] != example.id for k in self._answered):
-                self._answered.clear()  # units come example by example: only the current one can repeat
             self._answered[key] = (position, row)
         return {**row, "seconds": time.perf_counter() - t0}
-
-
-def evaluate_position(
-    gen: Generator,
-    example: Example,
-    k: int,
-    position: int,
-    method: str,
-    max_new_tokens: int,
-    logprob: bool = True,
-) -> dict:
-    """One (example, method, gold position) cell of the sweep -> a flat result row."""
-    return PositionSweep({method: gen}, k, max_new_tokens, logprob)(example, position, method)

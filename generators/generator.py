@@ -114,8 +114,7 @@ class Generator:
             raise ValueError(f"top_p={top_p} must be in (0, 1].")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0.")
-        if reference is not None and not self.tokenizer(reference, add_special_tokens=False)["input_ids"]:
-            raise ValueError("the reference answer is empty: pass a non-empty gold answer, or reference=None.")
+        reference_ids = None if reference is None else self._reference_ids(reference)  # refused before decoding
         if prompt.num_tokens + max_new_tokens > self.context_window:
             raise ValueError(
                 f"prompt ({prompt.num_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
@@ -157,9 +156,9 @@ class Generator:
             probe.score_rows([])
 
             reference_logprob = None
-            if reference is not None:
+            if reference_ids is not None:
                 cache.crop(prompt.num_tokens - cache.get_seq_length())  # back to the prompt
-                reference_logprob = self._continuation_logprob(prefill_logits, reference, cache)
+                reference_logprob = self._continuation_logprob(prefill_logits, reference_ids, cache)
 
             if calibrate and prompt.passages:
                 t0 = time.perf_counter()
@@ -183,11 +182,14 @@ class Generator:
             reference_logprob=reference_logprob,
         )
 
-    def _continuation_logprob(self, first_logits: torch.Tensor, text: str, cache: DynamicCache) -> float:
-        """log p(text | cached prompt): the prompt's last logits score the first token, one forward the rest."""
+    def _reference_ids(self, text: str) -> list[int]:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
-            raise ValueError("the reference answer is empty.")
+            raise ValueError("the reference answer is empty: pass a non-empty gold answer, or reference=None.")
+        return ids
+
+    def _continuation_logprob(self, first_logits: torch.Tensor, ids: list[int], cache: DynamicCache) -> float:
+        """log p(ids | cached prompt): the prompt's last logits score the first token, one forward the rest."""
         logprob = torch.log_softmax(first_logits.float(), dim=-1)[ids[0]]
         if len(ids) > 1:
             logits = self._forward(ids[:-1], cache, keep=len(ids) - 1)
@@ -243,10 +245,11 @@ class Generator:
 
     def answer_logprob(self, prompt: StackedPrompt, answer: str) -> float:
         """Sum of log p(answer tokens | prompt): a continuous accuracy measure for weak models."""
+        ids = self._reference_ids(answer)
         with self._running(None):
             cache = DynamicCache(config=self.model.config)
             logits = self._forward(prompt.input_ids, cache)[-1]
-            return self._continuation_logprob(logits, answer, cache)
+            return self._continuation_logprob(logits, ids, cache)
 
 
 _STREAM_DEFAULTS = {"max_new_tokens": 48, "temperature": 0.0, "top_p": 1.0, "seed": 0, "calibrate": True}

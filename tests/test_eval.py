@@ -162,7 +162,7 @@ def _planted_example(n=4):
 
 
 def test_attention_sort_and_sweep_row(generator, loaded):
-    from eval.sweep import attention_sort, evaluate_position
+    from eval.sweep import PositionSweep, attention_sort
     from generators import Generator
 
     ex = _planted_example(4)
@@ -172,11 +172,11 @@ def test_attention_sort_and_sweep_row(generator, loaded):
     assert [key[p.id] for p in out] == sorted(key.values())  # strongest evidence next to the question
 
     ms_poe = Generator(loaded, method="ms-poe")
-    row = evaluate_position(ms_poe, ex, k=4, position=2, method="ms-poe", max_new_tokens=4)
+    row = PositionSweep({"ms-poe": ms_poe}, k=4, max_new_tokens=4)(ex, 2, "ms-poe")
     assert row["gold_prompt_position"] == 2 and 1 <= row["gold_rank"] <= 4 and 1 <= row["gold_rank_raw"] <= 4
     assert 0 < row["gold_share"] < 1 and row["logprob"] < 0
     assert row["em"] == best_subspan_em(row["prediction"], ["pelican"])
-    row = evaluate_position(generator, ex, k=4, position=1, method="attn-sort", max_new_tokens=4, logprob=False)
+    row = PositionSweep({"attn-sort": generator}, k=4, max_new_tokens=4, logprob=False)(ex, 1, "attn-sort")
     assert (
         "logprob" not in row
         and row["gold_prompt_position"]
