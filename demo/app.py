@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # gradio and torch load slowly: only the demo itself imports them
     import gradio as gr
 
-    from rag.evidence import Answer, EvidenceConfig
+    from core.passage import Passage
+    from generators.evidence import Answer, EvidenceConfig
     from rag.pipeline import Pipeline
-    from rag.prompt import Passage
     from retrievers.dense import DenseRetriever
 
 HOST = "127.0.0.1"
@@ -68,11 +68,12 @@ class DemoBackend:
         top_k: int = 5,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         evidence: EvidenceConfig | None = None,
-        method_options: dict | None = None,
         max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
+        device: str = "auto",
+        dtype: str = "auto",
     ):
-        from generators.methods import BUILT
-        from rag.models import DEFAULT_MODEL, REGISTRY
+        from generators.models import DEFAULT_MODEL, REGISTRY
+        from generators.registry import available, method_config
 
         self._lock = threading.RLock()
         self._bases: dict[str, Pipeline] = {}  # model name -> baseline-or-given pipeline on the startup corpus
@@ -80,9 +81,9 @@ class DemoBackend:
         self._retrievers: OrderedDict[str, DenseRetriever] = OrderedDict()
         self.corpus = corpus
         self.evidence = evidence
-        self.method_options = dict(method_options or {})
+        self.device, self.dtype = device, dtype
         self.max_upload_bytes = int(max_upload_mb * 1024 * 1024)
-        self.methods = list(BUILT)
+        self.methods = available()
         if pipeline is not None:
             name = pipeline.generator.loaded.name
             self._bases[name] = pipeline
@@ -91,13 +92,15 @@ class DemoBackend:
             self.top_k = pipeline.top_k
             self.max_new_tokens = pipeline.max_new_tokens
             self.evidence = pipeline.generator.evidence_config
-            method = pipeline.generator.method.name
+            method = pipeline.generator.method
         else:
             self.model = model or DEFAULT_MODEL
             self.top_k = top_k
             self.max_new_tokens = max_new_tokens
         self.models = list(dict.fromkeys([self.model, *REGISTRY]))
-        self.method = method if method in self.methods else "baseline"
+        # The startup spec's options (e.g. `ms-poe(ratio_max=1.4)`) apply whenever that method is picked.
+        self.startup_method = method_config(method)
+        self.method = self.startup_method.name
 
     # -- shared parts, built on first use -------------------------------------------------------
 
@@ -140,7 +143,7 @@ class DemoBackend:
     def pipeline(self, model: str, method: str, corpus_file: str | None = None, progress: Any = None) -> Pipeline:
         """A pipeline for (model, method) on the chosen corpus; methods share the model's weights."""
         from generators.generator import Generator
-        from rag.models import load_model
+        from generators.models import load_model
         from rag.pipeline import Pipeline
 
         if model not in self.models:
@@ -151,12 +154,13 @@ class DemoBackend:
         with self._lock:
             if model not in self._bases:
                 _progress(progress, 0.15, f"loading model {model} (first use only)")
-                generator = Generator(load_model(model), method="baseline", evidence=self.evidence)
+                loaded = load_model(model, self.device, self.dtype)
+                generator = Generator(loaded, method="baseline", evidence=self.evidence)
                 self._bases[model] = Pipeline(retriever, generator, self.top_k, self.max_new_tokens)
             base = self._bases[model]
             if (model, method) not in self._methods:
-                options = self.method_options if method == "ms-poe" else {}
-                self._methods[(model, method)] = base.with_method(method, **options)
+                config = self.startup_method if method == self.startup_method.name else method
+                self._methods[(model, method)] = base.with_method(config)
             chosen = self._methods[(model, method)]
         return Pipeline(retriever, chosen.generator, chosen.top_k, chosen.max_new_tokens, chosen.truncate)
 
@@ -184,8 +188,8 @@ class DemoBackend:
         progress: Any = None,
     ) -> dict:
         """Retrieve once, answer with `method` (and with baseline on the same passages when comparing)."""
+        from core.errors import MidlensError, PromptTooLongError
         from demo.views import gold_titles
-        from rag.errors import MidlensError, PromptTooLongError
 
         question = (question or "").strip()
         if not question:
@@ -425,7 +429,7 @@ def launch(demo: gr.Blocks, port: int | None = None, prevent_thread_lock: bool =
 
 
 def add_demo_parser(sub) -> None:
-    from rag.cli import add_method_args
+    from rag.options import add_model_args
 
     demo = sub.add_parser("demo", help="Gradio demo on 127.0.0.1: ask, see per-passage evidence, compare methods")
     demo.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
@@ -433,17 +437,16 @@ def add_demo_parser(sub) -> None:
     demo.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     demo.add_argument("--port", type=int, help="default: the first free port from 7860")
     demo.add_argument("--max-upload-mb", type=float, default=DEFAULT_MAX_UPLOAD_MB, help="corpus upload size limit")
-    add_method_args(demo)
+    add_model_args(demo)
     demo.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from generators.methods import method_config
-    from rag.cli import evidence_config, method_options
-    from rag.errors import MidlensError
+    from core.errors import MidlensError
+    from rag.options import check_device, evidence_config, method_spec
 
-    options = method_options(args)
-    method_config(args.method, options)  # refuse bad method flags before starting a server
+    method_spec(args)  # refuse a bad method spec or device before starting a server
+    check_device(args)
     if not 1 <= args.top_k <= MAX_TOP_K:
         raise MidlensError(f"--top-k {args.top_k}: the demo offers 1 to {MAX_TOP_K} passages.")
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
@@ -459,8 +462,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         max_new_tokens=args.max_new_tokens,
         evidence=evidence_config(args),
-        method_options=options,
         max_upload_mb=args.max_upload_mb,
+        device=args.device,
+        dtype=args.dtype,
     )
     launch(demo, port=args.port, max_upload_mb=args.max_upload_mb)
     return 0

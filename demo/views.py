@@ -13,7 +13,7 @@ from typing import Literal
 
 import pandas as pd
 
-from rag.evidence import Answer, PassageEvidence
+from generators.evidence import Answer, PassageEvidence
 from rag.pipeline import default_questions_path
 
 ScoreView = Literal["calibrated", "raw"]

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from rag.options import add_device_args
+
 VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
 VARIANTS_MSPOE = ("baseline", "ms-poe")
 
@@ -47,8 +49,8 @@ def _reset_peak() -> bool:
 
 def bench_prompt(tokenizer, tokens: int):
     """A stacked prompt of about `tokens` tokens from the embedded corpus, and its passages."""
+    from generators.prompt import render
     from rag.pipeline import default_corpus_path
-    from rag.prompt import render
     from retrievers.corpus import read_documents, to_passages
 
     passages = to_passages(read_documents(default_corpus_path()))
@@ -63,75 +65,94 @@ def bench_prompt(tokenizer, tokens: int):
     return render(tokenizer, passages[:lo], question)
 
 
-def make_runner(variant: str, model_name: str, prompt_tokens: int):
+def synchronize() -> None:
+    """Wait for queued GPU work, so wall-clock times measure it (a no-op on the CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def make_runner(variant: str, model_name: str, prompt_tokens: int, device: str = "cpu", dtype: str = "float32"):
     """-> (prefill(), decode(n) or None, prompt): closures over a freshly prepared model."""
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from generators.generator import Generator
-    from generators.probe import PassageProbe
-    from rag.models import load_model, resolve_model_dir
+    from generators.models import load_model, resolve_model_dir
 
-    loaded = load_model(model_name)
+    loaded = load_model(model_name, device, dtype)
     prompt = bench_prompt(loaded.tokenizer, prompt_tokens)
-    ids = torch.tensor([prompt.input_ids])
+    ids = torch.tensor([prompt.input_ids], device=loaded.device)
 
-    if variant in ("plain", "eager"):
+    if variant in ("plain", "eager"):  # the stock model, as transformers ships it
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model_dir(model_name),
-            dtype=torch.float32,
+            dtype=loaded.dtype,
             attn_implementation="sdpa" if variant == "plain" else "eager",
-        ).eval()
+        ).to(loaded.device).eval()
 
         def prefill():
             with torch.inference_mode():
-                if variant == "eager":
+                if variant == "eager":  # the reference evidence is measured against: never a library path
                     model(ids, output_attentions=True, logits_to_keep=1)
                 else:
                     model(ids, logits_to_keep=1)
+            synchronize()
 
         return prefill, None, prompt
 
-    method = "ms-poe" if variant == "ms-poe" else "baseline"
-    gen = Generator(loaded, method=method)
+    gen = Generator(loaded, method="ms-poe" if variant == "ms-poe" else "baseline")
     with_probe = variant == "evidence"
 
     def prefill():
-        probe = PassageProbe(prompt.passage_spans, gen.num_layers) if with_probe else None
-        with gen._running(probe):
+        probe = gen.new_probe(prompt) if with_probe else None
+        with gen.running(probe):
             if probe is not None:
                 probe.score_rows(list(range(*prompt.question_span)) + [prompt.num_tokens - 1])
-            gen._forward(prompt.input_ids, DynamicCache(config=gen.model.config))
+            gen.forward(prompt.input_ids, DynamicCache(config=gen.model.config))
             if probe is not None:
                 probe.take()
+        synchronize()
 
     def decode(n: int, evidence: bool) -> float:
-        """Tokens/s of n greedy decode steps after a prefill."""
-        probe = PassageProbe(prompt.passage_spans, gen.num_layers) if evidence else None
-        with gen._running(probe):
+        """Tokens/s of n greedy decode steps after a prefill (with evidence: including scoring their rows)."""
+        probe = gen.new_probe(prompt) if evidence else None
+        with gen.running(probe):
             cache = DynamicCache(config=gen.model.config)
-            logits = gen._forward(prompt.input_ids, cache)[-1]
+            logits = gen.forward(prompt.input_ids, cache)[-1]
             if probe is not None:
                 probe.score_rows([0])
+            synchronize()
             t0 = time.perf_counter()
             for _ in range(n):
-                logits = gen._forward([int(logits.argmax())], cache)[-1]
+                logits = gen.forward([int(logits.argmax())], cache)[-1]
+            if probe is not None:
+                probe.take()
+            synchronize()
             elapsed = time.perf_counter() - t0
         return n / elapsed
 
     return prefill, decode, prompt
 
 
-def child(variant: str, model_name: str, tokens: int) -> None:
-    prefill, _, prompt = make_runner(variant, model_name, tokens)
+def child(variant: str, model_name: str, tokens: int, device: str = "cpu", dtype: str = "float32") -> None:
+    prefill, _, prompt = make_runner(variant, model_name, tokens, device, dtype)
     # No warm-up prefill: the allocator keeps what a warm-up freed (differently per variant), which hid
     # part of the second prefill's growth and inflated the resting size. One cold prefill per process.
     import gc
 
     gc.collect()
-    base = _rss_kb("VmRSS")
-    exact = _reset_peak()
+    on_gpu = device.startswith("cuda")
+    if on_gpu:  # GPU memory is the CUDA allocator's peak, exact and per process
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base, exact = torch.cuda.memory_allocated() / 1024, True
+    else:
+        base = _rss_kb("VmRSS")
+        exact = _reset_peak()
     prefill()
-    peak = _rss_kb("VmHWM") if exact else _rss_kb("VmRSS")
+    if on_gpu:
+        peak = torch.cuda.max_memory_allocated() / 1024
+    else:
+        peak = _rss_kb("VmHWM") if exact else _rss_kb("VmRSS")
     print(
         json.dumps(
             {
@@ -151,11 +172,18 @@ MMAP_THRESHOLD = 65536
 
 
 def memory_of(
-    variant: str, model_name: str, tokens: int, repeats: int = 3, mmap_threshold: int = MMAP_THRESHOLD
+    variant: str,
+    model_name: str,
+    tokens: int,
+    repeats: int = 3,
+    mmap_threshold: int = MMAP_THRESHOLD,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> dict:
     """Median over `repeats` fresh processes. `mmap_threshold` = 0 keeps glibc's dynamic threshold, under
-    which one process's peak varies by +-200 MB at 4k tokens, more than the differences being measured."""
-    samples = [_memory_once(variant, model_name, tokens, mmap_threshold) for _ in range(repeats)]
+    which one process's peak varies by +-200 MB at 4k tokens, more than the differences being measured.
+    On a GPU the measure is the CUDA allocator's peak during the prefill."""
+    samples = [_memory_once(variant, model_name, tokens, mmap_threshold, device, dtype) for _ in range(repeats)]
     return {
         **samples[0],
         "peak_growth_mb": statistics.median(s["peak_growth_mb"] for s in samples),
@@ -164,14 +192,14 @@ def memory_of(
     }
 
 
-def _memory_once(variant: str, model_name: str, tokens: int, mmap_threshold: int) -> dict:
+def _memory_once(variant: str, model_name: str, tokens: int, mmap_threshold: int, device: str, dtype: str) -> dict:
     env = dict(os.environ)
     if mmap_threshold > 0:
         env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)  # read by glibc at process start
     else:
         env.pop("MALLOC_MMAP_THRESHOLD_", None)
     out = subprocess.run(
-        [sys.executable, "-m", "eval.bench", "--child", variant, model_name, str(tokens)],
+        [sys.executable, "-m", "eval.bench", "--child", variant, model_name, str(tokens), device, dtype],
         capture_output=True,
         text=True,
         check=False,
@@ -182,7 +210,7 @@ def _memory_once(variant: str, model_name: str, tokens: int, mmap_threshold: int
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def timed(fn, repeats: int) -> list[float]:
+def timed(fn, repeats: int) -> list[float]:  # fn synchronizes the GPU itself
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -199,18 +227,26 @@ def run(
     decode_tokens: int,
     memory_repeats: int = 3,
     mmap_threshold: int = MMAP_THRESHOLD,
+    device: str = "cpu",
+    dtype: str = "float32",
+    skip_eager: bool = False,
 ) -> dict:
     variants = VARIANTS_EVIDENCE if kind == "evidence" else VARIANTS_MSPOE
+    if skip_eager:
+        variants = tuple(v for v in variants if v != "eager")
     base = variants[0]
     report: dict = {
         "kind": kind,
         "model": model_name,
+        "device": device,
+        "dtype": dtype,
+        "gpu": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None,
         "threads": torch.get_num_threads(),
         "malloc_mmap_threshold": mmap_threshold or "glibc default (dynamic)",
         "sizes": [],
     }
     for tokens in token_sizes:
-        runners = {v: make_runner(v, model_name, tokens) for v in variants}
+        runners = {v: make_runner(v, model_name, tokens, device, dtype) for v in variants}
         for v in variants:
             runners[v][0]()  # warm-up
         samples: dict[str, list[float]] = {v: [] for v in variants}
@@ -218,7 +254,7 @@ def run(
             for v in variants:
                 samples[v] += timed(runners[v][0], 1)
         median = {v: statistics.median(s) for v, s in samples.items()}
-        mem = {v: memory_of(v, model_name, tokens, memory_repeats, mmap_threshold) for v in variants}
+        mem = {v: memory_of(v, model_name, tokens, memory_repeats, mmap_threshold, device, dtype) for v in variants}
         n = runners[variants[1]][2].num_tokens
         row = {
             "prompt_tokens": n,
@@ -253,7 +289,7 @@ def print_report(report: dict) -> None:
     for row in report["sizes"]:
         print(
             f"\n{report['kind']} bench, {report['model']}, {row['prompt_tokens']} prompt tokens, "
-            f"{report['threads']} threads"
+            f"{report['device']} {report['dtype']}, {report['threads']} threads"
         )
         print(
             f"{'variant':<10} {'prefill s':>10} {'tok/s':>8} {'time x':>7} {'peak +MB':>9} {'peak MB':>8} "
@@ -285,11 +321,19 @@ def add_bench_parser(sub) -> None:
         default=MMAP_THRESHOLD,
         help="glibc MALLOC_MMAP_THRESHOLD_ (bytes) for the memory processes; 0 = glibc's dynamic default",
     )
+    bench.add_argument(
+        "--skip-eager", action="store_true", help="evidence: leave out the eager reference (long prompts)"
+    )
     bench.add_argument("--json", help="also write the report to this file")
+    add_device_args(bench)
     bench.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from core.device import dtype_name, resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    dtype = dtype_name(resolve_dtype(args.dtype, device))
     sizes = args.tokens or ("2048" if args.kind == "evidence" else "2048,4096")
     report = run(
         args.kind,
@@ -299,15 +343,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.decode_tokens,
         args.memory_repeats,
         args.mmap_threshold,
+        str(device),
+        dtype,
+        args.skip_eager,
     )
     print_report(report)
     if args.json:
-        from eval.runner import write_atomic
+        from core.files import write_atomic
 
         write_atomic(Path(args.json), json.dumps(report, indent=2) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    if len(sys.argv) == 7 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])

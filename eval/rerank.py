@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 
+from core.passage import Passage
 from eval.datasets import Example
 from eval.metrics import ranking_metrics
 from eval.sweep import dense_scores
 from generators.generator import Generator
-from rag.prompt import Passage
 
 
 def bm25_scores(question: str, passages: list[Passage]) -> list[float]:

@@ -10,16 +10,14 @@ file in the canonical unit order.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tqdm import tqdm
 
-from rag.errors import MidlensError
+from core.errors import MidlensError
+from core.files import sha256_json, write_atomic
 
 RESULTS = "results.jsonl"
 CONFIG = "config.json"
@@ -28,38 +26,6 @@ VOLATILE = ("seconds", "timings", "started", "shard")  # differ between runs of 
 
 class RunError(MidlensError):
     """A run directory that cannot be resumed or merged as asked."""
-
-
-def sha256_json(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (os.umask can only be read by setting it, which would
-    race with other threads creating files)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    umask = os.umask(0o022)  # no /proc (not Linux): the set-and-restore fallback
-    os.umask(umask)
-    return umask
-
-
-def write_atomic(path: Path, text: str | bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results and reports are meant to be shared
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode() if isinstance(text, str) else text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import time
 
+from core.passage import Passage
 from eval.datasets import Example
 from eval.metrics import answer_f1, best_subspan_em
 from generators.generator import Generator
-from rag.prompt import Passage
 
 ORDERINGS = ("lcr", "attn-sort")
 

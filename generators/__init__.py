@@ -1,6 +1,26 @@
-"""Generators: a RoPE model run with one method (baseline, Ms-PoE; MoICE and MuDAF next)."""
+"""Generators: a RoPE model run with one method through one attention module, reading per-passage evidence.
 
+Public API: `Generator`, `load_model`, the method registry (`method_config`, `register`, `Method`,
+`available`) and `method_context` for code that drives the model itself (training loops, benchmarks).
+"""
+
+from generators.context import MethodParts, method_context
 from generators.generator import GenerationStream, Generator
-from generators.methods import BUILT, METHODS, MethodConfig, method_config
+from generators.models import DEFAULT_MODEL, LoadedModel, load_model
+from generators.registry import Method, MethodConfig, available, build_parts, method_config, register
 
-__all__ = ["BUILT", "METHODS", "GenerationStream", "Generator", "MethodConfig", "method_config"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "GenerationStream",
+    "Generator",
+    "LoadedModel",
+    "Method",
+    "MethodConfig",
+    "MethodParts",
+    "available",
+    "build_parts",
+    "load_model",
+    "method_config",
+    "method_context",
+    "register",
+]

@@ -2,12 +2,15 @@
 
 `PositionalAttention` replaces each decoder layer's `self_attn` (Llama, Qwen2, Mistral) and reuses its
 q/k/v/o projections, so weights stay shared with the loaded model. Per forward it:
-  1. projects q, k, v;
+  1. projects q, k, v (plus an optional per-call `WeightDelta`, e.g. LoRA factors a method trained);
   2. asks its `RotaryScheme` to rotate them (baseline RoPE, Ms-PoE ratios, or several MoICE experts);
   3. stores keys in the KV cache already rotated (per expert, stacked on the head axis);
   4. runs SDPA once per expert and mixes the outputs with the scheme's weights (one expert: no mixing);
   5. lets an optional `PassageProbe` read attention rows of a few scoring queries, computed from the
      q and K in hand, so evidence never needs eager attention or an L x L matrix.
+Scheme, delta and probe are per-call parts, installed by `generators.context.method_context` and reset to
+the identity (plain RoPE, no delta, no probe) afterwards: they are kept out of the module tree so the shared
+weights, `state_dict()` and `parameters()` of the loaded model never change.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from generators.delta import WeightDelta
 from generators.rope import RotaryScheme
 
 
@@ -43,8 +47,22 @@ class PositionalAttention(nn.Module):
             original.v_proj,
             original.o_proj,
         )
-        self.scheme = scheme
-        self.probe = None  # a PassageProbe while evidence is being read
+        self.base_scheme = scheme  # plain RoPE: what the layer runs when no method is installed
+        self.use()
+
+    def use(self, scheme: RotaryScheme | None = None, delta: WeightDelta | None = None, probe=None) -> None:
+        """Install per-call parts (None = identity). Plain attributes, not submodules: see the module doc."""
+        self.__dict__["scheme"] = scheme if scheme is not None else self.base_scheme
+        self.__dict__["delta"] = delta
+        self.__dict__["probe"] = probe  # a PassageProbe while evidence is being read
+
+    def _project(self, name: str, linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        out = linear(x)
+        if self.delta is not None:
+            extra = self.delta.project(self.layer_idx, name, x)
+            if extra is not None:
+                out = out + extra.to(out.dtype)
+        return out
 
     def forward(
         self,
@@ -57,9 +75,9 @@ class PositionalAttention(nn.Module):
     ) -> tuple[torch.Tensor, None]:
         batch, length, _ = hidden_states.shape
         shape = (batch, length, -1, self.head_dim)
-        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
-        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
-        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        q = self._project("q", self.q_proj, hidden_states).view(shape).transpose(1, 2)
+        k = self._project("k", self.k_proj, hidden_states).view(shape).transpose(1, 2)
+        v = self._project("v", self.v_proj, hidden_states).view(shape).transpose(1, 2)
 
         past = past_key_values.get_seq_length(self.layer_idx) if past_key_values is not None else 0
         if past == 0:
@@ -83,7 +101,7 @@ class PositionalAttention(nn.Module):
             mask = torch.ones(length, total, dtype=torch.bool, device=q.device).tril(total - length)
         is_causal = mask is None and length > 1
 
-        weights = self.scheme.mixing_weights(q_rot)
+        weights = self.scheme.mixing_weights(q, hidden_states)  # routers read the pre-RoPE query
         out = None
         for e in range(experts):
             o = F.scaled_dot_product_attention(
@@ -102,7 +120,7 @@ class PositionalAttention(nn.Module):
             self.probe.observe(self.layer_idx, q_rot, keys, weights, past, mask, self.scaling)
 
         out = out.transpose(1, 2).reshape(batch, length, -1)
-        return self.o_proj(out), None
+        return self._project("o", self.o_proj, out), None
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -1,6 +1,6 @@
 """Generator: a loaded model run with one method, answering a stacked prompt and scoring its passages.
 
-    gen = Generator("smollm2-135m", method="ms-poe")
+    gen = Generator("smollm2-135m", method="ms-poe(ratio_max=1.5)", device="auto", dtype="auto")
     prompt = gen.prompt("Who wrote X?", passages)
     answer = gen.generate(prompt)            # text + per-passage evidence + timings
     for piece in gen.stream(prompt): ...     # same, token by token
@@ -20,28 +20,32 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
-from generators.attention import install_positional_attention
-from generators.methods import MethodConfig, build_schemes, method_config
+from core.passage import Passage
+from generators.context import MethodParts, method_context
+from generators.evidence import Answer, EvidenceConfig, EvidenceMaps, passage_evidence
+from generators.models import DEFAULT_MODEL, LoadedModel, load_model
 from generators.probe import PassageProbe
-from rag.evidence import Answer, EvidenceConfig, EvidenceMaps, passage_evidence
-from rag.models import DEFAULT_MODEL, LoadedModel, load_model
-from rag.prompt import CONTENT_FREE_QUESTION, Passage, StackedPrompt, build_prompt, render, shared_prefix_length
+from generators.prompt import CONTENT_FREE_QUESTION, StackedPrompt, build_prompt, render, shared_prefix_length
+from generators.registry import MethodConfig, build_parts, method_config
 
 
 class Generator:
     def __init__(
         self,
         model: str | LoadedModel = DEFAULT_MODEL,
-        method: str = "baseline",
+        method: str | MethodConfig = "baseline",
         evidence: EvidenceConfig | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
         **method_options,
     ):
-        self.loaded = load_model(model) if isinstance(model, str) else model
-        self.method: MethodConfig = method_config(method, method_options)
+        """`method` is a registry name or spec (`"ms-poe(ratio_max=1.5)"`); keyword options override the spec's.
+        `device`/`dtype` apply when `model` is a name; a LoadedModel keeps the device and dtype it has."""
+        self.method: MethodConfig = method_config(method, method_options)  # before loading: fail fast
+        self.loaded = load_model(model, device, dtype) if isinstance(model, str) else model
         self.evidence_config = evidence or EvidenceConfig()
-        self.modules = install_positional_attention(self.loaded.model)
-        self.schemes = build_schemes(self.method, self.loaded.model)
-        self.evidence_config.layer_indices(len(self.modules))  # validate early
+        self.parts: MethodParts = build_parts(self.method, self.loaded)
+        self.evidence_config.layer_indices(self.num_layers)  # validate early
         eos = self.loaded.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         if self.tokenizer.eos_token_id is not None:
@@ -61,7 +65,11 @@ class Generator:
 
     @property
     def num_layers(self) -> int:
-        return len(self.modules)
+        return len(self.parts.schemes)
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.device
 
     def prompt(
         self,
@@ -73,21 +81,20 @@ class Generator:
         return build_prompt(self.tokenizer, passages, question, self.context_window - max_new_tokens, truncate)
 
     @contextmanager
-    def _running(self, probe: PassageProbe | None):
-        """Put this generator's schemes (and the probe) into the shared model for one call."""
-        with self.loaded.lock, torch.inference_mode():
-            for module, scheme in zip(self.modules, self.schemes, strict=True):
-                module.scheme = scheme
-                module.probe = probe
-            try:
-                yield
-            finally:
-                for module in self.modules:
-                    module.probe = None
+    def running(self, probe: PassageProbe | None = None):
+        """This generator's method (and an optional probe) installed on the shared model, for inference."""
+        with torch.inference_mode(), method_context(self.loaded, self.parts, probe):
+            yield
 
-    def _forward(self, ids: list[int], cache: DynamicCache, keep: int = 1) -> torch.Tensor:
-        out = self.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=keep)
+    def forward(self, ids: list[int], cache: DynamicCache, keep: int = 1) -> torch.Tensor:
+        """Logits [keep, vocab] for `ids` fed after `cache` (call inside `running()`)."""
+        input_ids = torch.tensor([ids], device=self.device)
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0]
+
+    def new_probe(self, prompt: StackedPrompt) -> PassageProbe:
+        """A probe that keeps the layers the evidence config aggregates (the others cost nothing)."""
+        return PassageProbe(prompt.passage_spans, self.num_layers, self.evidence_config.layer_indices(self.num_layers))
 
     def _pick(self, logits: torch.Tensor, temperature: float, top_p: float, rng: torch.Generator | None) -> int:
         if temperature <= 0:
@@ -120,18 +127,18 @@ class Generator:
                 f"prompt ({prompt.num_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                 f"context window ({self.context_window}); build the prompt with Generator.prompt()."
             )
-        rng = torch.Generator().manual_seed(seed) if (temperature > 0 and seed is not None) else None
-        probe = PassageProbe(prompt.passage_spans, self.num_layers)
+        rng = torch.Generator(self.device).manual_seed(seed) if (temperature > 0 and seed is not None) else None
+        probe = self.new_probe(prompt)
         q_rows = list(range(*prompt.question_span))
         last = prompt.num_tokens - 1
         timings: dict[str, float] = {}
         generated: list[int] = []
         text = ""
-        with self._running(probe):
+        with self.running(probe):
             cache = DynamicCache(config=self.model.config)
             t0 = time.perf_counter()
             probe.score_rows(q_rows + [last])
-            logits = prefill_logits = self._forward(prompt.input_ids, cache)[-1]
+            logits = prefill_logits = self.forward(prompt.input_ids, cache)[-1]
             rows = probe.take()[:, 0]  # [layers, H, S, P]
             timings["prefill_s"] = time.perf_counter() - t0
             maps = EvidenceMaps(last=rows[:, :, -1], question=rows[:, :, :-1].mean(2))
@@ -149,7 +156,7 @@ class Generator:
                     text = new_text
                 if len(generated) == max_new_tokens:
                     break
-                logits = self._forward([token], cache)[-1]
+                logits = self.forward([token], cache)[-1]
             timings["decode_s"] = time.perf_counter() - t0
             if len(generated) > 1:
                 maps.answer = probe.take()[:, 0].mean(2)
@@ -192,9 +199,10 @@ class Generator:
         """log p(ids | cached prompt): the prompt's last logits score the first token, one forward the rest."""
         logprob = torch.log_softmax(first_logits.float(), dim=-1)[ids[0]]
         if len(ids) > 1:
-            logits = self._forward(ids[:-1], cache, keep=len(ids) - 1)
+            logits = self.forward(ids[:-1], cache, keep=len(ids) - 1)
             logprobs = torch.log_softmax(logits.float(), dim=-1)
-            logprob = logprob + logprobs[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].sum()
+            rows = torch.arange(len(ids) - 1, device=logprobs.device)
+            logprob = logprob + logprobs[rows, torch.tensor(ids[1:], device=logprobs.device)].sum()
         return float(logprob)
 
     def _null_maps(self, prompt: StackedPrompt, cache: DynamicCache, probe: PassageProbe):
@@ -207,7 +215,7 @@ class Generator:
             shared, cache = 0, DynamicCache(config=self.model.config)
         rows_q = [i - shared for i in range(*null.question_span)]
         probe.score_rows(rows_q + [null.num_tokens - 1 - shared])
-        self._forward(null.input_ids[shared:], cache)
+        self.forward(null.input_ids[shared:], cache)
         rows = probe.take()[:, 0]
         return rows[:, :, -1], rows[:, :, :-1].mean(2)
 
@@ -242,14 +250,6 @@ class Generator:
     def score(self, prompt: StackedPrompt, calibrate: bool = True) -> Answer:
         """Evidence for the passages without generating (one prefill, plus the calibration suffix)."""
         return self.generate(prompt, max_new_tokens=0, calibrate=calibrate)
-
-    def answer_logprob(self, prompt: StackedPrompt, answer: str) -> float:
-        """Sum of log p(answer tokens | prompt): a continuous accuracy measure for weak models."""
-        ids = self._reference_ids(answer)
-        with self._running(None):
-            cache = DynamicCache(config=self.model.config)
-            logits = self._forward(prompt.input_ids, cache)[-1]
-            return self._continuation_logprob(logits, ids, cache)
 
 
 _STREAM_DEFAULTS = {"max_new_tokens": 48, "temperature": 0.0, "top_p": 1.0, "seed": 0, "calibrate": True}

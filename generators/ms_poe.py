@@ -19,11 +19,23 @@ from typing import Literal
 
 import torch
 
+from core.errors import MethodConfigError
 from generators.attention import expand_heads
+from generators.context import MethodParts
 from generators.rope import RotaryScheme, apply_rotary
 
 HeadOrder = Literal["awareness", "sequential", "fixed"]
 GQAMode = Literal["group", "per_query_head"]
+
+DEFAULTS = {
+    "ratio_min": 1.2,
+    "ratio_max": 1.8,
+    "layers": None,  # None = layer 2 to the last, as the official `apply_layers`
+    "head_order": "awareness",
+    "gqa": "group",
+    "alpha": 3.0,
+    "head_ranks": None,
+}
 
 
 def ratio_ladder(n: int, ratio_min: float, ratio_max: float) -> torch.Tensor:
@@ -69,11 +81,11 @@ class MsPoEScheme(RotaryScheme):
         self.head_order = head_order
         self.alpha = alpha
         units = num_kv_heads if gqa == "group" else num_heads
-        self.register_buffer("ladder", ratio_ladder(units, ratio_min, ratio_max), persistent=False)
+        self.register_buffer("ladder", ratio_ladder(units, ratio_min, ratio_max).to(inv_freq.device), persistent=False)
         if head_order == "fixed":
-            self.fixed_ranks = torch.tensor(head_ranks, dtype=torch.long)
+            self.fixed_ranks = torch.tensor(head_ranks, dtype=torch.long, device=inv_freq.device)
         elif head_order == "sequential":
-            self.fixed_ranks = torch.arange(units)
+            self.fixed_ranks = torch.arange(units, device=inv_freq.device)
         else:
             self.fixed_ranks = None
         self.last_scores: torch.Tensor | None = None
@@ -120,10 +132,64 @@ class MsPoEScheme(RotaryScheme):
         q_rot = apply_rotary(q.view(b, groups, heads // groups, length, d), cos[:, :, None], sin[:, :, None])
         return q_rot.view(b, heads, length, d)[None], apply_rotary(k, cos, sin)[None]
 
-    def describe(self) -> dict:
-        return {
-            "scheme": "ms-poe",
-            "ladder": [round(x, 4) for x in self.ladder.tolist()],
-            "head_order": self.head_order,
-            "gqa": self.gqa,
-        }
+
+def check_options(opts: dict) -> None:
+    """Option checks that need no model (run before anything loads)."""
+    lo, hi = opts["ratio_min"], opts["ratio_max"]
+    if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float))) or lo <= 0 or hi <= 0:
+        raise MethodConfigError(f"ms-poe ratios must be positive numbers, got ratio_min={lo}, ratio_max={hi}.")
+    if lo > hi:
+        raise MethodConfigError(f"ms-poe ratio_min={lo} is larger than ratio_max={hi}; swap them.")
+    if opts["head_order"] not in ("awareness", "sequential", "fixed"):
+        raise MethodConfigError(f"ms-poe head_order={opts['head_order']!r}: expected awareness, sequential or fixed.")
+    if opts["gqa"] not in ("group", "per_query_head"):
+        raise MethodConfigError(f"ms-poe gqa={opts['gqa']!r}: expected group or per_query_head.")
+    if opts["head_order"] == "fixed" and opts["head_ranks"] is None:
+        raise MethodConfigError(
+            "ms-poe head_order='fixed' needs head_ranks: the rank (0 = smallest ratio) of each head."
+        )
+    layers = opts["layers"]
+    if layers is not None and not (isinstance(layers, (list, tuple)) and all(isinstance(i, int) for i in layers)):
+        raise MethodConfigError(f"ms-poe layers={layers!r}: expected a list of layer indices, e.g. [2, 3, 4].")
+
+
+def build(loaded, opts: dict) -> MethodParts:
+    """Ms-PoE schemes on the chosen layers, plain RoPE elsewhere (checks that need the model's shape)."""
+    cfg = loaded.model.config
+    num_layers, heads, kv_heads = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
+    rope_type = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type in ("dynamic", "yarn", "longrope"):
+        # These rescale frequencies per sequence length or scale the tables; per-head ratios on top are untested.
+        raise MethodConfigError(f"ms-poe does not support rope_type '{rope_type}' models yet.")
+    layers = opts["layers"] if opts["layers"] is not None else list(range(2, num_layers))
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise MethodConfigError(f"ms-poe layers {bad} out of range: this model has layers 0..{num_layers - 1}.")
+    ranks = opts["head_ranks"]
+    if ranks is not None:
+        units = kv_heads if opts["gqa"] == "group" else heads
+        if sorted(ranks) != list(range(units)):
+            raise MethodConfigError(
+                f"ms-poe head_ranks={ranks} must be a permutation of 0..{units - 1} "
+                f"(one rank per {'kv group' if opts['gqa'] == 'group' else 'query head'})."
+            )
+    inv_freq = loaded.model.model.rotary_emb.inv_freq
+    schemes: list[RotaryScheme] = []
+    for i in range(num_layers):
+        if i in layers:
+            schemes.append(
+                MsPoEScheme(
+                    inv_freq,
+                    heads,
+                    kv_heads,
+                    ratio_min=float(opts["ratio_min"]),
+                    ratio_max=float(opts["ratio_max"]),
+                    head_order=opts["head_order"],
+                    gqa=opts["gqa"],
+                    alpha=float(opts["alpha"]),
+                    head_ranks=ranks,
+                )
+            )
+        else:
+            schemes.append(RotaryScheme(inv_freq, heads, kv_heads))
+    return MethodParts(schemes)

@@ -4,8 +4,13 @@ For a handful of scoring queries s (the last prompt token, the question's tokens
 `PassageProbe` computes softmax(q_s K^T * scale + mask) from the rotated q and the cached K that the
 attention module already holds, mixes experts with the scheme's weights, and keeps only each passage's
 attention mass: one product with a 0/1 [keys x passages] span matrix. Cost per layer is O(S * T * d) per
-head, against O(T^2 * d) for the forward; nothing of size T x T is ever built. The probe runs at every
-decode step of every layer, so it is written for few, small tensor ops.
+head, against O(T^2 * d) for the forward; nothing of size T x T is ever built. All of it runs in fp32,
+whatever the model's dtype.
+
+Decode steps are deferred: a step only keeps a reference to its query row (and mixing weights), and `take`
+scores every stored row at once against the final keys with a causal mask. Per-step work is then a list
+append instead of a handful of small kernels per layer, which is what made decoding with evidence slow
+on a GPU (launch-bound), and the result is the same: row t sees exactly the keys it saw at step t.
 """
 
 from __future__ import annotations
@@ -16,28 +21,42 @@ import torch
 class PassageProbe:
     """Collects, per layer, the attention mass [B, H, S, P] that scoring rows give to passage spans."""
 
-    def __init__(self, spans: list[tuple[int, int]], num_layers: int):
+    def __init__(self, spans: list[tuple[int, int]], num_layers: int, layers: list[int] | None = None):
         self.span_end = max((e for _, e in spans), default=0)
         # Passage mass = probs[..., :span_end] @ spans: one matmul instead of a cumsum and two gathers.
         self.spans = torch.zeros(self.span_end, len(spans))
         for p, (s, e) in enumerate(spans):
             self.spans[s:e, p] = 1.0
         self.num_layers = num_layers
+        # Layers whose rows are kept (evidence aggregates a subset; the rest cost nothing). Absent layers come
+        # back as zeros from `take`, so indices stay the model's.
+        self.layers = set(range(num_layers)) if layers is None else set(layers)
         self.rows: list[int] = []  # indices, within the current forward's chunk, of the scoring queries
-        self._rows = torch.zeros(0, dtype=torch.long)
+        self._rows: torch.Tensor | None = None
         self.collected: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
+        self.deferred: list[list[tuple]] = [[] for _ in range(num_layers)]  # decode rows: (q, weights, position)
+        self.final_keys: list[torch.Tensor | None] = [None] * num_layers
+        self._spans_on: torch.Tensor | None = None
 
     def score_rows(self, rows: list[int]) -> None:
         self.rows = list(rows)
-        self._rows = torch.tensor(self.rows, dtype=torch.long)
+        self._rows = None
 
     def take(self) -> torch.Tensor:
-        """All rows observed since the last take, as [layers, B, H, S, P]; resets the buffer."""
-        out = torch.stack([torch.cat(per_layer, dim=2) for per_layer in self.collected])
-        self.collected = [[] for _ in range(self.num_layers)]
-        return out
+        """All rows observed since the last take, as [layers, B, H, S, P] on the CPU; resets the buffer.
 
-    @torch.no_grad()
+        Layers the probe does not keep come back as zeros, so the first axis stays the model's layer index."""
+        self._flush_deferred()
+        per_layer = [torch.cat(rows, dim=2) if rows else None for rows in self.collected]
+        present = next(t for t in per_layer if t is not None)
+        self.collected = [[] for _ in range(self.num_layers)]
+        return torch.stack([t if t is not None else torch.zeros_like(present) for t in per_layer]).cpu()
+
+    def _span_matrix(self, device: torch.device) -> torch.Tensor:
+        if self._spans_on is None or self._spans_on.device != device:
+            self._spans_on = self.spans.to(device)
+        return self._spans_on
+
     def observe(
         self,
         layer: int,
@@ -48,30 +67,57 @@ class PassageProbe:
         mask: torch.Tensor | None,  # [B or 1, 1, L, T] bool/float, or None for plain causal
         scale: float,
     ) -> None:
-        if not self.rows:
+        if not self.rows or layer not in self.layers:
             return
-        rows = self._rows.to(q_rot.device)
-        experts, batch, heads, _, dim = q_rot.shape
+        self.scale = scale
+        if q_rot.shape[3] == 1 and self.rows == [0] and mask is None:  # a decode step: defer (see module doc)
+            self.deferred[layer].append((q_rot.detach(), None if weights is None else weights.detach(), past))
+            self.final_keys[layer] = keys.detach()
+            return
+        with torch.no_grad():
+            if self._rows is None or self._rows.device != q_rot.device:
+                self._rows = torch.tensor(self.rows, dtype=torch.long, device=q_rot.device)
+            rows = self._rows
+            q_sel = q_rot.index_select(3, rows)
+            w_sel = None if weights is None else weights.index_select(3, rows)
+            allowed = None
+            if mask is not None:
+                row_mask = mask.index_select(-2, rows)  # [B, 1, S, T]
+                allowed = row_mask if row_mask.dtype == torch.bool else row_mask.float()
+            elif past + min(self.rows) < keys.shape[3] - 1:  # causal: hide the keys after each row
+                key_idx = torch.arange(keys.shape[3], device=q_rot.device)
+                allowed = key_idx[None, :] <= (past + rows)[:, None]  # [S, T]
+            self.collected[layer].append(self._mass(q_sel, keys, w_sel, allowed))
+
+    def _mass(
+        self, q_sel: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | None, allowed: torch.Tensor | None
+    ) -> torch.Tensor:
+        """q_sel [E, B, H, S, d] against keys [B, E, Hk, T, d] -> passage mass [B, H, S, P] (fp32)."""
+        experts, batch, heads, rows, dim = q_sel.shape
         key_heads, total = keys.shape[2], keys.shape[3]
-        # Group the query heads that share a key head instead of copying K per query head (GQA): this
-        # runs at every decode step, where a copy of the whole cache per layer would dominate.
-        q_sel = q_rot.index_select(3, rows).float().view(experts, batch, key_heads, -1, dim)
+        # Group the query heads that share a key head instead of copying K per query head (GQA).
+        q_g = q_sel.float().view(experts, batch, key_heads, -1, dim)
         k_all = keys.transpose(0, 1).float()  # [E, B, Hk, T, d]
-        logits = (q_sel @ k_all.transpose(-1, -2) * scale).view(experts, batch, heads, len(self.rows), total)
-        if mask is not None:
-            row_mask = mask.index_select(-2, rows)  # [B, 1, S, T]
-            if row_mask.dtype == torch.bool:
-                logits = logits.masked_fill(~row_mask, float("-inf"))
+        logits = (q_g @ k_all.transpose(-1, -2) * self.scale).view(experts, batch, heads, rows, total)
+        if allowed is not None:
+            if allowed.dtype == torch.bool:
+                logits = logits.masked_fill(~allowed, float("-inf"))
             else:
-                logits = logits + row_mask.float()
-        elif past + min(self.rows) < total - 1:  # causal: hide the keys after each row (a decode row sees all)
-            key_idx = torch.arange(total, device=q_rot.device)
-            allowed = key_idx[None, :] <= (past + rows)[:, None]  # [S, T]
-            logits = logits.masked_fill(~allowed, float("-inf"))
+                logits = logits + allowed
         probs = torch.softmax(logits, dim=-1)
-        if weights is None:
-            probs = probs[0]
-        else:
-            probs = (weights.index_select(3, rows).float() * probs).sum(0)
-        mass = probs[..., : self.span_end] @ self.spans.to(probs.device)  # [B, H, S, P]
-        self.collected[layer].append(mass)
+        probs = probs[0] if weights is None else (weights.float() * probs).sum(0)
+        return probs[..., : self.span_end] @ self._span_matrix(probs.device)  # [B, H, S, P]
+
+    @torch.no_grad()
+    def _flush_deferred(self) -> None:
+        for layer, steps in enumerate(self.deferred):
+            if not steps:
+                continue
+            keys = self.final_keys[layer]
+            q_sel = torch.cat([q for q, _, _ in steps], dim=3)  # [E, B, H, S, d]
+            weights = None if steps[0][1] is None else torch.cat([w for _, w, _ in steps], dim=3)
+            positions = torch.tensor([p for _, _, p in steps], device=keys.device)
+            allowed = torch.arange(keys.shape[3], device=keys.device)[None, :] <= positions[:, None]  # [S, T]
+            self.collected[layer].append(self._mass(q_sel, keys, weights, allowed))
+            self.deferred[layer] = []
+            self.final_keys[layer] = None

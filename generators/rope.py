@@ -3,10 +3,12 @@
 The baseline is the model's own RoPE. The methods are parameterisations of the same rotation:
   - Ms-PoE divides positions by a per-head ratio (one expert, ratio r_h per head);
   - MoICE rotates with several bases and mixes the experts' attention per token (E experts + router);
-  - MuDAF keeps RoPE and changes q/k projection weights, so it needs no scheme of its own.
+  - MuDAF keeps RoPE and adds a trained delta to the projections (`generators.delta`), no scheme of its own.
 Shapes the attention module relies on: `rotate` returns q as [E, B, H, L, d] and k as [E, B, Hk, L, d],
 where Hk is the number of key heads stored per expert (kv heads, or every query head when keys must be
-rotated per query head); `mixing_weights` returns [E, B, H, L, 1] or None for a single expert.
+rotated per query head); `mixing_weights` reads the PRE-RoPE query [B, H, L, d] (and the layer's hidden
+states), as a trained router must, and returns [E, B, H, L, 1] or None for a single expert; `aux_loss` is a
+training term the scheme accumulated during the last forward (MoICE's load balancing), or None.
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ class RotaryScheme(nn.Module):
             cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         return apply_rotary(q, cos, sin)[None], apply_rotary(k, cos, sin)[None]
 
-    def mixing_weights(self, q_rot: torch.Tensor) -> torch.Tensor | None:
+    def mixing_weights(self, q: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return None
 
-    def describe(self) -> dict:
-        return {"scheme": "rope"}
+    def aux_loss(self) -> torch.Tensor | None:
+        return None

@@ -1,4 +1,2 @@
-"""midlens' spine: stacked prompts with spans, the offline model registry, evidence results, the pipeline.
-
-Public entry points: `rag.pipeline.Pipeline`, `rag.prompt.Passage`, `rag.evidence.Answer` / `EvidenceConfig`.
-"""
+"""The pipeline layer: retrieve -> stack -> generate (`rag.pipeline.Pipeline`), the options every shell shares
+(`rag.options`), and the LlamaIndex integration (`rag.llamaindex`). Above `retrievers` and `generators`."""

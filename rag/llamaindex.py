@@ -48,11 +48,11 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor  # noqa: 
 from llama_index.core.query_engine import CustomQueryEngine  # noqa: E402
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
 
+from core.errors import PromptTooLongError  # noqa: E402
+from generators.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
 from generators.generator import Generator  # noqa: E402
-from rag.errors import PromptTooLongError  # noqa: E402
-from rag.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
-from rag.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
-from rag.prompt import Passage, StackedPrompt, build_prompt, render  # noqa: E402
+from generators.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
+from generators.prompt import Passage, StackedPrompt, build_prompt, render  # noqa: E402
 
 logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
@@ -64,9 +64,14 @@ _RERANK_KEYS = ("rerank_pass", "rerank_passes")
 
 
 def _make_generator(
-    model: str | LoadedModel, method: str, method_options: dict | None, evidence: EvidenceConfig | None
+    model: str | LoadedModel,
+    method: str,
+    method_options: dict | None,
+    evidence: EvidenceConfig | None,
+    device: str = "auto",
+    dtype: str = "auto",
 ) -> Generator:
-    return Generator(model, method=method, evidence=evidence, **(method_options or {}))
+    return Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {}))
 
 
 def to_passage(item: PassageLike) -> Passage:
@@ -144,8 +149,10 @@ class MidlensLLM(CustomLLM):
     """
 
     model: str = Field(default=DEFAULT_MODEL, description="Registry name (e.g. smollm2-135m) or model folder.")
-    method: str = Field(default="baseline", description="baseline, ms-poe, moice or mudaf.")
+    method: str = Field(default="baseline", description="Method spec: a registry name or NAME(option=value, ...).")
     method_options: dict[str, Any] = Field(default_factory=dict, description="Options of the method.")
+    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present).")
+    dtype: str = Field(default="auto", description="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA).")
     max_new_tokens: int = Field(default=48, ge=0, description="Most tokens generated per call.")
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -162,18 +169,25 @@ class MidlensLLM(CustomLLM):
         method: str = "baseline",
         method_options: dict[str, Any] | None = None,
         evidence: EvidenceConfig | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
         **kwargs: Any,
     ) -> None:
-        generator = _make_generator(model, method, method_options, evidence)
+        generator = _make_generator(model, method, method_options, evidence, device, dtype)
         super().__init__(
-            model=generator.loaded.name, method=method, method_options=dict(method_options or {}), **kwargs
+            model=generator.loaded.name,
+            method=method,
+            method_options=dict(method_options or {}),
+            device=str(generator.device),
+            dtype=str(generator.loaded.dtype).removeprefix("torch."),
+            **kwargs,
         )
         self._generator = generator
 
     @classmethod
     def from_generator(cls, generator: Generator, **kwargs: Any) -> MidlensLLM:
         """Wrap an existing Generator (shares its loaded model, method and evidence settings)."""
-        llm = cls(generator.loaded, method=generator.method.name, evidence=generator.evidence_config, **kwargs)
+        llm = cls(generator.loaded, method=generator.method.spec(), evidence=generator.evidence_config, **kwargs)
         llm._generator = generator
         return llm
 
@@ -315,8 +329,10 @@ class AttentionReranker(BaseNodePostprocessor):
 
     top_n: int = Field(default=2, ge=1, description="Number of nodes to return sorted by score.")
     model: str = Field(default=DEFAULT_MODEL, description="Registry name or folder of the scoring model.")
-    method: str = Field(default="baseline", description="baseline, ms-poe, moice or mudaf.")
+    method: str = Field(default="baseline", description="Method spec: a registry name or NAME(option=value, ...).")
     method_options: dict[str, Any] = Field(default_factory=dict)
+    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present).")
+    dtype: str = Field(default="auto", description="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA).")
     score_by: Literal["calibrated", "evidence"] = Field(default="calibrated", description="Which evidence to rank by.")
     keep_retrieval_score: bool = Field(default=False, description="Whether to keep the retrieval score in metadata.")
     max_tokens_per_pass: int | None = Field(
@@ -331,14 +347,18 @@ class AttentionReranker(BaseNodePostprocessor):
         method: str = "baseline",
         method_options: dict[str, Any] | None = None,
         evidence: EvidenceConfig | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
         **kwargs: Any,
     ) -> None:
-        generator = _make_generator(model, method, method_options, evidence)
+        generator = _make_generator(model, method, method_options, evidence, device, dtype)
         super().__init__(
             top_n=top_n,
             model=generator.loaded.name,
             method=method,
             method_options=dict(method_options or {}),
+            device=str(generator.device),
+            dtype=str(generator.loaded.dtype).removeprefix("torch."),
             **kwargs,
         )
         self._generator = generator
@@ -444,7 +464,7 @@ class MidlensRetriever(BaseRetriever):
     def from_corpus(
         cls, corpus: str | Path, index_dir: str | Path | None = None, similarity_top_k: int = 5, **kwargs: Any
     ) -> MidlensRetriever:
-        """Build (or reuse) the dense index of a folder / .jsonl corpus, as `midlens index` does."""
+        """Build (or reuse) the dense index of a folder / .jsonl corpus, as `midlens ask --corpus` does."""
         from retrievers.dense import DenseRetriever
 
         return cls(DenseRetriever.build(corpus, index_dir=index_dir), similarity_top_k, **kwargs)

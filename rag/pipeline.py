@@ -1,6 +1,6 @@
 """The one pipeline every shell (CLI, LlamaIndex, demo, eval) calls: retrieve -> stack -> generate.
 
-pipe = Pipeline.from_corpus()                      # embedded HotpotQA corpus, SmolLM2, baseline
+pipe = Pipeline.from_corpus(device="auto")         # embedded HotpotQA corpus, SmolLM2, baseline
 answer = pipe.ask("Who directed Wings of Desire?")
 for p in answer.ranked(): print(p.rank, p.passage.title, p.calibrated)
 """
@@ -12,10 +12,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from core.passage import Passage
+from generators.evidence import Answer, EvidenceConfig
 from generators.generator import GenerationStream, Generator
-from rag.evidence import Answer, EvidenceConfig
-from rag.models import DEFAULT_MODEL, LoadedModel
-from rag.prompt import Passage
+from generators.models import DEFAULT_MODEL, LoadedModel
+from generators.registry import MethodConfig
 from retrievers.dense import DenseRetriever, IndexType
 
 
@@ -48,18 +49,21 @@ class Pipeline:
         cls,
         corpus: str | Path | None = None,
         model: str | LoadedModel = DEFAULT_MODEL,
-        method: str = "baseline",
+        method: str | MethodConfig = "baseline",
         top_k: int = 5,
         index_dir: str | Path | None = None,
         index_type: IndexType = "flat",
         evidence: EvidenceConfig | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
         **method_options,
     ) -> Pipeline:
+        """`method` is a registry name or spec; `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU."""
+        generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **method_options)
         retriever = DenseRetriever.build(corpus or default_corpus_path(), index_dir=index_dir, index_type=index_type)
-        generator = Generator(model, method=method, evidence=evidence, **method_options)
         return cls(retriever, generator, top_k=top_k)
 
-    def with_method(self, method: str, **method_options) -> Pipeline:
+    def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:
         """The same retriever and loaded model, another method (weights are shared, not reloaded)."""
         generator = Generator(
             self.generator.loaded, method=method, evidence=self.generator.evidence_config, **method_options

@@ -12,8 +12,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from rag.errors import CorpusError
-from rag.prompt import Passage
+from core.errors import CorpusError
+from core.passage import Passage
 
 TEXT_SUFFIXES = (".txt", ".md")
 

@@ -23,9 +23,9 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
-from rag.errors import CorpusError, RetrievalIndexError
-from rag.models import cache_dir
-from rag.prompt import Passage
+from core.errors import CorpusError, RetrievalIndexError
+from core.files import cache_dir
+from core.passage import Passage
 from retrievers.corpus import fingerprint, read_documents, to_passages
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"

@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def loaded():
-    from rag.models import load_model
+    from generators.models import load_model
 
     return load_model("smollm2-135m")
 
@@ -44,8 +44,8 @@ PLANTED_FACT = "The secret code word of the Zorbland expedition is 'pelican'."
 
 def planted_passages(n: int = 8, gold_at: int = 3):
     """n distractor paragraphs from the embedded corpus with one planted fact at 1-based `gold_at`."""
+    from core.passage import Passage
     from rag.pipeline import default_corpus_path
-    from rag.prompt import Passage
     from retrievers.corpus import read_documents
 
     docs = read_documents(default_corpus_path())[:n]

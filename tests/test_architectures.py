@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, MistralConfig, Qwen2Config
 
 from generators import Generator
-from rag.models import load_model, resolve_model_dir
+from generators.models import load_model, resolve_model_dir
 
 LOGIT_TOL = 1e-4
 
@@ -50,8 +50,8 @@ def test_baseline_and_unit_ratio_ms_poe_match_stock(tiny):
     with torch.inference_mode():
         ref = stock(ids).logits
     for gen in (Generator(loaded), Generator(loaded, method="ms-poe", ratio_min=1.0, ratio_max=1.0, layers=[0, 3])):
-        with gen._running(None):
-            ours = gen._forward(ids[0].tolist(), DynamicCache(config=gen.model.config), keep=40)
+        with gen.running(None):
+            ours = gen.forward(ids[0].tolist(), DynamicCache(config=gen.model.config), keep=40)
         assert (ref[0] - ours).abs().max().item() < LOGIT_TOL
 
 
@@ -60,18 +60,18 @@ def test_ms_poe_cache_matches_recomputation(tiny, gqa):
     loaded, _ = tiny
     gen = Generator(loaded, method="ms-poe", gqa=gqa, layers=[1, 2, 3])
     ids = torch.randint(0, 49152, (30,)).tolist()
-    with gen._running(None):
+    with gen.running(None):
         cache = DynamicCache(config=gen.model.config)
-        cached = [gen._forward(ids[:27], cache)[-1]] + [gen._forward([t], cache)[-1] for t in ids[27:]]
-    for s in gen.schemes:  # keep the prefill's head order for the one-pass recomputation
+        cached = [gen.forward(ids[:27], cache)[-1]] + [gen.forward([t], cache)[-1] for t in ids[27:]]
+    for s in gen.parts.schemes:  # keep the prefill's head order for the one-pass recomputation
         s.start_sequence = lambda q, k: None
-    with gen._running(None):
-        full = gen._forward(ids, DynamicCache(config=gen.model.config), keep=4)
+    with gen.running(None):
+        full = gen.forward(ids, DynamicCache(config=gen.model.config), keep=4)
     assert (torch.stack(cached) - full).abs().max().item() < LOGIT_TOL
 
 
 def test_sliding_window_models_are_refused(tmp_path):
-    from rag.errors import ModelError
+    from core.errors import ModelError
 
     cfg = MistralConfig(**TINY, sliding_window=128, architectures=["MistralForCausalLM"])
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)

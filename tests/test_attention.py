@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from generators.models import resolve_model_dir
 from generators.probe import PassageProbe
-from rag.models import resolve_model_dir
 from tests.conftest import planted_passages
 
 # fp32 on CPU; identical math in a different kernel order differs by ~1e-6. 1e-4 is the bound.
@@ -35,7 +35,7 @@ def test_logits_match_stock_without_cache(generator, stock, prompt):
     ids = torch.tensor([prompt.input_ids])
     with torch.inference_mode():
         ref = stock(ids).logits
-        with generator._running(None):
+        with generator.running(None):
             ours = generator.model(ids).logits
     assert (ref - ours).abs().max().item() < LOGIT_TOL
 
@@ -46,12 +46,12 @@ def test_logits_match_stock_with_kv_cache(generator, stock, prompt):
     cut = len(ids) - 4
     with torch.inference_mode():
         ref = stock(torch.tensor([ids])).logits[0, cut:]
-        with generator._running(None):
+        with generator.running(None):
             cache = DynamicCache(config=generator.model.config)
-            generator._forward(ids[:cut], cache)
-            chunk = generator._forward(ids[cut : cut + 2], cache, keep=2)
-            a = generator._forward(ids[cut + 2 : cut + 3], cache)
-            b = generator._forward(ids[cut + 3 :], cache)
+            generator.forward(ids[:cut], cache)
+            chunk = generator.forward(ids[cut : cut + 2], cache, keep=2)
+            a = generator.forward(ids[cut + 2 : cut + 3], cache)
+            b = generator.forward(ids[cut + 3 :], cache)
     ours = torch.cat([chunk, a, b])
     assert (ref - ours).abs().max().item() < LOGIT_TOL
 
@@ -72,13 +72,13 @@ def test_evidence_rows_equal_eager_attention(generator, stock, prompt):
     probe = PassageProbe(prompt.passage_spans, generator.num_layers)
     probe.score_rows(rows)
     cache = DynamicCache(config=generator.model.config)
-    with generator._running(probe):
-        logits = generator._forward(prompt.input_ids, cache)
+    with generator.running(probe):
+        logits = generator.forward(prompt.input_ids, cache)
         ours = probe.take()[:, 0]  # [layers, H, S, P]
         # A decode step: the fed-back token's row, read against the cached keys.
         token = int(logits[-1].argmax())
         probe.score_rows([0])
-        generator._forward([token], cache)
+        generator.forward([token], cache)
         ours_decode = probe.take()[:, 0]
 
     ref = _eager_span_mass(stock, prompt.input_ids, rows, prompt.passage_spans)

@@ -13,7 +13,7 @@ QUESTION = "What film is a sequel to a German romantic fantasy film featuring Br
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "rag.cli", *args], capture_output=True, text=True, env=env, timeout=600, check=False
+        [sys.executable, "-m", "midlens.cli", *args], capture_output=True, text=True, env=env, timeout=600, check=False
     )
 
 

@@ -11,10 +11,10 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
+from core.passage import Passage
 from demo.app import DemoBackend, UserError, create_demo, launch
 from demo.views import EXAMPLE_IDS, MID_PROMPT_EXAMPLE_ID, _questions, example_questions, gold_titles
 from rag.pipeline import Pipeline
-from rag.prompt import Passage
 
 MODEL = "smollm2-135m"
 UPLOAD_LIMIT_MB = 0.01  # ~10 KB, so the too-large case needs no big file

@@ -9,10 +9,10 @@ import math
 
 import pytest
 
+from core.errors import CorpusError
+from core.passage import Passage
 from eval.datasets import Example, kv_retrieval, load_hotpotqa, load_litm, load_questions, subsample_indices
 from eval.metrics import answer_f1, best_subspan_em, mrr, ndcg_at_k, normalize_answer, recall_at_k, token_f1
-from rag.errors import CorpusError
-from rag.prompt import Passage
 
 
 def test_normalisation_and_first_line_rule():
@@ -230,7 +230,7 @@ def _stable(rows):
 
 def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loaded):
     from eval.runner import RunError, read_rows
-    from rag.cli import main
+    from midlens.cli import main
 
     assert main(_sweep_args(tmp_path / "full")) == 0
     full = read_rows(tmp_path / "full" / "results.jsonl")
@@ -256,7 +256,7 @@ def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loade
     # Resuming with other options is refused, naming what differs.
     assert main(_sweep_args(part, "--seed", "1")) == 2
     with pytest.raises(RunError, match="seed"):
-        from rag.cli import build_parser
+        from midlens.cli import build_parser
 
         args = build_parser().parse_args(_sweep_args(part, "--seed", "1"))
         args.func(args)
@@ -265,7 +265,7 @@ def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loade
 def test_rerank_run_and_report(tmp_path, loaded):
     from eval.report import write_report
     from eval.runner import read_rows
-    from rag.cli import main
+    from midlens.cli import main
 
     out = tmp_path / "rerank"
     args = ["eval", "rerank", "--dataset", "hotpotqa", "--n", "1", "--max-words", "25", "--no-progress"]
@@ -308,7 +308,7 @@ def test_e2e_unit(pipeline):
 
 def test_report_refuses_a_non_run_dir(tmp_path):
     from eval.runner import RunError
-    from rag.cli import main
+    from midlens.cli import main
 
     assert main(["eval", "report", str(tmp_path)]) == 2
     with pytest.raises(RunError, match="not a run directory"):
@@ -320,7 +320,7 @@ def test_report_refuses_a_non_run_dir(tmp_path):
 def test_write_atomic_replaces_whole_files_with_the_usual_permissions(tmp_path):
     import os
 
-    from eval.runner import write_atomic
+    from core.files import write_atomic
 
     path = tmp_path / "sub" / "report.md"
     write_atomic(path, "one\n")

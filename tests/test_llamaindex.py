@@ -14,8 +14,8 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
 
-from rag.errors import PromptTooLongError
-from rag.evidence import EvidenceConfig
+from core.errors import PromptTooLongError
+from generators.evidence import EvidenceConfig
 from rag.llamaindex import AttentionReranker, MidlensLLM, MidlensQueryEngine, MidlensRetriever, to_passage
 from tests.conftest import PLANTED_FACT, planted_passages
 

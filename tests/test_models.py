@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from rag import models
-from rag.errors import ModelError
-from rag.models import GGUFSource, resolve_model_dir
+from core.errors import ModelError
+from generators import models
+from generators.models import GGUFSource, resolve_model_dir
 
 
 @pytest.fixture
@@ -69,6 +69,6 @@ def test_registry_model_is_cached_and_loads_offline(loaded):
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 9, 3)
     assert loaded.context_window == 8192
     # A local folder path works as --model too, and gives the same weights.
-    from rag.models import load_model
+    from generators.models import load_model
 
     assert load_model(str(folder)).model.config.num_hidden_layers == 30

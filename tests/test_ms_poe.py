@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from core.errors import MethodConfigError
 from generators import Generator
 from generators.ms_poe import MsPoEScheme, position_awareness, ranks_descending, ratio_ladder
 from generators.rope import RotaryScheme, apply_rotary, rotary_tables
-from rag.errors import MethodConfigError
 from tests.conftest import planted_passages
 
 LOGIT_TOL = 1e-4  # fp32; the bound for "identical"
@@ -22,8 +22,8 @@ def prompt(generator):
 
 
 def full_logits(gen: Generator, ids: list[int], keep: int) -> torch.Tensor:
-    with gen._running(None):
-        return gen._forward(ids, DynamicCache(config=gen.model.config), keep=keep)
+    with gen.running(None):
+        return gen.forward(ids, DynamicCache(config=gen.model.config), keep=keep)
 
 
 def test_unit_ratios_reproduce_the_baseline(generator, loaded, prompt):
@@ -40,18 +40,18 @@ def test_unit_ratios_reproduce_the_baseline(generator, loaded, prompt):
 def test_cached_decoding_equals_uncached_recomputation(loaded, prompt, gqa):
     gen = Generator(loaded, method="ms-poe", gqa=gqa)
     steps = 4
-    with gen._running(None):
+    with gen.running(None):
         cache = DynamicCache(config=gen.model.config)
-        logits = [gen._forward(prompt.input_ids, cache)[-1]]
+        logits = [gen.forward(prompt.input_ids, cache)[-1]]
         tokens = []
         for _ in range(steps):
             tokens.append(int(logits[-1].argmax()))
-            logits.append(gen._forward([tokens[-1]], cache)[-1])
+            logits.append(gen.forward([tokens[-1]], cache)[-1])
         if gqa == "per_query_head":  # keys are cached per query head, not per kv head
             assert cache.layers[5].keys.shape[1] == loaded.model.config.num_attention_heads
     cached = torch.stack(logits)
     # Recompute the whole sequence in one uncached pass with the head order frozen from the prefill.
-    for s in gen.schemes:
+    for s in gen.parts.schemes:
         s.start_sequence = lambda q, k: None
     uncached = full_logits(gen, prompt.input_ids + tokens, keep=steps + 1)
     assert (cached - uncached).abs().max().item() < LOGIT_TOL
@@ -71,9 +71,9 @@ def test_ratios_go_to_heads_by_rank_not_by_argsort():
 def test_assignment_on_the_model_is_the_inverse_permutation(loaded, prompt, gqa):
     gen = Generator(loaded, method="ms-poe", gqa=gqa)
     gen.score(prompt, calibrate=False)
-    patched = [s for s in gen.schemes if isinstance(s, MsPoEScheme)]
+    patched = [s for s in gen.parts.schemes if isinstance(s, MsPoEScheme)]
     assert len(patched) == loaded.model.config.num_hidden_layers - 2  # layers 2.. by default
-    assert all(type(s) is RotaryScheme for s in gen.schemes[:2])
+    assert all(type(s) is RotaryScheme for s in gen.parts.schemes[:2])
     for s in patched:
         scores, ratios = s.last_scores[0], s.ratios[0]
         order = torch.argsort(scores, descending=True, stable=True)
@@ -172,7 +172,7 @@ def test_generate_reports_evidence_like_the_baseline(loaded, prompt):
 
 
 def test_method_specs_name_ablation_variants():
-    from generators.methods import parse_method_spec, split_top_level
+    from generators.registry import parse_method_spec, split_top_level
 
     assert parse_method_spec("baseline") == ("baseline", {})
     assert parse_method_spec("ms-poe(ratio_min=1.0, ratio_max=1.2, head_order=sequential, layers=[2, 3])") == (
@@ -192,7 +192,7 @@ def test_method_specs_name_ablation_variants():
 def test_eval_runs_a_variant_and_refuses_a_mistyped_option(loaded, tmp_path, capsys):
     import json
 
-    from rag.cli import main
+    from midlens.cli import main
 
     base = ["eval", "sweep", "--dataset", "kv", "--k", "3", "--n", "1", "--positions", "2", "--no-progress"]
     base += ["--max-new-tokens", "2", "--no-logprob"]

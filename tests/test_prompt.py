@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rag.errors import PromptTooLongError
-from rag.prompt import Passage, build_prompt, render_document
+from core.errors import PromptTooLongError
+from generators.prompt import Passage, build_prompt, render_document
 from tests.conftest import planted_passages
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rag.errors import CorpusError, RetrievalIndexError
+from core.errors import CorpusError, RetrievalIndexError
 from retrievers.corpus import chunk_text, read_documents
 from retrievers.dense import DenseRetriever
 

@@ -1,4 +1,5 @@
-"""`midlens` command line: ask, bench, eval, demo. Thin shells around rag.pipeline."""
+"""`midlens` command line: ask, methods, bench, eval, demo. The top of the stack: it composes every shell's
+subcommands and nothing imports it."""
 
 from __future__ import annotations
 
@@ -6,43 +7,10 @@ import argparse
 import json
 import sys
 
-from rag.errors import MidlensError
+from core.errors import MidlensError
+from rag.options import add_model_args
 
 BAR_WIDTH = 24
-
-
-def add_method_args(parser: argparse.ArgumentParser) -> None:
-    """Model/method options shared by every subcommand that runs a generator."""
-    from generators.methods import METHODS
-    from rag.models import DEFAULT_MODEL
-
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="registry name or local HF folder")
-    parser.add_argument("--method", default="baseline", choices=METHODS)
-    parser.add_argument("--ratio-min", type=float, help="ms-poe: smallest position ratio (1.2)")
-    parser.add_argument("--ratio-max", type=float, help="ms-poe: largest position ratio (1.8)")
-    parser.add_argument("--head-order", choices=["awareness", "sequential"], help="ms-poe head ordering")
-    parser.add_argument(
-        "--gqa", choices=["group", "per_query_head"], help="ms-poe: ratio per kv group or per query head"
-    )
-    parser.add_argument("--evidence-layers", default="upper", help="all | upper | lower | comma-separated indices")
-    parser.add_argument("--evidence-query", default="question", choices=["last", "question"])
-
-
-def method_options(args: argparse.Namespace) -> dict:
-    names = {"ratio_min": args.ratio_min, "ratio_max": args.ratio_max, "head_order": args.head_order, "gqa": args.gqa}
-    return {k: v for k, v in names.items() if v is not None}
-
-
-def evidence_config(args: argparse.Namespace):
-    from rag.evidence import EvidenceConfig
-
-    layers = args.evidence_layers
-    if layers not in ("all", "upper", "lower"):
-        try:
-            layers = [int(x) for x in layers.split(",")]
-        except ValueError:
-            raise MidlensError(f"--evidence-layers {layers!r}: use all, upper, lower or e.g. 20,21,22.") from None
-    return EvidenceConfig(query=args.evidence_query, layers=layers)
 
 
 def bar(value: float, top: float) -> str:
@@ -72,16 +40,20 @@ def print_answer(answer) -> None:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
+    from rag.options import check_device, evidence_config, method_spec
     from rag.pipeline import Pipeline
 
+    method = method_spec(args)  # a typo in --method fails before the model loads
+    check_device(args)
     pipe = Pipeline.from_corpus(
         args.corpus,
         model=args.model,
-        method=args.method,
+        method=method,
         top_k=args.top_k,
         index_type=args.index_type,
         evidence=evidence_config(args),
-        **method_options(args),
+        device=args.device,
+        dtype=args.dtype,
     )
     pipe.truncate = args.truncate
     answer = pipe.ask(args.question, max_new_tokens=args.max_new_tokens, calibrate=not args.no_calibrate)
@@ -89,6 +61,15 @@ def cmd_ask(args: argparse.Namespace) -> int:
         print(json.dumps(answer.to_dict(), indent=2, ensure_ascii=False))
     else:
         print_answer(answer)
+    return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from generators.registry import REGISTRY
+
+    for method in REGISTRY.values():
+        options = ", ".join(f"{k}={v!r}" for k, v in method.defaults.items()) or "no options"
+        print(f"{method.name:<12} {method.summary}\n{'':<12} {options}")
     return 0
 
 
@@ -105,8 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--truncate", default="error", choices=["error", "drop_last"])
     ask.add_argument("--no-calibrate", action="store_true", help="skip the content-free (N/A) calibration pass")
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")
-    add_method_args(ask)
+    add_model_args(ask)
     ask.set_defaults(func=cmd_ask)
+
+    methods = sub.add_parser("methods", help="list the registered methods and their options")
+    methods.set_defaults(func=cmd_methods)
 
     from demo.app import add_demo_parser
     from eval.bench import add_bench_parser

@@ -18,24 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rag.errors import PromptTooLongError
+from core.errors import PromptTooLongError
+from core.passage import Passage
 
 INSTRUCTION = (
     "Write a high-quality answer for the given question using only the provided search results "
     "(some of which might be irrelevant)."
 )
 CONTENT_FREE_QUESTION = "N/A"
-
-
-@dataclass
-class Passage:
-    """One retrieved unit of text. `score` is the retriever's similarity (None when not retrieved)."""
-
-    text: str
-    title: str = ""
-    id: str = ""
-    score: float | None = None
-    metadata: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -8,7 +8,6 @@ so an interrupted conversion never leaves a half-written model behind.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -23,7 +22,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from rag.errors import ModelError  # noqa: E402
+from core.device import dtype_name, resolve_device, resolve_dtype  # noqa: E402
+from core.errors import ModelError  # noqa: E402
+from core.files import cache_dir, sha256_of  # noqa: E402
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
@@ -68,24 +69,6 @@ REGISTRY: dict[str, GGUFSource] = {
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
-
-
-def cache_dir() -> Path:
-    """Root of midlens' caches; `MIDLENS_CACHE` overrides it."""
-    root = os.environ.get("MIDLENS_CACHE") or Path.home() / ".cache" / "midlens"
-    return Path(root)
-
-
-def sha256_of(paths: list[Path], progress: str | None = None) -> str:
-    digest = hashlib.sha256()
-    total = sum(p.stat().st_size for p in paths)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=progress, disable=progress is None) as bar:
-        for path in paths:
-            with path.open("rb") as f:
-                while chunk := f.read(1 << 22):
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-    return digest.hexdigest()
 
 
 def _convert_gguf(name: str, source: GGUFSource, target: Path) -> None:
@@ -149,6 +132,18 @@ def resolve_model_dir(name_or_path: str) -> Path:
     raise ModelError(f"unknown model '{name_or_path}': not a registry name ({', '.join(REGISTRY)}) and not a folder.")
 
 
+def content_sha256(name_or_path: str) -> str:
+    """What a model's weights are, as one hash: the verified GGUF source of a registry model, else the sha256
+    of a folder's weight files (sorted by name). Trained artefacts record it to refuse another base model."""
+    if name_or_path in REGISTRY:
+        return REGISTRY[name_or_path].sha256
+    folder = resolve_model_dir(name_or_path)
+    weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not weights:
+        raise ModelError(f"model folder {folder} has no *.safetensors or *.bin weight files.")
+    return sha256_of(weights)
+
+
 @dataclass
 class LoadedModel:
     """One model in memory, shared by every generator that uses it (methods swap per call, under `lock`)."""
@@ -158,19 +153,43 @@ class LoadedModel:
     tokenizer: object
     context_window: int
     lock: threading.RLock = field(default_factory=threading.RLock)
+    _sha256: str | None = field(default=None, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    @property
+    def sha256(self) -> str:
+        if self._sha256 is None:
+            self._sha256 = content_sha256(self.name)
+        return self._sha256
 
 
-_LOADED: dict[str, LoadedModel] = {}
+_LOADED: dict[tuple[str, str, str], LoadedModel] = {}
 _LOAD_LOCK = threading.Lock()
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL) -> LoadedModel:
-    """Load (once per process) a model and tokenizer in fp32, eval mode, SDPA attention."""
+def load_model(
+    name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
+) -> LoadedModel:
+    """Load (once per process and device/dtype) a model and tokenizer: eval mode, SDPA attention.
+
+    `device="auto"` is CUDA when a GPU is present, else the CPU; `dtype="auto"` is bfloat16 on CUDA, float32
+    on the CPU. Asking for a device that is not there fails here, before anything is read.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    key = (name_or_path, str(torch_device), dtype_name(torch_dtype))
     with _LOAD_LOCK:
-        if name_or_path in _LOADED:
-            return _LOADED[name_or_path]
+        if key in _LOADED:
+            return _LOADED[key]
         model_dir = resolve_model_dir(name_or_path)
         config = AutoConfig.from_pretrained(model_dir)
         arch = (config.architectures or ["?"])[0]
@@ -188,13 +207,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL) -> LoadedModel:
                 "midlens' attention module implements full causal attention only."
             )
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-        model.eval()
-        loaded = LoadedModel(
-            name=name_or_path,
-            model=model,
-            tokenizer=tokenizer,
-            context_window=window,
-        )
-        _LOADED[name_or_path] = loaded
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
+        model.to(torch_device).eval()
+        loaded = LoadedModel(name=name_or_path, model=model, tokenizer=tokenizer, context_window=window)
+        _LOADED[key] = loaded
         return loaded

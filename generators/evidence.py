@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from rag.prompt import Passage
+from core.passage import Passage
 
 LayerSpec = Literal["all", "upper", "lower"] | list[int]
 

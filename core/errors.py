@@ -30,3 +30,11 @@ class PromptTooLongError(MidlensError):
 
 class MethodConfigError(MidlensError):
     """A generator method or one of its options is invalid."""
+
+
+class DeviceError(MidlensError):
+    """A device or dtype was asked for that this machine or model cannot give."""
+
+
+class ArtefactError(MidlensError):
+    """A trained artefact (weights + metadata) is missing, damaged or made for another model."""

@@ -1,0 +1,60 @@
+"""Where a model runs and in which precision: `auto` means CUDA + bfloat16 when a GPU is present, else CPU + fp32.
+
+Every shell takes the same two strings (`--device auto|cpu|cuda[:N]`, `--dtype auto|float32|bfloat16|float16`);
+they are resolved here, once, into torch objects, with an error naming what was asked and what exists.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.errors import DeviceError
+
+DEVICE_CHOICES = "auto | cpu | cuda | cuda:N"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def resolve_device(spec: str | torch.device = "auto") -> torch.device:
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise DeviceError(f"device {spec!r} is not a device name; use {DEVICE_CHOICES}.") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise DeviceError(f"device {spec!r}: midlens runs on {DEVICE_CHOICES}.")
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found == 0:
+        raise DeviceError(
+            f"device {spec!r} was asked for but this machine has no CUDA GPU visible to torch "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); use --device cpu or auto."
+        )
+    index = 0 if device.index is None else device.index
+    if index >= found:
+        raise DeviceError(f"device {spec!r}: this machine has {found} CUDA GPU(s), cuda:0..cuda:{found - 1}.")
+    return torch.device("cuda", index)
+
+
+def resolve_dtype(spec: str | torch.dtype = "auto", device: torch.device | None = None) -> torch.dtype:
+    if isinstance(spec, torch.dtype):
+        if spec not in DTYPES.values():
+            raise DeviceError(f"dtype {spec}: choose one of auto, {', '.join(DTYPES)}.")
+        return spec
+    spec = (spec or "auto").strip().lower()
+    spec = DTYPE_ALIASES.get(spec, spec)
+    if spec == "auto":
+        # bf16 keeps SDPA on the fused kernels on a GPU; on a CPU fp32 is both faster and exact.
+        return torch.bfloat16 if device is not None and device.type == "cuda" else torch.float32
+    if spec not in DTYPES:
+        raise DeviceError(f"dtype {spec!r}: choose one of auto, {', '.join(DTYPES)}.")
+    return DTYPES[spec]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,71 @@
+"""The public way to run a loaded model with a method: install its per-layer parts for one block of code.
+
+    parts = build_parts(method_config("ms-poe"), loaded)        # generators.registry
+    with method_context(loaded, parts, probe=probe) as run:
+        logits = loaded.model(input_ids=ids).logits              # grads flow: no inference_mode here
+        loss = nll + run.aux_loss()                              # training terms the schemes collected
+
+Training loops, benchmarks and `Generator` all go through this context; on exit every layer is back to
+the identity (plain RoPE, no delta, no probe), so the shared model is the stock model between calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from generators.attention import PositionalAttention, install_positional_attention
+from generators.delta import WeightDelta
+from generators.rope import RotaryScheme
+
+
+@dataclass
+class MethodParts:
+    """What a method puts into the one attention module: a scheme per layer and an optional weight delta."""
+
+    schemes: list[RotaryScheme]
+    delta: WeightDelta | None = None
+
+    def trainable(self) -> list[nn.Parameter]:
+        """The parameters a method may learn (routers, delta factors); the model's own are not among them."""
+        params = [p for s in self.schemes for p in s.parameters()]
+        if self.delta is not None:
+            params += list(self.delta.parameters())
+        return params
+
+
+@dataclass
+class MethodRun:
+    modules: list[PositionalAttention]
+    parts: MethodParts
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """Sum over layers of the schemes' auxiliary losses from the last forward (None when none has one)."""
+        losses = [loss for s in self.parts.schemes if (loss := s.aux_loss()) is not None]
+        return torch.stack(losses).sum() if losses else None
+
+
+@contextmanager
+def method_context(model, parts: MethodParts | None = None, probe=None) -> Iterator[MethodRun]:
+    """Install `parts` (None = baseline) and `probe` on every layer of `model` (an nn.Module or a LoadedModel,
+    whose lock is held so methods sharing it take turns)."""
+    lock = getattr(model, "lock", None)
+    module = getattr(model, "model", model) if lock is not None else model
+    modules = install_positional_attention(module)
+    if parts is not None and len(parts.schemes) != len(modules):
+        raise ValueError(f"method parts have {len(parts.schemes)} schemes for a model with {len(modules)} layers.")
+    if lock is not None:
+        lock.acquire()
+    try:
+        for i, attn in enumerate(modules):
+            attn.use(None if parts is None else parts.schemes[i], None if parts is None else parts.delta, probe)
+        yield MethodRun(modules, parts or MethodParts([m.base_scheme for m in modules]))
+    finally:
+        for attn in modules:
+            attn.use()
+        if lock is not None:
+            lock.release()

@@ -1,0 +1,77 @@
+"""Per-call weight deltas: what a trained method adds to the attention projections, without touching them.
+
+A `WeightDelta` is asked, inside the attention module, for an extra term for each projection
+(`q`, `k`, `v`, `o`) of each layer: `out = W x (+ b) + delta(x)`. It is installed per call like a scheme
+or a probe, so a tuned method and the baseline share one loaded model and the shared weights are never
+written. `LoRADelta` is the low-rank case (Hu et al. 2021): delta(x) = (alpha / r) * B A x with B = 0 at
+initialisation, so a fresh delta is exactly the baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+PROJECTIONS = ("q", "k", "v", "o")
+
+
+class WeightDelta(nn.Module):
+    """Base class: adds nothing. Subclasses return [B, L, out] for the (layer, projection) pairs they change."""
+
+    def project(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+
+def projection_shapes(model: nn.Module) -> dict[tuple[int, str], tuple[int, int]]:
+    """(layer, projection) -> (in_features, out_features) of the model's attention projections."""
+    shapes = {}
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        for name in PROJECTIONS:
+            linear = getattr(attn, f"{name}_proj")
+            shapes[(i, name)] = (linear.in_features, linear.out_features)
+    return shapes
+
+
+class LoRADelta(WeightDelta):
+    """Low-rank factors A [r, in], B [out, r] per targeted (layer, projection); trainable parameters."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: Iterable[int],
+        projections: Iterable[str] = ("q", "k"),
+        rank: int = 8,
+        alpha: float = 16.0,
+        dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        shapes = projection_shapes(model)
+        device = model.get_input_embeddings().weight.device
+        self.layers = sorted(set(int(i) for i in layers))
+        self.projections = tuple(p for p in PROJECTIONS if p in set(projections))
+        self.rank = int(rank)
+        self.alpha = float(alpha)
+        self.scaling = self.alpha / self.rank
+        self.factors = nn.ParameterDict()
+        for layer in self.layers:
+            for name in self.projections:
+                fan_in, fan_out = shapes[(layer, name)]
+                a = torch.empty(self.rank, fan_in, dtype=dtype, device=device)
+                nn.init.kaiming_uniform_(a, a=5**0.5)  # the LoRA paper's (and peft's) initialisation of A
+                self.factors[f"{layer}_{name}_A"] = nn.Parameter(a)
+                b = torch.zeros(fan_out, self.rank, dtype=dtype, device=device)  # B = 0: starts as the baseline
+                self.factors[f"{layer}_{name}_B"] = nn.Parameter(b)
+        self._targets = {(layer, name) for layer in self.layers for name in self.projections}
+
+    def project(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        if (layer, name) not in self._targets:
+            return None
+        a = self.factors[f"{layer}_{name}_A"]
+        b = self.factors[f"{layer}_{name}_B"]
+        return (x.to(a.dtype) @ a.T) @ b.T * self.scaling
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

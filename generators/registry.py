@@ -1,0 +1,167 @@
+"""Methods by name: one registry entry per method, the way transformers registers attention functions.
+
+An entry says what a method is called, its options and their defaults, how to check them, and how to build
+the parts it puts into the one attention module (`MethodParts`: a scheme per layer, an optional weight
+delta). Shells never test a method's name: they pass specs such as `ms-poe(ratio_min=1.0, ratio_max=1.3)`
+to `method_config` and get a validated `MethodConfig` back, before any model is loaded.
+
+    register(Method("my-method", "what it does", defaults={...}, build=my_build))   # a user's own method
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import MethodConfigError
+from generators.context import MethodParts
+from generators.rope import RotaryScheme
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    summary: str
+    build: Callable[[Any, dict], MethodParts]  # (LoadedModel, merged options) -> parts
+    defaults: dict = field(default_factory=dict)
+    check: Callable[[dict], None] | None = None  # raises MethodConfigError on a bad combination of options
+
+
+REGISTRY: dict[str, Method] = {}
+
+
+def register(method: Method, replace: bool = False) -> Method:
+    if method.name in REGISTRY and not replace:
+        raise MethodConfigError(f"method {method.name!r} is already registered; pass replace=True to override it.")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", method.name):
+        raise MethodConfigError(f"method name {method.name!r}: use lower-case letters, digits, '-', '_' or '.'.")
+    REGISTRY[method.name] = method
+    return method
+
+
+def available() -> list[str]:
+    return list(REGISTRY)
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """A validated method: its registry name and every option (defaults filled in)."""
+
+    name: str = "baseline"
+    options: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **self.options}
+
+    def spec(self) -> str:
+        """The spec that rebuilds this config, listing only options that differ from the defaults."""
+        defaults = REGISTRY[self.name].defaults if self.name in REGISTRY else {}
+        changed = {k: v for k, v in self.options.items() if defaults.get(k, object()) != v}
+        if not changed:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+
+_SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
+
+
+def parse_method_spec(spec: str) -> tuple[str, dict]:
+    """`ms-poe(ratio_min=1.0, ratio_max=1.2)` -> ("ms-poe", {"ratio_min": 1.0, "ratio_max": 1.2}).
+
+    Values are Python literals (numbers, lists, None); anything else is taken as a bare string
+    (`head_order=sequential`). Names are checked by method_config.
+    """
+    match = _SPEC.match(spec or "")
+    if not match:
+        raise MethodConfigError(f"method spec {spec!r}: expected NAME or NAME(option=value, ...).")
+    name, body = match.group(1), (match.group(2) or "").strip()
+    options: dict = {}
+    for item in split_top_level(body) if body else []:
+        key, eq, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not eq or not key.isidentifier() or not raw:
+            raise MethodConfigError(f"method spec {spec!r}: {item.strip()!r} is not option=value.")
+        try:
+            options[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            options[key] = raw
+    return name, options
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside brackets: "a,b(x=1,y=[2,3]),c" -> ["a", "b(x=1,y=[2,3])", "c"]."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def method_config(spec: str | MethodConfig = "baseline", options: dict | None = None) -> MethodConfig:
+    """A method name or spec (+ keyword options, which win) -> a validated MethodConfig with defaults filled in."""
+    if isinstance(spec, MethodConfig):
+        name, given = spec.name, dict(spec.options)
+    else:
+        name, given = parse_method_spec(spec)
+    given.update(options or {})
+    if name not in REGISTRY:
+        raise MethodConfigError(f"unknown method {name!r}: choose one of {', '.join(REGISTRY)}.")
+    method = REGISTRY[name]
+    unknown = sorted(set(given) - set(method.defaults))
+    if unknown:
+        valid = ", ".join(method.defaults) or "none"
+        raise MethodConfigError(f"unknown {name} option(s) {unknown}; valid options: {valid}.")
+    merged = {**method.defaults, **given}
+    if method.check is not None:
+        method.check(merged)
+    return MethodConfig(name, merged)
+
+
+def build_parts(config: MethodConfig, loaded) -> MethodParts:
+    """The per-layer parts of `config` for one loaded model, created on the model's device."""
+    parts = REGISTRY[config.name].build(loaded, dict(config.options))
+    device = loaded.device
+    for scheme in parts.schemes:
+        scheme.to(device)
+    if parts.delta is not None:
+        parts.delta.to(device)
+    return parts
+
+
+def baseline_schemes(model) -> list[RotaryScheme]:
+    cfg = model.config
+    inv_freq = model.model.rotary_emb.inv_freq
+    return [
+        RotaryScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads) for _ in range(cfg.num_hidden_layers)
+    ]
+
+
+def _build_baseline(loaded, options: dict) -> MethodParts:
+    return MethodParts(baseline_schemes(loaded.model))
+
+
+def _register_builtins() -> None:
+    from generators import ms_poe
+
+    register(Method("baseline", "the model's own RoPE, nothing changed", build=_build_baseline))
+    register(
+        Method(
+            "ms-poe",
+            "training-free per-head position rescaling (Zhang et al. 2024)",
+            build=ms_poe.build,
+            defaults=ms_poe.DEFAULTS,
+            check=ms_poe.check_options,
+        )
+    )
+
+
+_register_builtins()
