@@ -29,14 +29,15 @@ def test_ask_json_on_the_embedded_corpus(tmp_path):
     assert all(p["calibrated"] is not None for p in result["passages"])
 
 
-def test_ask_prints_ranked_bars_and_refuses_unbuilt_methods():
+def test_ask_prints_ranked_bars_and_refuses_unknown_methods_before_loading():
     out = run_cli("ask", QUESTION, "--top-k", "3", "--max-new-tokens", "8", "--method", "ms-poe")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "passages ranked by calibrated evidence" in out.stdout
     assert out.stdout.count("[") >= 3 and "#" in out.stdout
-    bad = run_cli("ask", QUESTION, "--method", "moice")
+    bad = run_cli("ask", QUESTION, "--method", "ms-poe(ratio_max=1.5, ratio_mni=1.0)")
     assert bad.returncode == 2
-    assert "method 'moice' is not built yet" in bad.stderr
+    assert "unknown ms-poe option(s) ['ratio_mni']; valid options: ratio_min" in bad.stderr
+    assert "Loading weights" not in bad.stderr  # refused before the model loads
     assert "Traceback" not in bad.stderr
 
 

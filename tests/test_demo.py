@@ -187,7 +187,7 @@ def test_prompt_over_the_window_is_a_message(pipeline, tmp_path):
 
 def test_unknown_model_or_method_is_a_message(pipeline):
     backend = DemoBackend(pipeline)
-    with pytest.raises(UserError, match="method 'moice' is not available; choose one of baseline, ms-poe"):
-        backend.ask("Who founded Torrid?", MODEL, "moice", False, 3)
+    with pytest.raises(UserError, match="method 'no-such' is not available; choose one of baseline, ms-poe"):
+        backend.ask("Who founded Torrid?", MODEL, "no-such", False, 3)
     with pytest.raises(UserError, match="model 'gpt-9' is not offered here"):
         backend.ask("Who founded Torrid?", "gpt-9", "baseline", False, 3)

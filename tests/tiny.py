@@ -1,0 +1,46 @@
+"""Tiny randomly initialised Llama / Qwen2 models with a word-level tokenizer: the fast test tier.
+
+They load through the same path as any `--model PATH` folder and need no packaged model, so device, dtype,
+registry, delta and artefact plumbing are tested in seconds; behaviour on real weights is tested with
+SmolLM2-135M elsewhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+
+WORDS = (
+    "the a of and in to is was by for on with as at from his her it document title question answer "
+    "secret code word zorbland expedition pelican film directed year city river who what which when "
+).split()
+VOCAB = ["<unk>", "<s>", "</s>"] + WORDS + [str(i) for i in range(100)] + list(".,:;?!()[]'\"-")
+SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    vocab_size=len(VOCAB),
+    bos_token_id=1,
+    eos_token_id=2,
+)
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**SHAPE, rope_theta=10000.0, architectures=["LlamaForCausalLM"]),
+    "qwen2": lambda: Qwen2Config(**SHAPE, rope_theta=1e6, use_sliding_window=False, architectures=["Qwen2ForCausalLM"]),
+}
+
+
+def save_tiny(kind: str, folder: Path, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(CONFIGS[kind]())
+    model.save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(True)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(folder)
+    return folder
