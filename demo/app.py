@@ -109,7 +109,7 @@ class DemoBackend:
 
     def retriever(self, corpus_file: str | None, progress: Any = None) -> tuple[DenseRetriever, str]:
         """The startup corpus' retriever, or one for an uploaded file (indexed once, kept by content hash)."""
-        from rag.pipeline import default_corpus_path
+        from retrievers.corpus import default_corpus_path
         from retrievers.dense import DenseRetriever
 
         if not corpus_file:

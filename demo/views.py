@@ -14,7 +14,7 @@ from typing import Literal
 import pandas as pd
 
 from generators.evidence import Answer, PassageEvidence
-from rag.pipeline import default_questions_path
+from retrievers.corpus import default_questions_path
 
 ScoreView = Literal["calibrated", "raw"]
 SCORE_VIEWS: tuple[str, ...] = ("calibrated", "raw")

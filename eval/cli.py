@@ -228,7 +228,8 @@ def _e2e(args, loaded, gens, config):
     from core.files import sha256_json
     from eval.datasets import load_questions
     from eval.e2e import evaluate_e2e
-    from rag.pipeline import Pipeline, default_corpus_path, default_questions_path
+    from rag.pipeline import Pipeline
+    from retrievers.corpus import default_corpus_path, default_questions_path
     from retrievers.dense import DenseRetriever
 
     questions = load_questions(args.questions or default_questions_path(), args.n, args.seed)

@@ -8,7 +8,6 @@ for p in answer.ranked(): print(p.rank, p.passage.title, p.calibrated)
 from __future__ import annotations
 
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -17,16 +16,8 @@ from generators.evidence import Answer, EvidenceConfig
 from generators.generator import GenerationStream, Generator
 from generators.models import DEFAULT_MODEL, LoadedModel
 from generators.registry import MethodConfig
+from retrievers.corpus import default_corpus_path
 from retrievers.dense import DenseRetriever, IndexType
-
-
-def default_corpus_path() -> Path:
-    """The embedded corpus: 400 HotpotQA dev paragraphs (CC BY-SA 4.0; see rag/data/ATTRIBUTION.md)."""
-    return Path(str(resources.files("rag") / "data" / "hotpotqa_corpus.jsonl"))
-
-
-def default_questions_path() -> Path:
-    return Path(str(resources.files("rag") / "data" / "hotpotqa_questions.jsonl"))
 
 
 class Pipeline:

@@ -10,12 +10,23 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 
 from core.errors import CorpusError
 from core.passage import Passage
 
 TEXT_SUFFIXES = (".txt", ".md")
+
+
+def default_corpus_path() -> Path:
+    """The embedded corpus: 400 HotpotQA dev paragraphs (CC BY-SA 4.0; see retrievers/data/ATTRIBUTION.md)."""
+    return Path(str(resources.files("retrievers") / "data" / "hotpotqa_corpus.jsonl"))
+
+
+def default_questions_path() -> Path:
+    """40 HotpotQA dev questions whose supporting paragraphs are in the embedded corpus."""
+    return Path(str(resources.files("retrievers") / "data" / "hotpotqa_questions.jsonl"))
 
 
 def _read_utf8(path: Path) -> str:

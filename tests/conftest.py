@@ -25,7 +25,7 @@ def generator(loaded):
 
 @pytest.fixture(scope="session")
 def default_retriever():
-    from rag.pipeline import default_corpus_path
+    from retrievers.corpus import default_corpus_path
     from retrievers.dense import DenseRetriever
 
     # The shared cache index: built once per machine (about 50 s), reused by later test runs.
@@ -45,8 +45,7 @@ PLANTED_FACT = "The secret code word of the Zorbland expedition is 'pelican'."
 def planted_passages(n: int = 8, gold_at: int = 3):
     """n distractor paragraphs from the embedded corpus with one planted fact at 1-based `gold_at`."""
     from core.passage import Passage
-    from rag.pipeline import default_corpus_path
-    from retrievers.corpus import read_documents
+    from retrievers.corpus import default_corpus_path, read_documents
 
     docs = read_documents(default_corpus_path())[:n]
     passages = [Passage(text=d["text"][:400], title=d["title"], id=d["id"]) for d in docs[: n - 1]]
