@@ -6,7 +6,8 @@ file and line):
       {"question": str, "answers": [str, ...], "ctxs": [{"title", "text", "hasanswer", "isgold"}, ...]}
       gold = the ctxs with isgold true; distractors = ctxs with neither isgold nor hasanswer.
   HotpotQA distractor (dev JSON list in a wheel; by default its "eval" split, see core.hotpotqa):
-      {"_id", "question", "answer", "supporting_facts": [[title, sentence_index], ...], "context": [[title, [sentences]], ...]}
+      {"_id", "question", "answer", "supporting_facts": [[title, sentence_index], ...],
+       "context": [[title, [sentences]], ...]}
       mode="rerank": the 10 paragraphs as given, gold = the 2 supporting paragraphs.
       mode="mdqa": ONE gold, the supporting paragraph that contains the answer (yes/no questions,
       questions whose answer is in neither supporting paragraph, and questions that contain their own
