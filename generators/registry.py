@@ -150,7 +150,7 @@ def _build_baseline(loaded, options: dict) -> MethodParts:
 
 
 def _register_builtins() -> None:
-    from generators import ms_poe
+    from generators import ms_poe, mudaf
 
     register(Method("baseline", "the model's own RoPE, nothing changed", build=_build_baseline))
     register(
@@ -160,6 +160,15 @@ def _register_builtins() -> None:
             build=ms_poe.build,
             defaults=ms_poe.DEFAULTS,
             check=ms_poe.check_options,
+        )
+    )
+    register(
+        Method(
+            "mudaf",
+            "contrastively tuned retrieval heads, a trained LoRA delta (Liu et al. 2025); alpha=0: plain fine-tuning",
+            build=mudaf.build,
+            defaults=mudaf.DEFAULTS,
+            check=mudaf.check_options,
         )
     )
 

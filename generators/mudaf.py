@@ -1,0 +1,53 @@
+"""MuDAF at inference: the trained LoRA delta of an artefact, added per call to the attention projections.
+
+    Generator("smollm2-135m", method="mudaf")             # the delta shipped for this model (alpha 0.7)
+    Generator("smollm2-135m", method="mudaf(alpha=0)")    # the plain fine-tuning baseline, same data and size
+    Generator(m, method="mudaf(artefact='runs/my-delta')")
+
+The model's weights are never modified: the delta is a per-call part like a scheme (generators.context).
+Training is in `training.mudaf`.
+"""
+
+from __future__ import annotations
+
+from core.errors import MethodConfigError
+from generators.artefacts import load_artefact, resolve_artefact
+from generators.context import MethodParts
+from generators.delta import LoRADelta
+from generators.registry import baseline_schemes
+
+DEFAULTS = {"alpha": 0.7, "artefact": None}
+
+
+def shipped_name(model: str, alpha: float) -> str:
+    """Shipped folders: `<model>` for the paper's alpha 0.7, `<model>-alpha<a>` for the others (0 = plain SFT)."""
+    return model if float(alpha) == DEFAULTS["alpha"] else f"{model}-alpha{float(alpha):g}"
+
+
+def check_options(opts: dict) -> None:
+    alpha = opts["alpha"]
+    if not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+        raise MethodConfigError(f"mudaf alpha={alpha!r}: the contrastive weight must be a number in [0, 1].")
+    if opts["artefact"] is not None and not isinstance(opts["artefact"], str):
+        raise MethodConfigError(f"mudaf artefact={opts['artefact']!r}: expected a folder path.")
+
+
+def build(loaded, opts: dict) -> MethodParts:
+    import json
+
+    path = resolve_artefact(opts["artefact"], "mudaf", shipped_name(loaded.name, opts["alpha"]))
+    meta = json.loads((path / "meta.json").read_text()) if (path / "meta.json").is_file() else {}
+    spec = meta.get("delta") or {}
+    if spec.get("kind") != "lora":
+        raise MethodConfigError(f"mudaf artefact {path}: meta.json has no LoRA delta description ('delta.kind').")
+    trained_alpha = (meta.get("options") or {}).get("alpha")
+    if trained_alpha is not None and float(trained_alpha) != float(opts["alpha"]):
+        raise MethodConfigError(
+            f"mudaf artefact {path} was trained with alpha={trained_alpha}, but alpha={opts['alpha']} was asked."
+        )
+    delta = LoRADelta(loaded.model, spec["layers"], spec["projections"], spec["rank"], spec["lora_alpha"])
+    shapes = {k: tuple(v.shape) for k, v in delta.state_dict().items()}
+    artefact = load_artefact(path, "mudaf", loaded.sha256, shapes)  # verifies base model, hash and shapes
+    delta.load_state_dict(artefact.tensors)
+    delta.requires_grad_(False)
+    return MethodParts(baseline_schemes(loaded.model), delta.to(loaded.dtype))

@@ -1,0 +1,117 @@
+"""Retrieval heads (MuDAF, Sec. 3): which attention heads look at the passages that answer the question.
+
+For each training prompt (10 HotpotQA paragraphs, the 2 supporting ones gold, order shuffled), the LAST
+prompt token's attention is summed per passage for every (layer, head), read with the evidence probe
+(SDPA path, no eager attention). A head "attends" the passages whose mass is >= eps; its retrieval score
+is the mean over prompts of the F1 between attended and gold passages. The EM variant counts a prompt
+when the head's top-|gold| passages are exactly the gold ones.
+
+    scores = retrieval_head_scores(generator, examples)     # {"f1": [L][H], "em": [L][H], ...}
+    heads = select_heads(scores["f1"], 8, seed=0)           # P(h) ~ exp(R_h / 0.05), or mode="top"
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from core.files import write_atomic
+from generators.evidence import EvidenceConfig
+from generators.generator import Generator
+from training.data import TrainExample
+
+DEFAULT_EPS = 0.3  # the official code's threshold on a passage's attention mass
+SHIPPED = Path(__file__).resolve().parent.parent / "generators" / "trained" / "retrieval-heads"
+
+
+def head_f1_em(mass: torch.Tensor, gold: list[int], eps: float = DEFAULT_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """mass [L, H, P] of one prompt -> per-head F1 of {p: mass >= eps} vs gold, and EM of the top-|gold| set."""
+    gold_mask = torch.zeros(mass.shape[-1], dtype=torch.bool)
+    gold_mask[gold] = True
+    attended = mass >= eps
+    hits = (attended & gold_mask).sum(-1).float()
+    precision = hits / attended.sum(-1).clamp(min=1)
+    recall = hits / len(gold)
+    f1 = torch.where(hits > 0, 2 * precision * recall / (precision + recall).clamp(min=1e-9), torch.zeros_like(hits))
+    top = mass.topk(len(gold), dim=-1).indices
+    em = gold_mask[top].all(-1).float()
+    return f1, em
+
+
+def retrieval_head_scores(
+    generator: Generator, examples: list[TrainExample], eps: float = DEFAULT_EPS, progress: bool = True
+) -> dict:
+    """Mean F1 / EM per (layer, head) over the examples' prompts (baseline or any method of `generator`)."""
+    scorer = Generator(generator.loaded, method=generator.method, evidence=EvidenceConfig(query="last", layers="all"))
+    f1_sum = em_sum = None
+    for ex in tqdm(examples, desc="retrieval-head scores", unit="prompt", disable=not progress):
+        answer = scorer.score(ex.prompt, calibrate=False)
+        f1, em = head_f1_em(answer.maps.last, ex.gold, eps)
+        f1_sum = f1 if f1_sum is None else f1_sum + f1
+        em_sum = em if em_sum is None else em_sum + em
+    n = len(examples)
+    return {
+        "model": generator.loaded.name,
+        "model_sha256": generator.loaded.sha256,
+        "method": generator.method.to_dict(),
+        "eps": eps,
+        "n": n,
+        "f1": (f1_sum / n).tolist(),
+        "em": (em_sum / n).tolist(),
+    }
+
+
+def select_heads(
+    scores: list[list[float]], count: int = 8, seed: int = 0, mode: str = "sample", temperature: float = 0.05
+) -> list[tuple[int, int]]:
+    """`count` distinct (layer, head) pairs: sampled with P(h) ~ exp(R_h / temperature) (the paper), or the top."""
+    flat = [(score, (layer, head)) for layer, row in enumerate(scores) for head, score in enumerate(row)]
+    if mode == "top":
+        return sorted(h for _, h in sorted(flat, key=lambda x: -x[0])[:count])
+    if mode != "sample":
+        raise ValueError(f"head selection mode={mode!r}: expected 'sample' or 'top'.")
+    rng = random.Random(seed)
+    pool = list(flat)
+    chosen = []
+    top = max(s for s, _ in pool)
+    for _ in range(min(count, len(pool))):
+        weights = [math.exp((s - top) / temperature) for s, _ in pool]  # shifted: no overflow
+        i = rng.choices(range(len(pool)), weights=weights)[0]
+        chosen.append(pool.pop(i)[1])
+    return sorted(chosen)
+
+
+def top_heads(scores: list[list[float]], fraction: float = 0.05) -> list[tuple[int, int]]:
+    """The top `fraction` of all heads by score (at least one): "retrieval heads" in MuDAF's sense."""
+    count = max(1, round(fraction * sum(len(row) for row in scores)))
+    return select_heads(scores, count, mode="top")
+
+
+def save_scores(scores: dict, path: Path) -> None:
+    write_atomic(path, json.dumps(scores, indent=1) + "\n")
+
+
+def heatmap(scores: dict, path: Path, key: str = "f1") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = torch.tensor(scores[key])
+    fig, ax = plt.subplots(figsize=(max(4, grid.shape[1] * 0.45), max(4, grid.shape[0] * 0.22)))
+    im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=max(float(grid.max()), 1e-6))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(f"{scores['model']}: retrieval score ({key.upper()}, eps {scores['eps']}, n = {scores['n']})")
+    fig.colorbar(im, ax=ax, label=key.upper())
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)

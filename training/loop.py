@@ -1,0 +1,151 @@
+"""The training loop every learned method shares: AdamW on the method's parameters only (the model stays
+frozen), gradient accumulation, linear warmup then cosine decay, a tqdm bar with the running loss, and
+checkpoints that a killed run resumes from.
+
+A checkpoint is a folder (written to a temp folder and renamed) with `state.safetensors` (the trainable
+tensors and AdamW's moments; no pickle) and `state.json` (step, the config it was made under). Resuming
+with a different config is refused: the run would silently mix two trainings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from core.errors import MidlensError
+from core.files import sha256_json
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    examples: int  # how many training examples are consumed in total (one forward each)
+    batch: int = 8  # examples per optimizer step (gradient accumulation)
+    lr: float = 2e-4
+    warmup: float = 0.05  # fraction of the optimizer steps
+    weight_decay: float = 0.0
+    seed: int = 0
+    checkpoint_every: int = 25  # optimizer steps
+
+    @property
+    def steps(self) -> int:
+        return math.ceil(self.examples / self.batch)
+
+
+def lr_factor(step: int, total: int, warmup: float) -> float:
+    """Linear warmup over the first `warmup` of the steps, then cosine decay to 0."""
+    warm = max(1, round(warmup * total))
+    if step < warm:
+        return (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+class CheckpointError(MidlensError):
+    """A checkpoint folder that cannot be resumed as asked."""
+
+
+def _save_checkpoint(folder: Path, params: dict[str, torch.Tensor], opt: torch.optim.Optimizer, state: dict) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {f"param.{k}": v.detach().cpu().contiguous() for k, v in params.items()}
+    names = {id(p): k for k, p in params.items()}
+    for p, s in opt.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            tensors[f"adam.{names[id(p)]}.{key}"] = s[key].detach().cpu().contiguous()
+        state.setdefault("adam_steps", {})[names[id(p)]] = float(s["step"])
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    try:
+        save_file(tensors, str(work / "state.safetensors"))
+        (work / "state.json").write_text(json.dumps(state, indent=1) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(work, folder)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _load_checkpoint(
+    folder: Path, params: dict[str, torch.Tensor], opt: torch.optim.Optimizer, fingerprint: str
+) -> int:
+    from safetensors.torch import load_file
+
+    state = json.loads((folder / "state.json").read_text())
+    if state.get("fingerprint") != fingerprint:
+        raise CheckpointError(
+            f"checkpoint {folder} was made by a training run with other settings; delete it (or use another "
+            "--out) to start over, or rerun with the settings it was made under."
+        )
+    tensors = load_file(str(folder / "state.safetensors"))
+    with torch.no_grad():
+        for k, p in params.items():
+            p.copy_(tensors[f"param.{k}"].to(p.device, p.dtype))
+    for k, p in params.items():
+        if f"adam.{k}.exp_avg" in tensors:
+            opt.state[p] = {
+                "step": torch.tensor(state["adam_steps"][k]),
+                "exp_avg": tensors[f"adam.{k}.exp_avg"].to(p.device),
+                "exp_avg_sq": tensors[f"adam.{k}.exp_avg_sq"].to(p.device),
+            }
+    return int(state["step"])
+
+
+def train(
+    params: dict[str, torch.nn.Parameter],
+    examples: Sequence,
+    loss_of: Callable[[object], tuple[torch.Tensor, dict[str, float]]],
+    config: LoopConfig,
+    checkpoint: Path | None = None,
+    run_fingerprint: dict | None = None,
+    progress: bool = True,
+) -> dict:
+    """Optimise `params` on `loss_of(example)` over `config.examples` examples (cycled in order). Returns a log.
+
+    The example order is fixed (the caller shuffles with its seed), so after a resume at optimizer step s the
+    run continues with example s * batch, exactly where the killed run would have gone on.
+    """
+    if not examples:
+        raise MidlensError("no training examples: check the data split and --examples.")
+    fingerprint = sha256_json({"loop": asdict(config), "run": run_fingerprint or {}})
+    torch.manual_seed(config.seed)
+    opt = torch.optim.AdamW(list(params.values()), lr=config.lr, weight_decay=config.weight_decay)
+    start = 0
+    if checkpoint is not None and (checkpoint / "state.json").is_file():
+        start = _load_checkpoint(checkpoint, params, opt, fingerprint)
+    log = {"losses": [], "parts": [], "seconds": 0.0, "resumed_at_step": start}
+    t0 = time.perf_counter()
+    bar = tqdm(total=config.steps, initial=start, desc="training", unit="step", disable=not progress)
+    for step in range(start, config.steps):
+        for group in opt.param_groups:
+            group["lr"] = config.lr * lr_factor(step, config.steps, config.warmup)
+        opt.zero_grad(set_to_none=True)
+        total, parts = 0.0, {}
+        first = step * config.batch
+        count = min(config.batch, config.examples - first)
+        for i in range(first, first + count):
+            loss, logs = loss_of(examples[i % len(examples)])
+            (loss / count).backward()
+            total += loss.item() / count
+            for k, v in logs.items():
+                parts[k] = parts.get(k, 0.0) + v / count
+        opt.step()
+        log["losses"].append(total)
+        log["parts"].append(parts)
+        bar.update(1)
+        bar.set_postfix(loss=f"{total:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
+        if checkpoint is not None and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+            _save_checkpoint(checkpoint, params, opt, {"step": step + 1, "fingerprint": fingerprint})
+    bar.close()
+    log["seconds"] = time.perf_counter() - t0
+    return log
