@@ -54,6 +54,7 @@ def add_train_parser(sub) -> None:
     mu.add_argument("--heads-n", type=int, default=200, help="prompts for the head scores when computed here")
     mu.add_argument("--max-words", type=int, default=80)
     mu.add_argument("--seed", type=int, default=0)
+    mu.add_argument("--max-minutes", type=float, help="stop (checkpointed, artefact saved) after this much training")
     mu.add_argument("--no-progress", action="store_true")
     add_device_args(mu)
     mu.set_defaults(func=cmd_train_mudaf)
@@ -117,10 +118,11 @@ def cmd_train_mudaf(args: argparse.Namespace) -> int:
     result = train_mudaf(
         loaded, examples, config, loop, str(args.out), data_record(examples, args.seed, args.max_words), scores,
         progress=not args.no_progress,
+        max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
     )
     t = result["meta"]["training"]
     print(
-        f"trained {result['meta']['delta']['parameters']:,} delta parameters on {len(examples)} examples in "
+        f"trained {result['meta']['delta']['parameters']:,} delta parameters on {t['examples_seen']} examples in "
         f"{t['seconds']:.0f} s; loss {t['loss_first_10']:.3f} -> {t['loss_last_10']:.3f}; artefact {args.out}"
     )
     return 0

@@ -109,11 +109,13 @@ def train(
     checkpoint: Path | None = None,
     run_fingerprint: dict | None = None,
     progress: bool = True,
+    max_seconds: float | None = None,
 ) -> dict:
     """Optimise `params` on `loss_of(example)` over `config.examples` examples (cycled in order). Returns a log.
 
     The example order is fixed (the caller shuffles with its seed), so after a resume at optimizer step s the
-    run continues with example s * batch, exactly where the killed run would have gone on.
+    run continues with example s * batch, exactly where the killed run would have gone on. `max_seconds`
+    stops after the step that crosses it (checkpointed), for a fixed compute budget; the log says where.
     """
     if not examples:
         raise MidlensError("no training examples: check the data split and --examples.")
@@ -123,7 +125,7 @@ def train(
     start = 0
     if checkpoint is not None and (checkpoint / "state.json").is_file():
         start = _load_checkpoint(checkpoint, params, opt, fingerprint)
-    log = {"losses": [], "parts": [], "seconds": 0.0, "resumed_at_step": start}
+    log = {"losses": [], "parts": [], "seconds": 0.0, "resumed_at_step": start, "steps_done": start}
     t0 = time.perf_counter()
     bar = tqdm(total=config.steps, initial=start, desc="training", unit="step", disable=not progress)
     for step in range(start, config.steps):
@@ -144,8 +146,13 @@ def train(
         log["parts"].append(parts)
         bar.update(1)
         bar.set_postfix(loss=f"{total:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
-        if checkpoint is not None and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+        log["steps_done"] = step + 1
+        out_of_time = max_seconds is not None and time.perf_counter() - t0 > max_seconds
+        last = step + 1 == config.steps or out_of_time
+        if checkpoint is not None and ((step + 1) % config.checkpoint_every == 0 or last):
             _save_checkpoint(checkpoint, params, opt, {"step": step + 1, "fingerprint": fingerprint})
+        if out_of_time:
+            break
     bar.close()
     log["seconds"] = time.perf_counter() - t0
     return log

@@ -121,6 +121,7 @@ def train_mudaf(
     data: dict,
     head_scores: dict | None = None,
     progress: bool = True,
+    max_seconds: float | None = None,
 ) -> dict:
     """Train a delta and save it as a `mudaf` artefact folder at `out` (checkpoints in `out`.checkpoint)."""
     from pathlib import Path
@@ -132,7 +133,8 @@ def train_mudaf(
     params = dict(delta.named_parameters())
     out_path = Path(out)
     run = {"mudaf": asdict(config), "data": data, "model": loaded.sha256}
-    log = train(params, examples, objective, loop, out_path.with_name(out_path.name + ".checkpoint"), run, progress)
+    checkpoint = out_path.with_name(out_path.name + ".checkpoint")
+    log = train(params, examples, objective, loop, checkpoint, run, progress, max_seconds)
     meta = {
         "method": "mudaf",
         "base_model": loaded.name,
@@ -147,10 +149,18 @@ def train_mudaf(
             "parameters": delta.num_parameters(),
         },
         "heads": [list(h) for h in config.heads],
-        "training": {**asdict(config), **asdict(loop), "seconds": log["seconds"], "device": str(loaded.device),
-                     "dtype": str(loaded.dtype).removeprefix("torch."), "final_loss": log["losses"][-1],
-                     "loss_first_10": sum(log["losses"][:10]) / max(1, len(log["losses"][:10])),
-                     "loss_last_10": sum(log["losses"][-10:]) / max(1, len(log["losses"][-10:]))},
+        "training": {
+            **asdict(config),
+            **asdict(loop),
+            "seconds": log["seconds"],
+            "steps_done": log["steps_done"],
+            "examples_seen": min(loop.examples, log["steps_done"] * loop.batch),
+            "device": str(loaded.device),
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "final_loss": log["losses"][-1],
+            "loss_first_10": sum(log["losses"][:10]) / max(1, len(log["losses"][:10])),
+            "loss_last_10": sum(log["losses"][-10:]) / max(1, len(log["losses"][-10:])),
+        },
         "data": data,
         "head_scores": {k: head_scores[k] for k in ("eps", "n", "model_sha256")} if head_scores else None,
     }
