@@ -1,11 +1,17 @@
-"""Files midlens writes or trusts: the cache root, hashes, and writes that are atomic (temp file + rename)."""
+"""Files midlens writes or trusts: the cache root, hashes, writes that are atomic (temp file + rename),
+manifests that record what a folder held when it was written, and temp folders a later run can sweep."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
+import socket
 import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -15,6 +21,16 @@ def cache_dir() -> Path:
     """Root of midlens' caches; `MIDLENS_CACHE` overrides it."""
     root = os.environ.get("MIDLENS_CACHE") or Path.home() / ".cache" / "midlens"
     return Path(root)
+
+
+def models_dir() -> Path:
+    """Converted registry models, one folder per name."""
+    return cache_dir() / "models"
+
+
+def indexes_dir() -> Path:
+    """Retrieval indexes, one folder per corpus fingerprint."""
+    return cache_dir() / "indexes"
 
 
 def sha256_of(paths: list[Path], progress: str | None = None) -> str:
@@ -60,3 +76,152 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# -- verified folders: a manifest of every file's size and sha256 -----------------------------------------------
+
+MANIFEST = "MANIFEST.json"
+PROGRESS_FROM = 1 << 26  # hashing smaller files takes well under a second: no bar for them
+
+
+def _progress_for(path: Path, progress: str | None) -> str | None:
+    return f"{progress}: {path.name}" if progress and path.stat().st_size >= PROGRESS_FROM else None
+
+
+def write_manifest(folder: Path, extra: dict | None = None, progress: str | None = None) -> dict:
+    """Record the size and sha256 of every file under `folder` (the manifest itself aside) in MANIFEST.json."""
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        files[path.relative_to(folder).as_posix()] = {
+            "size": path.stat().st_size,
+            "sha256": sha256_of([path], progress=_progress_for(path, progress)),
+        }
+    manifest = {"format": 1, **(extra or {}), "files": files}
+    write_atomic(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The folder's manifest, None when it has none; ValueError when MANIFEST.json cannot be read as one."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        entries = manifest["files"].values()
+        well_formed = all(isinstance(e["size"], int) and isinstance(e["sha256"], str) for e in entries)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path} is not a readable manifest ({type(err).__name__}: {err})") from None
+    if not well_formed:
+        raise ValueError(f"{path} is not a readable manifest (an entry lacks an integer size or a sha256)")
+    return manifest
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    """One file that does not match its manifest entry."""
+
+    path: Path
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.what}"
+
+
+def manifest_problems(folder: Path, manifest: dict, hashes: bool, progress: str | None = None) -> list[FileProblem]:
+    """Files under `folder` that differ from `manifest`: sizes always, sha256 too when `hashes` (reads every byte)."""
+    problems = []
+    for rel, entry in manifest["files"].items():
+        path = folder / rel
+        if not path.is_file():
+            problems.append(FileProblem(path, "missing"))
+            continue
+        size = path.stat().st_size
+        if size != entry["size"]:
+            problems.append(FileProblem(path, f"{size} bytes, the manifest records {entry['size']}"))
+        elif hashes:
+            actual = sha256_of([path], progress=_progress_for(path, progress))
+            if actual != entry["sha256"]:
+                problems.append(FileProblem(path, f"sha256 {actual}, the manifest records {entry['sha256']}"))
+    return problems
+
+
+def folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+# -- temp folders: owned by a process, swept when their owner is gone --------------------------------------------
+
+OWNER = ".midlens-owner"
+STALE_AFTER_S = 3600.0
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), to tell a live owner from a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A fresh hidden temp folder in `parent` that records its owner (pid, host, start time), so a later run
+    can tell a folder left by a killed process from one still being written."""
+    parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "start": _process_start(os.getpid())}
+    (work / OWNER).write_text(json.dumps(owner))
+    return work
+
+
+def _owner_alive(folder: Path) -> bool | None:
+    """True/False when the owner is known and on this host; None when it cannot be told (no or foreign owner)."""
+    try:
+        owner = json.loads((folder / OWNER).read_text())
+        pid, host, start = int(owner["pid"]), owner["host"], owner.get("start")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by another user
+    return start is None or _process_start(pid) in (None, start)
+
+
+def is_stale(folder: Path, max_age_s: float = STALE_AFTER_S) -> bool:
+    """A temp folder whose owner is gone, or, when its owner cannot be told, untouched for `max_age_s`."""
+    alive = _owner_alive(folder)
+    if alive is not None:
+        return not alive
+    try:
+        return time.time() - folder.stat().st_mtime > max_age_s
+    except OSError:
+        return False  # already removed by someone else
+
+
+def remove_tree(folder: Path) -> None:
+    """Delete a folder so that no reader ever sees it half-deleted: rename it to a hidden sibling, then remove."""
+    trash = folder.with_name(f".{folder.name}-deleting-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.replace(folder, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def sweep_stale(parent: Path, match: Callable[[str], bool], max_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the hidden temp folders in `parent` whose names `match` and that are stale; returns them."""
+    removed = []
+    if not parent.is_dir():
+        return removed
+    for entry in parent.iterdir():
+        if entry.name.startswith(".") and match(entry.name) and entry.is_dir() and not entry.is_symlink():
+            if is_stale(entry, max_age_s):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+    return removed

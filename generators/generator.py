@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from core.passage import Passage
 from generators.context import MethodParts, method_context
 from generators.evidence import Answer, EvidenceConfig, EvidenceMaps, passage_evidence
-from generators.models import DEFAULT_MODEL, LoadedModel, load_model
+from generators.models import DEFAULT_MODEL, LoadedModel, load_model, non_finite_error
 from generators.probe import PassageProbe
 from generators.prompt import CONTENT_FREE_QUESTION, StackedPrompt, build_prompt, render, shared_prefix_length
 from generators.registry import MethodConfig, build_parts, method_config
@@ -139,6 +139,10 @@ class Generator:
             t0 = time.perf_counter()
             probe.score_rows(q_rows + [last])
             logits = prefill_logits = self.forward(prompt.input_ids, cache)[-1]
+            # Damaged weights surface here as NaN logits; decoding them would give an empty answer and then a
+            # bare "cannot convert float NaN to integer", so name the damaged file instead.
+            if not bool(torch.isfinite(logits).all()):
+                raise non_finite_error(self.loaded)
             rows = probe.take()[:, 0]  # [layers, H, S, P]
             timings["prefill_s"] = time.perf_counter() - t0
             maps = EvidenceMaps(last=rows[:, :, -1], question=rows[:, :, :-1].mean(2))

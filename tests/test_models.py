@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import socket
 import sys
 
 import pytest
@@ -11,6 +13,8 @@ import pytest
 from core.errors import ModelError
 from generators import models
 from generators.models import GGUFSource, resolve_model_dir
+from tests.damage import age, dead_owner, overwrite, poison
+from tests.tiny import save_tiny
 
 
 @pytest.fixture
@@ -36,7 +40,7 @@ def test_corrupted_file_names_file_and_expected_hash(fake_package, monkeypatch):
         resolve_model_dir("fake-model")
     msg = str(err.value)
     assert str(fake_package) in msg and f"expected {good}" in msg and "pip install fake" in msg
-    assert not (models.cache_dir() / "models" / "fake-model").exists()  # nothing half-written
+    assert not (models.models_dir() / "fake-model").exists()  # nothing half-written
 
 
 def test_partial_file_is_reported_by_size(fake_package, monkeypatch):
@@ -72,3 +76,130 @@ def test_registry_model_is_cached_and_loads_offline(loaded):
     from generators.models import load_model
 
     assert load_model(str(folder)).model.config.num_hidden_layers == 30
+
+
+# -- verified caches: the manifest, damaged files, stale temp folders -------------------------------------------
+
+TINY = "tiny-cached"
+
+
+@pytest.fixture
+def cached_tiny(tmp_path, monkeypatch):
+    """A tiny model laid out in a temp cache exactly as a conversion leaves it, under a fake registry name
+    whose GGUF is never needed (the SOURCE_SHA256 marker already matches)."""
+    monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_LOADED", {})  # the fake name must not hit another test's loaded model
+    sha = "ab" * 32
+    monkeypatch.setitem(models.REGISTRY, TINY, GGUFSource((("not_installed_pkg", "m.gguf"),), sha, 1, "pip install x"))
+    folder = save_tiny("llama", models.models_dir() / TINY)
+    models.record_conversion(folder, TINY, sha)
+    return folder
+
+
+REBUILD = f"midlens cache clear --model {TINY}"
+
+
+def test_conversion_writes_a_manifest_of_every_file(tmp_path, monkeypatch):
+    # The real conversion of the packaged SmolLM2 GGUF (about 40 s), into an empty cache.
+    monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
+    folder = resolve_model_dir("smollm2-135m")
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    assert manifest["recorded"] == "at conversion"
+    assert manifest["source_sha256"] == models.REGISTRY["smollm2-135m"].sha256
+    on_disk = {p.name for p in folder.iterdir()} - {"MANIFEST.json"}
+    assert set(manifest["files"]) == on_disk and "model.safetensors" in on_disk
+    for name, entry in manifest["files"].items():
+        assert entry["size"] == (folder / name).stat().st_size
+    config = manifest["files"]["config.json"]
+    assert config["sha256"] == hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()
+    assert [p.name for p in folder.parent.iterdir()] == ["smollm2-135m"]  # no temp folder left behind
+
+
+def test_truncated_weights_are_refused_by_size_before_loading(cached_tiny):
+    weights = cached_tiny / "model.safetensors"
+    size = weights.stat().st_size
+    with weights.open("r+b") as f:
+        f.truncate(size - 100)  # a partial copy
+    with pytest.raises(ModelError) as err:
+        models.load_model(TINY, device="cpu")
+    msg = str(err.value)
+    assert f"{weights}: {size - 100} bytes, the manifest records {size}" in msg
+    assert REBUILD in msg
+
+
+def test_damaged_header_names_the_file_by_hash(cached_tiny):
+    weights = cached_tiny / "model.safetensors"
+    overwrite(weights, 8, b"#")  # the JSON header's opening brace: safetensors says "invalid JSON in header"
+    with pytest.raises(ModelError) as err:
+        models.load_model(TINY, device="cpu")
+    msg = str(err.value)
+    assert f"{weights}: sha256 " in msg and "the manifest records" in msg
+    assert "SafetensorError" in msg and REBUILD in msg
+
+
+def test_a_nan_weight_is_named_at_the_first_forward_pass(cached_tiny):
+    from core.passage import Passage
+    from generators import Generator
+
+    weights = cached_tiny / "model.safetensors"
+    # One float of the final norm set to NaN: the weights load fine and every logit becomes NaN.
+    poison(weights, "model.norm.weight")
+    gen = Generator(TINY, device="cpu", dtype="float32")
+    prompt = gen.prompt("what is the code word ?", [Passage(text="the code word is pelican", title="city")], 8)
+    with pytest.raises(ModelError) as err:
+        gen.generate(prompt, max_new_tokens=4)
+    msg = str(err.value)
+    assert "NaN or inf logits" in msg and f"{weights}: sha256 " in msg and REBUILD in msg
+    # Dropped from memory: after `cache clear` and a rerun, the same process reads the folder again.
+    assert models.load_model(TINY, device="cpu", dtype="float32") is not gen.loaded
+
+
+def test_a_nan_weight_in_a_plain_folder_says_what_happened(tmp_path, monkeypatch):
+    from core.passage import Passage
+    from generators import Generator
+
+    monkeypatch.setattr(models, "_LOADED", {})
+    folder = save_tiny("llama", tmp_path / "mine")  # a user's folder: no manifest to compare with
+    weights = folder / "model.safetensors"
+    poison(weights, "model.norm.weight")
+    gen = Generator(str(folder), device="cpu", dtype="float32")
+    with pytest.raises(ModelError, match=rf"(?s)gave NaN or inf logits.*Restore {folder}"):
+        gen.score(gen.prompt("the code word ?", [Passage(text="the code word is pelican", title="city")], 8))
+
+
+def test_an_old_cache_without_manifest_gets_one_once(cached_tiny):
+    manifest = cached_tiny / "MANIFEST.json"
+    recorded = json.loads(manifest.read_text())["files"]
+    manifest.unlink()  # as converted by an older midlens
+    assert resolve_model_dir(TINY) == cached_tiny
+    adopted = json.loads(manifest.read_text())
+    assert adopted["recorded"] == "from an existing cache" and adopted["files"] == recorded
+    (cached_tiny / "config.json").write_text("{}")  # and from now on it is checked
+    with pytest.raises(ModelError, match=r"config.json: 2 bytes, the manifest records"):
+        resolve_model_dir(TINY)
+
+
+def test_an_unreadable_manifest_is_refused_with_the_fix(cached_tiny):
+    (cached_tiny / "MANIFEST.json").write_text('{"files": ')
+    with pytest.raises(ModelError, match=rf"MANIFEST.json is not a readable manifest.*{REBUILD}"):
+        resolve_model_dir(TINY)
+
+
+def test_stale_conversion_folders_are_swept_on_the_next_run(cached_tiny):
+    from core.files import OWNER, make_temp_dir
+
+    parent = cached_tiny.parent
+    dead = make_temp_dir(parent, f".{TINY}-")  # a conversion killed mid-way: its process is gone
+    dead_owner(dead)
+    reused = make_temp_dir(parent, f".{TINY}-")  # its pid now belongs to another process (start time differs)
+    (reused / OWNER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "start": "1"}))
+    old = parent / f".{TINY}-legacy"  # no owner record (an older midlens): judged by age
+    old.mkdir()
+    age(old, 7200)
+    fresh = parent / f".{TINY}-fresh"
+    fresh.mkdir()
+    live = make_temp_dir(parent, f".{TINY}-")  # a conversion still running (this process)
+    age(live, 7200)  # however long it takes
+    resolve_model_dir(TINY)
+    assert not dead.exists() and not reused.exists() and not old.exists()
+    assert fresh.exists() and live.exists() and cached_tiny.exists()

@@ -10,6 +10,7 @@ import pytest
 from core.errors import CorpusError, RetrievalIndexError
 from retrievers.corpus import chunk_text, read_documents
 from retrievers.dense import DenseRetriever
+from tests.damage import age, dead_owner
 
 
 def test_default_corpus_search_finds_the_matching_paragraph(default_retriever):
@@ -162,3 +163,41 @@ def test_interrupted_build_resumes_from_saved_shards(tmp_path, monkeypatch):
     fresh = real_embed([f"\n{p.text}".strip() for p in resumed.passages])
     stored = resumed.index.reconstruct_n(0, resumed.index.ntotal)
     assert np.allclose(stored, fresh, atol=1e-5)
+
+
+def test_stale_build_folders_are_swept_and_resumable_shards_kept(small_corpus, tmp_path, monkeypatch):
+    from core.files import OWNER, indexes_dir, make_temp_dir
+
+    monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
+    parent = indexes_dir()
+    dead = make_temp_dir(parent, ".0123abcd.tmp-")
+    dead_owner(dead)
+    old = parent / ".0123abcd.old-4242"  # a swap interrupted an hour ago (no owner record)
+    old.mkdir()
+    age(old, 7200)
+    live = make_temp_dir(parent, ".4567ef.tmp-")  # another build, still running in this process
+    shards = parent / ".0123abcd.embeddings-0123abcd0123"  # an interrupted build's progress: kept to resume
+    shards.mkdir()
+    age(shards, 7200)
+    abandoned = parent / ".89ab.embeddings-89ab89ab89ab"  # nobody came back for it in a week
+    abandoned.mkdir()
+    age(abandoned, 8 * 24 * 3600)
+    retriever = DenseRetriever.build(small_corpus)
+    assert not dead.exists() and not old.exists() and not abandoned.exists()
+    assert live.exists() and shards.exists()
+    folder = parent / retriever.meta["fingerprint"][:20]
+    assert sorted(p.name for p in parent.iterdir() if not p.name.startswith(".")) == [folder.name]
+    assert not (folder / OWNER).exists()  # the owner record stays with the temp folder
+    assert json.loads((folder / "meta.json").read_text())["source"] == str(small_corpus.resolve())
+
+
+def test_a_chosen_index_folder_sweeps_only_its_own_leftovers(small_corpus, tmp_path):
+    from core.files import make_temp_dir
+
+    mine = make_temp_dir(tmp_path, ".index.tmp-")
+    dead_owner(mine)
+    theirs = tmp_path / ".cache.tmp-notours"  # the user's own hidden folder next to the index
+    theirs.mkdir()
+    age(theirs, 7200)
+    DenseRetriever.build(small_corpus, index_dir=tmp_path / "index")
+    assert not mine.exists() and theirs.exists()
