@@ -95,10 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     from demo.app import add_demo_parser
     from eval.bench import add_bench_parser
     from eval.cli import add_eval_parser
+    from rag.cache_cli import add_cache_parser, add_index_parser
 
     add_bench_parser(sub)
     add_eval_parser(sub)
     add_demo_parser(sub)
+    add_cache_parser(sub)
+    add_index_parser(sub)
     return parser
 
 

@@ -1,0 +1,281 @@
+"""`midlens cache` and `midlens index`: see, verify and clear what midlens keeps on disk.
+
+    midlens cache info                                  models and indexes, sizes, paths, leftover temp folders
+    midlens cache verify [--model NAME]                 every file against its recorded sha256
+    midlens cache clear (--model NAME | --indexes | --all)
+    midlens index build [--corpus PATH] [--index-type flat|ivf|hnsw]
+    midlens index info
+    midlens index clear
+
+Listing and clearing read only the folders (no torch, no faiss), so they answer at once; verifying hashes
+every byte, and building an index loads the embedding model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from core.errors import MidlensError
+from core.files import (
+    MANIFEST,
+    folder_size,
+    indexes_dir,
+    is_stale,
+    models_dir,
+    read_manifest,
+    remove_tree,
+    sha256_of,
+)
+
+
+def human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _entries(parent: Path, hidden: bool) -> list[Path]:
+    if not parent.is_dir():
+        return []
+    return sorted(p for p in parent.iterdir() if p.is_dir() and not p.is_symlink() and p.name.startswith(".") == hidden)
+
+
+def _model_state(folder: Path) -> str:
+    try:
+        manifest = read_manifest(folder)
+    except ValueError:
+        return "MANIFEST.json unreadable: `midlens cache verify` says more"
+    if manifest is None:
+        return "no manifest yet (recorded on next load)"
+    return f"{len(manifest['files'])} files in manifest, recorded {manifest.get('recorded', '?')}"
+
+
+def _index_meta(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _index_line(folder: Path, detail: bool) -> str:
+    meta = _index_meta(folder)
+    if not meta:
+        return f"  {folder.name}  {human(folder_size(folder))}  meta.json missing or unreadable (clear and rebuild)"
+    line = (
+        f"  {folder.name}  {human(folder_size(folder))}  {meta.get('passages', '?')} passages, "
+        f"{meta.get('index_type', '?')}, {meta.get('embedding_model', '?')}"
+    )
+    if detail:
+        line += f"\n      corpus: {meta.get('source', 'not recorded (built before midlens recorded it)')}"
+        line += f"\n      chunks: {meta.get('chunk_words', '?')} words, {meta.get('overlap_words', '?')} overlap"
+    return line + f"\n      {folder}"
+
+
+def _leftover_state(folder: Path) -> str:
+    if ".embeddings-" in folder.name:
+        return "embedding shards of an interrupted index build (the next build of that corpus resumes from them)"
+    if is_stale(folder):
+        return "left by an interrupted run; removed on the next run"
+    return "in use by a running conversion or build"
+
+
+def _print_leftovers(folders: list[Path]) -> None:
+    if folders:
+        print("unfinished work (temp folders):")
+        for f in folders:
+            print(f"  {f}  {human(folder_size(f))}  {_leftover_state(f)}")
+
+
+def cmd_cache_info(args: argparse.Namespace) -> int:
+    models, indexes = _entries(models_dir(), False), _entries(indexes_dir(), False)
+    leftovers = _entries(models_dir(), True) + _entries(indexes_dir(), True)
+    print(f"midlens cache: {models_dir().parent} (set MIDLENS_CACHE to move it)")
+    print(f"models ({len(models)}):" if models else "models: none converted yet")
+    for folder in models:
+        print(f"  {folder.name}  {human(folder_size(folder))}  {_model_state(folder)}\n      {folder}")
+    print(f"retrieval indexes ({len(indexes)}):" if indexes else "retrieval indexes: none built yet")
+    for folder in indexes:
+        print(_index_line(folder, detail=False))
+    _print_leftovers(leftovers)
+    total = sum(folder_size(f) for f in models + indexes + leftovers)
+    print(f"total {human(total)}")
+    return 0
+
+
+def _verify_index(folder: Path) -> str | None:
+    """What is wrong with an index folder, None when its faiss file matches meta.json."""
+    meta = _index_meta(folder)
+    if not meta:
+        return f"{folder / 'meta.json'}: missing or unreadable"
+    for name in ("index.faiss", "passages.jsonl"):
+        if not (folder / name).is_file():
+            return f"{folder / name}: missing"
+    actual = sha256_of([folder / "index.faiss"])
+    if actual != meta.get("index_sha256"):
+        return f"{folder / 'index.faiss'}: sha256 {actual}, meta.json records {meta.get('index_sha256')}"
+    return None
+
+
+def cmd_cache_verify(args: argparse.Namespace) -> int:
+    from core.errors import ModelError
+    from generators.models import check_model_folder
+
+    if args.model:
+        folder = models_dir() / _plain_name(args.model)
+        if not folder.is_dir():
+            raise ModelError(f"no cached model '{args.model}' in {models_dir()}; {_cached_models_hint()}")
+        models, indexes = [folder], []
+    else:
+        models, indexes = _entries(models_dir(), False), _entries(indexes_dir(), False)
+    bad = 0
+    for folder in models:
+        had_manifest = (folder / MANIFEST).is_file()
+        try:
+            check_model_folder(folder.name, folder, hashes=True)
+        except ModelError as err:
+            bad += 1
+            print(f"DAMAGED model {folder.name}: {err}\n")
+            continue
+        if had_manifest:
+            print(f"ok      model {folder.name}: every file matches its manifest ({folder})")
+        elif (folder / MANIFEST).is_file():
+            print(
+                f"ok      model {folder.name}: converted before manifests existed; recorded one now from its files "
+                f"({folder}). If it misbehaves, rebuild it: `midlens cache clear --model {folder.name}`."
+            )
+        else:
+            print(f"skipped model {folder.name}: no manifest and no SOURCE_SHA256 marker ({folder})")
+    for folder in indexes:
+        problem = _verify_index(folder)
+        if problem:
+            bad += 1
+            print(
+                f"DAMAGED index {folder.name}: {problem}. Rebuild it: `midlens index clear`, then "
+                "`midlens index build --corpus PATH` (or run `midlens ask`, which builds it)."
+            )
+        else:
+            print(f"ok      index {folder.name}: index.faiss matches meta.json ({folder})")
+    if not models and not indexes:
+        print(f"nothing cached under {models_dir().parent}")
+    return 1 if bad else 0
+
+
+def _plain_name(name: str) -> str:
+    """A cache entry name, refused when it could point outside the cache (a path, '..', a hidden name)."""
+    if not name or name.startswith(".") or "/" in name or "\\" in name:
+        raise MidlensError(f"--model {name!r}: give a cached model's name, as `midlens cache info` lists it.")
+    return name
+
+
+def _cached_models_hint() -> str:
+    names = [f.name for f in _entries(models_dir(), False)]
+    return f"cached models: {', '.join(names)}." if names else "no model is cached."
+
+
+def _clear(folders: list[Path], what: str) -> int:
+    freed = 0
+    for folder in folders:
+        size = folder_size(folder)
+        remove_tree(folder)
+        freed += size
+        print(f"removed {what} {folder} ({human(size)})")
+    return freed
+
+
+def _clear_leftovers(parent: Path, prefix: str = ".") -> int:
+    """Temp folders are removed unless a live process is still writing them."""
+    freed = 0
+    for folder in _entries(parent, True):
+        if not folder.name.startswith(prefix):
+            continue
+        if ".embeddings-" not in folder.name and not is_stale(folder):
+            print(f"kept {folder}: a running conversion or build is writing it")
+            continue
+        freed += folder_size(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"removed unfinished {folder}")
+    return freed
+
+
+def _clear_indexes() -> int:
+    return _clear(_entries(indexes_dir(), False), "index") + _clear_leftovers(indexes_dir())
+
+
+def cmd_cache_clear(args: argparse.Namespace) -> int:
+    freed = 0
+    if args.model:
+        folder = models_dir() / _plain_name(args.model)
+        if folder.is_dir():
+            freed += _clear([folder], "model")
+            print(f"the next run that uses {args.model} converts it again from its installed GGUF")
+        else:
+            print(f"nothing to clear: no cached model '{args.model}' in {models_dir()}; {_cached_models_hint()}")
+        freed += _clear_leftovers(models_dir(), f".{args.model}-")
+    if args.indexes or args.all:
+        freed += _clear_indexes()
+    if args.all:
+        freed += _clear(_entries(models_dir(), False), "model") + _clear_leftovers(models_dir())
+    print(f"freed {human(freed)}")
+    return 0
+
+
+def cmd_index_build(args: argparse.Namespace) -> int:
+    from retrievers.corpus import default_corpus_path
+    from retrievers.dense import DenseRetriever
+
+    corpus = args.corpus or default_corpus_path()
+    retriever = DenseRetriever.build(corpus, index_type=args.index_type)
+    folder = indexes_dir() / retriever.meta["fingerprint"][:20]
+    print(
+        f"index ready: {len(retriever)} passages from {corpus}, {args.index_type}, {human(folder_size(folder))}\n"
+        f"  {folder}\n`midlens ask --corpus {corpus}` (same --index-type) reuses it."
+    )
+    return 0
+
+
+def cmd_index_info(args: argparse.Namespace) -> int:
+    indexes = _entries(indexes_dir(), False)
+    print(f"retrieval indexes in {indexes_dir()}: {len(indexes) or 'none built yet'}")
+    for folder in indexes:
+        print(_index_line(folder, detail=True))
+    _print_leftovers(_entries(indexes_dir(), True))
+    return 0
+
+
+def cmd_index_clear(args: argparse.Namespace) -> int:
+    print(f"freed {human(_clear_indexes())}")
+    return 0
+
+
+def add_cache_parser(sub) -> None:
+    cache = sub.add_parser("cache", help="converted models and retrieval indexes on disk: info, verify, clear")
+    actions = cache.add_subparsers(dest="cache_command", required=True)
+    info = actions.add_parser("info", help="list cached models and indexes with their sizes and paths")
+    info.set_defaults(func=cmd_cache_info)
+    verify = actions.add_parser("verify", help="check every cached file against its recorded sha256")
+    verify.add_argument("--model", help="verify only this cached model (default: every model and index)")
+    verify.set_defaults(func=cmd_cache_verify)
+    clear = actions.add_parser("clear", help="delete a cached model (converted again on next use) or the indexes")
+    which = clear.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="the cached model to delete, e.g. smollm2-135m")
+    which.add_argument("--indexes", action="store_true", help="delete every retrieval index")
+    which.add_argument("--all", action="store_true", help="delete every cached model and index")
+    clear.set_defaults(func=cmd_cache_clear)
+
+
+def add_index_parser(sub) -> None:
+    index = sub.add_parser("index", help="retrieval indexes: build one ahead of time, list, clear")
+    actions = index.add_subparsers(dest="index_command", required=True)
+    build = actions.add_parser("build", help="embed and index a corpus now, so the first question does not wait")
+    build.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
+    build.add_argument("--index-type", default="flat", choices=["flat", "ivf", "hnsw"])
+    build.set_defaults(func=cmd_index_build)
+    info = actions.add_parser("info", help="list the retrieval indexes with their corpus, size and path")
+    info.set_defaults(func=cmd_index_info)
+    clear = actions.add_parser("clear", help="delete every retrieval index (rebuilt on next use)")
+    clear.set_defaults(func=cmd_index_clear)
