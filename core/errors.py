@@ -1,5 +1,7 @@
 """Errors a user can act on. Each message says what was wrong, where, and what to do."""
 
+from typing import Literal
+
 
 class MidlensError(Exception):
     """Base class: anything midlens refuses on purpose."""
@@ -18,14 +20,30 @@ class RetrievalIndexError(MidlensError):
 
 
 class PromptTooLongError(MidlensError):
-    """The stacked prompt does not fit the model's context window."""
+    """The stacked prompt does not fit the model's context window.
 
-    def __init__(self, message: str, prompt_tokens: int, window: int, passages_that_fit: int, passages: int):
+    `part` says what is too long: "passages" (fewer or shorter passages would fit) or "question" (the
+    question does not fit even without passages, so retrieving fewer cannot help). `prompt_tokens` is the
+    size of the whole stacked prompt, or of the longest prefix measured when the stack is far beyond the
+    window (then a lower bound; the message says "over"). Shells that spell options their own way (the CLI's
+    --top-k) rebuild the advice from these fields.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        prompt_tokens: int,
+        window: int,
+        passages_that_fit: int,
+        passages: int,
+        part: Literal["passages", "question"] = "passages",
+    ):
         super().__init__(message)
         self.prompt_tokens = prompt_tokens
         self.window = window
         self.passages_that_fit = passages_that_fit
         self.passages = passages
+        self.part = part
 
 
 class MethodConfigError(MidlensError):
@@ -38,3 +56,10 @@ class DeviceError(MidlensError):
 
 class ArtefactError(MidlensError):
     """A trained artefact (weights + metadata) is missing, damaged or made for another model."""
+
+
+class InvalidArgumentError(MidlensError, ValueError):
+    """An argument has a value midlens cannot use (an empty question, top_k below 1, ...).
+
+    Also a ValueError, so callers that caught the ValueError these checks used to raise keep working.
+    """
