@@ -15,6 +15,7 @@ whatever the template adds around the user turn.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -64,11 +65,23 @@ def _user_content(passages: list[Passage], question: str) -> tuple[str, list[tup
     return "".join(parts), char_spans, question_chars
 
 
-def _chars_to_tokens(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
-    """Token range [first, last) of tokens overlapping chars [start, end)."""
-    first = next(i for i, (s, e) in enumerate(offsets) if e > start and e > s)
-    last = max(i for i, (s, e) in enumerate(offsets) if s < end and e > s) + 1
-    return first, last
+def _chars_to_tokens(offsets: list[tuple[int, int]], char_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Token range [first, last) of the tokens overlapping each char range [start, end).
+
+    Binary search over the offsets of the non-empty tokens: a fast tokenizer's offsets never go backwards,
+    and a linear scan per span made rendering quadratic in the number of passages.
+    """
+    kept = [i for i, (s, e) in enumerate(offsets) if e > s]  # special tokens have empty offsets
+    starts = [offsets[i][0] for i in kept]
+    ends = [offsets[i][1] for i in kept]
+    spans = []
+    for start, end in char_spans:
+        first = bisect.bisect_right(ends, start)  # first token ending after `start`
+        last = bisect.bisect_left(starts, end) - 1  # last token starting before `end`
+        if first >= len(kept) or last < first:
+            raise ValueError(f"characters [{start}, {end}) map to no token of the rendered prompt.")
+        spans.append((kept[first], kept[last] + 1))
+    return spans
 
 
 def render(tokenizer, passages: list[Passage], question: str) -> StackedPrompt:
@@ -82,9 +95,91 @@ def render(tokenizer, passages: list[Passage], question: str) -> StackedPrompt:
     base = text.index(content)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     offsets = [tuple(o) for o in enc["offset_mapping"]]
-    spans = [_chars_to_tokens(offsets, base + s, base + e) for s, e in char_spans]
-    q_span = _chars_to_tokens(offsets, base + question_chars[0], base + question_chars[1])
+    *spans, q_span = _chars_to_tokens(offsets, [(base + s, base + e) for s, e in [*char_spans, question_chars]])
     return StackedPrompt(text, list(enc["input_ids"]), list(passages), spans, question, q_span)
+
+
+# Characters one render may cover per token of the budget. English averages about 4 characters a token; 16
+# leaves room for long words and numbers, so one render (of a prefix that is bounded, however many passages
+# come in) almost always decides how many passages fit.
+_CHARS_PER_TOKEN_BOUND = 16
+
+
+def fit_passages(tokenizer, passages: list[Passage], question: str, max_tokens: int) -> StackedPrompt:
+    """The prompt of the longest prefix of `passages` that fits in `max_tokens`; the rest is in `dropped`."""
+    return _fit(tokenizer, passages, question, max_tokens)[0]
+
+
+def _fit(tokenizer, passages: list[Passage], question: str, max_tokens: int) -> tuple[StackedPrompt, int, bool]:
+    """(the prompt of the longest prefix of `passages` that fits in `max_tokens`, with the rest in `dropped`;
+    the tokens of the longest prefix rendered; whether that prefix held every passage).
+
+    Renders one prefix (at most `_CHARS_PER_TOKEN_BOUND` characters per token of the budget) and reads the
+    cut from its passage spans: the prompt with `f` passages takes about the tokens up to the end of passage
+    `f` plus those after the last passage. One or two more renders confirm the cut exactly, so the cost is
+    that of a prompt a few times the window, for any number of passages. The kept prompt may hold no passage
+    when even the first does not fit; a question that does not fit on its own raises PromptTooLongError.
+    """
+    if not question or not question.strip():
+        raise ValueError("question is empty: pass the text to answer.")
+    if max_tokens < 1:
+        raise ValueError(
+            f"max_tokens={max_tokens} leaves no room for the prompt: lower max_new_tokens below the context window."
+        )
+    renders: dict[int, StackedPrompt] = {}
+
+    def prompt_of(count: int) -> StackedPrompt:
+        if count not in renders:
+            renders[count] = render(tokenizer, passages[:count], question)
+        return renders[count]
+
+    def fits(count: int) -> bool:
+        return prompt_of(count).num_tokens <= max_tokens
+
+    budget, probe = max_tokens * _CHARS_PER_TOKEN_BOUND, 0
+    while probe < len(passages) and budget >= 0:
+        budget -= len(passages[probe].text) + len(passages[probe].title)
+        probe += 1
+    # Every count <= lo fits and no count >= hi does (-1 and len + 1 stand for "none" and "all").
+    lo, hi = -1, len(passages) + 1
+    if fits(probe) or probe == 0:
+        guess = probe
+    else:
+        head = prompt_of(probe)
+        after = head.num_tokens - head.passage_spans[-1][1]  # tokens after the last passage
+        guess = bisect.bisect_right([end + after for _, end in head.passage_spans], max_tokens)
+    # Exponential search from the estimate (each render stays near the window's size), then bisection.
+    if fits(guess):
+        lo, step = guess, 1
+        while lo + step < hi and fits(lo + step):
+            lo, step = lo + step, step * 2
+        hi = min(hi, lo + step)
+    else:
+        hi, step = guess, 1
+        while hi - step > lo and not fits(hi - step):
+            hi, step = hi - step, step * 2
+        lo = max(lo, hi - step)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    if lo < 0:
+        alone = prompt_of(0)
+        question_tokens = alone.question_span[1] - alone.question_span[0]
+        raise PromptTooLongError(
+            f"the question is too long: without any passage the prompt (instruction, question of "
+            f"{question_tokens} tokens, chat template) takes {alone.num_tokens} tokens, more than the "
+            f"{max_tokens} available (context window minus room for the answer). Shorten the question, or use "
+            "a model with a longer context window.",
+            prompt_tokens=alone.num_tokens,
+            window=max_tokens,
+            passages_that_fit=0,
+            passages=len(passages),
+            part="question",
+        )
+    kept = prompt_of(lo)
+    kept.dropped = list(passages[lo:])
+    longest = max(renders)
+    return kept, renders[longest].num_tokens, longest == len(passages)
 
 
 def build_prompt(
@@ -97,27 +192,28 @@ def build_prompt(
     """Stack passages into a prompt of at most `max_tokens` tokens; never cut silently.
 
     With truncate="error" an oversized prompt raises PromptTooLongError saying how many passages fit;
-    with "drop_last" passages are removed from the end until it fits and listed in `dropped`.
+    with "drop_last" passages are removed from the end until it fits and listed in `dropped`. A question
+    too long on its own raises PromptTooLongError with `part="question"` either way.
     """
     if not question or not question.strip():
         raise ValueError("question is empty: pass the text to answer.")
     if truncate not in ("error", "drop_last"):
         raise ValueError(f"truncate={truncate!r}: expected 'error' or 'drop_last'.")
-    prompt = render(tokenizer, passages, question)
-    if prompt.num_tokens <= max_tokens:
+    prompt, longest_tokens, exact = _fit(tokenizer, passages, question, max_tokens)
+    fit = len(prompt.passages)
+    if not prompt.dropped or (truncate == "drop_last" and fit > 0):
         return prompt
-    fit = len(passages) - 1
-    while fit > 0 and render(tokenizer, passages[:fit], question).num_tokens > max_tokens:
-        fit -= 1
-    if truncate == "drop_last" and fit > 0:
-        kept = render(tokenizer, passages[:fit], question)
-        kept.dropped = list(passages[fit:])
-        return kept
+    if fit:
+        advice = (
+            f"{fit} of {len(passages)} passages would fit. Retrieve at most {fit} passages (top_k={fit}), use a "
+            "longer-context model, or pass truncate='drop_last' to keep the passages that fit."
+        )
+    else:
+        advice = "not even the first passage fits. Split passages into smaller chunks, or use a longer-context model."
     raise PromptTooLongError(
-        f"the stacked prompt is {prompt.num_tokens} tokens but only {max_tokens} fit "
-        f"(context window minus room for the answer); {fit} of {len(passages)} passages would fit. "
-        "Retrieve fewer passages (--top-k), use a longer-context model, or pass truncate='drop_last'.",
-        prompt_tokens=prompt.num_tokens,
+        f"the stacked prompt is {'' if exact else 'over '}{longest_tokens} tokens but only {max_tokens} fit "
+        f"(context window minus room for the answer); {advice}",
+        prompt_tokens=longest_tokens,
         window=max_tokens,
         passages_that_fit=fit,
         passages=len(passages),

@@ -59,3 +59,47 @@ def test_empty_question_and_bad_truncate_mode(loaded):
         build_prompt(loaded.tokenizer, planted_passages(2, 1), "  ", 4096)
     with pytest.raises(ValueError, match="truncate="):
         build_prompt(loaded.tokenizer, planted_passages(2, 1), "q", 4096, truncate="cut")
+
+
+def test_fitting_any_number_of_passages_takes_well_under_a_second_per_ten_thousand(loaded):
+    import time
+
+    from generators.prompt import render
+
+    # 100 000 passages, as `--top-k 100000` over a big corpus asks: re-rendering one passage fewer at a time
+    # took minutes (517 s measured); one bounded render plus a check or two takes a fraction of a second.
+    passages = planted_passages(8, 2) * 12_500
+    t0 = time.perf_counter()
+    kept = build_prompt(loaded.tokenizer, passages, "q?", max_tokens=4000, truncate="drop_last")
+    with pytest.raises(PromptTooLongError) as err:
+        build_prompt(loaded.tokenizer, passages, "q?", max_tokens=4000)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 10, f"fitting took {elapsed:.1f}s"  # about 0.3 s here; loose for a loaded 2-core machine
+    fit = len(kept.passages)
+    assert kept.passages + kept.dropped == passages
+    # Exactly the most that fit: one more passage would not.
+    assert kept.num_tokens <= 4000 < render(loaded.tokenizer, passages[: fit + 1], "q?").num_tokens
+    assert err.value.part == "passages" and err.value.passages_that_fit == fit
+    assert f"{fit} of 100000 passages would fit" in str(err.value) and f"top_k={fit}" in str(err.value)
+
+
+def test_fit_matches_one_passage_at_a_time_for_every_budget(loaded):
+    from generators.prompt import render
+
+    passages = planted_passages(8, 5)
+    sizes = [render(loaded.tokenizer, passages[:f], "Which code word?").num_tokens for f in range(9)]
+    for limit in range(sizes[1], sizes[-1] + 2, 37):
+        kept = build_prompt(loaded.tokenizer, passages, "Which code word?", limit, truncate="drop_last")
+        assert len(kept.passages) == max(f for f in range(9) if sizes[f] <= limit)
+    with pytest.raises(PromptTooLongError, match="not even the first passage fits"):
+        build_prompt(loaded.tokenizer, passages, "Which code word?", sizes[1] - 1, truncate="drop_last")
+
+
+def test_a_question_too_long_on_its_own_says_so(loaded):
+    question = "Which code word did the expedition use? " * 40
+    with pytest.raises(PromptTooLongError) as err:
+        build_prompt(loaded.tokenizer, planted_passages(4, 2), question, max_tokens=300, truncate="drop_last")
+    e = err.value
+    assert e.part == "question" and e.passages_that_fit == 0 and e.prompt_tokens > 300
+    assert str(e).startswith("the question is too long")
+    assert "top_k" not in str(e) and "fewer passages" not in str(e)
