@@ -16,6 +16,7 @@ whatever the template adds around the user turn.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -180,6 +181,31 @@ def _fit(tokenizer, passages: list[Passage], question: str, max_tokens: int) -> 
     kept.dropped = list(passages[lo:])
     longest = max(renders)
     return kept, renders[longest].num_tokens, longest == len(passages)
+
+
+def fit_windows(tokenizer, passages: list[Passage], question: str, max_tokens: int) -> Iterator[StackedPrompt]:
+    """Consecutive groups of `passages`, each stacked under `question` into the fullest prompt that fits
+    `max_tokens` (fit_passages on what the previous groups left), for scoring more passages than one window holds.
+
+    Lazy, so a caller knows how many passages the groups before a failure held. A passage that does not fit even
+    alone raises PromptTooLongError with `passages_that_fit=0` and the tokens it takes alone in `prompt_tokens`.
+    """
+    remaining = passages
+    while remaining:
+        prompt = fit_passages(tokenizer, remaining, question, max_tokens)
+        if not prompt.passages:
+            first = remaining[0]
+            alone = render(tokenizer, [first], question).num_tokens
+            raise PromptTooLongError(
+                f"passage {first.id or first.title or '(no id)'} does not fit one prompt: stacked alone under the "
+                f"question it takes {alone} tokens, more than the {max_tokens} allowed. Split it into smaller chunks.",
+                prompt_tokens=alone,
+                window=max_tokens,
+                passages_that_fit=0,
+                passages=len(passages),
+            )
+        yield prompt
+        remaining = prompt.dropped
 
 
 def build_prompt(

@@ -52,7 +52,7 @@ from core.errors import PromptTooLongError  # noqa: E402
 from generators.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
 from generators.generator import Generator  # noqa: E402
 from generators.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
-from generators.prompt import Passage, StackedPrompt, build_prompt, render  # noqa: E402
+from generators.prompt import Passage, StackedPrompt, fit_windows  # noqa: E402
 
 logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
@@ -372,29 +372,28 @@ class AttentionReranker(BaseNodePostprocessor):
         return self._generator
 
     def _passes(self, query: str, passages: list[Passage]) -> list[StackedPrompt]:
-        """Consecutive groups of passages, each stacked into one prompt that fits."""
+        """Consecutive groups of passages, each stacked into the fullest prompt that fits (the prompt builder's
+        own fitting, so a pass holds exactly what `truncate='drop_last'` would keep)."""
         window = self._generator.context_window
         limit = min(window, self.max_tokens_per_pass or window)
         prompts: list[StackedPrompt] = []
-        remaining = passages
-        while remaining:
-            try:
-                prompt = build_prompt(self._generator.tokenizer, remaining, query, limit, truncate="drop_last")
-            except PromptTooLongError:
-                first = remaining[0]
-                alone = render(self._generator.tokenizer, [first], query).num_tokens
-                cap = "max_tokens_per_pass" if limit < window else "the context window"
-                raise PromptTooLongError(
-                    f"node {first.id or '(no id)'} does not fit one reranking pass: stacked alone under the query "
-                    f"it takes {alone} tokens, more than the {limit} allowed ({cap}). Split documents into smaller "
-                    "nodes (e.g. SentenceSplitter(chunk_size=...)) or raise max_tokens_per_pass.",
-                    prompt_tokens=alone,
-                    window=limit,
-                    passages_that_fit=0,
-                    passages=len(passages),
-                ) from None
-            prompts.append(prompt)
-            remaining = prompt.dropped
+        try:
+            for prompt in fit_windows(self._generator.tokenizer, passages, query, limit):
+                prompts.append(prompt)
+        except PromptTooLongError as err:
+            if err.part != "passages":  # the query itself is too long: its own message says so
+                raise
+            first = passages[sum(len(p.passages) for p in prompts)]
+            cap = "max_tokens_per_pass" if limit < window else "the context window"
+            raise PromptTooLongError(
+                f"node {first.id or '(no id)'} does not fit one reranking pass: stacked alone under the query "
+                f"it takes {err.prompt_tokens} tokens, more than the {limit} allowed ({cap}). Split documents into "
+                "smaller nodes (e.g. SentenceSplitter(chunk_size=...)) or raise max_tokens_per_pass.",
+                prompt_tokens=err.prompt_tokens,
+                window=limit,
+                passages_that_fit=0,
+                passages=len(passages),
+            ) from None
         return prompts
 
     def _postprocess_nodes(

@@ -103,3 +103,24 @@ def test_a_question_too_long_on_its_own_says_so(loaded):
     assert e.part == "question" and e.passages_that_fit == 0 and e.prompt_tokens > 300
     assert str(e).startswith("the question is too long")
     assert "top_k" not in str(e) and "fewer passages" not in str(e)
+
+
+def test_fit_windows_splits_thousands_of_passages_into_full_windows_quickly(loaded):
+    import time
+
+    from generators.prompt import fit_windows, render
+
+    passages = planted_passages(8, 2) * 125
+    t0 = time.perf_counter()
+    windows = list(fit_windows(loaded.tokenizer, passages, "q?", 1500))
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 20, f"splitting took {elapsed:.1f}s"  # about 3 s here (100 windows); loose for a loaded machine
+    assert [p for w in windows for p in w.passages] == passages
+    start = 0
+    for w in windows[:-1]:  # every window but the last is full: one more passage would not fit
+        start += len(w.passages)
+        one_more = render(loaded.tokenizer, w.passages + passages[start : start + 1], "q?")
+        assert w.num_tokens <= 1500 < one_more.num_tokens
+    long = [Passage("word " * 2000, "Long", id="long")]
+    with pytest.raises(PromptTooLongError, match="passage long does not fit one prompt"):
+        list(fit_windows(loaded.tokenizer, passages[:3] + long, "q?", 1500))
