@@ -2,7 +2,9 @@
 
 They load through the same path as any `--model PATH` folder and need no packaged model, so device, dtype,
 registry, delta and artefact plumbing are tested in seconds; behaviour on real weights is tested with
-SmolLM2-135M elsewhere.
+SmolLM2-135M elsewhere. The tokenizer is a byte-level BPE trained on the words below: transformers 5 loads
+a Qwen2 folder's tokenizer as `Qwen2Tokenizer` (byte-level) whatever tokenizer.json says, so a word-level
+tokenizer would lose every word there.
 """
 
 from __future__ import annotations
@@ -10,14 +12,29 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
 
 WORDS = (
     "the a of and in to is was by for on with as at from his her it document title question answer "
     "secret code word zorbland expedition pelican film directed year city river who what which when "
 ).split()
-VOCAB = ["<unk>", "<s>", "</s>"] + WORDS + [str(i) for i in range(100)] + list(".,:;?!()[]'\"-")
+SPECIAL = ["<unk>", "<s>", "</s>"]
+VOCAB_SIZE = 512
+
+
+def _tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    corpus = [" ".join(WORDS), " ".join(str(i) for i in range(100)), "N/A . , : ; ? ! ( ) [ ] ' \" -"]
+    tok.train_from_iterator(corpus * 4, trainer)
+    return tok
+
+
 SHAPE = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -25,7 +42,7 @@ SHAPE = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=512,
-    vocab_size=len(VOCAB),
+    vocab_size=VOCAB_SIZE,
     bos_token_id=1,
     eos_token_id=2,
 )
@@ -39,8 +56,6 @@ def save_tiny(kind: str, folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(CONFIGS[kind]())
     model.save_pretrained(folder)
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(True)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=_tokenizer(), unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(folder)
     return folder
