@@ -65,3 +65,18 @@ def load_rows(split: Split | None, path: str | Path | None = None) -> list[dict]
     if split is None:
         return rows
     return [r for r in rows if isinstance(r, dict) and split_of(str(r.get("_id"))) == split]
+
+
+def clip_sentences(sentences: list[str], keep: set[int], max_words: int | None) -> str:
+    """Whole sentences, ~max_words words: the `keep` ones plus leading ones while they fit."""
+    if max_words is None:
+        return "".join(sentences).strip()
+    chosen, words = set(keep), sum(len(sentences[i].split()) for i in keep if i < len(sentences))
+    for i, sentence in enumerate(sentences):
+        if i in chosen:
+            continue
+        if chosen and words + len(sentence.split()) > max_words:
+            break
+        chosen.add(i)
+        words += len(sentence.split())
+    return "".join(sentences[i] for i in sorted(chosen) if i < len(sentences)).strip()

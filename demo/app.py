@@ -43,6 +43,9 @@ CSS = """
 #passages .score-token:not(.highlighted) .text, #baseline-passages .score-token:not(.highlighted) .text {
   font-weight: 600;
 }
+#examples { gap: 6px; }
+#examples button.example { white-space: normal; text-align: left; justify-content: flex-start; height: auto; }
+#scores-table th .header { word-break: normal; overflow-wrap: normal; hyphens: none; }
 """
 POSITIONS = [str(i) for i in range(1, MAX_TOP_K + 1)]  # explicit order: "10" must not sort before "2"
 
@@ -265,9 +268,13 @@ def render(result: dict | None, view: str) -> tuple:
         "" if base is None else views.answer_markdown(base),
         None if base is None else views.highlighted(base, view, gold),
         views.comparison_markdown(answers, view, gold),
-        views.evidence_table(answers, view),
-        views.position_frame(answers, view),
-        views.attribution_frame(main),
+        gr.Dataframe(views.evidence_table(answers, view), column_widths=views.table_column_widths(len(answers))),
+        gr.LinePlot(
+            views.position_frame(answers, view),
+            y_lim=views.evidence_limits(answers, view),
+            y_title=views.EVIDENCE_AXIS_TITLES[view],
+        ),
+        gr.BarPlot(views.attribution_frame(main), y_lim=views.share_limits(main)),
     )
 
 
@@ -340,12 +347,13 @@ def build_blocks(backend: DemoBackend) -> gr.Blocks:
                 question = gr.Textbox(
                     label="Question", lines=2, placeholder="Ask about the corpus...", elem_id="question"
                 )
-                gr.Examples(
-                    examples=[[q] for q, _ in examples],
-                    inputs=[question],
-                    example_labels=[f"{q}  ({note})" for q, note in examples],
-                    label="Example questions (embedded HotpotQA)",
-                )
+                # Buttons, not gr.Examples: its textbox samples are cut at 60 characters, and a question
+                # that cannot be read whole is no example.
+                with gr.Column(elem_id="examples"):
+                    gr.Markdown("Example questions (embedded HotpotQA):")
+                    for q, note in examples:
+                        button = gr.Button(f"{q} — {note}", size="sm", variant="secondary", elem_classes="example")
+                        button.click(lambda q=q: q, None, question, api_visibility="private", queue=False)
                 ask = gr.Button("Ask", variant="primary", elem_id="ask")
             with gr.Column(scale=2):
                 with gr.Row():
@@ -376,25 +384,32 @@ def build_blocks(backend: DemoBackend) -> gr.Blocks:
                     label="Baseline on the same passages", show_legend=True, elem_id="baseline-passages"
                 )
         compare_md = gr.Markdown(label="Gold or top passage rank", elem_id="ranks")
-        with gr.Row():
+        # No fixed plot heights: a fixed one is shared by the label, the axes and the legend, and cuts off
+        # whatever comes last (the method legend, the position labels). Sized to content, nothing is clipped.
+        with gr.Row(equal_height=True):
             position_plot = gr.LinePlot(
                 x="position",
                 y="evidence",
                 color="method",
                 sort=POSITIONS,
+                x_title="prompt position",
+                y_title=views.EVIDENCE_AXIS_TITLES["calibrated"],
+                color_title="method",
                 label="Evidence by prompt position",
-                height=380,  # room for the method legend under the axis
+                elem_id="position-plot",
             )
             attribution_plot = gr.BarPlot(
                 x="position",
                 y="share",
                 sort=POSITIONS,
                 tooltip=["position", "passage", "share"],
-                y_lim=[0, None],  # bars must start at zero to compare by length
+                y_lim=[0, None],  # bars start at zero to compare by length (render sets the top)
+                x_title="prompt position",
+                y_title="share of the answer's attention",
                 label="Answer attribution: share of the answer tokens' attention per passage",
-                height=320,
+                elem_id="attribution-plot",
             )
-        table = gr.Dataframe(label="Scores per passage", interactive=False, wrap=True)
+        table = gr.Dataframe(label="Scores per passage", interactive=False, wrap=True, elem_id="scores-table")
         state = gr.State(None)
 
         outputs = [main_md, main_ht, base_md, base_ht, compare_md, table, position_plot, attribution_plot]

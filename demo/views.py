@@ -216,3 +216,37 @@ def attribution_frame(answer: Answer) -> pd.DataFrame:
         for p, s in zip(answer.passages, shares, strict=True)
     ]
     return pd.DataFrame(rows, columns=["position", "passage", "share"])
+
+
+EVIDENCE_AXIS_TITLES = {"calibrated": "calibrated evidence", "raw": "evidence (attention share)"}
+
+
+HEADROOM = 1.1  # the tallest point or bar stays clear of the plot's top edge
+
+
+def evidence_limits(answers: list[Answer], view: ScoreView) -> list[float]:
+    """y-axis limits for the position plot that always include zero: raw evidence is a share, and an axis
+    starting at 0.010 makes a 0.015 vs 0.060 difference look like 1 to 50. Calibrated scores can dip below 0."""
+    values = [v for a in answers for v in scores(a, view)]
+    lo, hi = min(0.0, *values) * HEADROOM, max(0.0, *values) * HEADROOM
+    return [lo, hi if hi > lo else lo + 1.0]
+
+
+def share_limits(answer: Answer) -> list[float]:
+    """y-axis limits for the attribution bars: from zero (bars compare by length) to just above the largest."""
+    top = max(attribution_frame(answer)["share"], default=0.0)
+    return [0.0, top * HEADROOM if top > 0 else 1.0]
+
+
+# Columns of the scores table as shares of its width, wide enough for each header's longest word at 1280 px
+# (a header that does not fit is broken mid-word: "positi|on"); the title column takes what is left.
+FIXED_COLUMNS = {"position": 9.0, "retrieval": 9.5}
+METHOD_COLUMNS = {"evidence": 9.5, "rank": 9.0, "attribution": 11.0}
+
+
+def table_column_widths(methods: int) -> list[str]:
+    """Widths for evidence_table's columns, in its column order."""
+    per_method = list(METHOD_COLUMNS.values())
+    title = 100.0 - sum(FIXED_COLUMNS.values()) - methods * sum(per_method)
+    widths = [FIXED_COLUMNS["position"], title, FIXED_COLUMNS["retrieval"], *per_method * methods]
+    return [f"{w:g}%" for w in widths]

@@ -24,8 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
+# torch is imported by the functions that run models: `midlens --help` builds this module's parser.
 from rag.options import add_device_args
 
 VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
@@ -68,12 +67,26 @@ def bench_prompt(tokenizer, tokens: int):
 # e.g. on a machine the packaged weights cannot reach. The tokenizer comes from any model folder given.
 RANDOM_SHAPES = {
     "smollm2-135m": dict(
-        model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, max_position_embeddings=8192, rope_theta=1e5, tie_word_embeddings=True,
+        model_type="llama",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rope_theta=1e5,
+        tie_word_embeddings=True,
     ),
     "qwen2.5-0.5b": dict(
-        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True,
+        model_type="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
         use_sliding_window=False,
     ),
 }
@@ -83,6 +96,7 @@ def save_random_model(shape: str, folder: str | Path, tokenizer_dir: str | Path)
     """A model folder with the architecture of `shape`, random weights, and the tokenizer of `tokenizer_dir`."""
     import shutil
 
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
 
     spec = dict(RANDOM_SHAPES[shape])
@@ -102,12 +116,15 @@ def save_random_model(shape: str, folder: str | Path, tokenizer_dir: str | Path)
 
 def synchronize() -> None:
     """Wait for queued GPU work, so wall-clock times measure it (a no-op on the CPU)."""
+    import torch
+
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
 
 def make_runner(variant: str, model_name: str, prompt_tokens: int, device: str = "cpu", dtype: str = "float32"):
     """-> (prefill(), decode(n) or None, prompt): closures over a freshly prepared model."""
+    import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from generators.generator import Generator
@@ -118,11 +135,15 @@ def make_runner(variant: str, model_name: str, prompt_tokens: int, device: str =
     ids = torch.tensor([prompt.input_ids], device=loaded.device)
 
     if variant in ("plain", "eager"):  # the stock model, as transformers ships it
-        model = AutoModelForCausalLM.from_pretrained(
-            resolve_model_dir(model_name),
-            dtype=loaded.dtype,
-            attn_implementation="sdpa" if variant == "plain" else "eager",
-        ).to(loaded.device).eval()
+        model = (
+            AutoModelForCausalLM.from_pretrained(
+                resolve_model_dir(model_name),
+                dtype=loaded.dtype,
+                attn_implementation="sdpa" if variant == "plain" else "eager",
+            )
+            .to(loaded.device)
+            .eval()
+        )
 
         def prefill():
             with torch.inference_mode():
@@ -173,6 +194,8 @@ def child(variant: str, model_name: str, tokens: int, device: str = "cpu", dtype
     # No warm-up prefill: the allocator keeps what a warm-up freed (differently per variant), which hid
     # part of the second prefill's growth and inflated the resting size. One cold prefill per process.
     import gc
+
+    import torch
 
     gc.collect()
     on_gpu = device.startswith("cuda")
@@ -266,6 +289,8 @@ def run(
     dtype: str = "float32",
     skip_eager: bool = False,
 ) -> dict:
+    import torch
+
     variants = VARIANTS_EVIDENCE if kind == "evidence" else VARIANTS_MSPOE
     if skip_eager:
         variants = tuple(v for v in variants if v != "eager")
@@ -340,15 +365,26 @@ def print_report(report: dict) -> None:
         print("decode tok/s: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items()))
 
 
+BENCH_EXAMPLES = """examples:
+  midlens bench evidence --tokens 2048
+  midlens bench ms-poe --tokens 2048,4096 --json bench.json
+  midlens bench ms-poe --device cuda --dtype bfloat16
+"""
+
+
 def add_bench_parser(sub) -> None:
-    bench = sub.add_parser("bench", help="benchmarks: evidence overhead, ms-poe overhead")
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks: evidence overhead, ms-poe overhead",
+        epilog=BENCH_EXAMPLES,
+    )
     bench.add_argument("kind", choices=["evidence", "ms-poe"])
     bench.add_argument("--model", default="smollm2-135m")
     bench.add_argument(
         "--tokens", default=None, help="comma-separated prompt sizes (evidence: 2048; ms-poe: 2048,4096)"
     )
-    bench.add_argument("--repeats", type=int, default=5)
-    bench.add_argument("--decode-tokens", type=int, default=32)
+    bench.add_argument("--repeats", type=int, default=5, help="timed runs per variant (median)")
+    bench.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded per timed run")
     bench.add_argument("--memory-repeats", type=int, default=3, help="fresh processes per variant (median)")
     bench.add_argument(
         "--mmap-threshold",

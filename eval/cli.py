@@ -20,9 +20,35 @@ from core.errors import MidlensError
 SWEEP_MODES = ("sweep", "rerank", "e2e")
 
 
+EXAMPLES = {
+    "eval": """examples:
+  midlens eval sweep --dataset hotpotqa --n 200 --k 10 --out runs/h
+  midlens eval report runs/h --out runs/report
+""",
+    "sweep": """examples:
+  midlens eval sweep --dataset hotpotqa --n 200 --k 10 --positions 1,5,10 --methods baseline,ms-poe --out runs/h
+  midlens eval sweep --dataset kv --k 10 --n 100 --out runs/kv
+  midlens eval sweep --dataset nq-open-10_total_documents_gold_at_0.jsonl.gz --k 10 --out runs/litm
+""",
+    "rerank": """examples:
+  midlens eval rerank --dataset hotpotqa --n 200 --out runs/rerank
+""",
+    "e2e": """examples:
+  midlens eval e2e --out runs/e2e
+  midlens eval e2e --questions q.jsonl --corpus docs/ --top-k 5 --methods baseline,ms-poe --out runs/e2e
+""",
+    "merge": """examples:
+  midlens eval merge runs/h runs/h-shard1 --out runs/h-all
+""",
+    "report": """examples:
+  midlens eval report runs/h runs/kv runs/rerank --out runs/report
+""",
+}
+
+
 def _common(p: argparse.ArgumentParser, methods: str) -> None:
-    from generators.models import DEFAULT_MODEL
-    from rag.options import add_device_args
+    from core.names import DEFAULT_MODEL
+    from rag.options import HEADS_HELP, add_device_args, positive_int
 
     p.add_argument("--out", required=True, type=Path, help="run directory (created; resumed when it exists)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="registry name or local HF folder")
@@ -33,48 +59,55 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
         help="comma-separated method specs, NAME or NAME(option=value, ...), e.g. "
         "'ms-poe(ratio_min=1.0, ratio_max=1.2)'; also the orderings lcr and attn-sort (on the baseline generator)",
     )
-    p.add_argument("--n", type=int, help="number of questions (seeded subsample; default: all)")
+    p.add_argument("--n", type=positive_int, help="number of questions (seeded subsample; default: all)")
     p.add_argument("--seed", type=int, default=0, help="subsampling / synthetic-data seed")
-    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--max-new-tokens", type=int, default=24, help="longest answer, in tokens")
     p.add_argument("--shard", help="i/n: run only every n-th example starting at i (0-based)")
     p.add_argument("--limit", type=int, help="stop after this many new units")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--max-words", type=int, default=100, help="hotpotqa: clip paragraphs to ~N words (0: whole)")
     p.add_argument("--evidence-layers", default="upper", help="all | upper | lower | comma-separated indices")
     p.add_argument("--evidence-query", default="question", choices=["last", "question"])
+    p.add_argument("--evidence-heads", default="all", choices=["all", "retrieval"], help=HEADS_HELP)
 
 
 def add_eval_parser(sub) -> None:
-    ev = sub.add_parser("eval", help="offline MDQA evaluation: sweep, rerank, e2e, merge, report")
+    from rag.options import positive_int
+
+    ev = sub.add_parser(
+        "eval", help="offline MDQA evaluation: sweep, rerank, e2e, merge, report", epilog=EXAMPLES["eval"]
+    )
     esub = ev.add_subparsers(dest="eval_command", required=True)
 
-    sw = esub.add_parser("sweep", help="lost-in-the-middle position sweep")
+    sw = esub.add_parser("sweep", help="lost-in-the-middle position sweep", epilog=EXAMPLES["sweep"])
     sw.add_argument("--dataset", default="hotpotqa", help="hotpotqa | kv | a lost-in-the-middle .jsonl[.gz]")
-    sw.add_argument("--k", type=int, default=10, help="documents per prompt (kv: key-value pairs)")
+    sw.add_argument("--k", type=positive_int, default=10, help="documents per prompt (kv: key-value pairs)")
     sw.add_argument("--positions", default=None, help="1-based gold positions; default 1,K/2,K")
     sw.add_argument("--no-logprob", action="store_true", help="skip the gold-answer log-probability pass")
     _common(sw, "baseline,ms-poe,lcr,attn-sort")
     sw.set_defaults(func=cmd_run, mode="sweep")
 
-    rr = esub.add_parser("rerank", help="attention evidence as a reranker vs dense order and BM25")
+    rr = esub.add_parser(
+        "rerank", help="attention evidence as a reranker vs dense order and BM25", epilog=EXAMPLES["rerank"]
+    )
     rr.add_argument("--dataset", default="hotpotqa", help="hotpotqa | a lost-in-the-middle .jsonl[.gz]")
     _common(rr, "baseline")
     rr.set_defaults(func=cmd_run, mode="rerank", max_new_tokens=0)
 
-    e2e = esub.add_parser("e2e", help="end to end: questions + corpus -> retrieve -> generate")
+    e2e = esub.add_parser("e2e", help="end to end: questions + corpus -> retrieve -> generate", epilog=EXAMPLES["e2e"])
     e2e.add_argument("--questions", help="questions .jsonl; default: the 40 embedded HotpotQA questions")
     e2e.add_argument("--corpus", help="corpus folder or .jsonl; default: the embedded HotpotQA paragraphs")
     e2e.add_argument("--index-dir", type=Path, help="where to keep the dense index (reused when unchanged)")
-    e2e.add_argument("--top-k", type=int, default=5)
+    e2e.add_argument("--top-k", type=positive_int, default=5, help="passages retrieved per question")
     _common(e2e, "baseline,ms-poe")
     e2e.set_defaults(func=cmd_run, mode="e2e")
 
-    mg = esub.add_parser("merge", help="join shard files / run directories of one run")
+    mg = esub.add_parser("merge", help="join shard files / run directories of one run", epilog=EXAMPLES["merge"])
     mg.add_argument("sources", nargs="+", type=Path)
     mg.add_argument("--out", required=True, type=Path)
     mg.set_defaults(func=cmd_merge)
 
-    rp = esub.add_parser("report", help="markdown tables and PNG plots from run directories")
+    rp = esub.add_parser("report", help="markdown tables and PNG plots from run directories", epilog=EXAMPLES["report"])
     rp.add_argument("runs", nargs="+", type=Path)
     rp.add_argument("--out", type=Path, help="output folder (default: the first run directory)")
     rp.set_defaults(func=cmd_report)

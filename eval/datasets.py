@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.errors import CorpusError
-from core.hotpotqa import Split, load_rows
+from core.hotpotqa import Split, clip_sentences, load_rows
 from core.passage import Passage
 from eval.metrics import normalize_answer
 
@@ -154,21 +154,6 @@ def load_hotpotqa(
     return chosen
 
 
-def _clip(sentences: list[str], keep: set[int], max_words: int | None) -> str:
-    """Whole sentences, ~max_words words: the `keep` ones plus leading ones while they fit."""
-    if max_words is None:
-        return "".join(sentences).strip()
-    chosen, words = set(keep), sum(len(sentences[i].split()) for i in keep if i < len(sentences))
-    for i, sentence in enumerate(sentences):
-        if i in chosen:
-            continue
-        if chosen and words + len(sentence.split()) > max_words:
-            break
-        chosen.add(i)
-        words += len(sentence.split())
-    return "".join(sentences[i] for i in sorted(chosen) if i < len(sentences)).strip()
-
-
 def _hotpot_row(row, where: str, mode: str, max_words: int | None = None) -> Example | None:
     try:
         qid, question, answer = str(row["_id"]), row["question"], row["answer"]
@@ -182,7 +167,7 @@ def _hotpot_row(row, where: str, mode: str, max_words: int | None = None) -> Exa
             keep = set(facts.get(title, ()))
             if title in supporting and norm:
                 keep |= {next((i for i, s in enumerate(sentences) if norm in normalize_answer(s)), 0)}
-            context.append((title, _clip(sentences, keep, max_words)))
+            context.append((title, clip_sentences(sentences, keep, max_words)))
     except (KeyError, TypeError, ValueError):
         raise CorpusError(
             f'{where}: expected "_id", "question", "answer", "supporting_facts" [[title, i]], "context" '

@@ -7,8 +7,9 @@ import argparse
 import json
 import sys
 
-from core.errors import MidlensError
-from rag.options import add_model_args
+from core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
+from midlens import __version__
+from rag.options import Parser, add_model_args, positive_int
 
 BAR_WIDTH = 24
 
@@ -39,7 +40,54 @@ def print_answer(answer) -> None:
         print(f"note: {len(answer.dropped)} passages did not fit the window and were dropped.")
 
 
+DESCRIPTION = (
+    "RAG that stacks retrieved passages into one prompt, answers with a small RoPE model, and shows how much "
+    "attention the answer paid to each passage. `midlens COMMAND --help` for a command's options and examples."
+)
+MAIN_EXAMPLES = """examples:
+  midlens ask "Who directed Wings of Desire?"
+  midlens methods
+  midlens eval sweep --dataset hotpotqa --n 50 --out runs/h
+  midlens demo
+"""
+ASK_EXAMPLES = """examples:
+  midlens ask "Who directed Wings of Desire?"
+  midlens ask "What does the report conclude?" --corpus docs/ --top-k 8 --method ms-poe
+  midlens ask "Who directed Wings of Desire?" --json --device cpu > answer.json
+"""
+METHODS_EXAMPLES = """examples:
+  midlens methods
+  midlens ask "Who directed Wings of Desire?" --method "ms-poe(ratio_min=1.0, ratio_max=1.3)"
+"""
+DEMO_EXAMPLES = """examples:
+  midlens demo
+  midlens demo --corpus docs/ --method ms-poe --port 7861
+"""
+
+
+def prompt_error_for_cli(err: PromptTooLongError, args: argparse.Namespace) -> str:
+    """The prompt builder speaks Python (top_k=, truncate='drop_last'); on the command line, say the options."""
+    room = f"{err.window} tokens (the context window of {args.model} minus --max-new-tokens {args.max_new_tokens})"
+    if err.part == "question":
+        return (
+            f"the question is too long: even without passages the prompt takes {err.prompt_tokens} tokens, more "
+            f"than the {room}. Shorten the question, or use a --model with a longer context window."
+        )
+    if err.passages_that_fit == 0:
+        return (
+            f"not even the first of the {err.passages} retrieved passages fits in {room}. Use a --corpus with "
+            "shorter passages, a lower --max-new-tokens, or a --model with a longer context window."
+        )
+    return (
+        f"the {err.passages} retrieved passages do not fit in {room}; {err.passages_that_fit} would. Use "
+        f"--top-k {err.passages_that_fit}, --truncate drop_last to keep the passages that fit, or a --model with a "
+        "longer context window."
+    )
+
+
 def cmd_ask(args: argparse.Namespace) -> int:
+    if not args.question.strip():  # before torch and the model load, which take seconds
+        raise InvalidArgumentError('the question is empty: pass it in quotes, e.g. midlens ask "Who wrote X?"')
     from rag.options import check_device, evidence_config, method_spec
     from rag.pipeline import Pipeline
 
@@ -56,7 +104,17 @@ def cmd_ask(args: argparse.Namespace) -> int:
         dtype=args.dtype,
     )
     pipe.truncate = args.truncate
-    answer = pipe.ask(args.question, max_new_tokens=args.max_new_tokens, calibrate=not args.no_calibrate)
+    try:
+        answer = pipe.ask(args.question, max_new_tokens=args.max_new_tokens, calibrate=not args.no_calibrate)
+    except PromptTooLongError as err:
+        raise PromptTooLongError(
+            prompt_error_for_cli(err, args),
+            prompt_tokens=err.prompt_tokens,
+            window=err.window,
+            passages_that_fit=err.passages_that_fit,
+            passages=err.passages,
+            part=err.part,
+        ) from None
     if args.json:
         print(json.dumps(answer.to_dict(), indent=2, ensure_ascii=False))
     else:
@@ -74,32 +132,41 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="midlens", description=__doc__)
+    # Parser: defaults in every --help (subparsers inherit the class). Only argparse-level modules are imported
+    # while building it, so `midlens --help` takes a fraction of a second; torch loads inside the commands.
+    parser = Parser(prog="midlens", description=DESCRIPTION, epilog=MAIN_EXAMPLES)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    ask = sub.add_parser("ask", help="answer a question over a corpus, with per-passage evidence")
-    ask.add_argument("question")
+    ask = sub.add_parser("ask", help="answer a question over a corpus, with per-passage evidence", epilog=ASK_EXAMPLES)
+    ask.add_argument("question", help="the question to answer (quote it)")
     ask.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
-    ask.add_argument("--top-k", type=int, default=5)
-    ask.add_argument("--index-type", default="flat", choices=["flat", "ivf", "hnsw"])
-    ask.add_argument("--max-new-tokens", type=int, default=48)
-    ask.add_argument("--truncate", default="error", choices=["error", "drop_last"])
+    ask.add_argument("--top-k", type=positive_int, default=5, help="passages to retrieve and stack")
+    ask.add_argument("--index-type", default="flat", choices=["flat", "ivf", "hnsw"], help="faiss index for --corpus")
+    ask.add_argument("--max-new-tokens", type=int, default=48, help="longest answer, in tokens")
+    ask.add_argument(
+        "--truncate", default="error", choices=["error", "drop_last"], help="when passages overflow the window"
+    )
     ask.add_argument("--no-calibrate", action="store_true", help="skip the content-free (N/A) calibration pass")
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_model_args(ask)
     ask.set_defaults(func=cmd_ask)
 
-    methods = sub.add_parser("methods", help="list the registered methods and their options")
+    methods = sub.add_parser("methods", help="list the registered methods and their options", epilog=METHODS_EXAMPLES)
     methods.set_defaults(func=cmd_methods)
 
     from demo.app import add_demo_parser
     from eval.bench import add_bench_parser
     from eval.cli import add_eval_parser
     from rag.cache_cli import add_cache_parser, add_index_parser
+    from training.cli import add_heads_parser, add_train_parser
 
     add_bench_parser(sub)
     add_eval_parser(sub)
     add_demo_parser(sub)
+    sub.choices["demo"].epilog = DEMO_EXAMPLES  # demo/ builds its parser; the examples live with the others here
+    add_heads_parser(sub)
+    add_train_parser(sub)
     add_cache_parser(sub)
     add_index_parser(sub)
     return parser

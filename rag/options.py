@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 
 from core.errors import MidlensError
+from core.names import DEFAULT_MODEL
 
+HEADS_HELP = "heads evidence averages: all, or the model's top retrieval heads (shipped score file; overrides layers)"
 METHOD_HELP = (
     "method spec: NAME or NAME(option=value, ...), e.g. 'ms-poe(ratio_min=1.0, ratio_max=1.3)'; "
     "`midlens methods` lists the methods and their options"
@@ -17,8 +19,6 @@ METHOD_HELP = (
 
 
 def add_model_args(parser: argparse.ArgumentParser, method: bool = True) -> None:
-    from generators.models import DEFAULT_MODEL  # no torch: the registry module imports it lazily
-
     parser.add_argument("--model", default=DEFAULT_MODEL, help="registry name or local Hugging Face folder")
     if method:
         parser.add_argument("--method", default="baseline", help=METHOD_HELP)
@@ -27,6 +27,7 @@ def add_model_args(parser: argparse.ArgumentParser, method: bool = True) -> None
         "--evidence-layers", default="upper", help="layers evidence averages: all | upper | lower | e.g. 20,21,22"
     )
     parser.add_argument("--evidence-query", default="question", choices=["last", "question"])
+    parser.add_argument("--evidence-heads", default="all", choices=["all", "retrieval"], help=HEADS_HELP)
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
@@ -59,4 +60,45 @@ def evidence_config(args: argparse.Namespace):
             layers = [int(x) for x in layers.split(",")]
         except ValueError:
             raise MidlensError(f"--evidence-layers {layers!r}: use all, upper, lower or e.g. 20,21,22.") from None
-    return EvidenceConfig(query=args.evidence_query, layers=layers)
+    heads = getattr(args, "evidence_heads", "all")
+    if heads not in ("all", "retrieval"):
+        raise MidlensError(f"--evidence-heads {heads!r}: use all or retrieval.")
+    return EvidenceConfig(query=args.evidence_query, layers=layers, heads=heads)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults after every option's help; descriptions and example epilogs keep their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # "(default: None)" on an optional path and "(default: False)" on a flag say nothing.
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of `midlens` and of every subcommand under it (argparse builds subparsers of the parent's class).
+
+    Options declared without a help text still show their default: argparse prints nothing for them otherwise.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if action.help is None and action.option_strings and action.default not in (None, argparse.SUPPRESS):
+            action.help = "(default: %(default)s)"
+        return action
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts that must be at least 1 (argparse names the option in its message)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed: use 1 or more")
+    return value

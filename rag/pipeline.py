@@ -7,10 +7,12 @@ for p in answer.ranked(): print(p.rank, p.passage.title, p.calibrated)
 
 from __future__ import annotations
 
+import numbers
 import time
 from pathlib import Path
 from typing import Literal
 
+from core.errors import InvalidArgumentError
 from core.passage import Passage
 from generators.evidence import Answer, EvidenceConfig
 from generators.generator import GenerationStream, Generator
@@ -18,6 +20,14 @@ from generators.models import DEFAULT_MODEL, LoadedModel
 from generators.registry import MethodConfig
 from retrievers.corpus import default_corpus_path
 from retrievers.dense import DenseRetriever, IndexType
+
+
+def check_top_k(top_k: int) -> int:
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+        raise InvalidArgumentError(
+            f"top_k={top_k!r}: the number of passages to retrieve must be an integer of at least 1."
+        )
+    return top_k
 
 
 class Pipeline:
@@ -31,7 +41,7 @@ class Pipeline:
     ):
         self.retriever = retriever
         self.generator = generator
-        self.top_k = top_k
+        self.top_k = check_top_k(top_k)
         self.max_new_tokens = max_new_tokens
         self.truncate = truncate
 
@@ -50,6 +60,7 @@ class Pipeline:
         **method_options,
     ) -> Pipeline:
         """`method` is a registry name or spec; `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU."""
+        check_top_k(top_k)  # before the model loads
         generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **method_options)
         retriever = DenseRetriever.build(corpus or default_corpus_path(), index_dir=index_dir, index_type=index_type)
         return cls(retriever, generator, top_k=top_k)
@@ -62,7 +73,8 @@ class Pipeline:
         return Pipeline(self.retriever, generator, self.top_k, self.max_new_tokens, self.truncate)
 
     def retrieve(self, question: str, top_k: int | None = None) -> list[Passage]:
-        return self.retriever.search(question, top_k or self.top_k)
+        # `top_k or self.top_k` would turn an explicit 0 into the default: only None means "the default".
+        return self.retriever.search(question, self.top_k if top_k is None else check_top_k(top_k))
 
     def answer(self, question: str, passages: list[Passage], calibrate: bool = True, **generate_kwargs) -> Answer:
         """Generate over given passages (in the given prompt order), skipping retrieval."""

@@ -49,7 +49,15 @@ def client(server):
 
 
 def ask(client: Client, question: str, method="baseline", compare=False, top_k=3, view="calibrated", corpus=None):
-    return client.predict(question, MODEL, method, compare, top_k, view, corpus, 4, api_name="/ask")
+    outputs = client.predict(question, MODEL, method, compare, top_k, view, corpus, 4, api_name="/ask")
+    return tuple(unwrap(o) for o in outputs)
+
+
+def unwrap(output):
+    """The value of an output the app returns as a component update (a table or plot with new widths/limits)."""
+    if isinstance(output, dict) and output.get("__type__") == "update":
+        return output.get("value")
+    return output
 
 
 def headers(highlighted: list[dict]) -> list[dict]:

@@ -24,8 +24,9 @@ CHROME_FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1440,2600",
+    "--window-size=1280,2600",  # the width the side-by-side view must be readable at
 )
+PAGE_WIDTH = 1280
 
 
 def _browser_paths() -> tuple[str, str]:
@@ -73,6 +74,54 @@ def _save_screenshot(driver, path: Path) -> None:
             os.remove(tmp)
 
 
+# What the page shows of each plot, read from the SVG vega draws: legend entries, axis labels, and whether each
+# text lies inside the block that clips the plot (a fixed-height block cut off the legend and x labels).
+PLOT_TEXTS = """
+const block = document.getElementById(arguments[0]);
+const box = block.getBoundingClientRect();
+const texts = (selector) => [...block.querySelectorAll(selector)].map(t => t.textContent);
+const clipped = [...block.querySelectorAll('svg.marks text')].filter(t => {
+  const r = t.getBoundingClientRect();
+  return t.textContent.trim() && (r.bottom > box.bottom + 0.5 || r.right > box.right + 0.5 || r.left < box.left - 0.5);
+}).map(t => t.textContent);
+return {
+  legend: texts('.role-legend .role-legend-label text'),
+  legend_title: texts('.role-legend .role-legend-title text'),
+  y_labels: texts('.role-axis[aria-label^="Y-axis"] .role-axis-label text'),
+  axis_titles: texts('.role-axis-title text'),
+  clipped: clipped,
+};
+"""
+
+# Header words of the scores table that the browser broke across lines ("positi|on"): a word whose text range
+# has more than one line box.
+BROKEN_HEADER_WORDS = r"""
+const broken = [];
+for (const span of document.querySelectorAll('#scores-table th .header')) {
+  const node = span.firstChild;
+  if (!node || node.nodeType !== Node.TEXT_NODE) continue;
+  const text = node.textContent;
+  let at = 0;
+  for (const word of text.split(/\s+/).filter(Boolean)) {
+    const start = text.indexOf(word, at);
+    at = start + word.length;
+    const range = document.createRange();
+    range.setStart(node, start);
+    range.setEnd(node, at);
+    const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+    if (lines.size > 1) broken.push(word);
+  }
+}
+return broken;
+"""
+
+
+def _full_page(driver) -> None:
+    """Grow the window to the page's height, so the screenshot holds everything from the question to the table."""
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(PAGE_WIDTH, height + 120)
+
+
 def test_page_answers_and_highlights_passages(browser, pipeline):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -89,9 +138,12 @@ def test_page_answers_and_highlights_passages(browser, pipeline):
         browser.find_element(By.CSS_SELECTOR, "#ask").click()
         wait.until(ec.text_to_be_present_in_element((By.TAG_NAME, "body"), "The question is empty"))
 
+        # Each example shows its whole question and note, and clicking it fills the question box.
+        buttons = browser.find_elements(By.CSS_SELECTOR, "#examples button.example")
+        assert [b.text for b in buttons] == [f"{q} — {note}" for q, note in example_questions()]
+        buttons[0].click()
         box = browser.find_element(By.CSS_SELECTOR, "#question textarea")
-        box.clear()
-        box.send_keys(question)
+        wait.until(lambda _: box.get_attribute("value") == question)
         compare = browser.find_element(By.XPATH, "//label[contains(., 'Side by side')]//input[@type='checkbox']")
         compare.click()
         browser.find_element(By.CSS_SELECTOR, "#ask").click()
@@ -109,7 +161,24 @@ def test_page_answers_and_highlights_passages(browser, pipeline):
             ".filter(e => e.innerText.trim() && getComputedStyle(e).backgroundColor !== 'rgba(0, 0, 0, 0)').length"
         )
         assert shaded == len(expected), f"{shaded} shaded spans for {len(expected)} passages"
-        browser.execute_script("document.getElementById('answer').scrollIntoView()")
+
+        # Both plots: legends and axis labels drawn whole, inside their blocks; a shared quantity starts at zero.
+        wait.until(lambda d: len(d.execute_script(PLOT_TEXTS, "position-plot")["legend"]) == 2)
+        _full_page(browser)
+        position = browser.execute_script(PLOT_TEXTS, "position-plot")
+        assert sorted(position["legend"]) == ["baseline", "ms-poe"] and position["legend_title"] == ["method"]
+        assert position["axis_titles"] == ["prompt position", "calibrated evidence"]
+        assert float(position["y_labels"][0]) <= 0.0, f"evidence axis starts at {position['y_labels'][0]}"
+        assert position["clipped"] == []
+        attribution = browser.execute_script(PLOT_TEXTS, "attribution-plot")
+        assert attribution["clipped"] == []
+        assert attribution["axis_titles"] == ["prompt position", "share of the answer's attention"]
+        assert float(attribution["y_labels"][0]) == 0.0
+        # Legend text is in the page, not only in the SVG's DOM: it is visible to a reader.
+        legend_text = browser.find_element(By.ID, "position-plot").text
+        assert "ms-poe" in legend_text and "baseline" in legend_text
+        assert browser.execute_script(BROKEN_HEADER_WORDS) == []
+
         browser.execute_script("window.scrollTo(0, 0)")
         _save_screenshot(browser, SCREENSHOT)
     assert SCREENSHOT.stat().st_size > 10_000
