@@ -7,6 +7,8 @@ The generator hands over raw maps, attention mass per (layer, head, passage) for
   and the same `last`/`question` maps for a content-free query ("N/A") when calibration ran.
 `EvidenceConfig` picks the query, layers and heads; a passage's score is the mean over the chosen
 layers and heads of the attention mass it receives. Calibrated = score(query) - score("N/A").
+heads="retrieval" keeps only the model's top retrieval heads (generators/retrieval_heads.py); the
+generator resolves it to (layer, head) pairs, and the layers to theirs, when it is built.
 """
 
 from __future__ import annotations
@@ -19,15 +21,30 @@ import torch
 from core.passage import Passage
 
 LayerSpec = Literal["all", "upper", "lower"] | list[int]
+# "all"; "retrieval" (resolved by the generator); head indices within the chosen layers; or (layer, head) pairs.
+HeadSpec = Literal["all", "retrieval"] | tuple[int, ...] | tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
 class EvidenceConfig:
     query: Literal["last", "question"] = "question"
     layers: LayerSpec = "upper"
-    heads: Literal["all"] | tuple[int, ...] = "all"
+    heads: HeadSpec = "all"
+
+    @property
+    def head_pairs(self) -> tuple[tuple[int, int], ...] | None:
+        """The (layer, head) pairs when heads are given that way (they override `layers`), else None."""
+        if isinstance(self.heads, tuple) and self.heads and isinstance(self.heads[0], tuple | list):
+            return tuple((int(layer), int(head)) for layer, head in self.heads)
+        return None
 
     def layer_indices(self, num_layers: int) -> list[int]:
+        pairs = self.head_pairs
+        if pairs is not None:
+            bad = sorted({layer for layer, _ in pairs if not 0 <= layer < num_layers})
+            if bad:
+                raise ValueError(f"evidence heads in layers {bad}: the model has layers 0..{num_layers - 1}.")
+            return sorted({layer for layer, _ in pairs})
         if self.layers == "all":
             return list(range(num_layers))
         if self.layers == "upper":
@@ -42,6 +59,11 @@ class EvidenceConfig:
 
 def aggregate(maps: torch.Tensor, config: EvidenceConfig) -> list[float]:
     """[layers, heads, passages] attention mass -> one score per passage."""
+    pairs = config.head_pairs
+    if pairs is not None:
+        return torch.stack([maps[layer, head] for layer, head in pairs]).mean(dim=0).tolist()
+    if config.heads == "retrieval":
+        raise ValueError('heads="retrieval" is resolved to (layer, head) pairs by the Generator; aggregate those.')
     layers = config.layer_indices(maps.shape[0])
     selected = maps[layers]
     if config.heads != "all":

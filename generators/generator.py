@@ -27,6 +27,7 @@ from generators.models import DEFAULT_MODEL, LoadedModel, load_model, non_finite
 from generators.probe import PassageProbe
 from generators.prompt import CONTENT_FREE_QUESTION, StackedPrompt, build_prompt, render, shared_prefix_length
 from generators.registry import MethodConfig, build_parts, method_config
+from generators.retrieval_heads import resolve_evidence
 
 
 class Generator:
@@ -43,7 +44,7 @@ class Generator:
         `device`/`dtype` apply when `model` is a name; a LoadedModel keeps the device and dtype it has."""
         self.method: MethodConfig = method_config(method, method_options)  # before loading: fail fast
         self.loaded = load_model(model, device, dtype) if isinstance(model, str) else model
-        self.evidence_config = evidence or EvidenceConfig()
+        self.evidence_config = resolve_evidence(evidence or EvidenceConfig(), self.loaded)
         self.parts: MethodParts = build_parts(self.method, self.loaded)
         self.evidence_config.layer_indices(self.num_layers)  # validate early
         eos = self.loaded.model.generation_config.eos_token_id

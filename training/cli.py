@@ -89,9 +89,10 @@ def cmd_heads_score(args: argparse.Namespace) -> int:
 
 def cmd_train_mudaf(args: argparse.Namespace) -> int:
     from generators import Generator, load_model
+    from generators.retrieval_heads import select_heads
     from rag.options import check_device
     from training.data import training_examples
-    from training.heads import retrieval_head_scores, save_scores, select_heads
+    from training.heads import retrieval_head_scores, save_scores
     from training.loop import LoopConfig
     from training.mudaf import MudafConfig, data_record, train_mudaf
 
@@ -111,12 +112,20 @@ def cmd_train_mudaf(args: argparse.Namespace) -> int:
         probe = training_examples(loaded.tokenizer, args.heads_n, seed=args.seed + 1, max_words=args.max_words)
         scores = retrieval_head_scores(Generator(loaded), probe, progress=not args.no_progress)
         save_scores(scores, args.out.with_name(args.out.name + ".heads.json"))
-    heads = select_heads(scores["f1"], args.num_heads, seed=args.seed, mode=args.head_selection)
+    heads = select_heads(
+        scores["f1"], args.num_heads, seed=args.seed, mode=args.head_selection, tiebreak=scores.get("em")
+    )
     examples = training_examples(loaded.tokenizer, args.examples, seed=args.seed, max_words=args.max_words)
     config = MudafConfig(tuple(heads), args.alpha, args.tau, args.rank, 2.0 * args.rank, lora_layers=args.lora_layers)
     loop = LoopConfig(len(examples), args.batch, args.lr, args.warmup, seed=args.seed)
     result = train_mudaf(
-        loaded, examples, config, loop, str(args.out), data_record(examples, args.seed, args.max_words), scores,
+        loaded,
+        examples,
+        config,
+        loop,
+        str(args.out),
+        data_record(examples, args.seed, args.max_words),
+        scores,
         progress=not args.no_progress,
         max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
     )

@@ -7,14 +7,12 @@ is the mean over prompts of the F1 between attended and gold passages. The EM va
 when the head's top-|gold| passages are exactly the gold ones.
 
     scores = retrieval_head_scores(generator, examples)     # {"f1": [L][H], "em": [L][H], ...}
-    heads = select_heads(scores["f1"], 8, seed=0)           # P(h) ~ exp(R_h / 0.05), or mode="top"
+    heads = select_heads(scores["f1"], 8, seed=0)           # generators.retrieval_heads; P(h) ~ exp(R_h / 0.05)
 """
 
 from __future__ import annotations
 
 import json
-import math
-import random
 from pathlib import Path
 
 import torch
@@ -26,7 +24,6 @@ from generators.generator import Generator
 from training.data import TrainExample
 
 DEFAULT_EPS = 0.3  # the official code's threshold on a passage's attention mass
-SHIPPED = Path(__file__).resolve().parent.parent / "generators" / "trained" / "retrieval-heads"
 
 
 def head_f1_em(mass: torch.Tensor, gold: list[int], eps: float = DEFAULT_EPS) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,32 +61,6 @@ def retrieval_head_scores(
         "f1": (f1_sum / n).tolist(),
         "em": (em_sum / n).tolist(),
     }
-
-
-def select_heads(
-    scores: list[list[float]], count: int = 8, seed: int = 0, mode: str = "sample", temperature: float = 0.05
-) -> list[tuple[int, int]]:
-    """`count` distinct (layer, head) pairs: sampled with P(h) ~ exp(R_h / temperature) (the paper), or the top."""
-    flat = [(score, (layer, head)) for layer, row in enumerate(scores) for head, score in enumerate(row)]
-    if mode == "top":
-        return sorted(h for _, h in sorted(flat, key=lambda x: -x[0])[:count])
-    if mode != "sample":
-        raise ValueError(f"head selection mode={mode!r}: expected 'sample' or 'top'.")
-    rng = random.Random(seed)
-    pool = list(flat)
-    chosen = []
-    top = max(s for s, _ in pool)
-    for _ in range(min(count, len(pool))):
-        weights = [math.exp((s - top) / temperature) for s, _ in pool]  # shifted: no overflow
-        i = rng.choices(range(len(pool)), weights=weights)[0]
-        chosen.append(pool.pop(i)[1])
-    return sorted(chosen)
-
-
-def top_heads(scores: list[list[float]], fraction: float = 0.05) -> list[tuple[int, int]]:
-    """The top `fraction` of all heads by score (at least one): "retrieval heads" in MuDAF's sense."""
-    count = max(1, round(fraction * sum(len(row) for row in scores)))
-    return select_heads(scores, count, mode="top")
 
 
 def save_scores(scores: dict, path: Path) -> None:
