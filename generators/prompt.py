@@ -246,6 +246,36 @@ def build_prompt(
     )
 
 
+def chat_prompt(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> StackedPrompt:
+    """A conversation in the model's own chat template (no documents, no RAG instruction): what chat engines
+    and agents send. The last message plays the question (its token span is where evidence queries would read)."""
+    if not messages or not any((m.get("content") or "").strip() for m in messages):
+        raise ValueError("the conversation is empty: pass at least one message with text.")
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:  # a model folder without a template: a plain transcript
+        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages) + "assistant:"
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    if len(ids) > max_tokens:
+        raise PromptTooLongError(
+            f"the conversation is {len(ids)} tokens but only {max_tokens} fit (context window minus room for the "
+            "answer); drop or shorten earlier messages.",
+            prompt_tokens=len(ids),
+            window=max_tokens,
+            passages_that_fit=0,
+            passages=0,
+            part="question",
+        )
+    last = (messages[-1].get("content") or "").strip()
+    start = text.rfind(last) if last else -1
+    if start < 0:
+        span = (len(ids) - 1, len(ids))
+    else:
+        (span,) = _chars_to_tokens([tuple(o) for o in enc["offset_mapping"]], [(start, start + len(last))])
+    return StackedPrompt(text, ids, [], [], last, span)
+
+
 def shared_prefix_length(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):

@@ -28,10 +28,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from llama_index.core.base.base_retriever import BaseRetriever  # noqa: E402
 from llama_index.core.base.llms.types import (  # noqa: E402
+    ChatMessage,
+    ChatResponse,
+    ChatResponseGen,
     CompletionResponse,
     CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
+    MessageRole,
 )
 from llama_index.core.base.response.schema import (  # noqa: E402
     AsyncStreamingResponse,
@@ -43,7 +47,7 @@ from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayloa
 from llama_index.core.instrumentation import get_dispatcher  # noqa: E402
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent  # noqa: E402
 from llama_index.core.llms import CustomLLM  # noqa: E402
-from llama_index.core.llms.callbacks import llm_completion_callback  # noqa: E402
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback  # noqa: E402
 from llama_index.core.postprocessor.types import BaseNodePostprocessor  # noqa: E402
 from llama_index.core.query_engine import CustomQueryEngine  # noqa: E402
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
@@ -52,7 +56,7 @@ from core.errors import PromptTooLongError  # noqa: E402
 from generators.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
 from generators.generator import Generator  # noqa: E402
 from generators.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
-from generators.prompt import Passage, StackedPrompt, fit_windows  # noqa: E402
+from generators.prompt import Passage, StackedPrompt, chat_prompt, fit_windows  # noqa: E402
 
 logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
@@ -208,7 +212,7 @@ class MidlensLLM(CustomLLM):
             model_name=f"{self.model}/{self.method}",
         )
 
-    def _prepare(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> tuple[StackedPrompt, dict[str, Any]]:
+    def _options(self, kwargs: dict[str, Any]) -> tuple[list | None, dict[str, Any]]:
         passages = kwargs.pop("passages", None)
         unknown = set(kwargs) - set(GENERATE_OPTIONS)
         if unknown:
@@ -224,6 +228,10 @@ class MidlensLLM(CustomLLM):
             "calibrate": self.calibrate,
             **kwargs,
         }
+        return passages, options
+
+    def _prepare(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> tuple[StackedPrompt, dict[str, Any]]:
+        passages, options = self._options(kwargs)
         question = prompt if formatted else self.completion_to_prompt(prompt)
         stacked = self._generator.prompt(
             question,
@@ -235,6 +243,15 @@ class MidlensLLM(CustomLLM):
             options["calibrate"] = False  # no passage to calibrate evidence for
         return stacked, options
 
+    def _prepare_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[StackedPrompt, dict]:
+        passages, options = self._options(kwargs)
+        if passages:
+            raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
+        turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
+        window = self._generator.context_window - options["max_new_tokens"]
+        options["calibrate"] = False
+        return chat_prompt(self._generator.tokenizer, turns, window), options
+
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         stacked, options = self._prepare(prompt, formatted, kwargs)
         answer = self._generator.generate(stacked, **options)
@@ -243,6 +260,9 @@ class MidlensLLM(CustomLLM):
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         # Prompt errors (empty question, too long) raise here, at call time, not on the first next().
         stacked, options = self._prepare(prompt, formatted, kwargs)
+        return self._chunks(stacked, options)
+
+    def _chunks(self, stacked: StackedPrompt, options: dict[str, Any]) -> CompletionResponseGen:
         stream = self._generator.stream(stacked, **options)
 
         def chunks() -> CompletionResponseGen:
@@ -261,6 +281,36 @@ class MidlensLLM(CustomLLM):
             )
 
         return chunks()
+
+    # Chat goes through the model's own chat template, not the RAG prompt: chat engines and agents that use
+    # this class as Settings.llm send whole conversations (system turns included).
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        stacked, options = self._prepare_chat(messages, kwargs)
+        answer = self._generator.generate(stacked, **options)
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=answer.text),
+            additional_kwargs=_response_kwargs(answer),
+            raw=answer.to_dict(),
+        )
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        stacked, options = self._prepare_chat(messages, kwargs)
+        chunks = self._chunks(stacked, options)
+
+        def gen() -> ChatResponseGen:
+            for chunk in chunks:
+                message = ChatMessage(role=MessageRole.ASSISTANT, content=chunk.text)
+                yield ChatResponse(
+                    message=message, delta=chunk.delta, additional_kwargs=chunk.additional_kwargs, raw=chunk.raw
+                )
+
+        return gen()
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return await asyncio.to_thread(self.chat, messages, **kwargs)
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:

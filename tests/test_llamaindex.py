@@ -138,11 +138,33 @@ def test_llm_streaming_matches_completion_and_carries_evidence(llm):
     assert [row["position"] for row in evidence] == [1, 2, 3]
     assert [row["retrieval_score"] for row in evidence] == [n.score for n in passages]
     assert all(row["calibrated"] is not None for row in evidence)
-    # chat goes through LlamaIndex's messages_to_prompt adapter into the same complete(); no passages, no evidence.
-    chat = llm.chat([ChatMessage(role="user", content="Say hello.")], max_new_tokens=2)
-    assert chat.message.content and chat.message.additional_kwargs["evidence"] == []
     with pytest.raises(TypeError, match="unexpected option"):
         llm.complete(QUESTION, max_tokens=3)
+
+
+def test_chat_uses_the_models_chat_template_not_the_rag_prompt(llm):
+    # Chat engines and agents send whole conversations: they must reach the model as its own chat turns.
+    messages = [
+        ChatMessage(role="system", content="You are terse."),
+        ChatMessage(role="user", content="What is 2+2?"),
+    ]
+    chat = llm.chat(messages, max_new_tokens=6)
+    answer = chat.additional_kwargs["answer"]
+    turns = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}]
+    tokenizer = llm.generator.tokenizer
+    templated = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    assert answer.prompt_tokens == len(tokenizer(templated, add_special_tokens=False)["input_ids"])
+    assert "Write a high-quality answer" not in templated and "You are terse." in templated
+    assert chat.message.role == "assistant" and chat.message.content == answer.text
+    assert "4" in chat.message.content, chat.message.content  # SmolLM2-Instruct answers this when asked properly
+    assert answer.passages == [] and chat.additional_kwargs["evidence"] == []
+    # Streaming yields the same text, delta by delta.
+    chunks = list(llm.stream_chat(messages, max_new_tokens=6))
+    assert "".join(c.delta for c in chunks) == chat.message.content == chunks[-1].message.content
+    with pytest.raises(TypeError, match="takes no passages"):
+        llm.chat(messages, passages=short_nodes(2, gold_at=1))
+    with pytest.raises(ValueError, match="conversation is empty"):
+        llm.chat([ChatMessage(role="user", content="  ")])
 
 
 def test_query_engine_over_faiss_sync_async_and_streaming(llm, faiss_index):
