@@ -15,6 +15,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from eval.metrics import bootstrap_ci
 from eval.runner import CONFIG, RunError, read_rows, write_atomic
 
 RANKERS = ("dense", "bm25", "evidence_raw", "evidence_calibrated")
@@ -94,10 +95,16 @@ def sweep_summary(rows: list[dict]) -> dict:
                     for key in ("em", "f1", "logprob", "gold_rank", "gold_share", "seconds")
                 }
                 per_pos[p]["recall@2"] = _mean([float(r["gold_rank"] <= 2) for r in sel])
+                per_pos[p]["em_ci"] = bootstrap_ci([r["em"] for r in sel])
             accs = [per_pos[p]["em"] for p in positions]
+            per_example = defaultdict(list)  # the average's interval resamples questions, all positions together
+            for r in rs:
+                if r["method"] == m and r["example_id"] in complete:
+                    per_example[r["example_id"]].append(r["em"])
             table[m] = {
                 "positions": per_pos,
                 "avg": _mean(accs),
+                "avg_ci": bootstrap_ci([_mean(v) for v in per_example.values()]),
                 "gap": max(accs) - min(accs) if accs else float("nan"),
                 "recall@2": _mean([per_pos[p]["recall@2"] for p in positions]),
                 "seconds": _mean([per_pos[p]["seconds"] for p in positions]),
@@ -121,6 +128,9 @@ def rerank_summary(rows: list[dict]) -> dict:
             "rankers": {
                 name: {m: _mean([r["rankers"][name][m] for r in rs]) for m in RANK_METRICS} for name in RANKERS
             },
+            "ci": {
+                name: {m: bootstrap_ci([r["rankers"][name][m] for r in rs]) for m in RANK_METRICS} for name in RANKERS
+            },
         }
         for key, rs in by.items()
     }
@@ -137,19 +147,27 @@ def _pct(x: float) -> str:
     return "-" if x != x else f"{100 * x:.1f}"
 
 
+def _pct_ci(x: float, ci: tuple[float, float]) -> str:
+    """A share in % with its 95 % interval, e.g. `9.5 [5.5, 13.5]`."""
+    return _pct(x) if ci[0] != ci[0] else f"{_pct(x)} [{_pct(ci[0])}, {_pct(ci[1])}]"
+
+
 def markdown(configs: list[dict], rows: list[dict]) -> str:
     lines = ["# midlens evaluation report", ""]
     models = sorted({c.get("model", "?") for c in configs})
-    lines.append(f"Model(s): {', '.join(models)}. Accuracy = best_subspan_em on the first output line, in %.")
+    lines.append(
+        f"Model(s): {', '.join(models)}. Accuracy = best_subspan_em on the first output line, in %; "
+        "[brackets]: 95 % bootstrap interval over questions."
+    )
     for ds, s in sweep_summary(rows).items():
         pos = s["positions"]
         lines += ["", f"## Position sweep: {ds}, n = {s['n']} questions complete for every method and position", ""]
         head = ["method"] + [f"gold@{p}" for p in pos] + ["average", "gap", "evidence R@2", "s/example"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for m, t in s["methods"].items():
-            cells = [_pct(t["positions"][p]["em"]) for p in pos]
+            cells = [_pct_ci(t["positions"][p]["em"], t["positions"][p]["em_ci"]) for p in pos]
             lines.append(
-                f"| {m} | " + " | ".join(cells) + f" | {_pct(t['avg'])} | {_pct(t['gap'])} | "
+                f"| {m} | " + " | ".join(cells) + f" | {_pct_ci(t['avg'], t['avg_ci'])} | {_pct(t['gap'])} | "
                 f"{_pct(t['recall@2'])} | {t['seconds']:.2f} |"
             )
         lines += [
@@ -171,7 +189,9 @@ def markdown(configs: list[dict], rows: list[dict]) -> str:
         lines += ["", f"## Evidence as a reranker: {ds}, evidence from {method}, n = {s['n']}", ""]
         lines += ["| ranker | " + " | ".join(RANK_METRICS) + " |", "|" + "---|" * (len(RANK_METRICS) + 1)]
         for name, vals in s["rankers"].items():
-            lines.append(f"| {name} | " + " | ".join(f"{vals[m]:.3f}" for m in RANK_METRICS) + " |")
+            ci = s["ci"][name]
+            cells = [f"{vals[m]:.3f} [{ci[m][0]:.3f}, {ci[m][1]:.3f}]" for m in RANK_METRICS]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     e2e = e2e_summary(rows)
     if e2e:
         lines += ["", "## End to end (retrieve -> generate)", ""]
@@ -208,7 +228,11 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
         for ax, (ds, s) in zip(axes[0], sweeps.items(), strict=True):
             for m, t in s["methods"].items():
                 ys = [t["positions"][p][metric] * (100 if metric == "em" else 1) for p in s["positions"]]
-                ax.plot(s["positions"], ys, marker="o", label=m)
+                line = ax.plot(s["positions"], ys, marker="o", label=m)[0]
+                if metric == "em":  # 95 % bootstrap band: differences inside it are noise at this n
+                    lo = [100 * t["positions"][p]["em_ci"][0] for p in s["positions"]]
+                    hi = [100 * t["positions"][p]["em_ci"][1] for p in s["positions"]]
+                    ax.fill_between(s["positions"], lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
             ax.set(title=f"{ds}, n={s['n']}", xlabel="gold position", ylabel=label, xticks=s["positions"])
             if metric == "gold_rank":
                 ax.invert_yaxis()
@@ -223,7 +247,12 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
             ks = ["recall@1", "recall@2", "recall@5"]
             width = 0.8 / len(RANKERS)
             for i, name in enumerate(RANKERS):
-                ax.bar([j + i * width for j in range(len(ks))], [s["rankers"][name][k] for k in ks], width, label=name)
+                vals = [s["rankers"][name][k] for k in ks]
+                err = [
+                    [v - s["ci"][name][k][0] for v, k in zip(vals, ks, strict=True)],
+                    [s["ci"][name][k][1] - v for v, k in zip(vals, ks, strict=True)],
+                ]
+                ax.bar([j + i * width for j in range(len(ks))], vals, width, yerr=err, capsize=2, label=name)
             ax.set(title=f"{ds} ({method}), n={s['n']}", ylabel="recall", ylim=(0, 1))
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ks))], ks)
             ax.legend(fontsize=8)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 
 import pytest
 
@@ -287,6 +288,9 @@ def test_rerank_run_and_report(tmp_path, loaded):
     assert len(tables) == 2 and all("n = 2 questions" in t for t in tables)
     assert any("4 new tokens" in t for t in tables) and any("2 new tokens" in t for t in tables)
     assert "| evidence_calibrated |" in text
+    # Every accuracy and recall comes with its 95 % bootstrap interval.
+    assert re.search(r"\| baseline \| \d+\.\d \[\d+\.\d, \d+\.\d\] \|", text)
+    assert re.search(r"\| evidence_raw \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", text)
     for name in ("accuracy_vs_position.png", "evidence_rank_vs_position.png", "reranker_recall.png"):
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -304,6 +308,19 @@ def test_e2e_unit(pipeline):
     assert row["retrieval_recall"] == len(set(q["gold_titles"]) & set(row["retrieved"])) / 2
     assert 0 <= row["evidence_recall@2"] <= row["retrieval_recall"]
     assert row["em"] == best_subspan_em(row["prediction"], q["answers"])
+
+
+def test_bootstrap_interval_matches_the_normal_approximation():
+    from eval.metrics import bootstrap_ci
+
+    values = [1.0] * 40 + [0.0] * 160  # p = 0.2, n = 200: standard error sqrt(0.2 * 0.8 / 200) = 0.0283
+    lo, hi = bootstrap_ci(values)
+    assert lo < 0.2 < hi
+    # The percentile bootstrap (2000 resamples) and the normal approximation agree to ~10 % at this n.
+    assert (hi - lo) / 2 == pytest.approx(1.96 * 0.0283, rel=0.15)
+    assert bootstrap_ci(values) == (lo, hi)  # seeded: a report is reproducible
+    assert bootstrap_ci([0.0] * 5) == (0.0, 0.0)
+    assert all(x != x for x in bootstrap_ci([]))
 
 
 def test_report_refuses_a_non_run_dir(tmp_path):
