@@ -6,8 +6,9 @@ q/k/v/o projections, so weights stay shared with the loaded model. Per forward i
   2. asks its `RotaryScheme` to rotate them (baseline RoPE, Ms-PoE ratios, or several MoICE experts);
   3. stores keys in the KV cache already rotated (per expert, stacked on the head axis);
   4. runs SDPA once per expert and mixes the outputs with the scheme's weights (one expert: no mixing);
-  5. lets an optional `PassageProbe` read attention rows of a few scoring queries, computed from the
-     q and K in hand, so evidence never needs eager attention or an L x L matrix.
+  5. adds the scheme's key bias, if any, to SDPA's mask (attn-calibration reweights passages this way);
+  6. lets an optional `PassageProbe` read attention rows of a few scoring queries, computed from the
+     q and K in hand (and the same mask), so evidence never needs eager attention or an L x L matrix.
 Scheme, delta and probe are per-call parts, installed by `generators.context.method_context` and reset to
 the identity (plain RoPE, no delta, no probe) afterwards: they are kept out of the module tree so the shared
 weights, `state_dict()` and `parameters()` of the loaded model never change.
@@ -99,6 +100,10 @@ class PositionalAttention(nn.Module):
             mask = mask[..., :total]
         if mask is None and 1 < length < total:  # a chunk after a cached prefix: causal with an offset
             mask = torch.ones(length, total, dtype=torch.bool, device=q.device).tril(total - length)
+        bias = self.scheme.key_bias(past, length, total)
+        if bias is not None:
+            mask = additive_mask(mask, length, total, q.device) + bias.to(q.device)
+            mask = mask.to(q.dtype)
         is_causal = mask is None and length > 1
 
         weights = self.scheme.mixing_weights(q, hidden_states)  # routers read the pre-RoPE query
@@ -121,6 +126,17 @@ class PositionalAttention(nn.Module):
 
         out = out.transpose(1, 2).reshape(batch, length, -1)
         return self._project("o", self.o_proj, out), None
+
+
+def additive_mask(mask: torch.Tensor | None, length: int, total: int, device: torch.device) -> torch.Tensor:
+    """The attention mask as additive fp32 logits (0 allowed, -inf hidden), causal when no mask was given."""
+    if mask is None:
+        if length == 1:
+            return torch.zeros(1, 1, 1, total, device=device)
+        mask = torch.ones(length, total, dtype=torch.bool, device=device).tril(total - length)
+    if mask.dtype != torch.bool:
+        return mask.float()
+    return torch.zeros(mask.shape, device=device).masked_fill(~mask, float("-inf"))
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -11,8 +11,8 @@ the identity (plain RoPE, no delta, no probe), so the shared model is the stock 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +29,10 @@ class MethodParts:
 
     schemes: list[RotaryScheme]
     delta: WeightDelta | None = None
+    # Methods that adapt attention to the prompt's own evidence (attn-calibration): given the prefill's evidence
+    # maps (content-free ones included) and the prompt, a context the generator enters around answering only.
+    answering: Callable[..., AbstractContextManager] | None = None
+    answering_layers: tuple[int, ...] = ()  # layers whose evidence maps `answering` reads (the probe keeps them)
 
     def trainable(self) -> list[nn.Parameter]:
         """The parameters a method may learn (routers, delta factors); the model's own are not among them."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Literal
 
 import torch
@@ -95,7 +95,8 @@ class Generator:
 
     def new_probe(self, prompt: StackedPrompt) -> PassageProbe:
         """A probe that keeps the layers the evidence config aggregates (the others cost nothing)."""
-        return PassageProbe(prompt.passage_spans, self.num_layers, self.evidence_config.layer_indices(self.num_layers))
+        layers = set(self.evidence_config.layer_indices(self.num_layers)) | set(self.parts.answering_layers)
+        return PassageProbe(prompt.passage_spans, self.num_layers, sorted(layers))
 
     def _pick(self, logits: torch.Tensor, temperature: float, top_p: float, rng: torch.Generator | None) -> int:
         if temperature <= 0:
@@ -148,33 +149,50 @@ class Generator:
             timings["prefill_s"] = time.perf_counter() - t0
             maps = EvidenceMaps(last=rows[:, :, -1], question=rows[:, :, :-1].mean(2))
 
-            t0 = time.perf_counter()
-            probe.score_rows([0])  # each decode step: the fed-back token's own query
-            while len(generated) < max_new_tokens:
-                token = self._pick(logits, temperature, top_p, rng)
-                if token in self.eos_ids:
-                    break
-                generated.append(token)
-                new_text = self.tokenizer.decode(generated, skip_special_tokens=True)
-                if len(new_text) > len(text) and not new_text.endswith("\ufffd"):
-                    yield new_text[len(text) :]
-                    text = new_text
-                if len(generated) == max_new_tokens:
-                    break
-                logits = self.forward([token], cache)[-1]
-            timings["decode_s"] = time.perf_counter() - t0
-            if len(generated) > 1:
-                maps.answer = probe.take()[:, 0].mean(2)
-            probe.score_rows([])
+            answering = nullcontext()
+            if self.parts.answering is not None:
+                if prompt.passages:  # the method reads calibrated evidence before answering
+                    t0 = time.perf_counter()
+                    maps.null_last, maps.null_question, cropped = self._null_maps(prompt, cache, probe)
+                    if cropped is not None:  # the null question replaced the real one in the cache: feed it back
+                        probe.score_rows([])
+                        cache.crop(cropped - cache.get_seq_length())
+                        logits = prefill_logits = self.forward(prompt.input_ids[cropped:], cache)[-1]
+                    timings["calibrate_s"] = time.perf_counter() - t0
+                answering = self.parts.answering(maps, prompt)
 
-            reference_logprob = None
-            if reference_ids is not None:
-                cache.crop(prompt.num_tokens - cache.get_seq_length())  # back to the prompt
-                reference_logprob = self._continuation_logprob(prefill_logits, reference_ids, cache)
-
-            if calibrate and prompt.passages:
+            with answering:
                 t0 = time.perf_counter()
-                maps.null_last, maps.null_question = self._null_maps(prompt, cache, probe)
+                if self.parts.answering is not None:  # the first answer token too: the last prompt query again
+                    probe.score_rows([])
+                    cache.crop(-1)
+                    logits = prefill_logits = self.forward(prompt.input_ids[-1:], cache)[-1]
+                probe.score_rows([0])  # each decode step: the fed-back token's own query
+                while len(generated) < max_new_tokens:
+                    token = self._pick(logits, temperature, top_p, rng)
+                    if token in self.eos_ids:
+                        break
+                    generated.append(token)
+                    new_text = self.tokenizer.decode(generated, skip_special_tokens=True)
+                    if len(new_text) > len(text) and not new_text.endswith("\ufffd"):
+                        yield new_text[len(text) :]
+                        text = new_text
+                    if len(generated) == max_new_tokens:
+                        break
+                    logits = self.forward([token], cache)[-1]
+                timings["decode_s"] = time.perf_counter() - t0
+                if len(generated) > 1:
+                    maps.answer = probe.take()[:, 0].mean(2)
+                probe.score_rows([])
+
+                reference_logprob = None
+                if reference_ids is not None:
+                    cache.crop(prompt.num_tokens - cache.get_seq_length())  # back to the prompt
+                    reference_logprob = self._continuation_logprob(prefill_logits, reference_ids, cache)
+
+            if calibrate and prompt.passages and maps.null_last is None:
+                t0 = time.perf_counter()
+                maps.null_last, maps.null_question, _ = self._null_maps(prompt, cache, probe)
                 timings["calibrate_s"] = time.perf_counter() - t0
         final = self.tokenizer.decode(generated, skip_special_tokens=True)
         if len(final) > len(text):
@@ -211,18 +229,22 @@ class Generator:
         return float(logprob)
 
     def _null_maps(self, prompt: StackedPrompt, cache: DynamicCache, probe: PassageProbe):
-        """ICR calibration: the same passages with a content-free question, on the cached prefix."""
+        """ICR calibration: the same passages with a content-free question, on the cached prefix.
+
+        Returns (last, question) maps and the length `cache` was cropped to (None when a fresh cache was used)."""
         null = render(self.tokenizer, prompt.passages, CONTENT_FREE_QUESTION)
         shared = min(shared_prefix_length(prompt.input_ids, null.input_ids), null.question_span[0])
+        cropped = None
         if shared >= null.passage_spans[-1][1]:
             cache.crop(shared - cache.get_seq_length())
+            cropped = shared
         else:  # a tokenizer merged across the question boundary: the cached passages don't apply
             shared, cache = 0, DynamicCache(config=self.model.config)
         rows_q = [i - shared for i in range(*null.question_span)]
         probe.score_rows(rows_q + [null.num_tokens - 1 - shared])
         self.forward(null.input_ids[shared:], cache)
         rows = probe.take()[:, 0]
-        return rows[:, :, -1], rows[:, :, :-1].mean(2)
+        return rows[:, :, -1], rows[:, :, :-1].mean(2), cropped
 
     def generate(
         self,

@@ -150,7 +150,7 @@ def _build_baseline(loaded, options: dict) -> MethodParts:
 
 
 def _register_builtins() -> None:
-    from generators import ms_poe, mudaf
+    from generators import attn_calibration, ms_poe, mudaf
 
     register(Method("baseline", "the model's own RoPE, nothing changed", build=_build_baseline))
     register(
@@ -169,6 +169,15 @@ def _register_builtins() -> None:
             build=mudaf.build,
             defaults=mudaf.DEFAULTS,
             check=mudaf.check_options,
+        )
+    )
+    register(
+        Method(
+            "attn-calibration",
+            "training-free: answer-time attention moved toward position-calibrated relevance (Hsieh et al. 2024)",
+            build=attn_calibration.build,
+            defaults=attn_calibration.DEFAULTS,
+            check=attn_calibration.check_options,
         )
     )
 

@@ -8,7 +8,8 @@ Shapes the attention module relies on: `rotate` returns q as [E, B, H, L, d] and
 where Hk is the number of key heads stored per expert (kv heads, or every query head when keys must be
 rotated per query head); `mixing_weights` reads the PRE-RoPE query [B, H, L, d] (and the layer's hidden
 states), as a trained router must, and returns [E, B, H, L, 1] or None for a single expert; `aux_loss` is a
-training term the scheme accumulated during the last forward (MoICE's load balancing), or None.
+training term the scheme accumulated during the last forward (MoICE's load balancing), or None; `key_bias` is
+an additive logit bias over the keys for the queries of this forward (attn-calibration), or None.
 """
 
 from __future__ import annotations
@@ -72,4 +73,9 @@ class RotaryScheme(nn.Module):
         return None
 
     def aux_loss(self) -> torch.Tensor | None:
+        return None
+
+    def key_bias(self, past: int, length: int, total: int) -> torch.Tensor | None:
+        """Additive logits [1 or B, H or 1, length, total] for the queries at positions past..past+length-1, added
+        to SDPA's mask (so SDPA still runs), or None for no bias."""
         return None

@@ -66,7 +66,7 @@ def test_bf16_model_runs_every_method_with_fp32_evidence(tiny_dir):
     loaded = load_model(str(tiny_dir), device="cpu", dtype="bfloat16")
     stock = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
     assert loaded.dtype == torch.bfloat16
-    for method in ("baseline", "ms-poe(layers=[1, 2, 3])"):
+    for method in ("baseline", "ms-poe(layers=[1, 2, 3])", "attn-calibration(layers=[1, 2, 3])"):
         gen = Generator(loaded, method=method)
         prompt = gen.prompt("what is the code word of city 2 ?", passages(), max_new_tokens=4)
         answer = gen.generate(prompt, max_new_tokens=4)
@@ -232,7 +232,7 @@ def test_every_method_on_cuda_in_bf16_matches_the_cpu(tiny_dir):
     cpu = load_model(str(tiny_dir), device="cpu", dtype="float32")
     gpu = load_model(str(tiny_dir), device="cuda", dtype="auto")
     assert gpu.dtype == torch.bfloat16 and gpu.device.type == "cuda"
-    for method in ("baseline", "ms-poe(layers=[1, 2, 3])", "ms-poe(gqa=per_query_head)"):
+    for method in ("baseline", "ms-poe(layers=[1, 2, 3])", "ms-poe(gqa=per_query_head)", "attn-calibration"):
         a, b = Generator(cpu, method=method), Generator(gpu, method=method)
         prompt = a.prompt("what is the code word of city 2 ?", passages(), max_new_tokens=3)
         ref = logits_of(a, prompt.input_ids)

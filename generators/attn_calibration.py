@@ -1,0 +1,128 @@
+"""Calibrated attention (after Hsieh et al. 2024, "Found in the Middle", arXiv 2406.16008): while the answer is
+written, each passage's share of attention is moved toward its relevance with the positional bias removed.
+
+After the prefill the generator hands over the evidence maps (per layer, head and passage: the attention
+mass of the question's tokens, and of a content-free question "N/A" over the same cached passages). Per
+calibrated (layer, head):
+    relevance_p = (m_p - n_p) / temperature              m: question mass, n: content-free mass
+    target_p    = M * softmax(relevance)_p               M = sum_p m_p, the passages' total share
+    b_p         = strength * log(target_p / m_p) + c     c keeps sum_p m_p e^{b_p} = M
+and b_p is added to the attention logits of every key of passage p for the answer's queries (the last prompt
+token's and every generated token's), through SDPA's mask. For the rows the maps were read from, passage
+mass becomes target (strength 1) and the total on passages is unchanged; strength 0 is the baseline.
+
+Differences from the paper, stated: the positional bias is estimated with the content-free question on the
+prompt's own passages (the paper moves a dummy document through the slots); relevance comes from the maps the
+evidence already reads (no extra pass beyond the content-free suffix).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from core.errors import MethodConfigError
+from generators.context import MethodParts
+from generators.registry import baseline_schemes
+from generators.rope import RotaryScheme
+
+DEFAULTS = {"strength": 1.0, "temperature": 0.05, "layers": "upper", "query": "question", "heads": "all"}
+
+
+def check_options(opts: dict) -> None:
+    if not isinstance(opts["strength"], (int, float)) or opts["strength"] < 0:
+        raise MethodConfigError(f"attn-calibration strength={opts['strength']!r}: a number >= 0 (0 = baseline).")
+    if not isinstance(opts["temperature"], (int, float)) or opts["temperature"] <= 0:
+        raise MethodConfigError(f"attn-calibration temperature={opts['temperature']!r}: a number > 0.")
+    layers = opts["layers"]
+    if layers not in ("all", "upper", "lower") and not (
+        isinstance(layers, list | tuple) and layers and all(isinstance(i, int) for i in layers)
+    ):
+        raise MethodConfigError(f"attn-calibration layers={layers!r}: all, upper, lower or a list of layer indices.")
+    if opts["query"] not in ("question", "last"):
+        raise MethodConfigError(f"attn-calibration query={opts['query']!r}: question or last.")
+    if opts["heads"] not in ("all", "retrieval"):
+        raise MethodConfigError(f"attn-calibration heads={opts['heads']!r}: all or retrieval.")
+
+
+def passage_offsets(mass: torch.Tensor, null: torch.Tensor, strength: float, temperature: float) -> torch.Tensor:
+    """[..., P] question and content-free passage masses -> [..., P] logit offsets (see the module doc)."""
+    mass = mass.double().clamp_min(1e-12)
+    total = mass.sum(-1, keepdim=True)
+    target = total * torch.softmax((mass - null.double()) / temperature, dim=-1)
+    b = strength * (target.log() - mass.log())
+    b = b + total.log() - torch.logsumexp(mass.log() + b, dim=-1, keepdim=True)  # total passage mass kept
+    return b.float()
+
+
+class CalibratedScheme(RotaryScheme):
+    """Plain RoPE plus a per-(head, passage) key bias for the queries from `start` on, while one is set."""
+
+    def __init__(self, inv_freq: torch.Tensor, num_heads: int, num_kv_heads: int):
+        super().__init__(inv_freq, num_heads, num_kv_heads)
+        self.bias: torch.Tensor | None = None  # [H, T_prompt] logits over the prompt's keys
+        self.start = 0
+
+    def set_bias(self, bias: torch.Tensor | None, start: int = 0) -> None:
+        self.bias, self.start = bias, start
+
+    def key_bias(self, past: int, length: int, total: int) -> torch.Tensor | None:
+        if self.bias is None:
+            return None
+        keys = torch.zeros(self.bias.shape[0], total, device=self.bias.device)
+        width = min(total, self.bias.shape[1])
+        keys[:, :width] = self.bias[:, :width]
+        rows = (torch.arange(past, past + length, device=keys.device) >= self.start).float()  # answer queries only
+        return rows[None, None, :, None] * keys[None, :, None, :]  # [1, H, length, total]
+
+
+def build(loaded, opts: dict) -> MethodParts:
+    from generators.evidence import EvidenceConfig
+    from generators.retrieval_heads import retrieval_heads
+
+    model = loaded.model
+    if float(opts["strength"]) == 0:  # exactly the baseline: no early calibration pass, no bias
+        return MethodParts(baseline_schemes(model))
+    cfg = model.config
+    num_layers = cfg.num_hidden_layers
+    layers = EvidenceConfig(layers=opts["layers"] if isinstance(opts["layers"], str) else list(opts["layers"]))
+    try:
+        chosen = layers.layer_indices(num_layers)
+    except ValueError as err:
+        raise MethodConfigError(f"attn-calibration layers: {err}") from None
+    head_mask = torch.ones(num_layers, cfg.num_attention_heads, dtype=torch.bool)
+    if opts["heads"] == "retrieval":
+        head_mask[:] = False
+        for layer, head in retrieval_heads(loaded):
+            head_mask[layer, head] = True
+        chosen = [i for i in chosen if head_mask[i].any()]
+    schemes = baseline_schemes(model)
+    inv_freq = model.model.rotary_emb.inv_freq
+    for i in chosen:
+        schemes[i] = CalibratedScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads)
+    strength, temperature, query = float(opts["strength"]), float(opts["temperature"]), opts["query"]
+
+    @contextmanager
+    def answering(maps, prompt):
+        """Set each calibrated layer's key bias from the prompt's evidence; cleared when the answer is done."""
+        mass = maps.question if query == "question" else maps.last
+        null = maps.null_question if query == "question" else maps.null_last
+        if null is None or not prompt.passages:
+            yield
+            return
+        offsets = passage_offsets(mass, null, strength, temperature)  # [L, H, P]
+        spans = torch.zeros(len(prompt.passages), prompt.num_tokens)  # passage -> its keys
+        for p, (s, e) in enumerate(prompt.passage_spans):
+            spans[p, s:e] = 1.0
+        try:
+            for i in chosen:
+                per_head = torch.where(head_mask[i][:, None], offsets[i], torch.zeros_like(offsets[i]))
+                bias = (per_head @ spans).to(loaded.device)  # [H, T_prompt]
+                schemes[i].set_bias(bias, start=prompt.num_tokens - 1)
+            yield
+        finally:
+            for i in chosen:
+                schemes[i].set_bias(None)
+
+    return MethodParts(schemes, answering=answering, answering_layers=tuple(chosen))

@@ -1,0 +1,126 @@
+"""attn-calibration on the real SmolLM2-135M: strength 0 is the baseline, offsets keep the passages' total mass,
+a planted fact in the middle gets more of the answer's attention, and decoding with the cache equals
+recomputation with the bias in place."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from core.errors import MethodConfigError
+from generators import Generator
+from generators.attn_calibration import passage_offsets
+from generators.registry import method_config
+from tests.conftest import planted_passages
+
+QUESTION = "What is the secret code word of the Zorbland expedition?"
+GOLD_AT = 4  # the middle of 8 passages
+
+
+@pytest.fixture(scope="module")
+def calibrated(loaded):
+    return Generator(loaded, method="attn-calibration")
+
+
+@pytest.fixture(scope="module")
+def prompt(calibrated):
+    return calibrated.prompt(QUESTION, planted_passages(8, gold_at=GOLD_AT), max_new_tokens=6)
+
+
+def test_strength_zero_is_the_baseline_exactly(generator, loaded, prompt):
+    zero = Generator(loaded, method="attn-calibration(strength=0)")
+    assert zero.parts.answering is None  # no early calibration pass, no bias: nothing that could differ
+    a, b = generator.generate(prompt, max_new_tokens=6), zero.generate(prompt, max_new_tokens=6)
+    assert a.text == b.text
+    assert torch.equal(a.maps.answer, b.maps.answer)
+
+
+def test_offsets_keep_the_total_passage_mass_and_reach_the_target(calibrated, prompt):
+    maps = calibrated.score(prompt).maps
+    layers = calibrated.parts.answering_layers
+    mass, null = maps.question[list(layers)], maps.null_question[list(layers)]  # [L, H, P] of real attention
+    for strength in (1.0, 0.5):
+        b = passage_offsets(mass, null, strength, temperature=0.05).double()
+        m = mass.double()
+        total = m.sum(-1)
+        # With b added to a passage's keys, the passages' share of the row is sum m e^b / (sum m e^b + 1 - M).
+        moved = (m * b.exp()).sum(-1)
+        share = moved / (moved + 1 - total)
+        assert (share - total).abs().max().item() < 1e-5
+    target = total[..., None] * torch.softmax((m - null.double()) / 0.05, dim=-1)
+    reached = m * passage_offsets(mass, null, 1.0, 0.05).double().exp()
+    assert torch.allclose(reached, target, atol=1e-6)  # strength 1: each passage gets its calibrated share
+
+
+def test_a_planted_fact_in_the_middle_gets_more_of_the_answers_attention(loaded, calibrated, prompt):
+    maps = calibrated.score(prompt).maps
+    ids, gold = prompt.input_ids, GOLD_AT - 1
+    layers = list(calibrated.parts.answering_layers)
+    probe = calibrated.new_probe(prompt)
+    # The first answer query (the last prompt token), read by the probe without and with the bias in place.
+    with calibrated.running(probe):
+        cache = DynamicCache(config=loaded.model.config)
+        calibrated.forward(ids[:-1], cache)
+        probe.score_rows([0])
+        calibrated.forward(ids[-1:], cache)
+        plain = probe.take()[:, 0, :, 0]  # [layers, H, P]
+        cache.crop(-1)
+        with calibrated.parts.answering(maps, prompt):
+            calibrated.forward(ids[-1:], cache)
+            biased = probe.take()[:, 0, :, 0]
+    plain_gold, biased_gold = plain[layers, :, gold].mean().item(), biased[layers, :, gold].mean().item()
+    assert biased_gold > 1.2 * plain_gold, (plain_gold, biased_gold)
+    # Mass moves between passages; the passages' total for this row stays close (it is exact for the rows the
+    # offsets were computed from, the question's): within 10 % here.
+    plain_total, biased_total = plain[layers].sum(-1).mean().item(), biased[layers].sum(-1).mean().item()
+    assert biased_total == pytest.approx(plain_total, rel=0.10)
+    # And generation runs with it: the prefill evidence is read before any bias, so it equals the baseline's.
+    base = Generator(loaded).generate(prompt, max_new_tokens=4)
+    ours = calibrated.generate(prompt, max_new_tokens=4)
+    assert torch.allclose(base.maps.question, ours.maps.question, atol=1e-5)
+    assert ours.maps.answer is not None
+
+
+def test_decoding_with_the_cache_equals_recomputation(loaded, calibrated, prompt):
+    maps = calibrated.score(prompt).maps
+    ids = prompt.input_ids
+    with calibrated.running(), calibrated.parts.answering(maps, prompt):
+        cache = DynamicCache(config=loaded.model.config)
+        calibrated.forward(ids[:-1], cache)  # the prompt without its last token: unbiased rows
+        logits = calibrated.forward(ids[-1:], cache)[-1]
+        steps, generated = [logits], []
+        for _ in range(4):
+            generated.append(int(logits.argmax()))
+            logits = calibrated.forward(generated[-1:], cache)[-1]
+            steps.append(logits)
+        full = calibrated.forward(ids + generated, DynamicCache(config=loaded.model.config), keep=len(generated) + 1)
+    # fp32, same kernels per row: differences are summation order only (logits are O(10)).
+    assert (torch.stack(steps) - full).abs().max().item() < 1e-3
+
+
+def test_bad_options_are_refused_before_loading():
+    for spec, match in (
+        ("attn-calibration(strength=-1)", "strength"),
+        ("attn-calibration(temperature=0)", "temperature"),
+        ("attn-calibration(layers='middle')", "layers"),
+        ("attn-calibration(query='answer')", "query"),
+        ("attn-calibration(heads=[1, 2])", "heads"),
+    ):
+        with pytest.raises(MethodConfigError, match=match):
+            method_config(spec)
+
+
+def test_retrieval_heads_only_bias_those_heads(loaded, prompt):
+    gen = Generator(loaded, method="attn-calibration(heads='retrieval', layers='all')")
+    from generators.retrieval_heads import retrieval_heads
+
+    pairs = retrieval_heads(loaded)
+    assert set(gen.parts.answering_layers) == {layer for layer, _ in pairs}
+    maps = gen.score(prompt).maps
+    with gen.running(), gen.parts.answering(maps, prompt):
+        for layer in gen.parts.answering_layers:
+            bias = gen.parts.schemes[layer].bias
+            biased_heads = {h for h in range(bias.shape[0]) if bias[h].abs().sum() > 0}
+            assert biased_heads <= {h for lay, h in pairs if lay == layer}
+    assert all(gen.parts.schemes[layer].bias is None for layer in gen.parts.answering_layers)  # cleared after
