@@ -51,6 +51,10 @@ class Generator:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         if self.tokenizer.eos_token_id is not None:
             self.eos_ids.add(self.tokenizer.eos_token_id)
+        # Any special token ends the answer: decoding hides them, so a model that opens a new turn
+        # (<|im_start|> where <|im_end|> was due, as briefly fine-tuned deltas do) would glue "system\nuser..."
+        # onto its answer.
+        self.eos_ids |= set(self.tokenizer.all_special_ids)
 
     @property
     def tokenizer(self):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from transformers import DynamicCache
 
 from generators.evidence import EvidenceConfig, aggregate
+from generators.prompt import StackedPrompt
 from tests.conftest import PLANTED_FACT, planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
@@ -100,3 +102,18 @@ def test_evidence_config_validation(generator):
 
     with pytest.raises(ValueError, match="out of range"):
         Generator(generator.loaded, evidence=EvidenceConfig(layers=[0, 99]))
+
+
+def test_a_new_turn_ends_the_answer(generator):
+    # After a finished assistant turn the model's next token opens a new one (<|im_start|>); decoding hides
+    # special tokens, so continuing would glue "user ..." onto the answer. Any special token stops generation.
+    tokenizer = generator.tokenizer
+    turns = [{"role": "user", "content": "Say yes."}, {"role": "assistant", "content": "Yes."}]
+    text = tokenizer.apply_chat_template(turns, tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    prompt = StackedPrompt(text, ids, [], [], "Say yes.", (len(ids) - 1, len(ids)))
+    with generator.running():
+        next_token = int(generator.forward(ids, DynamicCache(config=generator.model.config))[-1].argmax())
+    assert next_token in tokenizer.all_special_ids  # the premise: this prompt does end in a new turn
+    answer = generator.generate(prompt, max_new_tokens=5, calibrate=False)
+    assert answer.generated_tokens == 0 and answer.text == ""
