@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -48,18 +49,25 @@ def test_missing_corpus_is_a_clear_error():
     assert "Traceback" not in out.stderr
 
 
-def test_help_is_fast_shows_defaults_and_examples_and_version():
-    import time
+HEAVY = ("torch", "transformers", "gradio", "faiss", "sentence_transformers", "llama_index")
 
+
+def heavy_imports_after(code: str) -> list[str]:
+    """The heavy libraries a fresh interpreter has imported after running `code` (what makes --help slow)."""
+    probe = f"import sys\n{code}\nprint([m for m in {HEAVY!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+
+def test_help_is_fast_shows_defaults_and_examples_and_version():
     import midlens
 
-    t0 = time.perf_counter()
     out = run_cli("--help")
-    elapsed = time.perf_counter() - t0
     assert out.returncode == 0 and "ask" in out.stdout and "examples:" in out.stdout
-    # Measured about 0.2 s (no torch, transformers or gradio while the parser is built); the bound is loose
-    # because the test machine is a loaded 2-core one where a Python start alone can take a second.
-    assert elapsed < 2.5, f"midlens --help took {elapsed:.2f}s"
+    # Fast because building the parser imports none of the heavy libraries (measured: 0.2 s against 4 s with
+    # torch); checked by what is imported, not by a clock on a shared machine.
+    assert heavy_imports_after("from midlens.cli import build_parser; build_parser()") == []
     version = run_cli("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"midlens {midlens.__version__}"
 
@@ -91,15 +99,11 @@ def test_default_model_name_lives_below_torch_and_matches_the_registry():
 
 
 def test_empty_question_is_refused_before_the_model_loads():
-    import time
-
-    t0 = time.perf_counter()
     out = run_cli("ask", "  ")
-    elapsed = time.perf_counter() - t0
     assert out.returncode == 2
     assert "midlens: error: the question is empty" in out.stderr
     assert "Loading weights" not in out.stderr and "Traceback" not in out.stderr
-    assert elapsed < 2.5, f"refusing took {elapsed:.2f}s: the model (or torch) was loaded first"
+    assert heavy_imports_after("from midlens.cli import main\nassert main(['ask', '  ']) == 2") == []
 
 
 def test_a_question_too_long_for_the_window_says_the_question_is_too_long(loaded, capsys):
