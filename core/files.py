@@ -10,7 +10,8 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,6 +174,22 @@ def make_temp_dir(parent: Path, prefix: str) -> Path:
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "start": _process_start(os.getpid())}
     (work / OWNER).write_text(json.dumps(owner))
     return work
+
+
+@contextmanager
+def replacing_folder(folder: Path) -> Iterator[Path]:
+    """A temp folder beside `folder` to fill; when the block ends it replaces `folder` in one rename (readers
+    see the old folder or the new one, never half of either), and when the block raises it is removed."""
+    work = make_temp_dir(folder.parent, f".{folder.name}-")
+    try:
+        yield work
+        (work / OWNER).unlink(missing_ok=True)
+        if folder.exists():
+            remove_tree(folder)
+        os.replace(work, folder)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
 
 
 def _owner_alive(folder: Path) -> bool | None:

@@ -14,16 +14,13 @@ says what to do. Saving writes a temp folder next to the target and renames it i
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from core.errors import ArtefactError
-from core.files import sha256_of
+from core.files import replacing_folder, sha256_of
 
 FORMAT_VERSION = 1
 WEIGHTS = "weights.safetensors"
@@ -46,10 +43,8 @@ def save_artefact(folder: str | Path, tensors: dict[str, torch.Tensor], meta: di
     if missing:
         raise ArtefactError(f"artefact metadata lacks {missing}: every artefact records its method and base model.")
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
-    try:
-        cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    with replacing_folder(folder) as work:
         save_file(cpu, str(work / WEIGHTS))
         full = {
             **meta,
@@ -58,12 +53,6 @@ def save_artefact(folder: str | Path, tensors: dict[str, torch.Tensor], meta: di
             "shapes": {k: list(v.shape) for k, v in cpu.items()},
         }
         (work / META).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(work, folder)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return folder
 
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -23,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from core.errors import MidlensError
-from core.files import sha256_json
+from core.files import replacing_folder, sha256_json
 
 
 @dataclass(frozen=True)
@@ -63,17 +60,9 @@ def _save_checkpoint(folder: Path, params: dict[str, torch.Tensor], opt: torch.o
         for key in ("exp_avg", "exp_avg_sq"):
             tensors[f"adam.{names[id(p)]}.{key}"] = s[key].detach().cpu().contiguous()
         state.setdefault("adam_steps", {})[names[id(p)]] = float(s["step"])
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
-    try:
+    with replacing_folder(folder) as work:
         save_file(tensors, str(work / "state.safetensors"))
         (work / "state.json").write_text(json.dumps(state, indent=1) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(work, folder)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
 
 
 def _load_checkpoint(
