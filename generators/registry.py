@@ -153,33 +153,21 @@ def _register_builtins() -> None:
     from generators import attn_calibration, ms_poe, mudaf
 
     register(Method("baseline", "the model's own RoPE, nothing changed", build=_build_baseline))
-    register(
-        Method(
-            "ms-poe",
-            "training-free per-head position rescaling (Zhang et al. 2024)",
-            build=ms_poe.build,
-            defaults=ms_poe.DEFAULTS,
-            check=ms_poe.check_options,
-        )
-    )
-    register(
-        Method(
+    # Each method module holds its DEFAULTS, check_options and build; the summaries are what `midlens methods` shows.
+    for name, module, summary in (
+        ("ms-poe", ms_poe, "training-free per-head position rescaling (Zhang et al. 2024)"),
+        (
             "mudaf",
+            mudaf,
             "contrastively tuned retrieval heads, a trained LoRA delta (Liu et al. 2025); alpha=0: plain fine-tuning",
-            build=mudaf.build,
-            defaults=mudaf.DEFAULTS,
-            check=mudaf.check_options,
-        )
-    )
-    register(
-        Method(
+        ),
+        (
             "attn-calibration",
+            attn_calibration,
             "training-free: answer-time attention moved toward position-calibrated relevance (Hsieh et al. 2024)",
-            build=attn_calibration.build,
-            defaults=attn_calibration.DEFAULTS,
-            check=attn_calibration.check_options,
-        )
-    )
+        ),
+    ):
+        register(Method(name, summary, build=module.build, defaults=module.DEFAULTS, check=module.check_options))
 
 
 _register_builtins()
