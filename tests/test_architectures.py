@@ -7,34 +7,22 @@ import shutil
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from generators import Generator
 from generators.models import load_model, resolve_model_dir
+from tests.tiny import ARCHITECTURES, tiny_config
 
 LOGIT_TOL = 1e-4
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    vocab_size=49152,  # SmolLM2's tokenizer is reused
-)
-CONFIGS = {
-    "llama": lambda: LlamaConfig(**TINY, rope_theta=10000.0, architectures=["LlamaForCausalLM"]),
-    "qwen2": lambda: Qwen2Config(**TINY, rope_theta=1e6, use_sliding_window=False, architectures=["Qwen2ForCausalLM"]),
-    "mistral": lambda: MistralConfig(**TINY, rope_theta=1e6, sliding_window=None, architectures=["MistralForCausalLM"]),
-}
+SMOL_VOCAB = 49152  # SmolLM2's tokenizer is reused
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
 def tiny(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(CONFIGS[request.param]())
+    model = AutoModelForCausalLM.from_config(tiny_config(request.param, SMOL_VOCAB))
     model.save_pretrained(folder)
     smol = resolve_model_dir("smollm2-135m")
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -73,7 +61,7 @@ def test_ms_poe_cache_matches_recomputation(tiny, gqa):
 def test_sliding_window_models_are_refused(tmp_path):
     from core.errors import ModelError
 
-    cfg = MistralConfig(**TINY, sliding_window=128, architectures=["MistralForCausalLM"])
+    cfg = tiny_config("mistral", SMOL_VOCAB, sliding_window=128)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
     with pytest.raises(ModelError, match="sliding-window attention \\(128 of 512 positions\\)"):
         load_model(str(tmp_path))

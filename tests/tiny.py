@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast, Qwen2Config
 
 WORDS = (
     "the a of and in to is was by for on with as at from his her it document title question answer "
@@ -35,6 +35,7 @@ def _tokenizer() -> Tokenizer:
     return tok
 
 
+# The shape every tiny model shares; tests/test_architectures.py builds its models from the same configs.
 SHAPE = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -42,19 +43,24 @@ SHAPE = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=512,
-    vocab_size=VOCAB_SIZE,
-    bos_token_id=1,
-    eos_token_id=2,
 )
-CONFIGS = {
-    "llama": lambda: LlamaConfig(**SHAPE, rope_theta=10000.0, architectures=["LlamaForCausalLM"]),
-    "qwen2": lambda: Qwen2Config(**SHAPE, rope_theta=1e6, use_sliding_window=False, architectures=["Qwen2ForCausalLM"]),
+ARCHITECTURES = {
+    "llama": (LlamaConfig, dict(rope_theta=10000.0)),
+    "qwen2": (Qwen2Config, dict(rope_theta=1e6, use_sliding_window=False)),
+    "mistral": (MistralConfig, dict(rope_theta=1e6, sliding_window=None)),
 }
+
+
+def tiny_config(kind: str, vocab_size: int = VOCAB_SIZE, **overrides):
+    """The tiny config of architecture `kind` (llama, qwen2, mistral); `overrides` replace any field."""
+    cls, own = ARCHITECTURES[kind]
+    fields = {**SHAPE, **own, "vocab_size": vocab_size, **overrides}
+    return cls(**fields, architectures=[cls.__name__.replace("Config", "ForCausalLM")])
 
 
 def save_tiny(kind: str, folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[kind]())
+    model = AutoModelForCausalLM.from_config(tiny_config(kind, bos_token_id=1, eos_token_id=2))
     model.save_pretrained(folder)
     fast = PreTrainedTokenizerFast(tokenizer_object=_tokenizer(), unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(folder)
