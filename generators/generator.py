@@ -155,21 +155,23 @@ class Generator:
 
             answering = nullcontext()
             if self.parts.answering is not None:
+                seen = prompt.num_tokens  # prompt tokens the cache still holds
                 if prompt.passages:  # the method reads calibrated evidence before answering
                     t0 = time.perf_counter()
                     maps.null_last, maps.null_question, cropped = self._null_maps(prompt, cache, probe)
-                    if cropped is not None:  # the null question replaced the real one in the cache: feed it back
-                        probe.score_rows([])
-                        cache.crop(cropped - cache.get_seq_length())
-                        logits = prefill_logits = self.forward(prompt.input_ids[cropped:], cache)[-1]
+                    seen = seen if cropped is None else cropped  # the null question replaced the real one
                     timings["calibrate_s"] = time.perf_counter() - t0
+                # Back to the prompt without its last token: that token's query gives the first answer token,
+                # so it is read again below, under the method's bias.
+                probe.score_rows([])
+                cache.crop(min(seen, prompt.num_tokens - 1) - cache.get_seq_length())
+                if seen < prompt.num_tokens - 1:
+                    self.forward(prompt.input_ids[seen:-1], cache)
                 answering = self.parts.answering(maps, prompt)
 
             with answering:
                 t0 = time.perf_counter()
-                if self.parts.answering is not None:  # the first answer token too: the last prompt query again
-                    probe.score_rows([])
-                    cache.crop(-1)
+                if self.parts.answering is not None:
                     logits = prefill_logits = self.forward(prompt.input_ids[-1:], cache)[-1]
                 probe.score_rows([0])  # each decode step: the fed-back token's own query
                 while len(generated) < max_new_tokens:
