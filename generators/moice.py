@@ -1,0 +1,251 @@
+"""MoICE (Lin et al. 2024): per token and head, a router mixes the attention of several RoPE bases.
+
+    Generator("smollm2-135m", method="moice")              # the routers shipped for this model
+    Generator(m, method="moice(top_k=1)")                  # fewer experts per token (cheaper, not retrained)
+    Generator(m, method="moice(artefact='runs/moice-smollm2')")
+
+Experts are RoPE bases: the model's native base first, then complementary bases chosen for this model's
+head_dim and base by the Attention-Buckets waveform criterion (`complementary_bases`; the published set was
+searched for Llama-2's head_dim 128 and base 1e4 and is never reused for another model). A router per layer
+(option: per head) reads the PRE-RoPE query q of each head and scores the experts with
+W3(SiLU(W1 q) * W2 q); the top-K scores are softmaxed into weights p_j and the layer's output is
+sum_j p_j * SDPA_j (each expert its own softmax over keys rotated with its base). Keys sit in the KV cache
+once per expert, already rotated. Evidence mixes the experts' attention rows with the same p_j (the probe
+does this for any scheme with mixing weights). Training (routers only, the model frozen) is in
+`training.moice`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.errors import MethodConfigError
+from generators.context import MethodParts
+from generators.rope import RotaryScheme, apply_rotary, rotary_tables
+
+DEFAULTS = {"top_k": None, "artefact": None}  # top_k None: the K the routers were trained with
+
+
+# ---- expert bases ---------------------------------------------------------------------------------------------
+
+
+def waveform(distances: torch.Tensor, base: float, head_dim: int) -> torch.Tensor:
+    """Attention-Buckets' upper-bound waveform of one RoPE base over relative distance D:
+    f_B(D) = (2 / sqrt(d)) * sum_{i < d/2} cos(D * B^(-2i/d))."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    return (2 / math.sqrt(head_dim)) * torch.cos(distances.double()[:, None] * inv_freq[None]).sum(-1)
+
+
+def complementary_bases(
+    native: float,
+    head_dim: int,
+    count: int = 7,
+    max_distance: int = 4096,
+    span: tuple[float, float] = (1.0, 2.5),
+    candidates: int = 301,
+) -> list[float]:
+    """The native base, then `count - 1` bases picked greedily from a geometric grid over native * span.
+
+    Criterion (Attention Buckets): one base's waveform has troughs at distances where another's has peaks, so
+    a set of bases leaves no distance badly attended. Each step adds the candidate whose waveform rises
+    highest ABOVE the current set's upper envelope, on average over distances 1..max_distance:
+        gain(c) = mean_D max(0, f_c(D) - max_{b in set} f_b(D)).
+    The span default (1x to 2.5x native) is the ratio the published Llama-2 set covers (1e4 to 2.5e4);
+    bases are rounded to 3 significant digits so the set is readable and stable, and listed native first, then
+    ascending.
+    """
+    if count < 1:
+        raise MethodConfigError(f"moice experts={count}: need at least the native base.")
+    distances = torch.arange(1, max_distance + 1)
+    grid = torch.logspace(math.log10(native * span[0]), math.log10(native * span[1]), candidates).tolist()
+    grid = sorted({float(f"{b:.3g}") for b in grid} - {float(native)})
+    waves = {b: waveform(distances, b, head_dim) for b in grid}
+    chosen = [float(native)]
+    envelope = waveform(distances, native, head_dim)
+    while len(chosen) < count and waves:
+        best = max(waves, key=lambda b: float((waves[b] - envelope).clamp(min=0).mean()))
+        chosen.append(best)
+        envelope = torch.maximum(envelope, waves.pop(best))
+    return chosen[:1] + sorted(chosen[1:])
+
+
+def plot_waveforms(bases: list[float], head_dim: int, path, max_distance: int = 4096) -> None:
+    """PNG of each expert base's waveform over distance, and the set's upper envelope."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    distances = torch.arange(1, max_distance + 1)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    waves = [waveform(distances, b, head_dim) for b in bases]
+    for i, (b, w) in enumerate(zip(bases, waves, strict=True)):
+        ax.plot(distances, w, lw=1.6 if i == 0 else 0.7, label=f"{b:g}" + (" (native)" if i == 0 else ""))
+    ax.plot(distances, torch.stack(waves).max(0).values, color="black", lw=1.0, ls="--", label="envelope")
+    ax.set_xscale("log")
+    ax.set_xlabel("relative distance D (tokens)")
+    ax.set_ylabel("f_B(D), attention upper bound")
+    ax.set_title(f"RoPE waveforms of the MoICE experts (head_dim {head_dim})")
+    ax.legend(fontsize=8, ncol=2, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---- the scheme -----------------------------------------------------------------------------------------------
+
+
+class Router(nn.Module):
+    """W3(SiLU(W1 q) * W2 q) per layer (one set of weights for every head) or per head; no biases."""
+
+    def __init__(self, head_dim: int, experts: int, heads: int = 1):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(heads, head_dim, experts))
+        self.w2 = nn.Parameter(torch.empty(heads, head_dim, experts))
+        self.w3 = nn.Parameter(torch.empty(heads, experts, experts))
+        for w, fan_in in ((self.w1, head_dim), (self.w2, head_dim), (self.w3, experts)):
+            nn.init.uniform_(w, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))  # nn.Linear's default range
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        """q [B, H, L, d] -> expert logits [B, H, L, N] (fp32)."""
+        q = q.float()
+        gate = F.silu(torch.einsum("bhld,hdn->bhln", q, self.w1)) * torch.einsum("bhld,hdn->bhln", q, self.w2)
+        return torch.einsum("bhln,hnm->bhlm", gate, self.w3)
+
+
+class MoiceScheme(RotaryScheme):
+    """N RoPE bases mixed per token and head by a router (or by fixed weights, for tests and ablations)."""
+
+    def __init__(
+        self,
+        inv_freq: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        bases: list[float],
+        top_k: int,
+        per_head: bool = False,
+        fixed_weights: torch.Tensor | None = None,
+    ):
+        super().__init__(inv_freq, num_heads, num_kv_heads)
+        head_dim = 2 * inv_freq.shape[-1]
+        if not 1 <= top_k <= len(bases):
+            raise MethodConfigError(f"moice top_k={top_k}: must be between 1 and the {len(bases)} experts.")
+        self.bases, self.top_k = [float(b) for b in bases], top_k
+        self.num_experts = len(bases)
+        steps = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+        others = torch.stack([b ** (-steps) for b in self.bases[1:]]).float() if len(bases) > 1 else None
+        # Expert 0 is the model's own inv_freq (bit-identical to stock RoPE), the others are computed.
+        table = inv_freq.float()[None] if others is None else torch.cat([inv_freq.float()[None], others])
+        self.register_buffer("expert_inv_freq", table, persistent=False)
+        self.router = Router(head_dim, self.num_experts, num_heads if per_head else 1)
+        self.fixed_weights = fixed_weights
+        self._aux: torch.Tensor | None = None
+        self.last_usage: torch.Tensor | None = None  # [N] share of (token, head) routes per expert, last forward
+
+    def rotate(self, q, k, positions, position_embeddings):
+        q_out, k_out = [], []
+        for e in range(self.num_experts):
+            if e == 0 and position_embeddings is not None:
+                cos, sin = position_embeddings
+                cos, sin = cos[:, None], sin[:, None]
+            else:
+                cos, sin = rotary_tables(positions, self.expert_inv_freq[e][None])
+                cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+            q_out.append(apply_rotary(q, cos, sin))
+            k_out.append(apply_rotary(k, cos, sin))
+        return torch.stack(q_out), torch.stack(k_out)
+
+    def mixing_weights(self, q: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[N, B, H, L, 1]: the top-K experts' softmaxed router scores, zero for the others."""
+        if self.fixed_weights is not None:
+            w = self.fixed_weights.to(q.device, torch.float32)
+            self._aux, self.last_usage = None, (w > 0).float() / (w > 0).sum()
+            return w.view(-1, 1, 1, 1, 1).expand(-1, *q.shape[:3], 1).to(q.dtype)
+        logits = self.router(q)  # [B, H, L, N]
+        top, index = logits.topk(self.top_k, dim=-1)
+        weights = torch.zeros_like(logits).scatter(-1, index, torch.softmax(top, dim=-1))
+        chosen = torch.zeros_like(logits).scatter(-1, index, 1.0).flatten(0, 2).mean(0) / self.top_k  # F_j
+        probs = torch.softmax(logits, dim=-1).flatten(0, 2).mean(0)  # P_j: differentiable even where F_j is not
+        # Switch-style balance N * sum_j F_j P_j (1 when balanced). With K = N, F_j = 1/N for every j and the
+        # loss is the constant 1 with zero gradient (the official default's trap), hence K < N.
+        self._aux = self.num_experts * (chosen * probs).sum()
+        self.last_usage = chosen.detach()
+        return weights.permute(3, 0, 1, 2)[..., None].to(q.dtype)
+
+    def aux_loss(self) -> torch.Tensor | None:
+        return self._aux
+
+
+# ---- the registry entry ---------------------------------------------------------------------------------------
+
+
+def check_options(opts: dict) -> None:
+    k = opts["top_k"]
+    if k is not None and (not isinstance(k, int) or k < 1):
+        raise MethodConfigError(f"moice top_k={k!r}: a positive whole number of experts per token (or None).")
+    if opts["artefact"] is not None and not isinstance(opts["artefact"], str):
+        raise MethodConfigError(f"moice artefact={opts['artefact']!r}: expected a folder path.")
+
+
+def rope_base(config) -> float:
+    """The model's RoPE base; MoICE's experts are plain-RoPE bases, so scaled RoPE variants are refused."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if params.get("rope_type", "default") != "default":
+        raise MethodConfigError(
+            f"moice: this model uses {params['rope_type']!r} RoPE scaling; MoICE experts are plain RoPE bases."
+        )
+    base = params.get("rope_theta") or getattr(config, "rope_theta", None)
+    if not base:
+        raise MethodConfigError("moice: the model's config has no RoPE base (rope_theta).")
+    return float(base)
+
+
+def new_schemes(model, bases: list[float], top_k: int, per_head: bool = False, seed: int = 0) -> list[MoiceScheme]:
+    """Freshly initialised (untrained) routers, one scheme per layer, seeded."""
+    cfg = model.config
+    inv_freq = model.model.rotary_emb.inv_freq
+    torch.manual_seed(seed)
+    return [
+        MoiceScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads, bases, top_k, per_head)
+        for _ in range(cfg.num_hidden_layers)
+    ]
+
+
+def router_state(schemes: list[MoiceScheme]) -> dict[str, torch.Tensor]:
+    return {f"layers.{i}.{k}": v for i, s in enumerate(schemes) for k, v in s.router.state_dict().items()}
+
+
+def build(loaded, opts: dict) -> MethodParts:
+    import json
+
+    from generators.artefacts import load_artefact, resolve_artefact
+
+    path = resolve_artefact(opts["artefact"], "moice", loaded.name)
+    meta = json.loads((path / "meta.json").read_text()) if (path / "meta.json").is_file() else {}
+    experts = meta.get("experts") or {}
+    if not experts.get("bases") or not experts.get("top_k"):
+        raise MethodConfigError(f"moice artefact {path}: meta.json does not record the expert bases and top_k.")
+    top_k = opts["top_k"] or experts["top_k"]
+    if top_k > len(experts["bases"]):
+        raise MethodConfigError(
+            f"moice top_k={top_k}: the routers in {path} choose among {len(experts['bases'])} experts."
+        )
+    native = rope_base(loaded.model.config)
+    if abs(experts["bases"][0] - native) > 1e-6 * native:
+        raise MethodConfigError(
+            f"moice artefact {path}: its first expert base is {experts['bases'][0]:g}, but this model's RoPE base "
+            f"is {native:g}; the routers were trained for another model."
+        )
+    schemes = new_schemes(loaded.model, experts["bases"], top_k, experts.get("per_head", False))
+    shapes = {k: tuple(v.shape) for k, v in router_state(schemes).items()}
+    artefact = load_artefact(path, "moice", loaded.sha256, shapes)  # verifies base model, hash and shapes
+    for i, scheme in enumerate(schemes):
+        prefix = f"layers.{i}."
+        own = {k[len(prefix) :]: v for k, v in artefact.tensors.items() if k.startswith(prefix)}
+        scheme.router.load_state_dict(own)
+        scheme.requires_grad_(False)
+    return MethodParts(schemes)

@@ -1,0 +1,106 @@
+"""MoICE router training: the model frozen, only the routers learn.
+
+loss = NLL(answer tokens) + alpha * mean over layers of N * sum_j F_j P_j   (alpha = 0.3, K < N)
+
+The prompts are the same multi-passage HotpotQA TRAIN-split prompts MuDAF trains on (training.data: 10
+paragraphs, gold slots uniform), so routers learn which base to use where the answer's evidence can sit
+anywhere in a long prompt. The balance term is averaged over layers (not summed) so alpha keeps the meaning
+it has in the paper's per-layer loss whatever the model's depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from generators.artefacts import save_artefact
+from generators.context import MethodParts, method_context
+from generators.models import LoadedModel
+from generators.moice import MoiceScheme, new_schemes, router_state
+from training.data import TrainExample
+from training.loop import LoopConfig, train
+
+
+@dataclass(frozen=True)
+class MoiceConfig:
+    bases: tuple[float, ...]
+    top_k: int = 3
+    per_head: bool = False
+    balance: float = 0.3  # alpha of the load-balancing loss
+
+
+class MoiceObjective:
+    def __init__(self, loaded: LoadedModel, schemes: list[MoiceScheme], config: MoiceConfig):
+        self.loaded, self.parts, self.config = loaded, MethodParts(list(schemes)), config
+
+    def __call__(self, ex: TrainExample) -> tuple[torch.Tensor, dict[str, float]]:
+        ids = torch.tensor([ex.input_ids], device=self.loaded.device)
+        answer = ex.answer_ids
+        with method_context(self.loaded, self.parts) as run:
+            logits = self.loaded.model(input_ids=ids, use_cache=False, logits_to_keep=len(answer) + 1).logits[0]
+            balance = run.aux_loss() / len(self.parts.schemes)
+        nll = F.cross_entropy(logits[:-1].float(), torch.tensor(answer, device=logits.device))
+        loss = nll + self.config.balance * balance
+        return loss, {"nll": nll.item(), "balance": balance.item()}
+
+
+def usage(schemes: list[MoiceScheme]) -> list[float]:
+    """Share of (token, head) routes per expert in the last forward, averaged over layers."""
+    shares = torch.stack([s.last_usage for s in schemes if s.last_usage is not None])
+    return [round(float(x), 4) for x in shares.mean(0)]
+
+
+def train_moice(
+    loaded: LoadedModel,
+    examples: list[TrainExample],
+    config: MoiceConfig,
+    loop: LoopConfig,
+    out: str,
+    data: dict,
+    progress: bool = True,
+    max_seconds: float | None = None,
+) -> dict:
+    """Train routers and save them as a `moice` artefact at `out` (checkpoints in `out`.checkpoint)."""
+    loaded.model.requires_grad_(False)
+    schemes = new_schemes(loaded.model, list(config.bases), config.top_k, config.per_head, seed=loop.seed)
+    for s in schemes:
+        s.to(loaded.device)
+    objective = MoiceObjective(loaded, schemes, config)
+    params = {f"layers.{i}.{n}": p for i, s in enumerate(schemes) for n, p in s.router.named_parameters()}
+    out_path = Path(out)
+    run = {"moice": asdict(config), "data": data, "model": loaded.sha256}
+    checkpoint = out_path.with_name(out_path.name + ".checkpoint")
+    log = train(params, examples, objective, loop, checkpoint, run, progress, max_seconds)
+    meta = {
+        "method": "moice",
+        "base_model": loaded.name,
+        "base_model_sha256": loaded.sha256,
+        "options": {},
+        "experts": {"bases": list(config.bases), "top_k": config.top_k, "per_head": config.per_head},
+        "parameters": sum(p.numel() for p in params.values()),
+        "training": {
+            **asdict(config),
+            **asdict(loop),
+            "seconds": log["seconds"],
+            "steps_done": log["steps_done"],
+            "examples_seen": min(loop.examples, log["steps_done"] * loop.batch),
+            "device": str(loaded.device),
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "final_loss": log["losses"][-1],
+            "loss_first_10": sum(log["losses"][:10]) / max(1, len(log["losses"][:10])),
+            "loss_last_10": sum(log["losses"][-10:]) / max(1, len(log["losses"][-10:])),
+            "parts_first_10": _mean_parts(log["parts"][:10]),
+            "parts_last_10": _mean_parts(log["parts"][-10:]),
+        },
+        "data": data,
+    }
+    save_artefact(out_path, router_state(schemes), meta)
+    return {"log": log, "meta": meta}
+
+
+def _mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for p in parts for k in p}
+    return {k: sum(p.get(k, 0.0) for p in parts) / max(1, len(parts)) for k in sorted(keys)}
