@@ -1,4 +1,4 @@
-"""Benchmarks (commands, not tests): `midlens bench evidence` and `midlens bench ms-poe`.
+"""Benchmarks (commands, not tests): `midlens bench evidence`, `midlens bench ms-poe`, `midlens bench moice`.
 
 Times are medians over repeats, interleaved across variants in one process so machine noise hits
 them alike; ratios are against the baseline of the same run. Memory is the peak RSS growth of one
@@ -28,7 +28,11 @@ from pathlib import Path
 from rag.options import add_device_args
 
 VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
-VARIANTS_MSPOE = ("baseline", "ms-poe")
+# Method benches: the baseline first (ratios are against it), then method specs run through Generator.
+METHOD_VARIANTS = {
+    "ms-poe": ("baseline", "ms-poe"),
+    "moice": ("baseline", "moice(top_k=1)", "moice(top_k=3)", "moice(top_k=7)"),
+}
 
 
 def _rss_kb(field: str) -> int:
@@ -155,7 +159,7 @@ def make_runner(variant: str, model_name: str, prompt_tokens: int, device: str =
 
         return prefill, None, prompt
 
-    gen = Generator(loaded, method="ms-poe" if variant == "ms-poe" else "baseline")
+    gen = Generator(loaded, method="baseline" if variant == "evidence" else variant)
     with_probe = variant == "evidence"
 
     def prefill():
@@ -291,7 +295,7 @@ def run(
 ) -> dict:
     import torch
 
-    variants = VARIANTS_EVIDENCE if kind == "evidence" else VARIANTS_MSPOE
+    variants = VARIANTS_EVIDENCE if kind == "evidence" else METHOD_VARIANTS[kind]
     if skip_eager:
         variants = tuple(v for v in variants if v != "eager")
     base = variants[0]
@@ -339,7 +343,7 @@ def run(
             }
         else:
             tps = {v: statistics.median(runners[v][1](decode_tokens, False) for _ in range(3)) for v in variants}
-            row["decode_tok_per_s"] = {**tps, "ratio": tps["ms-poe"] / tps["baseline"]}
+            row["decode_tok_per_s"] = {**tps, **{f"ratio {v}": tps[v] / tps[base] for v in variants[1:]}}
         report["sizes"].append(row)
         del runners
     return report
@@ -352,12 +356,12 @@ def print_report(report: dict) -> None:
             f"{report['device']} {report['dtype']}, {report['threads']} threads"
         )
         print(
-            f"{'variant':<10} {'prefill s':>10} {'tok/s':>8} {'time x':>7} {'peak +MB':>9} {'peak MB':>8} "
+            f"{'variant':<16} {'prefill s':>10} {'tok/s':>8} {'time x':>7} {'peak +MB':>9} {'peak MB':>8} "
             f"{'mem x tot':>9} {'mem x +':>8}"
         )
         for v in row["prefill_s"]:
             print(
-                f"{v:<10} {row['prefill_s'][v]:>10.3f} {row['prefill_tok_per_s'][v]:>8.0f} "
+                f"{v:<16} {row['prefill_s'][v]:>10.3f} {row['prefill_tok_per_s'][v]:>8.0f} "
                 f"{row['time_ratio'][v]:>7.3f} {row['peak_growth_mb'][v]:>9.0f} {row['peak_rss_mb'][v]:>8.0f} "
                 f"{row['memory_ratio_total'][v]:>9.3f} {row['memory_ratio_growth'][v]:>8.3f}"
             )
@@ -369,19 +373,20 @@ BENCH_EXAMPLES = """examples:
   midlens bench evidence --tokens 2048
   midlens bench ms-poe --tokens 2048,4096 --json bench.json
   midlens bench ms-poe --device cuda --dtype bfloat16
+  midlens bench moice --tokens 2048 --memory-repeats 1
 """
 
 
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: evidence overhead, ms-poe overhead",
+        help="benchmarks: evidence overhead, ms-poe and moice cost against the baseline",
         epilog=BENCH_EXAMPLES,
     )
-    bench.add_argument("kind", choices=["evidence", "ms-poe"])
+    bench.add_argument("kind", choices=["evidence", *METHOD_VARIANTS])
     bench.add_argument("--model", default="smollm2-135m")
     bench.add_argument(
-        "--tokens", default=None, help="comma-separated prompt sizes (evidence: 2048; ms-poe: 2048,4096)"
+        "--tokens", default=None, help="comma-separated prompt sizes (evidence, moice: 2048; ms-poe: 2048,4096)"
     )
     bench.add_argument("--repeats", type=int, default=5, help="timed runs per variant (median)")
     bench.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded per timed run")
@@ -405,7 +410,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     dtype = dtype_name(resolve_dtype(args.dtype, device))
-    sizes = args.tokens or ("2048" if args.kind == "evidence" else "2048,4096")
+    sizes = args.tokens or ("2048,4096" if args.kind == "ms-poe" else "2048")
     report = run(
         args.kind,
         args.model,
