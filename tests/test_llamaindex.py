@@ -262,3 +262,21 @@ def test_readme_example_runs_as_written(loaded, tmp_path, monkeypatch, capsys):
     assert len(sources) == 4
     assert sorted(int(s[1]) for s in sources) == [1, 2, 3, 4]
     assert [float(s[0]) for s in sources] == sorted((float(s[0]) for s in sources), reverse=True)
+
+
+def test_classes_import_from_llamaindex_conventional_paths(tmp_path):
+    """The installed distribution adds `llama_index.llms.midlens` and `llama_index.postprocessor.midlens_rerank`
+    to LlamaIndex's namespace (outside the repository's folder, so the install is what is tested) without
+    shadowing llama_index.core."""
+    import subprocess
+    import sys
+
+    code = (
+        "from llama_index.llms.midlens import MidlensLLM\n"
+        "from llama_index.postprocessor.midlens_rerank import AttentionReranker\n"
+        "import rag.llamaindex as r, llama_index.core\n"
+        "assert MidlensLLM is r.MidlensLLM and AttentionReranker is r.AttentionReranker\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-1500:]
