@@ -62,11 +62,29 @@ def test_device_and_dtype_resolution():
             resolve_device("cuda:0")
 
 
-def test_bf16_model_runs_every_method_with_fp32_evidence(tiny_dir):
+def untrained_routers(loaded, folder) -> str:
+    """A MoICE artefact with freshly initialised routers (3 experts, top 2) for a tiny model."""
+    from generators.artefacts import save_artefact
+    from generators.moice import complementary_bases, new_schemes, rope_base, router_state
+
+    head_dim = 2 * loaded.model.model.rotary_emb.inv_freq.shape[0]
+    bases = complementary_bases(rope_base(loaded.model.config), head_dim, 3)
+    meta = {"method": "moice", "base_model": loaded.name, "base_model_sha256": loaded.sha256}
+    meta["experts"] = {"bases": bases, "top_k": 2, "per_head": False}
+    return str(save_artefact(folder, router_state(new_schemes(loaded.model, bases, 2)), meta))
+
+
+def test_bf16_model_runs_every_method_with_fp32_evidence(tiny_dir, tmp_path):
     loaded = load_model(str(tiny_dir), device="cpu", dtype="bfloat16")
     stock = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
     assert loaded.dtype == torch.bfloat16
-    for method in ("baseline", "ms-poe(layers=[1, 2, 3])", "attn-calibration(layers=[1, 2, 3])"):
+    routers = untrained_routers(loaded, tmp_path / "routers")
+    for method in (
+        "baseline",
+        "ms-poe(layers=[1, 2, 3])",
+        "attn-calibration(layers=[1, 2, 3])",
+        f"moice(artefact={routers!r})",
+    ):
         gen = Generator(loaded, method=method)
         prompt = gen.prompt("what is the code word of city 2 ?", passages(), max_new_tokens=4)
         answer = gen.generate(prompt, max_new_tokens=4)
