@@ -200,6 +200,15 @@ def test_trained_routers_save_as_a_verified_artefact_and_load_by_spec(loaded, ti
     assert len(evidence) == 4 and all(e > 0 for e in evidence)
     assert sum(evidence) <= 1.0 + 1e-4  # expert-mixed attention rows are still distributions over the keys
 
+    # Router usage: every (token, head) picks top_k=3 experts, so per layer the shares sum to 1.
+    from midlens.cli import main
+
+    assert main(["moice", "usage", "--method", f"moice(artefact='{out}')", "--n", "2", "--max-words", "12",
+                 "--json", str(tmp_path / "usage.json"), "--device", "cpu"]) == 0  # fmt: skip
+    usage = json.loads((tmp_path / "usage.json").read_text())
+    assert usage["bases"] == SMOL_BASES and len(usage["per_layer"]) == 30
+    assert all(abs(sum(row) - 1.0) < 1e-5 for row in usage["per_layer"])
+
     with pytest.raises(ArtefactError, match="no such folder"):
         build_parts(method_config("moice(artefact='/nonexistent/routers')"), loaded)
     with pytest.raises(MethodConfigError, match="choose among 7 experts"):

@@ -82,6 +82,8 @@ def add_train_parser(sub) -> None:
 
 
 def add_moice_parser(sub) -> None:
+    from rag.options import add_device_args
+
     mo = sub.add_parser("moice", help="MoICE tooling: the expert RoPE bases derived for a model")
     msub = mo.add_subparsers(dest="moice_command", required=True)
     b = msub.add_parser("bases", help="print the expert bases (waveform criterion) and plot their waveforms")
@@ -90,6 +92,15 @@ def add_moice_parser(sub) -> None:
     b.add_argument("--max-distance", type=int, default=4096, help="distances the criterion covers (tokens)")
     b.add_argument("--png", type=Path, help="write the waveform plot here")
     b.set_defaults(func=cmd_moice_bases)
+    u = msub.add_parser("usage", help="share of routes each expert gets, per layer, on evaluation-split prompts")
+    u.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    u.add_argument("--method", default="moice", help="a moice spec, e.g. \"moice(artefact='runs/moice')\"")
+    u.add_argument("--n", type=int, default=20, help="prompts (HotpotQA evaluation split, 10 paragraphs)")
+    u.add_argument("--max-words", type=int, default=60)
+    u.add_argument("--json", type=Path, help="write the per-layer usage here")
+    u.add_argument("--png", type=Path, help="write a layers x experts heatmap here")
+    add_device_args(u)
+    u.set_defaults(func=cmd_moice_usage)
 
 
 def _positive(name: str, value: int | float) -> None:
@@ -237,4 +248,37 @@ def cmd_train_moice(args: argparse.Namespace) -> int:
         f"trained {result['meta']['parameters']:,} router parameters on {t['examples_seen']} examples in "
         f"{t['seconds']:.0f} s; loss {t['loss_first_10']:.3f} -> {t['loss_last_10']:.3f}; artefact {args.out}"
     )
+    return 0
+
+
+def cmd_moice_usage(args: argparse.Namespace) -> int:
+    import torch
+
+    from generators import Generator, load_model, method_config
+    from rag.options import check_device
+    from training.data import training_examples
+    from training.moice import usage_heatmap
+
+    _positive("n", args.n)
+    if method_config(args.method).name != "moice":
+        raise MidlensError(f"--method {args.method!r}: router usage needs a moice spec.")
+    check_device(args)
+    loaded = load_model(args.model, args.device, args.dtype)
+    gen = Generator(loaded, method=args.method)
+    prompts = training_examples(loaded.tokenizer, args.n, seed=0, max_words=args.max_words, split="eval")
+    per_layer = torch.zeros(len(gen.parts.schemes), gen.parts.schemes[0].num_experts)
+    for ex in prompts:  # each prompt's prefill, every token and head, weighted equally per prompt
+        gen.score(ex.prompt, calibrate=False)
+        per_layer += torch.stack([s.last_usage.cpu() for s in gen.parts.schemes]) / len(prompts)
+    bases = gen.parts.schemes[0].bases
+    mean = per_layer.mean(0)
+    print(f"{args.method} on {len(prompts)} evaluation-split prompts: share of (token, head) routes per expert")
+    print("  ".join(f"{b:g}: {m:.3f}" for b, m in zip(bases, mean.tolist(), strict=True)))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        record = {"method": args.method, "n": len(prompts), "bases": bases, "per_layer": per_layer.tolist()}
+        args.json.write_text(json.dumps({**record, "mean": mean.tolist()}, indent=1) + "\n")
+    if args.png:
+        usage_heatmap(per_layer, bases, args.png)
+        print(f"heatmap in {args.png}")
     return 0

@@ -47,10 +47,23 @@ class MoiceObjective:
         return loss, {"nll": nll.item(), "balance": balance.item()}
 
 
-def usage(schemes: list[MoiceScheme]) -> list[float]:
-    """Share of (token, head) routes per expert in the last forward, averaged over layers."""
-    shares = torch.stack([s.last_usage for s in schemes if s.last_usage is not None])
-    return [round(float(x), 4) for x in shares.mean(0)]
+def usage_heatmap(per_layer: torch.Tensor, bases: list[float], path) -> None:
+    """PNG: layers x experts, the share of (token, head) routes each expert got."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 0.22 * per_layer.shape[0] + 1.5))
+    image = ax.imshow(per_layer.numpy(), aspect="auto", cmap="viridis", vmin=0)
+    ax.set_xticks(range(len(bases)), [f"{b:g}" for b in bases], rotation=45, ha="right")
+    ax.set_xlabel("expert (RoPE base)")
+    ax.set_ylabel("layer")
+    ax.set_title("MoICE router usage (share of token-head routes)")
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def train_moice(
