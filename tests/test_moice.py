@@ -217,3 +217,9 @@ def test_trained_routers_save_as_a_verified_artefact_and_load_by_spec(loaded, ti
     (out / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(MethodConfigError, match="RoPE base is 100000"):
         build_parts(method_config(f"moice(artefact='{out}')"), loaded)
+
+
+def test_bad_moice_options_are_refused_before_loading():
+    for spec, match in (("moice(top_k=0)", "top_k"), ("moice(top_k=1.5)", "top_k"), ("moice(artefact=3)", "folder")):
+        with pytest.raises(MethodConfigError, match=match):
+            method_config(spec)
