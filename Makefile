@@ -30,3 +30,4 @@ test: setup
 bench: setup
 	$(BIN)/midlens bench evidence
 	$(BIN)/midlens bench ms-poe
+	$(BIN)/midlens bench moice
