@@ -223,3 +223,15 @@ def test_bad_moice_options_are_refused_before_loading():
     for spec, match in (("moice(top_k=0)", "top_k"), ("moice(top_k=1.5)", "top_k"), ("moice(artefact=3)", "folder")):
         with pytest.raises(MethodConfigError, match=match):
             method_config(spec)
+
+
+def test_shipped_routers_load_by_default(loaded):
+    from generators.artefacts import shipped_path
+
+    meta = json.loads((shipped_path("moice", "smollm2-135m") / "meta.json").read_text())
+    assert meta["experts"]["bases"] == SMOL_BASES  # shipped with the bases this code derives for the model
+    assert meta["data"]["split"].startswith("train")
+    gen = Generator(loaded, method="moice")
+    assert [s.top_k for s in gen.parts.schemes] == [3] * 30
+    answer = gen.generate(gen.prompt("What is the secret code word?", planted_passages(4, 2)), max_new_tokens=4)
+    assert answer.generated_tokens > 0 and len(answer.passages) == 4
