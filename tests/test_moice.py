@@ -17,7 +17,7 @@ from generators.context import MethodParts, method_context
 from generators.moice import MoiceScheme, complementary_bases, new_schemes, waveform
 from generators.registry import build_parts, method_config
 from tests.conftest import planted_passages
-from training.data import data_record, training_examples
+from training.data import data_record
 from training.loop import LoopConfig
 from training.moice import MoiceConfig, MoiceObjective, train_moice
 
@@ -164,7 +164,17 @@ def test_the_balance_loss_has_a_gradient_only_when_k_is_below_n(loaded):
 
 @pytest.fixture(scope="module")
 def tiny_slice(loaded):
-    return training_examples(loaded.tokenizer, 2, seed=0, max_words=12)
+    """Two short training examples (3 passages, the planted fact first or last): ~300 tokens each, so a few
+    forward+backward passes through 7 experts x 30 layers stay within seconds on a CPU."""
+    from generators.prompt import render
+    from training.data import TrainExample
+
+    tok = loaded.tokenizer
+    answer = tok(" pelican", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    question = "What is the secret code word of the Zorbland expedition?"
+    return [
+        TrainExample(f"planted-{at}", render(tok, planted_passages(3, at), question), answer, [at - 1]) for at in (1, 3)
+    ]
 
 
 def test_a_few_router_steps_lower_the_loss_on_a_fixed_batch(loaded, tiny_slice):
@@ -174,7 +184,7 @@ def test_a_few_router_steps_lower_the_loss_on_a_fixed_batch(loaded, tiny_slice):
     before = [p.detach().clone() for p in loaded.model.parameters()][:5]
     opt = torch.optim.Adam(params, lr=1e-2)
     losses = []
-    for _ in range(6):
+    for _ in range(4):
         opt.zero_grad()
         total = sum(objective(ex)[0] for ex in tiny_slice)
         total.backward()
@@ -182,13 +192,14 @@ def test_a_few_router_steps_lower_the_loss_on_a_fixed_batch(loaded, tiny_slice):
         losses.append(total.item())
     assert losses[-1] < losses[0] - 0.05, losses
     assert all(torch.equal(a, b) for a, b in zip(before, list(loaded.model.parameters())[:5], strict=True))
+    assert all(p.grad is None for p in loaded.model.parameters())  # router-only: the shared model gets none
 
 
 def test_trained_routers_save_as_a_verified_artefact_and_load_by_spec(loaded, tiny_slice, tmp_path):
     out = tmp_path / "routers"
     config = MoiceConfig(tuple(SMOL_BASES))
     loop = LoopConfig(examples=2, batch=2, lr=1e-3)
-    result = train_moice(loaded, tiny_slice, config, loop, str(out), data_record(tiny_slice, 0, 12), progress=False)
+    result = train_moice(loaded, tiny_slice, config, loop, str(out), data_record(tiny_slice, 0, None), progress=False)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["experts"] == {"bases": SMOL_BASES, "top_k": 3, "per_head": False}
     assert meta["parameters"] == 30 * (2 * 64 * 7 + 7 * 7) == result["meta"]["parameters"]

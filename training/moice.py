@@ -34,6 +34,7 @@ class MoiceConfig:
 
 class MoiceObjective:
     def __init__(self, loaded: LoadedModel, schemes: list[MoiceScheme], config: MoiceConfig):
+        loaded.model.requires_grad_(False)  # router-only: the model's weights never get gradients
         self.loaded, self.parts, self.config = loaded, MethodParts(list(schemes)), config
 
     def __call__(self, ex: TrainExample) -> tuple[torch.Tensor, dict[str, float]]:
@@ -77,7 +78,6 @@ def train_moice(
     max_seconds: float | None = None,
 ) -> dict:
     """Train routers and save them as a `moice` artefact at `out` (checkpoints in `out`.checkpoint)."""
-    loaded.model.requires_grad_(False)
     schemes = new_schemes(loaded.model, list(config.bases), config.top_k, config.per_head, seed=loop.seed)
     for s in schemes:
         s.to(loaded.device)
