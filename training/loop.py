@@ -145,3 +145,27 @@ def train(
     bar.close()
     log["seconds"] = time.perf_counter() - t0
     return log
+
+
+def training_record(log: dict, config: LoopConfig, device, dtype) -> dict:
+    """What an artefact's meta.json says about its training run: budget used, where, and the loss trend."""
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / max(1, len(values))
+
+    def mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
+        return {k: mean([p.get(k, 0.0) for p in parts]) for k in sorted({k for p in parts for k in p})}
+
+    return {
+        **asdict(config),
+        "seconds": log["seconds"],
+        "steps_done": log["steps_done"],
+        "examples_seen": min(config.examples, log["steps_done"] * config.batch),
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "final_loss": log["losses"][-1],
+        "loss_first_10": mean(log["losses"][:10]),
+        "loss_last_10": mean(log["losses"][-10:]),
+        "parts_first_10": mean_parts(log["parts"][:10]),
+        "parts_last_10": mean_parts(log["parts"][-10:]),
+    }

@@ -21,7 +21,7 @@ from generators.context import MethodParts, method_context
 from generators.models import LoadedModel
 from generators.moice import MoiceScheme, new_schemes, router_state
 from training.data import TrainExample
-from training.loop import LoopConfig, train
+from training.loop import LoopConfig, train, training_record
 
 
 @dataclass(frozen=True)
@@ -94,26 +94,8 @@ def train_moice(
         "options": {},
         "experts": {"bases": list(config.bases), "top_k": config.top_k, "per_head": config.per_head},
         "parameters": sum(p.numel() for p in params.values()),
-        "training": {
-            **asdict(config),
-            **asdict(loop),
-            "seconds": log["seconds"],
-            "steps_done": log["steps_done"],
-            "examples_seen": min(loop.examples, log["steps_done"] * loop.batch),
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "final_loss": log["losses"][-1],
-            "loss_first_10": sum(log["losses"][:10]) / max(1, len(log["losses"][:10])),
-            "loss_last_10": sum(log["losses"][-10:]) / max(1, len(log["losses"][-10:])),
-            "parts_first_10": _mean_parts(log["parts"][:10]),
-            "parts_last_10": _mean_parts(log["parts"][-10:]),
-        },
+        "training": {**asdict(config), **training_record(log, loop, loaded.device, loaded.dtype)},
         "data": data,
     }
     save_artefact(out_path, router_state(schemes), meta)
     return {"log": log, "meta": meta}
-
-
-def _mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
-    keys = {k for p in parts for k in p}
-    return {k: sum(p.get(k, 0.0) for p in parts) / max(1, len(parts)) for k in sorted(keys)}

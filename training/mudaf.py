@@ -26,7 +26,7 @@ from generators.delta import LoRADelta
 from generators.models import LoadedModel
 from generators.registry import baseline_schemes
 from training.data import TrainExample
-from training.loop import LoopConfig, train
+from training.loop import LoopConfig, train, training_record
 
 
 @dataclass(frozen=True)
@@ -148,18 +148,7 @@ def train_mudaf(
             "parameters": delta.num_parameters(),
         },
         "heads": [list(h) for h in config.heads],
-        "training": {
-            **asdict(config),
-            **asdict(loop),
-            "seconds": log["seconds"],
-            "steps_done": log["steps_done"],
-            "examples_seen": min(loop.examples, log["steps_done"] * loop.batch),
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "final_loss": log["losses"][-1],
-            "loss_first_10": sum(log["losses"][:10]) / max(1, len(log["losses"][:10])),
-            "loss_last_10": sum(log["losses"][-10:]) / max(1, len(log["losses"][-10:])),
-        },
+        "training": {**asdict(config), **training_record(log, loop, loaded.device, loaded.dtype)},
         "data": data,
         "head_scores": {k: head_scores[k] for k in ("eps", "n", "model_sha256")} if head_scores else None,
     }
