@@ -101,7 +101,13 @@ def sweep_summary(rows: list[dict]) -> dict:
             for r in rs:
                 if r["method"] == m and r["example_id"] in complete:
                     per_example[r["example_id"]].append(r["em"])
+            per_example_logp = defaultdict(list)
+            for r in rs:
+                if r["method"] == m and r["example_id"] in complete and "logprob" in r:
+                    per_example_logp[r["example_id"]].append(r["logprob"])
             table[m] = {
+                "per_example_em": {e: _mean(v) for e, v in per_example.items()},
+                "per_example_logprob": {e: _mean(v) for e, v in per_example_logp.items()},
                 "positions": per_pos,
                 "avg": _mean(accs),
                 "avg_ci": bootstrap_ci([_mean(v) for v in per_example.values()]),
@@ -110,7 +116,29 @@ def sweep_summary(rows: list[dict]) -> dict:
                 "seconds": _mean([per_pos[p]["seconds"] for p in positions]),
                 "f1": _mean([per_pos[p]["f1"] for p in positions]),
             }
-        out[ds] = {"n": len(complete), "positions": positions, "methods": table}
+        out[ds] = {"n": len(complete), "positions": positions, "methods": table, "paired": paired_vs_baseline(table)}
+    return out
+
+
+def paired_vs_baseline(table: dict) -> dict:
+    """Each method minus the baseline on the same questions: the mean difference and its bootstrap interval.
+
+    Pairing removes the question-to-question spread that the per-method intervals carry, so a
+    difference of a few points can be told from noise at n = 200 when the unpaired intervals overlap.
+    """
+    if "baseline" not in table:
+        return {}
+    base = table["baseline"]
+    out = {}
+    for m, t in table.items():
+        if m == "baseline":
+            continue
+        row = {}
+        for key in ("em", "logprob"):
+            b, x = base[f"per_example_{key}"], t[f"per_example_{key}"]
+            diffs = [x[e] - b[e] for e in x if e in b]
+            row[key] = (_mean(diffs), bootstrap_ci(diffs))
+        out[m] = row
     return out
 
 
@@ -170,6 +198,15 @@ def markdown(configs: list[dict], rows: list[dict]) -> str:
                 f"| {m} | " + " | ".join(cells) + f" | {_pct_ci(t['avg'], t['avg_ci'])} | {_pct(t['gap'])} | "
                 f"{_pct(t['recall@2'])} | {t['seconds']:.2f} |"
             )
+        if s["paired"]:
+            lines += ["", "Paired difference against the baseline on the same questions (average over positions):", ""]
+            lines += ["| method | accuracy, points | gold-answer log-probability, nats |", "|---|---|---|"]
+            for m, d in s["paired"].items():
+                (em, em_ci), (lp, lp_ci) = d["em"], d["logprob"]
+                lines.append(
+                    f"| {m} | {100 * em:+.1f} [{100 * em_ci[0]:+.1f}, {100 * em_ci[1]:+.1f}] | "
+                    f"{lp:+.2f} [{lp_ci[0]:+.2f}, {lp_ci[1]:+.2f}] |"
+                )
         lines += [
             "",
             "Continuous measures per gold position (answer F1 %, gold-answer log-probability, gold evidence "

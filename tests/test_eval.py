@@ -323,6 +323,29 @@ def test_bootstrap_interval_matches_the_normal_approximation():
     assert all(x != x for x in bootstrap_ci([]))
 
 
+def test_paired_difference_against_the_baseline_is_narrower_than_unpaired():
+    from eval.report import sweep_summary
+
+    # 100 questions; the method answers exactly what the baseline answers plus 10 more, at every position.
+    # Unpaired, each method's interval is about +-9 points wide; paired, every difference is 0 or 1/3
+    # and the interval of the +10-point mean must exclude zero.
+    rows = []
+    for i in range(100):
+        for p in (1, 5, 10):
+            base = float(i % 3 == 0)
+            for m, em in (("baseline", base), ("moice", 1.0 if i < 10 else base)):
+                row = dict(kind="sweep", dataset="d", k=10, method=m, position=p, example_id=f"q{i}")
+                row.update(em=em, f1=em, logprob=-1.0 - (m == "baseline"), gold_rank=1, gold_share=0.1, seconds=1.0)
+                rows.append(row)
+    (summary,) = sweep_summary(rows).values()
+    em, (lo, hi) = summary["paired"]["moice"]["em"]
+    expected = sum(1 - float(i % 3 == 0) for i in range(10)) / 100  # the 10 questions not already right
+    assert em == pytest.approx(expected)
+    assert 0 < lo < em < hi
+    assert summary["paired"]["moice"]["logprob"][0] == pytest.approx(1.0)
+    assert summary["paired"]["moice"]["logprob"][1] == (1.0, 1.0)  # no spread: the interval is the point
+
+
 def test_report_refuses_a_non_run_dir(tmp_path):
     from eval.runner import RunError
     from midlens.cli import main
