@@ -11,9 +11,15 @@ and b_p is added to the attention logits of every key of passage p for the answe
 token's and every generated token's), through SDPA's mask. For the rows the maps were read from, passage
 mass becomes target (strength 1) and the total on passages is unchanged; strength 0 is the baseline.
 
-Differences from the paper, stated: the positional bias is estimated with the content-free question on the
-prompt's own passages (the paper moves a dummy document through the slots); relevance comes from the maps the
-evidence already reads (no extra pass beyond the content-free suffix).
+Two estimates of the positional bias n (option `calibration`):
+    content-free  the content-free question "N/A" on the prompt's own passages (no extra prefill: it reuses
+                  the cached passages); relevance = (m_p - n_p) / temperature, raw masses.
+    dummy         the paper's estimate: the attention a dummy document gets in each slot. One extra prefill of
+                  the prompt with every passage line replaced by filler of the same token length under a blank
+                  title (every slot at once, where the paper moves one dummy through the slots), same
+                  question; relevance = (m_p / M - n_p / N) / temperature, shares, since a prompt of filler
+                  draws a different total onto its passages.
+Relevance comes from the maps the evidence already reads.
 """
 
 from __future__ import annotations
@@ -23,11 +29,23 @@ from contextlib import contextmanager
 import torch
 
 from core.errors import MethodConfigError
+from core.passage import Passage
 from generators.context import MethodParts
+from generators.prompt import StackedPrompt, render, render_document
 from generators.registry import baseline_schemes
 from generators.rope import RotaryScheme
 
-DEFAULTS = {"strength": 1.0, "temperature": 0.05, "layers": "upper", "query": "question", "heads": "all"}
+DEFAULTS = {
+    "strength": 1.0,
+    "temperature": 0.05,
+    "layers": "upper",
+    "query": "question",
+    "heads": "all",
+    "calibration": "content-free",
+}
+CALIBRATIONS = ("content-free", "dummy")
+# Filler with no entity, number or answer in it; repeated to each passage's token length.
+DUMMY_TEXT = "This document is intentionally left blank and says nothing about any subject."
 
 
 def check_options(opts: dict) -> None:
@@ -44,13 +62,40 @@ def check_options(opts: dict) -> None:
         raise MethodConfigError(f"attn-calibration query={opts['query']!r}: question or last.")
     if opts["heads"] not in ("all", "retrieval"):
         raise MethodConfigError(f"attn-calibration heads={opts['heads']!r}: all or retrieval.")
+    if opts["calibration"] not in CALIBRATIONS:
+        raise MethodConfigError(
+            f"attn-calibration calibration={opts['calibration']!r}: one of {', '.join(CALIBRATIONS)}."
+        )
 
 
-def passage_offsets(mass: torch.Tensor, null: torch.Tensor, strength: float, temperature: float) -> torch.Tensor:
-    """[..., P] question and content-free passage masses -> [..., P] logit offsets (see the module doc)."""
+def dummy_prompt(tokenizer, prompt: StackedPrompt) -> StackedPrompt:
+    """The prompt with each passage replaced by filler of the same token count under a blank title: what
+    attention each slot draws by its position alone (the paper's dummy document, in every slot at once)."""
+    # With its leading space, the unit tokenizes the same repeated as alone, so n ids stay n tokens.
+    filler_ids = tokenizer(" " + DUMMY_TEXT, add_special_tokens=False)["input_ids"]
+    dummies = []
+    for i, (p, (start, end)) in enumerate(zip(prompt.passages, prompt.passage_spans, strict=True), start=1):
+        # The slot's whole line (title included) is filled, so every later slot starts where it did.
+        frame = len(tokenizer(render_document(i, Passage(text="", title="")), add_special_tokens=False)["input_ids"])
+        n = max(end - start - frame, 1)
+        ids = (filler_ids * (n // len(filler_ids) + 1))[:n]
+        dummies.append(Passage(text=tokenizer.decode(ids).strip(), title="", id=p.id))
+    return render(tokenizer, dummies, prompt.question)
+
+
+def passage_offsets(
+    mass: torch.Tensor, null: torch.Tensor, strength: float, temperature: float, shares: bool = False
+) -> torch.Tensor:
+    """[..., P] question and bias passage masses -> [..., P] logit offsets (see the module doc); `shares`
+    compares each to its own total (the dummy-document estimate)."""
     mass = mass.double().clamp_min(1e-12)
     total = mass.sum(-1, keepdim=True)
-    target = total * torch.softmax((mass - null.double()) / temperature, dim=-1)
+    null = null.double()
+    if shares:
+        relevance = mass / total - null / null.sum(-1, keepdim=True).clamp_min(1e-12)
+    else:
+        relevance = mass - null
+    target = total * torch.softmax(relevance / temperature, dim=-1)
     b = strength * (target.log() - mass.log())
     b = b + total.log() - torch.logsumexp(mass.log() + b, dim=-1, keepdim=True)  # total passage mass kept
     return b.float()
@@ -102,16 +147,20 @@ def build(loaded, opts: dict) -> MethodParts:
     for i in chosen:
         schemes[i] = CalibratedScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads)
     strength, temperature, query = float(opts["strength"]), float(opts["temperature"]), opts["query"]
+    dummy = opts["calibration"] == "dummy"
 
     @contextmanager
     def answering(maps, prompt):
         """Set each calibrated layer's key bias from the prompt's evidence; cleared when the answer is done."""
         mass = maps.question if query == "question" else maps.last
-        null = maps.null_question if query == "question" else maps.null_last
+        if dummy:
+            null = maps.bias_question if query == "question" else maps.bias_last
+        else:
+            null = maps.null_question if query == "question" else maps.null_last
         if null is None or not prompt.passages:
             yield
             return
-        offsets = passage_offsets(mass, null, strength, temperature)  # [L, H, P]
+        offsets = passage_offsets(mass, null, strength, temperature, shares=dummy)  # [L, H, P]
         spans = torch.zeros(len(prompt.passages), prompt.num_tokens)  # passage -> its keys
         for p, (s, e) in enumerate(prompt.passage_spans):
             spans[p, s:e] = 1.0
@@ -125,4 +174,6 @@ def build(loaded, opts: dict) -> MethodParts:
             for i in chosen:
                 schemes[i].set_bias(None)
 
-    return MethodParts(schemes, answering=answering, answering_layers=tuple(chosen))
+    return MethodParts(
+        schemes, answering=answering, answering_layers=tuple(chosen), bias_prompt=dummy_prompt if dummy else None
+    )

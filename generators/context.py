@@ -33,6 +33,10 @@ class MethodParts:
     # maps (content-free ones included) and the prompt, a context the generator enters around answering only.
     answering: Callable[..., AbstractContextManager] | None = None
     answering_layers: tuple[int, ...] = ()  # layers whose evidence maps `answering` reads (the probe keeps them)
+    # Methods that need the positional bias measured on a content-free copy of the prompt (the same slots and
+    # lengths, no content): given (tokenizer, prompt), that copy. The generator prefills it first, on a cache of
+    # its own, and hands its maps to `answering` as `maps.bias_last` / `maps.bias_question`.
+    bias_prompt: Callable[..., object] | None = None
 
     def trainable(self) -> list[nn.Parameter]:
         """The parameters a method may learn (routers, delta factors); the model's own are not among them."""

@@ -80,6 +80,8 @@ class EvidenceMaps:
     answer: torch.Tensor | None = None
     null_last: torch.Tensor | None = None
     null_question: torch.Tensor | None = None
+    bias_last: torch.Tensor | None = None  # the same rows on a content-free copy (MethodParts.bias_prompt)
+    bias_question: torch.Tensor | None = None
 
     def scores(self, config: EvidenceConfig) -> list[float]:
         return aggregate(getattr(self, config.query), config)

@@ -140,6 +140,11 @@ class Generator:
         timings: dict[str, float] = {}
         generated: list[int] = []
         text = ""
+        bias = None
+        if self.parts.bias_prompt is not None and self.parts.answering is not None and prompt.passages:
+            t0 = time.perf_counter()
+            bias = self._prompt_maps(self.parts.bias_prompt(self.tokenizer, prompt))
+            timings["bias_s"] = time.perf_counter() - t0
         with self.running(probe):
             cache = DynamicCache(config=self.model.config)
             t0 = time.perf_counter()
@@ -152,11 +157,13 @@ class Generator:
             rows = probe.take()[:, 0]  # [layers, H, S, P]
             timings["prefill_s"] = time.perf_counter() - t0
             maps = EvidenceMaps(last=rows[:, :, -1], question=rows[:, :, :-1].mean(2))
+            if bias is not None:
+                maps.bias_last, maps.bias_question = bias
 
             answering = nullcontext()
             if self.parts.answering is not None:
                 seen = prompt.num_tokens  # prompt tokens the cache still holds
-                if prompt.passages:  # the method reads calibrated evidence before answering
+                if prompt.passages and bias is None:  # the method reads content-free-question maps before answering
                     t0 = time.perf_counter()
                     maps.null_last, maps.null_question, cropped = self._null_maps(prompt, cache, probe)
                     seen = seen if cropped is None else cropped  # the null question replaced the real one
@@ -233,6 +240,15 @@ class Generator:
             rows = torch.arange(len(ids) - 1, device=logprobs.device)
             logprob = logprob + logprobs[rows, torch.tensor(ids[1:], device=logprobs.device)].sum()
         return float(logprob)
+
+    def _prompt_maps(self, prompt: StackedPrompt) -> tuple[torch.Tensor, torch.Tensor]:
+        """(last, question) maps of another prompt, prefilled on its own cache before the real one is."""
+        probe = self.new_probe(prompt)
+        with self.running(probe):
+            probe.score_rows(list(range(*prompt.question_span)) + [prompt.num_tokens - 1])
+            self.forward(prompt.input_ids, DynamicCache(config=self.model.config))
+            rows = probe.take()[:, 0]
+        return rows[:, :, -1], rows[:, :, :-1].mean(2)
 
     def _null_maps(self, prompt: StackedPrompt, cache: DynamicCache, probe: PassageProbe):
         """ICR calibration: the same passages with a content-free question, on the cached prefix.

@@ -10,7 +10,7 @@ from transformers import DynamicCache
 
 from core.errors import MethodConfigError
 from generators import Generator
-from generators.attn_calibration import passage_offsets
+from generators.attn_calibration import dummy_prompt, passage_offsets
 from generators.registry import method_config
 from tests.conftest import planted_passages
 
@@ -106,6 +106,7 @@ def test_bad_options_are_refused_before_loading():
         ("attn-calibration(layers='middle')", "layers"),
         ("attn-calibration(query='answer')", "query"),
         ("attn-calibration(heads=[1, 2])", "heads"),
+        ("attn-calibration(calibration='mean')", "calibration"),
     ):
         with pytest.raises(MethodConfigError, match=match):
             method_config(spec)
@@ -124,3 +125,31 @@ def test_retrieval_heads_only_bias_those_heads(loaded, prompt):
             biased_heads = {h for h in range(bias.shape[0]) if bias[h].abs().sum() > 0}
             assert biased_heads <= {h for lay, h in pairs if lay == layer}
     assert all(gen.parts.schemes[layer].bias is None for layer in gen.parts.answering_layers)  # cleared after
+
+
+def test_dummy_document_calibration(loaded, prompt):
+    gen = Generator(loaded, method="attn-calibration(calibration='dummy')")
+    dummy = dummy_prompt(gen.tokenizer, prompt)
+    # Same slots: as many passages, each within 3 tokens of the original (decode/re-encode may merge a token at
+    # the seams), so the dummy's slot k sits where the real passage k sits; same question, no passage content.
+    assert len(dummy.passages) == len(prompt.passages)
+    for (s, e), (ds, de) in zip(prompt.passage_spans, dummy.passage_spans, strict=True):
+        assert abs((e - s) - (de - ds)) <= 3 and abs(s - ds) <= 3 * len(prompt.passages)
+    assert dummy.question == prompt.question and "Zorbland" not in dummy.text.split("Question:")[0]
+
+    answer = gen.generate(prompt, max_new_tokens=4)
+    assert answer.maps.bias_question.shape == answer.maps.question.shape
+    assert "bias_s" in answer.timings
+    # The bias maps are positional only: every slot holds the same filler, so no slot may stand out the way the
+    # planted fact does in the real prompt (its share of the question's passage mass, upper layers, mean over heads).
+    layers = list(gen.parts.answering_layers)
+    real = answer.maps.question[layers].mean((0, 1))
+    bias = answer.maps.bias_question[layers].mean((0, 1))
+    gold = GOLD_AT - 1
+    assert (real[gold] / real.sum()) / (bias[gold] / bias.sum()) > 1.5, (real, bias)
+    # Offsets from share-normalised relevance still keep the passages' total mass (1e-5).
+    mass, null = answer.maps.question[layers], answer.maps.bias_question[layers]
+    b = passage_offsets(mass, null, 1.0, 0.05, shares=True).double()
+    m = mass.double()
+    moved = (m * b.exp()).sum(-1)
+    assert ((moved / (moved + 1 - m.sum(-1))) - m.sum(-1)).abs().max().item() < 1e-5
