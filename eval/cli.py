@@ -66,6 +66,13 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
     p.add_argument("--limit", type=int, help="stop after this many new units")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--max-words", type=int, default=100, help="hotpotqa: clip paragraphs to ~N words (0: whole)")
+    p.add_argument(
+        "--split",
+        default="eval",
+        choices=["eval", "train"],
+        help="hotpotqa: the held-out evaluation split, or questions of the train split, for choosing a "
+        "method's options on a tuning slice that evaluation never sees",
+    )
     p.add_argument("--evidence-layers", default="upper", help="all | upper | lower | comma-separated indices")
     p.add_argument("--evidence-query", default="question", choices=["last", "question"])
     p.add_argument("--evidence-heads", default="all", choices=["all", "retrieval"], help=HEADS_HELP)
@@ -119,7 +126,10 @@ def _examples(args: argparse.Namespace):
     if args.dataset == "hotpotqa":
         mode = "mdqa" if args.mode == "sweep" else "rerank"
         max_words = None if args.max_words <= 0 else args.max_words
-        return "hotpotqa", load_hotpotqa(args.n, args.seed, mode=mode, k=getattr(args, "k", 10), max_words=max_words)
+        # Another split is another dataset name, so a report never pools tuning rows with evaluation rows.
+        name = "hotpotqa" if args.split == "eval" else f"hotpotqa-{args.split}"
+        k = getattr(args, "k", 10)
+        return name, load_hotpotqa(args.n, args.seed, mode=mode, k=k, max_words=max_words, split=args.split)
     if args.dataset == "kv":
         if args.mode != "sweep":
             raise MidlensError("kv retrieval has one relevant pair and no retriever order: use it with `eval sweep`.")
@@ -147,6 +157,8 @@ def _method_specs(methods: list[str]) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if getattr(args, "split", "eval") != "eval" and getattr(args, "dataset", None) != "hotpotqa":
+        raise MidlensError(f"--split {args.split}: only --dataset hotpotqa has splits.")
     from dataclasses import asdict
 
     from eval import runner

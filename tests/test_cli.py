@@ -156,3 +156,25 @@ def test_eval_sweep_k_zero_names_k_not_positions(capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2
     assert "argument --k: 0 is not allowed: use 1 or more" in err and "--positions" not in err.split("error:")[1]
+
+
+def test_a_split_is_refused_for_a_dataset_without_one_before_anything_loads():
+    code = (
+        "from midlens.cli import main\n"
+        "assert main(['eval', 'sweep', '--dataset', 'kv', '--split', 'train', '--out', 'unused']) == 2"
+    )
+    assert heavy_imports_after(code) == []
+    out = run_cli("eval", "sweep", "--dataset", "kv", "--split", "train", "--out", "unused")
+    assert out.returncode == 2 and "--split train: only --dataset hotpotqa has splits" in out.stderr
+
+
+def test_the_train_split_is_a_dataset_of_its_own():
+    import argparse
+
+    from core.hotpotqa import split_of
+    from eval.cli import _examples
+
+    args = argparse.Namespace(dataset="hotpotqa", mode="sweep", max_words=60, n=5, seed=0, k=10, split="train")
+    name, examples = _examples(args)
+    assert name == "hotpotqa-train" and len(examples) == 5  # never pooled with "hotpotqa" (eval) rows in a report
+    assert all(split_of(ex.id) == "train" for ex in examples)
