@@ -67,6 +67,12 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--max-words", type=int, default=100, help="hotpotqa: clip paragraphs to ~N words (0: whole)")
     p.add_argument(
+        "--prompt-style",
+        choices=["short", "litm"],
+        help="instruction above the passages; default: litm (Liu et al.'s, comparable with the literature) for "
+        "sweep and rerank, short (what `midlens ask` uses) for e2e",
+    )
+    p.add_argument(
         "--split",
         default="eval",
         choices=["eval", "train"],
@@ -187,6 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "n": args.n,
         "max_new_tokens": args.max_new_tokens,
+        "prompt_style": args.prompt_style or ("short" if args.mode == "e2e" else "litm"),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     config["methods_sha256"] = {m: runner.sha256_json(c) for m, c in config["methods"].items()}
@@ -220,7 +227,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             ]
 
             def evaluate(u):
-                return evaluate_rerank(gens[u["method"]], examples[u["example"]])
+                return evaluate_rerank(gens[u["method"]], examples[u["example"]], style=config["prompt_style"])
 
     config["units"] = len(units)
     rows = runner.run_units(args.out, config, units, evaluate, shard, args.limit, progress=not args.no_progress)
@@ -261,7 +268,7 @@ def _sweep(args, name, examples, gens, config):
         for q, p in enumerate(positions)
     ]
 
-    sweep = PositionSweep(gens, k, args.max_new_tokens, logprob=not args.no_logprob)
+    sweep = PositionSweep(gens, k, args.max_new_tokens, logprob=not args.no_logprob, style=config["prompt_style"])
 
     def evaluate(u):
         return sweep(examples[u["example"]], u["position"], u["method"])
@@ -279,7 +286,12 @@ def _e2e(args, loaded, gens, config):
 
     questions = load_questions(args.questions or default_questions_path(), args.n, args.seed)
     retriever = DenseRetriever.build(args.corpus or default_corpus_path(), index_dir=args.index_dir)
-    pipes = {m: Pipeline(retriever, g, top_k=args.top_k, max_new_tokens=args.max_new_tokens) for m, g in gens.items()}
+    pipes = {
+        m: Pipeline(
+            retriever, g, top_k=args.top_k, max_new_tokens=args.max_new_tokens, prompt_style=config["prompt_style"]
+        )
+        for m, g in gens.items()
+    }
     config.update(
         dataset=Path(args.questions or default_questions_path()).name,
         top_k=args.top_k,

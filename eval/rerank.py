@@ -31,13 +31,13 @@ def _ranked(ids: list[str], scores: list[float]) -> list[str]:
     return [ids[i] for i in sorted(range(len(ids)), key=lambda i: -scores[i])]
 
 
-def evaluate_rerank(gen: Generator, example: Example, max_new_tokens: int = 0) -> dict:
+def evaluate_rerank(gen: Generator, example: Example, max_new_tokens: int = 0, style: str = "litm") -> dict:
     t0 = time.perf_counter()
     dense = dense_scores(example.question, example.passages)
     order = sorted(range(len(example.passages)), key=lambda i: -dense[i])
     passages = [example.passages[i] for i in order]
     ids = [p.id for p in passages]
-    answer = gen.score(gen.prompt(example.question, passages, max_new_tokens=max_new_tokens))
+    answer = gen.score(gen.prompt(example.question, passages, max_new_tokens=max_new_tokens, style=style))
     gold = set(example.gold_ids)
     rankings = {
         "dense": ids,

@@ -53,26 +53,32 @@ def long_context_reorder(question: str, passages: list[Passage]) -> list[Passage
     return [passages[int(n.node.node_id)] for n in LongContextReorder().postprocess_nodes(nodes)]
 
 
-def attention_sort(gen: Generator, question: str, passages: list[Passage], max_new_tokens: int) -> list[Passage]:
-    scored = gen.score(gen.prompt(question, passages, max_new_tokens=max_new_tokens))
+def attention_sort(
+    gen: Generator, question: str, passages: list[Passage], max_new_tokens: int, style: str = "litm"
+) -> list[Passage]:
+    scored = gen.score(gen.prompt(question, passages, max_new_tokens=max_new_tokens, style=style))
     key = [p.calibrated if p.calibrated is not None else p.evidence for p in scored.passages]
     order = sorted(range(len(passages)), key=lambda i: key[i])  # ascending: strongest last
     return [passages[i] for i in order]
 
 
-def arrange(gen: Generator, example: Example, k: int, position: int, method: str, max_new_tokens: int) -> list[Passage]:
+def arrange(
+    gen: Generator, example: Example, k: int, position: int, method: str, max_new_tokens: int, style: str = "litm"
+) -> list[Passage]:
     """The passages in prompt order for one sweep cell: the layout, reordered by an ordering baseline."""
     passages = layout(example, k, position)
     if method == "lcr":
         return long_context_reorder(example.question, passages)
     if method == "attn-sort":
-        return attention_sort(gen, example.question, passages, max_new_tokens)
+        return attention_sort(gen, example.question, passages, max_new_tokens, style)
     return passages
 
 
-def answer_row(gen: Generator, example: Example, passages: list[Passage], max_new_tokens: int, logprob: bool) -> dict:
+def answer_row(
+    gen: Generator, example: Example, passages: list[Passage], max_new_tokens: int, logprob: bool, style: str = "litm"
+) -> dict:
     """Answer one arranged prompt and score it -> the metric columns of a result row."""
-    prompt = gen.prompt(example.question, passages, max_new_tokens=max_new_tokens)
+    prompt = gen.prompt(example.question, passages, max_new_tokens=max_new_tokens, style=style)
     answer = gen.generate(prompt, max_new_tokens=max_new_tokens, reference=example.answers[0] if logprob else None)
     gold_id = example.gold_ids[0]
     gold = next(p for p in answer.passages if p.passage.id == gold_id)
@@ -101,8 +107,11 @@ class PositionSweep:
     answering it again would only cost time. A reused row says which position it came from.
     """
 
-    def __init__(self, gens: dict[str, Generator], k: int, max_new_tokens: int, logprob: bool = True):
-        self.gens, self.k, self.max_new_tokens, self.logprob = gens, k, max_new_tokens, logprob
+    def __init__(
+        self, gens: dict[str, Generator], k: int, max_new_tokens: int, logprob: bool = True, style: str = "litm"
+    ):
+        """`style`: the prompt's instruction; Liu et al.'s by default, as the sweep reproduces their setting."""
+        self.gens, self.k, self.max_new_tokens, self.logprob, self.style = gens, k, max_new_tokens, logprob, style
         self._example_id: str | None = None
         self._answered: dict[tuple, tuple[int, dict]] = {}  # (method, passage ids) of the current example
 
@@ -111,12 +120,12 @@ class PositionSweep:
         if example.id != self._example_id:  # units come example by example: only the current one can repeat
             self._example_id, self._answered = example.id, {}
         gen = self.gens[method]
-        passages = arrange(gen, example, self.k, position, method, self.max_new_tokens)
+        passages = arrange(gen, example, self.k, position, method, self.max_new_tokens, self.style)
         key = (method, tuple(p.id for p in passages))
         if key in self._answered:
             first_position, row = self._answered[key]
             row = {**row, "reused_from_position": first_position}
         else:
-            row = answer_row(gen, example, passages, self.max_new_tokens, self.logprob)
+            row = answer_row(gen, example, passages, self.max_new_tokens, self.logprob, self.style)
             self._answered[key] = (position, row)
         return {**row, "seconds": time.perf_counter() - t0}

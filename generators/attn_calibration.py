@@ -80,7 +80,7 @@ def dummy_prompt(tokenizer, prompt: StackedPrompt) -> StackedPrompt:
         n = max(end - start - frame, 1)
         ids = (filler_ids * (n // len(filler_ids) + 1))[:n]
         dummies.append(Passage(text=tokenizer.decode(ids).strip(), title="", id=p.id))
-    return render(tokenizer, dummies, prompt.question)
+    return render(tokenizer, dummies, prompt.question, prompt.style)
 
 
 def passage_offsets(

@@ -25,7 +25,14 @@ from generators.context import MethodParts, method_context
 from generators.evidence import Answer, EvidenceConfig, EvidenceMaps, passage_evidence
 from generators.models import DEFAULT_MODEL, LoadedModel, load_model, non_finite_error
 from generators.probe import PassageProbe
-from generators.prompt import CONTENT_FREE_QUESTION, StackedPrompt, build_prompt, render, shared_prefix_length
+from generators.prompt import (
+    CONTENT_FREE_QUESTION,
+    DEFAULT_STYLE,
+    StackedPrompt,
+    build_prompt,
+    render,
+    shared_prefix_length,
+)
 from generators.registry import MethodConfig, build_parts, method_config
 from generators.retrieval_heads import resolve_evidence
 
@@ -82,8 +89,12 @@ class Generator:
         passages: list[Passage],
         max_new_tokens: int = 48,
         truncate: Literal["error", "drop_last"] = "error",
+        style: str = DEFAULT_STYLE,
     ) -> StackedPrompt:
-        return build_prompt(self.tokenizer, passages, question, self.context_window - max_new_tokens, truncate)
+        """`style`: the instruction, a name in generators.prompt.STYLES ("short" asks for the bare answer, "litm"
+        is Liu et al.'s, which the position sweeps use)."""
+        window = self.context_window - max_new_tokens
+        return build_prompt(self.tokenizer, passages, question, window, truncate, style)
 
     @contextmanager
     def running(self, probe: PassageProbe | None = None):
@@ -254,7 +265,7 @@ class Generator:
         """ICR calibration: the same passages with a content-free question, on the cached prefix.
 
         Returns (last, question) maps and the length `cache` was cropped to (None when a fresh cache was used)."""
-        null = render(self.tokenizer, prompt.passages, CONTENT_FREE_QUESTION)
+        null = render(self.tokenizer, prompt.passages, CONTENT_FREE_QUESTION, prompt.style)
         shared = min(shared_prefix_length(prompt.input_ids, null.input_ids), null.question_span[0])
         cropped = None
         if shared >= null.passage_spans[-1][1]:

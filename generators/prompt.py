@@ -1,6 +1,6 @@
 """Passages -> one chat-templated prompt in the lost-in-the-middle format, with exact token spans.
 
-Layout of the user turn (Liu et al. 2023):
+Layout of the user turn (Liu et al. 2023), under one of the instructions of `STYLES`:
     Write a high-quality answer ... (some of which might be irrelevant).
 
     Document [1](Title: t) text
@@ -20,13 +20,28 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from core.errors import PromptTooLongError
+from core.errors import InvalidArgumentError, PromptTooLongError
 from core.passage import Passage
 
-INSTRUCTION = (
-    "Write a high-quality answer for the given question using only the provided search results "
-    "(some of which might be irrelevant)."
-)
+# The instruction above the documents, by style name.
+#   litm   Liu et al.'s: the position sweeps and the training data keep it, so sweeps compare with the
+#          literature and with what the shipped artefacts were trained on.
+#   short  asks for the bare answer: given "litm", small models restate the question and often run out of tokens
+#          before the answer. Tuning slice (60 HotpotQA train-split questions, 2 gold + 3 distractor paragraphs,
+#          greedy, 24 tokens; docs/results/answer-path): F1 Qwen2.5-0.5B 37.6 vs 26.9, SmolLM2 8.0 vs 5.2;
+#          substring EM 31.7 vs 36.7 and 18.3 vs 15.0, both within noise at n = 60 (EM also credits a long
+#          answer that lists several candidates).
+STYLES = {
+    "litm": (
+        "Write a high-quality answer for the given question using only the provided search results "
+        "(some of which might be irrelevant)."
+    ),
+    "short": (
+        "Answer the question using only the documents below (some of which might be irrelevant). "
+        "Reply with the answer alone: a name, date, number, or yes/no, copied from the documents; no sentence."
+    ),
+}
+DEFAULT_STYLE = "short"  # what users get (ask, demo, LlamaIndex, e2e); sweeps and training pass "litm"
 CONTENT_FREE_QUESTION = "N/A"
 
 
@@ -39,6 +54,7 @@ class StackedPrompt:
     question: str
     question_span: tuple[int, int]
     dropped: list[Passage] = field(default_factory=list)  # passages cut by truncate="drop_last"
+    style: str = DEFAULT_STYLE  # the instruction's name in STYLES; re-renders (calibration) keep it
 
     @property
     def num_tokens(self) -> int:
@@ -50,9 +66,18 @@ def render_document(index: int, passage: Passage) -> str:
     return f"Document [{index}](Title: {passage.title}) {text}"
 
 
-def _user_content(passages: list[Passage], question: str) -> tuple[str, list[tuple[int, int]], tuple[int, int]]:
-    parts = [INSTRUCTION, "\n\n"]
-    pos = len(INSTRUCTION) + 2
+def check_style(style: str) -> str:
+    if style not in STYLES:
+        raise InvalidArgumentError(f"prompt style {style!r}: expected one of {', '.join(STYLES)}.")
+    return style
+
+
+def _user_content(
+    passages: list[Passage], question: str, style: str
+) -> tuple[str, list[tuple[int, int]], tuple[int, int]]:
+    instruction = STYLES[check_style(style)]
+    parts = [instruction, "\n\n"]
+    pos = len(instruction) + 2
     char_spans = []
     for i, passage in enumerate(passages, start=1):
         line = render_document(i, passage)
@@ -85,9 +110,9 @@ def _chars_to_tokens(offsets: list[tuple[int, int]], char_spans: list[tuple[int,
     return spans
 
 
-def render(tokenizer, passages: list[Passage], question: str) -> StackedPrompt:
+def render(tokenizer, passages: list[Passage], question: str, style: str = DEFAULT_STYLE) -> StackedPrompt:
     """Render without any length check."""
-    content, char_spans, question_chars = _user_content(passages, question)
+    content, char_spans, question_chars = _user_content(passages, question, style)
     messages = [{"role": "user", "content": content}]
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -97,7 +122,7 @@ def render(tokenizer, passages: list[Passage], question: str) -> StackedPrompt:
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     *spans, q_span = _chars_to_tokens(offsets, [(base + s, base + e) for s, e in [*char_spans, question_chars]])
-    return StackedPrompt(text, list(enc["input_ids"]), list(passages), spans, question, q_span)
+    return StackedPrompt(text, list(enc["input_ids"]), list(passages), spans, question, q_span, style=style)
 
 
 # Characters one render may cover per token of the budget. English averages about 4 characters a token; 16
@@ -106,12 +131,16 @@ def render(tokenizer, passages: list[Passage], question: str) -> StackedPrompt:
 _CHARS_PER_TOKEN_BOUND = 16
 
 
-def fit_passages(tokenizer, passages: list[Passage], question: str, max_tokens: int) -> StackedPrompt:
+def fit_passages(
+    tokenizer, passages: list[Passage], question: str, max_tokens: int, style: str = DEFAULT_STYLE
+) -> StackedPrompt:
     """The prompt of the longest prefix of `passages` that fits in `max_tokens`; the rest is in `dropped`."""
-    return _fit(tokenizer, passages, question, max_tokens)[0]
+    return _fit(tokenizer, passages, question, max_tokens, style)[0]
 
 
-def _fit(tokenizer, passages: list[Passage], question: str, max_tokens: int) -> tuple[StackedPrompt, int, bool]:
+def _fit(
+    tokenizer, passages: list[Passage], question: str, max_tokens: int, style: str = DEFAULT_STYLE
+) -> tuple[StackedPrompt, int, bool]:
     """(the prompt of the longest prefix of `passages` that fits in `max_tokens`, with the rest in `dropped`;
     the tokens of the longest prefix rendered; whether that prefix held every passage).
 
@@ -131,7 +160,7 @@ def _fit(tokenizer, passages: list[Passage], question: str, max_tokens: int) -> 
 
     def prompt_of(count: int) -> StackedPrompt:
         if count not in renders:
-            renders[count] = render(tokenizer, passages[:count], question)
+            renders[count] = render(tokenizer, passages[:count], question, style)
         return renders[count]
 
     def fits(count: int) -> bool:
@@ -183,7 +212,9 @@ def _fit(tokenizer, passages: list[Passage], question: str, max_tokens: int) -> 
     return kept, renders[longest].num_tokens, longest == len(passages)
 
 
-def fit_windows(tokenizer, passages: list[Passage], question: str, max_tokens: int) -> Iterator[StackedPrompt]:
+def fit_windows(
+    tokenizer, passages: list[Passage], question: str, max_tokens: int, style: str = DEFAULT_STYLE
+) -> Iterator[StackedPrompt]:
     """Consecutive groups of `passages`, each stacked under `question` into the fullest prompt that fits
     `max_tokens` (fit_passages on what the previous groups left), for scoring more passages than one window holds.
 
@@ -192,10 +223,10 @@ def fit_windows(tokenizer, passages: list[Passage], question: str, max_tokens: i
     """
     remaining = passages
     while remaining:
-        prompt = fit_passages(tokenizer, remaining, question, max_tokens)
+        prompt = fit_passages(tokenizer, remaining, question, max_tokens, style)
         if not prompt.passages:
             first = remaining[0]
-            alone = render(tokenizer, [first], question).num_tokens
+            alone = render(tokenizer, [first], question, style).num_tokens
             raise PromptTooLongError(
                 f"passage {first.id or first.title or '(no id)'} does not fit one prompt: stacked alone under the "
                 f"question it takes {alone} tokens, more than the {max_tokens} allowed. Split it into smaller chunks.",
@@ -214,6 +245,7 @@ def build_prompt(
     question: str,
     max_tokens: int,
     truncate: Literal["error", "drop_last"] = "error",
+    style: str = DEFAULT_STYLE,
 ) -> StackedPrompt:
     """Stack passages into a prompt of at most `max_tokens` tokens; never cut silently.
 
@@ -225,7 +257,7 @@ def build_prompt(
         raise ValueError("question is empty: pass the text to answer.")
     if truncate not in ("error", "drop_last"):
         raise ValueError(f"truncate={truncate!r}: expected 'error' or 'drop_last'.")
-    prompt, longest_tokens, exact = _fit(tokenizer, passages, question, max_tokens)
+    prompt, longest_tokens, exact = _fit(tokenizer, passages, question, max_tokens, check_style(style))
     fit = len(prompt.passages)
     if not prompt.dropped or (truncate == "drop_last" and fit > 0):
         return prompt

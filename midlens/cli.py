@@ -102,6 +102,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         evidence=evidence_config(args),
         device=args.device,
         dtype=args.dtype,
+        prompt_style=args.prompt_style,
     )
     pipe.truncate = args.truncate
     try:
@@ -146,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--max-new-tokens", type=int, default=48, help="longest answer, in tokens")
     ask.add_argument(
         "--truncate", default="error", choices=["error", "drop_last"], help="when passages overflow the window"
+    )
+    ask.add_argument(
+        "--prompt-style",
+        default="short",
+        choices=["short", "litm"],
+        help="instruction above the passages: short (the bare answer) or litm (Liu et al.'s wording)",
     )
     ask.add_argument("--no-calibrate", action="store_true", help="skip the content-free (N/A) calibration pass")
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")

@@ -165,6 +165,9 @@ class MidlensLLM(CustomLLM):
     truncate: Literal["error", "drop_last"] = Field(
         default="error", description="What to do when the passages do not fit the context window."
     )
+    prompt_style: Literal["short", "litm"] = Field(
+        default="short", description="Instruction above the passages: the bare answer, or Liu et al.'s wording."
+    )
     _generator: Generator = PrivateAttr()
 
     def __init__(
@@ -238,6 +241,7 @@ class MidlensLLM(CustomLLM):
             [to_passage(p) for p in passages or []],
             max_new_tokens=options["max_new_tokens"],
             truncate=self.truncate,
+            style=self.prompt_style,
         )
         if not stacked.passages:
             options["calibrate"] = False  # no passage to calibrate evidence for

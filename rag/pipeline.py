@@ -17,6 +17,7 @@ from core.passage import Passage
 from generators.evidence import Answer, EvidenceConfig
 from generators.generator import GenerationStream, Generator
 from generators.models import DEFAULT_MODEL, LoadedModel
+from generators.prompt import DEFAULT_STYLE, check_style
 from generators.registry import MethodConfig
 from retrievers.corpus import default_corpus_path
 from retrievers.dense import DenseRetriever, IndexType
@@ -38,12 +39,15 @@ class Pipeline:
         top_k: int = 5,
         max_new_tokens: int = 48,
         truncate: Literal["error", "drop_last"] = "error",
+        prompt_style: str = DEFAULT_STYLE,
     ):
+        """`prompt_style`: the instruction above the passages (generators.prompt.STYLES)."""
         self.retriever = retriever
         self.generator = generator
         self.top_k = check_top_k(top_k)
         self.max_new_tokens = max_new_tokens
         self.truncate = truncate
+        self.prompt_style = check_style(prompt_style)
 
     @classmethod
     def from_corpus(
@@ -57,20 +61,22 @@ class Pipeline:
         evidence: EvidenceConfig | None = None,
         device: str = "auto",
         dtype: str = "auto",
+        prompt_style: str = DEFAULT_STYLE,
         **method_options,
     ) -> Pipeline:
         """`method` is a registry name or spec; `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU."""
         check_top_k(top_k)  # before the model loads
+        check_style(prompt_style)
         generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **method_options)
         retriever = DenseRetriever.build(corpus or default_corpus_path(), index_dir=index_dir, index_type=index_type)
-        return cls(retriever, generator, top_k=top_k)
+        return cls(retriever, generator, top_k=top_k, prompt_style=prompt_style)
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:
         """The same retriever and loaded model, another method (weights are shared, not reloaded)."""
         generator = Generator(
             self.generator.loaded, method=method, evidence=self.generator.evidence_config, **method_options
         )
-        return Pipeline(self.retriever, generator, self.top_k, self.max_new_tokens, self.truncate)
+        return Pipeline(self.retriever, generator, self.top_k, self.max_new_tokens, self.truncate, self.prompt_style)
 
     def retrieve(self, question: str, top_k: int | None = None) -> list[Passage]:
         # `top_k or self.top_k` would turn an explicit 0 into the default: only None means "the default".
@@ -79,7 +85,9 @@ class Pipeline:
     def answer(self, question: str, passages: list[Passage], calibrate: bool = True, **generate_kwargs) -> Answer:
         """Generate over given passages (in the given prompt order), skipping retrieval."""
         max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
-        prompt = self.generator.prompt(question, passages, max_new_tokens=max_new, truncate=self.truncate)
+        prompt = self.generator.prompt(
+            question, passages, max_new_tokens=max_new, truncate=self.truncate, style=self.prompt_style
+        )
         return self.generator.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
 
     def ask(self, question: str, top_k: int | None = None, calibrate: bool = True, **generate_kwargs) -> Answer:
@@ -93,5 +101,7 @@ class Pipeline:
     def ask_stream(self, question: str, top_k: int | None = None, **generate_kwargs) -> GenerationStream:
         passages = self.retrieve(question, top_k)
         max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
-        prompt = self.generator.prompt(question, passages, max_new_tokens=max_new, truncate=self.truncate)
+        prompt = self.generator.prompt(
+            question, passages, max_new_tokens=max_new, truncate=self.truncate, style=self.prompt_style
+        )
         return self.generator.stream(prompt, max_new_tokens=max_new, **generate_kwargs)

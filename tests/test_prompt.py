@@ -9,9 +9,11 @@ from generators.prompt import Passage, build_prompt, render_document
 from tests.conftest import planted_passages
 
 
-def test_spans_decode_back_to_each_document(loaded):
+@pytest.mark.parametrize("style", ["short", "litm"])
+def test_spans_decode_back_to_each_document(loaded, style):
     passages = planted_passages(6, 4)
-    prompt = build_prompt(loaded.tokenizer, passages, "Which code word?", max_tokens=4096)
+    prompt = build_prompt(loaded.tokenizer, passages, "Which code word?", max_tokens=4096, style=style)
+    assert prompt.style == style
     assert len(prompt.passage_spans) == len(passages)
     for i, ((s, e), p) in enumerate(zip(prompt.passage_spans, passages, strict=True), start=1):
         decoded = loaded.tokenizer.decode(prompt.input_ids[s:e]).strip()
@@ -30,6 +32,20 @@ def test_prompt_uses_chat_template_and_lost_in_the_middle_format(loaded):
     assert prompt.text.startswith("<|im_start|>")
     assert "Document [1](Title: Paris) Paris is in France." in prompt.text
     assert prompt.text.rstrip().endswith("<|im_start|>assistant")
+
+
+def test_styles_set_the_instruction_and_an_unknown_one_is_refused(loaded):
+    from core.errors import InvalidArgumentError
+    from generators.prompt import DEFAULT_STYLE, STYLES
+
+    args = (loaded.tokenizer, [Passage("Paris is in France.", "Paris")], "Where is Paris?", 4096)
+    assert DEFAULT_STYLE == "short" and STYLES["short"] in build_prompt(*args).text
+    assert (
+        STYLES["litm"] in build_prompt(*args, style="litm").text
+        and STYLES["short"] not in build_prompt(*args, style="litm").text
+    )
+    with pytest.raises(InvalidArgumentError, match="prompt style .terse.: expected one of litm, short"):
+        build_prompt(*args, style="terse")
 
 
 def test_too_long_prompt_is_refused_with_counts(loaded):

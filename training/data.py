@@ -61,7 +61,8 @@ def training_examples(
         if len(supporting) != 2 or not all(any(p.title == t for p in passages) for t in supporting):
             continue
         rng.shuffle(passages)
-        prompt = render(tokenizer, passages, row["question"])
+        # Liu et al.'s instruction, as the shipped artefacts were trained: a new style is a new training run.
+        prompt = render(tokenizer, passages, row["question"], style="litm")
         answer_ids = tokenizer(" ".join(str(row["answer"]).split()), add_special_tokens=False)["input_ids"]
         if not answer_ids:
             continue
