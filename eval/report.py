@@ -169,7 +169,14 @@ def e2e_summary(rows: list[dict]) -> dict:
     groups = _grouped(rows, "e2e", lambda r: (r["dataset"], r["method"]))
     by = {(ds + suffix, m): rs for ((ds, m), _), (suffix, rs) in groups.items()}
     keys = ("em", "f1", "retrieval_recall", "evidence_recall@2", "seconds")
-    return {k: {"n": len(rs), **{m: _mean([r[m] for r in rs if m in r]) for m in keys}} for k, rs in by.items()}
+    return {
+        k: {
+            "n": len(rs),
+            **{m: _mean([r[m] for r in rs if m in r]) for m in keys},
+            "em_ci": bootstrap_ci([r["em"] for r in rs]),
+        }
+        for k, rs in by.items()
+    }
 
 
 def _pct(x: float) -> str:
@@ -236,8 +243,8 @@ def markdown(configs: list[dict], rows: list[dict]) -> str:
         lines += ["| dataset | method | n | EM | F1 | retrieval recall | evidence R@2 | s/example |", "|" + "---|" * 8]
         for (ds, m), s in e2e.items():
             lines.append(
-                f"| {ds} | {m} | {s['n']} | {_pct(s['em'])} | {_pct(s['f1'])} | {_pct(s['retrieval_recall'])} | "
-                f"{_pct(s['evidence_recall@2'])} | {s['seconds']:.2f} |"
+                f"| {ds} | {m} | {s['n']} | {_pct_ci(s['em'], s['em_ci'])} | {_pct(s['f1'])} | "
+                f"{_pct(s['retrieval_recall'])} | {_pct(s['evidence_recall@2'])} | {s['seconds']:.2f} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@ from eval.datasets import Example
 from eval.metrics import ranking_metrics
 from eval.sweep import dense_scores
 from generators.generator import Generator
+from generators.prompt import DEFAULT_STYLE
 
 
 def bm25_scores(question: str, passages: list[Passage]) -> list[float]:
@@ -31,7 +32,7 @@ def _ranked(ids: list[str], scores: list[float]) -> list[str]:
     return [ids[i] for i in sorted(range(len(ids)), key=lambda i: -scores[i])]
 
 
-def evaluate_rerank(gen: Generator, example: Example, max_new_tokens: int = 0, style: str = "litm") -> dict:
+def evaluate_rerank(gen: Generator, example: Example, max_new_tokens: int = 0, style: str = DEFAULT_STYLE) -> dict:
     t0 = time.perf_counter()
     dense = dense_scores(example.question, example.passages)
     order = sorted(range(len(example.passages)), key=lambda i: -dense[i])

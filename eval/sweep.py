@@ -18,6 +18,7 @@ from core.passage import Passage
 from eval.datasets import Example
 from eval.metrics import answer_f1, best_subspan_em
 from generators.generator import Generator
+from generators.prompt import DEFAULT_STYLE
 
 ORDERINGS = ("lcr", "attn-sort")
 
@@ -54,7 +55,7 @@ def long_context_reorder(question: str, passages: list[Passage]) -> list[Passage
 
 
 def attention_sort(
-    gen: Generator, question: str, passages: list[Passage], max_new_tokens: int, style: str = "litm"
+    gen: Generator, question: str, passages: list[Passage], max_new_tokens: int, style: str = DEFAULT_STYLE
 ) -> list[Passage]:
     scored = gen.score(gen.prompt(question, passages, max_new_tokens=max_new_tokens, style=style))
     key = [p.calibrated if p.calibrated is not None else p.evidence for p in scored.passages]
@@ -63,7 +64,13 @@ def attention_sort(
 
 
 def arrange(
-    gen: Generator, example: Example, k: int, position: int, method: str, max_new_tokens: int, style: str = "litm"
+    gen: Generator,
+    example: Example,
+    k: int,
+    position: int,
+    method: str,
+    max_new_tokens: int,
+    style: str = DEFAULT_STYLE,
 ) -> list[Passage]:
     """The passages in prompt order for one sweep cell: the layout, reordered by an ordering baseline."""
     passages = layout(example, k, position)
@@ -75,7 +82,12 @@ def arrange(
 
 
 def answer_row(
-    gen: Generator, example: Example, passages: list[Passage], max_new_tokens: int, logprob: bool, style: str = "litm"
+    gen: Generator,
+    example: Example,
+    passages: list[Passage],
+    max_new_tokens: int,
+    logprob: bool,
+    style: str = DEFAULT_STYLE,
 ) -> dict:
     """Answer one arranged prompt and score it -> the metric columns of a result row."""
     prompt = gen.prompt(example.question, passages, max_new_tokens=max_new_tokens, style=style)
@@ -108,7 +120,7 @@ class PositionSweep:
     """
 
     def __init__(
-        self, gens: dict[str, Generator], k: int, max_new_tokens: int, logprob: bool = True, style: str = "litm"
+        self, gens: dict[str, Generator], k: int, max_new_tokens: int, logprob: bool = True, style: str = DEFAULT_STYLE
     ):
         """`style`: the prompt's instruction; Liu et al.'s by default, as the sweep reproduces their setting."""
         self.gens, self.k, self.max_new_tokens, self.logprob, self.style = gens, k, max_new_tokens, logprob, style

@@ -24,13 +24,15 @@ from core.errors import InvalidArgumentError, PromptTooLongError
 from core.passage import Passage
 
 # The instruction above the documents, by style name.
-#   litm   Liu et al.'s: the position sweeps and the training data keep it, so sweeps compare with the
-#          literature and with what the shipped artefacts were trained on.
-#   short  asks for the bare answer: given "litm", small models restate the question and often run out of tokens
-#          before the answer. Tuning slice (60 HotpotQA train-split questions, 2 gold + 3 distractor paragraphs,
-#          greedy, 24 tokens; docs/results/answer-path): F1 Qwen2.5-0.5B 37.6 vs 26.9, SmolLM2 8.0 vs 5.2;
-#          substring EM 31.7 vs 36.7 and 18.3 vs 15.0, both within noise at n = 60 (EM also credits a long
-#          answer that lists several candidates).
+#   litm   Liu et al.'s, the default: the sweeps compare with the literature, the shipped artefacts were trained
+#          on it, and it answers more questions right end to end.
+#   short  asks for the bare answer (given "litm", small models restate the question first). Measured
+#          (docs/results/answer-path), substring EM / F1, short vs litm:
+#            tuning slice, 60 HotpotQA train-split questions, 2 gold + 3 distractors, 24 tokens:
+#              Qwen2.5-0.5B 31.7 / 37.6 vs 36.7 / 26.9; SmolLM2-135M 18.3 / 8.0 vs 15.0 / 5.2
+#            the 40 end-to-end questions (retrieved top-5, 16 tokens):
+#              Qwen2.5-0.5B 12.5 / 16.1 vs 20.0 / 13.8; SmolLM2-135M 17.5 / 9.7 vs 25.0 / 13.1
+#          Crisper answers, but fewer right ones: an option, not the default.
 STYLES = {
     "litm": (
         "Write a high-quality answer for the given question using only the provided search results "
@@ -41,7 +43,7 @@ STYLES = {
         "Reply with the answer alone: a name, date, number, or yes/no, copied from the documents; no sentence."
     ),
 }
-DEFAULT_STYLE = "short"  # what users get (ask, demo, LlamaIndex, e2e); sweeps and training pass "litm"
+DEFAULT_STYLE = "litm"
 CONTENT_FREE_QUESTION = "N/A"
 
 

@@ -150,9 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ask.add_argument(
         "--prompt-style",
-        default="short",
-        choices=["short", "litm"],
-        help="instruction above the passages: short (the bare answer) or litm (Liu et al.'s wording)",
+        default="litm",
+        choices=["litm", "short"],
+        help="instruction above the passages: litm (Liu et al.'s) or short (asks for the bare answer: crisper, "
+        "but fewer right answers in our measurements)",
     )
     ask.add_argument("--no-calibrate", action="store_true", help="skip the content-free (N/A) calibration pass")
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")

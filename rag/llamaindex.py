@@ -165,8 +165,8 @@ class MidlensLLM(CustomLLM):
     truncate: Literal["error", "drop_last"] = Field(
         default="error", description="What to do when the passages do not fit the context window."
     )
-    prompt_style: Literal["short", "litm"] = Field(
-        default="short", description="Instruction above the passages: the bare answer, or Liu et al.'s wording."
+    prompt_style: Literal["litm", "short"] = Field(
+        default="litm", description="Instruction above the passages: Liu et al.'s, or 'short' for the bare answer."
     )
     _generator: Generator = PrivateAttr()
 

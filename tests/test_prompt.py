@@ -39,11 +39,9 @@ def test_styles_set_the_instruction_and_an_unknown_one_is_refused(loaded):
     from generators.prompt import DEFAULT_STYLE, STYLES
 
     args = (loaded.tokenizer, [Passage("Paris is in France.", "Paris")], "Where is Paris?", 4096)
-    assert DEFAULT_STYLE == "short" and STYLES["short"] in build_prompt(*args).text
-    assert (
-        STYLES["litm"] in build_prompt(*args, style="litm").text
-        and STYLES["short"] not in build_prompt(*args, style="litm").text
-    )
+    assert DEFAULT_STYLE == "litm" and STYLES["litm"] in build_prompt(*args).text
+    short = build_prompt(*args, style="short")
+    assert STYLES["short"] in short.text and STYLES["litm"] not in short.text and short.style == "short"
     with pytest.raises(InvalidArgumentError, match="prompt style .terse.: expected one of litm, short"):
         build_prompt(*args, style="terse")
 
