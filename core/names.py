@@ -2,3 +2,7 @@
 
 # The packaged model everything defaults to (registry entry in generators.models, which loads torch).
 DEFAULT_MODEL = "smollm2-135m"
+
+# The prompt instructions by name (their texts: generators.prompt.STYLES) and the default one.
+PROMPT_STYLES = ("litm", "short")
+DEFAULT_PROMPT_STYLE = "litm"

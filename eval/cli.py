@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from core.errors import MidlensError
+from core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE, PROMPT_STYLES
 
 SWEEP_MODES = ("sweep", "rerank", "e2e")
 
@@ -47,7 +48,6 @@ EXAMPLES = {
 
 
 def _common(p: argparse.ArgumentParser, methods: str) -> None:
-    from core.names import DEFAULT_MODEL
     from rag.options import HEADS_HELP, add_device_args, positive_int
 
     p.add_argument("--out", required=True, type=Path, help="run directory (created; resumed when it exists)")
@@ -68,8 +68,8 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
     p.add_argument("--max-words", type=int, default=100, help="hotpotqa: clip paragraphs to ~N words (0: whole)")
     p.add_argument(
         "--prompt-style",
-        default="litm",
-        choices=["litm", "short"],
+        default=DEFAULT_PROMPT_STYLE,
+        choices=PROMPT_STYLES,
         help="instruction above the passages: litm (Liu et al.'s) or short (asks for the bare answer)",
     )
     p.add_argument(

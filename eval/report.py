@@ -99,13 +99,12 @@ def sweep_summary(rows: list[dict]) -> dict:
                 per_pos[p]["em_ci"] = bootstrap_ci([r["em"] for r in sel])
             accs = [per_pos[p]["em"] for p in positions]
             per_example = defaultdict(list)  # the average's interval resamples questions, all positions together
+            per_example_logp = defaultdict(list)
             for r in rs:
                 if r["method"] == m and r["example_id"] in complete:
                     per_example[r["example_id"]].append(r["em"])
-            per_example_logp = defaultdict(list)
-            for r in rs:
-                if r["method"] == m and r["example_id"] in complete and "logprob" in r:
-                    per_example_logp[r["example_id"]].append(r["logprob"])
+                    if "logprob" in r:
+                        per_example_logp[r["example_id"]].append(r["logprob"])
             table[m] = {
                 "per_example_em": {e: _mean(v) for e, v in per_example.items()},
                 "per_example_logprob": {e: _mean(v) for e, v in per_example_logp.items()},

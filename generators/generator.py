@@ -167,7 +167,8 @@ class Generator:
                 raise non_finite_error(self.loaded)
             rows = probe.take()[:, 0]  # [layers, H, S, P]
             timings["prefill_s"] = time.perf_counter() - t0
-            maps = EvidenceMaps(last=rows[:, :, -1], question=rows[:, :, :-1].mean(2))
+            last, question = _last_and_question(rows)
+            maps = EvidenceMaps(last=last, question=question)
             if bias is not None:
                 maps.bias_last, maps.bias_question = bias
 
@@ -258,8 +259,7 @@ class Generator:
         with self.running(probe):
             probe.score_rows(list(range(*prompt.question_span)) + [prompt.num_tokens - 1])
             self.forward(prompt.input_ids, DynamicCache(config=self.model.config))
-            rows = probe.take()[:, 0]
-        return rows[:, :, -1], rows[:, :, :-1].mean(2)
+            return _last_and_question(probe.take()[:, 0])
 
     def _null_maps(self, prompt: StackedPrompt, cache: DynamicCache, probe: PassageProbe):
         """ICR calibration: the same passages with a content-free question, on the cached prefix.
@@ -276,8 +276,7 @@ class Generator:
         rows_q = [i - shared for i in range(*null.question_span)]
         probe.score_rows(rows_q + [null.num_tokens - 1 - shared])
         self.forward(null.input_ids[shared:], cache)
-        rows = probe.take()[:, 0]
-        return rows[:, :, -1], rows[:, :, :-1].mean(2), cropped
+        return *_last_and_question(probe.take()[:, 0]), cropped
 
     def generate(
         self,
@@ -310,6 +309,12 @@ class Generator:
     def score(self, prompt: StackedPrompt, calibrate: bool = True) -> Answer:
         """Evidence for the passages without generating (one prefill, plus the calibration suffix)."""
         return self.generate(prompt, max_new_tokens=0, calibrate=calibrate)
+
+
+def _last_and_question(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probe rows [layers, H, question tokens + last, P] scored as question span + last token -> the last token's
+    maps and the question's mean, each [layers, H, P]."""
+    return rows[:, :, -1], rows[:, :, :-1].mean(2)
 
 
 _STREAM_DEFAULTS = {"max_new_tokens": 48, "temperature": 0.0, "top_p": 1.0, "seed": 0, "calibrate": True}

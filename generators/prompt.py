@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from core.errors import InvalidArgumentError, PromptTooLongError
+from core.names import DEFAULT_PROMPT_STYLE
 from core.passage import Passage
 
 # The instruction above the documents, by style name.
@@ -43,7 +44,7 @@ STYLES = {
         "Reply with the answer alone: a name, date, number, or yes/no, copied from the documents; no sentence."
     ),
 }
-DEFAULT_STYLE = "litm"
+DEFAULT_STYLE = DEFAULT_PROMPT_STYLE
 CONTENT_FREE_QUESTION = "N/A"
 
 
@@ -259,7 +260,7 @@ def build_prompt(
         raise ValueError("question is empty: pass the text to answer.")
     if truncate not in ("error", "drop_last"):
         raise ValueError(f"truncate={truncate!r}: expected 'error' or 'drop_last'.")
-    prompt, longest_tokens, exact = _fit(tokenizer, passages, question, max_tokens, check_style(style))
+    prompt, longest_tokens, exact = _fit(tokenizer, passages, question, max_tokens, style)
     fit = len(prompt.passages)
     if not prompt.dropped or (truncate == "drop_last" and fit > 0):
         return prompt

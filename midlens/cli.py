@@ -8,6 +8,7 @@ import json
 import sys
 
 from core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
+from core.names import DEFAULT_PROMPT_STYLE, PROMPT_STYLES
 from midlens import __version__
 from rag.options import Parser, add_model_args, positive_int
 
@@ -150,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ask.add_argument(
         "--prompt-style",
-        default="litm",
-        choices=["litm", "short"],
+        default=DEFAULT_PROMPT_STYLE,
+        choices=PROMPT_STYLES,
         help="instruction above the passages: litm (Liu et al.'s) or short (asks for the bare answer: crisper, "
         "but fewer right answers in our measurements)",
     )

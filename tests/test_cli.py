@@ -90,12 +90,15 @@ def test_every_help_shows_defaults_and_examples(capsys):
     assert "examples:\n  midlens eval report runs/" in capsys.readouterr().out
 
 
-def test_default_model_name_lives_below_torch_and_matches_the_registry():
-    from core.names import DEFAULT_MODEL
+def test_shared_names_live_below_torch_and_match_their_modules():
+    from core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE, PROMPT_STYLES
     from generators.models import DEFAULT_MODEL as REGISTRY_DEFAULT
     from generators.models import REGISTRY
+    from generators.prompt import DEFAULT_STYLE, STYLES
 
     assert DEFAULT_MODEL == REGISTRY_DEFAULT and DEFAULT_MODEL in REGISTRY
+    # The CLIs offer the style names without importing the prompt module; they must be its styles.
+    assert set(PROMPT_STYLES) == set(STYLES) and DEFAULT_PROMPT_STYLE == DEFAULT_STYLE
 
 
 def test_empty_question_is_refused_before_the_model_loads():
