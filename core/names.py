@@ -6,3 +6,7 @@ DEFAULT_MODEL = "smollm2-135m"
 # The prompt instructions by name (their texts: generators.prompt.STYLES) and the default one.
 PROMPT_STYLES = ("litm", "short")
 DEFAULT_PROMPT_STYLE = "litm"
+
+# How passages are retrieved (retrievers.hybrid.build_retriever) and the default.
+RETRIEVALS = ("dense", "hybrid")
+DEFAULT_RETRIEVAL = "dense"

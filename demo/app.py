@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # gradio and torch load slowly: only the demo itself imports 
     from generators.evidence import Answer, EvidenceConfig
     from rag.pipeline import Pipeline
     from retrievers.dense import DenseRetriever
+    from retrievers.hybrid import HybridRetriever
 
 HOST = "127.0.0.1"
 MAX_TOP_K = 10
@@ -81,7 +82,7 @@ class DemoBackend:
         self._lock = threading.RLock()
         self._bases: dict[str, Pipeline] = {}  # model name -> baseline-or-given pipeline on the startup corpus
         self._methods: dict[tuple[str, str], Pipeline] = {}
-        self._retrievers: OrderedDict[str, DenseRetriever] = OrderedDict()
+        self._retrievers: OrderedDict[str, DenseRetriever | HybridRetriever] = OrderedDict()
         self.corpus = corpus
         self.evidence = evidence
         self.device, self.dtype = device, dtype
@@ -110,16 +111,16 @@ class DemoBackend:
     def corpus_label(self) -> str:
         return "embedded HotpotQA paragraphs" if self.corpus is None else str(self.corpus)
 
-    def retriever(self, corpus_file: str | None, progress: Any = None) -> tuple[DenseRetriever, str]:
+    def retriever(self, corpus_file: str | None, progress: Any = None) -> tuple[DenseRetriever | HybridRetriever, str]:
         """The startup corpus' retriever, or one for an uploaded file (indexed once, kept by content hash)."""
         from retrievers.corpus import default_corpus_path
-        from retrievers.dense import DenseRetriever
+        from retrievers.hybrid import build_retriever
 
         if not corpus_file:
             with self._lock:
                 if DEFAULT_CORPUS not in self._retrievers:
                     _progress(progress, 0.05, f"building the retrieval index for {self.corpus_label()}")
-                    self._retrievers[DEFAULT_CORPUS] = DenseRetriever.build(self.corpus or default_corpus_path())
+                    self._retrievers[DEFAULT_CORPUS] = build_retriever(self.corpus or default_corpus_path())
                 return self._retrievers[DEFAULT_CORPUS], self.corpus_label()
         path = Path(corpus_file)
         name = path.name
@@ -136,7 +137,7 @@ class DemoBackend:
         with self._lock:
             if key not in self._retrievers:
                 _progress(progress, 0.05, f"building the retrieval index for {name}")
-                self._retrievers[key] = DenseRetriever.build(path)
+                self._retrievers[key] = build_retriever(path)
                 uploads = [k for k in self._retrievers if k != DEFAULT_CORPUS]
                 for old in uploads[:-UPLOADED_INDEXES_KEPT]:
                     del self._retrievers[old]

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from core.errors import MidlensError
-from core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE, PROMPT_STYLES
+from core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, PROMPT_STYLES, RETRIEVALS
 
 SWEEP_MODES = ("sweep", "rerank", "e2e")
 
@@ -112,6 +112,9 @@ def add_eval_parser(sub) -> None:
     e2e.add_argument("--corpus", help="corpus folder or .jsonl; default: the embedded HotpotQA paragraphs")
     e2e.add_argument("--index-dir", type=Path, help="where to keep the dense index (reused when unchanged)")
     e2e.add_argument("--top-k", type=positive_int, default=5, help="passages retrieved per question")
+    e2e.add_argument(
+        "--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help="dense (faiss) or hybrid (dense + BM25, RRF)"
+    )
     _common(e2e, "baseline,ms-poe")
     e2e.set_defaults(func=cmd_run, mode="e2e")
 
@@ -282,10 +285,10 @@ def _e2e(args, loaded, gens, config):
     from eval.e2e import evaluate_e2e
     from rag.pipeline import Pipeline
     from retrievers.corpus import default_corpus_path, default_questions_path
-    from retrievers.dense import DenseRetriever
+    from retrievers.hybrid import build_retriever
 
     questions = load_questions(args.questions or default_questions_path(), args.n, args.seed)
-    retriever = DenseRetriever.build(args.corpus or default_corpus_path(), index_dir=args.index_dir)
+    retriever = build_retriever(args.corpus or default_corpus_path(), args.retrieval, index_dir=args.index_dir)
     pipes = {
         m: Pipeline(
             retriever, g, top_k=args.top_k, max_new_tokens=args.max_new_tokens, prompt_style=config["prompt_style"]
@@ -295,6 +298,7 @@ def _e2e(args, loaded, gens, config):
     config.update(
         dataset=Path(args.questions or default_questions_path()).name,
         top_k=args.top_k,
+        retrieval=args.retrieval,
         data_sha256=sha256_json(questions),
         corpus_fingerprint=retriever.meta.get("fingerprint"),
         examples=len(questions),

@@ -23,7 +23,7 @@ RANK_METRICS = ("recall@1", "recall@2", "recall@5", "mrr", "ndcg@10")
 
 
 # Config entries that change a unit's result beyond what its key names (example, method, position).
-SETTINGS = ("model", "max_new_tokens", "max_words", "evidence", "logprob", "top_k", "prompt_style")
+SETTINGS = ("model", "max_new_tokens", "max_words", "evidence", "logprob", "top_k", "prompt_style", "retrieval")
 
 
 def load_runs(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
@@ -39,6 +39,8 @@ def load_runs(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
         configs.append(config)
         setting = {k: config.get(k) for k in SETTINGS}
         setting["prompt_style"] = setting["prompt_style"] or "litm"  # runs from before the option used Liu et al.'s
+        if config.get("kind") == "e2e":
+            setting["retrieval"] = setting["retrieval"] or "dense"  # e2e runs from before the option were dense
         for f in sorted(run.glob("results*.jsonl")):
             for row in read_rows(f):
                 rows[(json.dumps(setting, sort_keys=True), row["key"])] = {**row, "setting": setting}

@@ -9,22 +9,12 @@ from __future__ import annotations
 
 import time
 
-from core.passage import Passage
 from eval.datasets import Example
 from eval.metrics import ranking_metrics
 from eval.sweep import dense_scores
 from generators.generator import Generator
 from generators.prompt import DEFAULT_STYLE
-
-
-def bm25_scores(question: str, passages: list[Passage]) -> list[float]:
-    import bm25s
-
-    texts = [f"{p.title}: {p.text}" for p in passages]
-    retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
-    query = bm25s.tokenize([question], stopwords="en", return_ids=False, show_progress=False)[0]
-    return [float(s) for s in retriever.get_scores(query)]
+from retrievers.lexical import bm25_scores
 
 
 def _ranked(ids: list[str], scores: list[float]) -> list[str]:

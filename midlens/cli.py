@@ -8,7 +8,7 @@ import json
 import sys
 
 from core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
-from core.names import DEFAULT_PROMPT_STYLE, PROMPT_STYLES
+from core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, PROMPT_STYLES, RETRIEVALS
 from midlens import __version__
 from rag.options import Parser, add_model_args, positive_int
 
@@ -104,6 +104,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         prompt_style=args.prompt_style,
+        retrieval=args.retrieval,
     )
     pipe.truncate = args.truncate
     try:
@@ -144,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("question", help="the question to answer (quote it)")
     ask.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
     ask.add_argument("--top-k", type=positive_int, default=5, help="passages to retrieve and stack")
+    ask.add_argument(
+        "--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help="dense (faiss) or hybrid (dense + BM25, RRF)"
+    )
     ask.add_argument("--index-type", default="flat", choices=["flat", "ivf", "hnsw"], help="faiss index for --corpus")
     ask.add_argument("--max-new-tokens", type=int, default=48, help="longest answer, in tokens")
     ask.add_argument(

@@ -3,7 +3,7 @@
     MidlensLLM          a CustomLLM: complete / stream_complete / chat / acomplete; evidence in additional_kwargs
     AttentionReranker   a BaseNodePostprocessor: nodes scored by the attention the model gives them in one stacked pass
     MidlensQueryEngine  a CustomQueryEngine: retrieve -> stack -> generate; source_nodes carry evidence scores
-    MidlensRetriever    a BaseRetriever over the repo's own DenseRetriever
+    MidlensRetriever    a BaseRetriever over the repo's own retriever (dense or hybrid)
 
 Every class is a shell over `Generator.prompt` + `Generator.generate/stream/score`: prompting, evidence and
 calibration have one implementation, the same one the CLI and the pipeline use.
@@ -53,6 +53,7 @@ from llama_index.core.query_engine import CustomQueryEngine  # noqa: E402
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
 
 from core.errors import PromptTooLongError  # noqa: E402
+from core.names import DEFAULT_RETRIEVAL  # noqa: E402
 from generators.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
 from generators.generator import Generator  # noqa: E402
 from generators.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
@@ -504,23 +505,28 @@ class AttentionReranker(BaseNodePostprocessor):
 
 
 class MidlensRetriever(BaseRetriever):
-    """The repo's DenseRetriever (faiss + packaged MiniLM) as a LlamaIndex retriever."""
+    """The repo's retriever (dense: faiss + packaged MiniLM; hybrid: + BM25) as a LlamaIndex retriever."""
 
-    def __init__(self, dense: Any, similarity_top_k: int = 5, **kwargs: Any) -> None:
+    def __init__(self, retriever: Any, similarity_top_k: int = 5, **kwargs: Any) -> None:
         if similarity_top_k < 1:
             raise ValueError(f"similarity_top_k={similarity_top_k} must be >= 1.")
-        self._dense = dense
+        self._retriever = retriever
         self.similarity_top_k = similarity_top_k
         super().__init__(**kwargs)
 
     @classmethod
     def from_corpus(
-        cls, corpus: str | Path, index_dir: str | Path | None = None, similarity_top_k: int = 5, **kwargs: Any
+        cls,
+        corpus: str | Path,
+        index_dir: str | Path | None = None,
+        similarity_top_k: int = 5,
+        retrieval: str = DEFAULT_RETRIEVAL,
+        **kwargs: Any,
     ) -> MidlensRetriever:
-        """Build (or reuse) the dense index of a folder / .jsonl corpus, as `midlens ask --corpus` does."""
-        from retrievers.dense import DenseRetriever
+        """Build (or reuse) the index of a folder / .jsonl corpus, as `midlens ask --corpus` does."""
+        from retrievers.hybrid import build_retriever
 
-        return cls(DenseRetriever.build(corpus, index_dir=index_dir), similarity_top_k, **kwargs)
+        return cls(build_retriever(corpus, retrieval, index_dir=index_dir), similarity_top_k, **kwargs)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return [
@@ -534,7 +540,7 @@ class MidlensRetriever(BaseRetriever):
                 ),
                 score=p.score,
             )
-            for p in self._dense.search(query_bundle.query_str, self.similarity_top_k)
+            for p in self._retriever.search(query_bundle.query_str, self.similarity_top_k)
         ]
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from core.errors import InvalidArgumentError
+from core.names import DEFAULT_RETRIEVAL
 from core.passage import Passage
 from generators.evidence import Answer, EvidenceConfig
 from generators.generator import GenerationStream, Generator
@@ -21,6 +22,7 @@ from generators.prompt import DEFAULT_STYLE, check_style
 from generators.registry import MethodConfig
 from retrievers.corpus import default_corpus_path
 from retrievers.dense import DenseRetriever, IndexType
+from retrievers.hybrid import HybridRetriever, Retrieval, build_retriever, check_retrieval
 
 
 def check_top_k(top_k: int) -> int:
@@ -34,7 +36,7 @@ def check_top_k(top_k: int) -> int:
 class Pipeline:
     def __init__(
         self,
-        retriever: DenseRetriever,
+        retriever: DenseRetriever | HybridRetriever,
         generator: Generator,
         top_k: int = 5,
         max_new_tokens: int = 48,
@@ -62,13 +64,16 @@ class Pipeline:
         device: str = "auto",
         dtype: str = "auto",
         prompt_style: str = DEFAULT_STYLE,
+        retrieval: Retrieval = DEFAULT_RETRIEVAL,
         **method_options,
     ) -> Pipeline:
-        """`method` is a registry name or spec; `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU."""
+        """`method` is a registry name or spec; `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU;
+        `retrieval`: "dense" (faiss) or "hybrid" (dense + BM25 fused by rank, retrievers.hybrid)."""
         check_top_k(top_k)  # before the model loads
         check_style(prompt_style)
+        check_retrieval(retrieval)
         generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **method_options)
-        retriever = DenseRetriever.build(corpus or default_corpus_path(), index_dir=index_dir, index_type=index_type)
+        retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
         return cls(retriever, generator, top_k=top_k, prompt_style=prompt_style)
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:

@@ -242,6 +242,9 @@ class DenseRetriever:
                 len(self.passages),
                 len(self.passages),
             )
-        k = min(top_k, len(self.passages))
+        return [replace(self.passages[i], score=s) for i, s in self.ranked(query, min(top_k, len(self.passages)))]
+
+    def ranked(self, query: str, k: int) -> list[tuple[int, float]]:
+        """(passage index, cosine) of the k nearest passages, best first (faiss pads a short result with -1)."""
         scores, ids = self.index.search(embed([query]), k)
-        return [replace(self.passages[i], score=float(s)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0]
+        return [(int(i), float(s)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0]

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 QUESTION = "What film is a sequel to a German romantic fantasy film featuring Bruno Ganz and Solveig Dommartin?"
 
 
@@ -107,6 +109,18 @@ def test_empty_question_is_refused_before_the_model_loads():
     assert "midlens: error: the question is empty" in out.stderr
     assert "Loading weights" not in out.stderr and "Traceback" not in out.stderr
     assert heavy_imports_after("from midlens.cli import main\nassert main(['ask', '  ']) == 2") == []
+
+
+def test_an_unknown_retrieval_is_refused_before_anything_loads(capsys):
+    from core.errors import InvalidArgumentError
+    from midlens.cli import main
+    from rag.pipeline import Pipeline
+
+    with pytest.raises(SystemExit):
+        main(["ask", QUESTION, "--retrieval", "sparse"])
+    assert "--retrieval: invalid choice: 'sparse'" in capsys.readouterr().err
+    with pytest.raises(InvalidArgumentError, match="retrieval='sparse': expected one of dense, hybrid"):
+        Pipeline.from_corpus(model="no-such-model", retrieval="sparse")  # the model name would fail later
 
 
 def test_a_question_too_long_for_the_window_says_the_question_is_too_long(loaded, capsys):

@@ -373,3 +373,26 @@ def test_write_atomic_replaces_whole_files_with_the_usual_permissions(tmp_path):
         assert os.umask(0o027) == 0o027  # and the umask was left as it was
     finally:
         os.umask(previous)
+
+
+def test_report_keeps_e2e_runs_with_different_retrieval_apart(tmp_path):
+    from eval.report import load_runs, markdown
+
+    runs = []
+    for retrieval, right in (("dense", 1), (None, 1), ("hybrid", 3)):  # None: a run from before the option
+        run = tmp_path / f"run-{retrieval}"
+        run.mkdir()
+        config = {"kind": "e2e", "model": "m", "top_k": 5, "max_new_tokens": 16, "retrieval": retrieval}
+        (run / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+        rows = [
+            dict(key=f"q{i}|baseline", kind="e2e", dataset="qs", method="baseline", em=float(i < right), f1=0.0)
+            | {"retrieval_recall": 1.0, "evidence_recall@2": 0.5, "seconds": 1.0}
+            for i in range(4)
+        ]
+        (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append(run)
+    configs, rows = load_runs(runs)
+    text = markdown(configs, rows)
+    # The pre-option run reads as dense and merges with it (same units, same setting); hybrid stays apart.
+    assert "| qs, retrieval=dense | baseline | 4 | 25.0" in text
+    assert "| qs, retrieval=hybrid | baseline | 4 | 75.0" in text

@@ -201,3 +201,48 @@ def test_a_chosen_index_folder_sweeps_only_its_own_leftovers(small_corpus, tmp_p
     age(theirs, 7200)
     DenseRetriever.build(small_corpus, index_dir=tmp_path / "index")
     assert not mine.exists() and theirs.exists()
+
+
+# Hybrid retrieval (retrievers.hybrid): real MiniLM + faiss + bm25s.
+
+
+@pytest.fixture(scope="module")
+def hybrid(default_retriever):
+    from retrievers.hybrid import HybridRetriever
+
+    return HybridRetriever(default_retriever)
+
+
+def test_hybrid_brings_back_an_exact_name_the_embedder_ranks_low(default_retriever, hybrid):
+    # A rare name plus generic words: MiniLM matches the generic meaning ("American film director": dozens of
+    # paragraphs; the target is 18th here), BM25 the name, which only one paragraph (Gail Hopkins) contains.
+    query = "Pepperdine American film director"
+    target = {p.id for p in default_retriever.passages if "Pepperdine" in p.text}
+    assert len(target) == 1, "the embedded corpus should hold one paragraph naming Pepperdine"
+    dense_rank = next(
+        r for r, (i, _) in enumerate(default_retriever.ranked(query, 400)) if default_retriever.passages[i].id in target
+    )
+    hits = hybrid.search(query, top_k=3)
+    assert dense_rank >= 5, f"the dense ranker alone now finds it (rank {dense_rank}): pick a harder query"
+    assert hits[0].id in target, f"dense rank {dense_rank}; hybrid top 3: {[h.title for h in hits]}"
+    # RRF scores: sorted, and bounded by a passage first in both rankings (2 / 61).
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert 0 < hits[-1].score <= hits[0].score <= 2 / 61 + 1e-12
+
+
+def test_hybrid_without_a_lexical_match_keeps_the_dense_order(default_retriever, hybrid):
+    query = "the of and a to in"  # stop words only: BM25 scores every passage 0 and must not rank them
+    assert [h.id for h in hybrid.search(query, 8)] == [p.id for p in default_retriever.search(query, 8)]
+
+
+def test_hybrid_and_retrieval_names_reject_bad_arguments(hybrid):
+    from core.errors import InvalidArgumentError
+    from retrievers.hybrid import build_retriever
+
+    with pytest.raises(InvalidArgumentError, match="query is empty"):
+        hybrid.search("  ")
+    with pytest.raises(InvalidArgumentError, match="top_k=0"):
+        hybrid.search("x", top_k=0)
+    with pytest.raises(InvalidArgumentError, match="retrieval='sparse': expected one of dense, hybrid"):
+        build_retriever("unused", "sparse")
+    assert len(hybrid.search("Wings of Desire", top_k=10_000)) == len(hybrid)  # capped at the corpus, with a warning
