@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 # torch is imported by the functions that run models: `midlens --help` builds this module's parser.
+from core.names import EVAL_MODEL
 from rag.options import add_device_args
 
 VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
@@ -384,7 +385,7 @@ def add_bench_parser(sub) -> None:
         epilog=BENCH_EXAMPLES,
     )
     bench.add_argument("kind", choices=["evidence", *METHOD_VARIANTS])
-    bench.add_argument("--model", default="smollm2-135m")
+    bench.add_argument("--model", default=EVAL_MODEL)
     bench.add_argument(
         "--tokens", default=None, help="comma-separated prompt sizes (evidence, moice: 2048; ms-poe: 2048,4096)"
     )

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from core.errors import MidlensError
-from core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, PROMPT_STYLES, RETRIEVALS
+from core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, EVAL_MODEL, PROMPT_STYLES, RETRIEVALS
 
 SWEEP_MODES = ("sweep", "rerank", "e2e")
 
@@ -51,7 +51,7 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
     from rag.options import HEADS_HELP, add_device_args, positive_int
 
     p.add_argument("--out", required=True, type=Path, help="run directory (created; resumed when it exists)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name or local HF folder")
+    p.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
     add_device_args(p)
     p.add_argument(
         "--methods",

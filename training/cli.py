@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from core.errors import MidlensError
+from core.names import EVAL_MODEL
 
 
 def add_heads_parser(sub) -> None:
@@ -23,7 +24,7 @@ def add_heads_parser(sub) -> None:
     heads = sub.add_parser("heads", help="retrieval-head scores (MuDAF) of a model")
     hsub = heads.add_subparsers(dest="heads_command", required=True)
     score = hsub.add_parser("score", help="F1/EM retrieval score of every head on HotpotQA train prompts")
-    score.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    score.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
     score.add_argument("--method", default="baseline", help="method spec to score (e.g. mudaf, to compare)")
     score.add_argument("--n", type=int, default=200, help="number of prompts (train split)")
     score.add_argument("--seed", type=int, default=1, help="prompt selection seed")
@@ -41,7 +42,7 @@ def add_train_parser(sub) -> None:
     tr = sub.add_parser("train", help="train a method's artefact (MuDAF LoRA delta, MoICE routers)")
     tsub = tr.add_subparsers(dest="train_command", required=True)
     mu = tsub.add_parser("mudaf", help="contrastive tuning of retrieval heads (alpha=0: plain fine-tuning)")
-    mu.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    mu.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
     mu.add_argument("--out", type=Path, required=True, help="artefact folder to write (checkpoints beside it)")
     mu.add_argument("--examples", type=int, default=4000, help="training examples consumed (train split)")
     mu.add_argument("--batch", type=int, default=8, help="examples per optimizer step (gradient accumulation)")
@@ -63,7 +64,7 @@ def add_train_parser(sub) -> None:
     mu.set_defaults(func=cmd_train_mudaf)
 
     mo = tsub.add_parser("moice", help="router-only training of MoICE (the model stays frozen)")
-    mo.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    mo.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
     mo.add_argument("--out", type=Path, required=True, help="artefact folder to write (checkpoints beside it)")
     mo.add_argument("--examples", type=int, default=600, help="training examples consumed (train split)")
     mo.add_argument("--batch", type=int, default=8, help="examples per optimizer step (gradient accumulation)")
@@ -87,13 +88,13 @@ def add_moice_parser(sub) -> None:
     mo = sub.add_parser("moice", help="MoICE tooling: the expert RoPE bases derived for a model")
     msub = mo.add_subparsers(dest="moice_command", required=True)
     b = msub.add_parser("bases", help="print the expert bases (waveform criterion) and plot their waveforms")
-    b.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    b.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
     b.add_argument("--experts", type=int, default=7)
     b.add_argument("--max-distance", type=int, default=4096, help="distances the criterion covers (tokens)")
     b.add_argument("--png", type=Path, help="write the waveform plot here")
     b.set_defaults(func=cmd_moice_bases)
     u = msub.add_parser("usage", help="share of routes each expert gets, per layer, on evaluation-split prompts")
-    u.add_argument("--model", default="smollm2-135m", help="registry name or local HF folder")
+    u.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
     u.add_argument("--method", default="moice", help="a moice spec, e.g. \"moice(artefact='runs/moice')\"")
     u.add_argument("--n", type=int, default=20, help="prompts (HotpotQA evaluation split, 10 paragraphs)")
     u.add_argument("--max-words", type=int, default=60)
