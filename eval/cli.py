@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from core.errors import MidlensError
-from core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, EVAL_MODEL, PROMPT_STYLES, RETRIEVALS
+from core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, EVAL_MODEL, PROMPT_STYLES, RETRIEVALS
 
 SWEEP_MODES = ("sweep", "rerank", "e2e")
 
@@ -111,7 +111,7 @@ def add_eval_parser(sub) -> None:
     e2e.add_argument("--questions", help="questions .jsonl; default: the 40 embedded HotpotQA questions")
     e2e.add_argument("--corpus", help="corpus folder or .jsonl; default: the embedded HotpotQA paragraphs")
     e2e.add_argument("--index-dir", type=Path, help="where to keep the dense index (reused when unchanged)")
-    e2e.add_argument("--top-k", type=positive_int, default=5, help="passages retrieved per question")
+    e2e.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="passages retrieved per question")
     e2e.add_argument(
         "--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help="dense (faiss) or hybrid (dense + BM25, RRF)"
     )

@@ -8,7 +8,7 @@ import json
 import sys
 
 from core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
-from core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, PROMPT_STYLES, RETRIEVALS
+from core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, PROMPT_STYLES, RETRIEVALS
 from midlens import __version__
 from rag.options import Parser, add_model_args, positive_int
 
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask = sub.add_parser("ask", help="answer a question over a corpus, with per-passage evidence", epilog=ASK_EXAMPLES)
     ask.add_argument("question", help="the question to answer (quote it)")
     ask.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
-    ask.add_argument("--top-k", type=positive_int, default=5, help="passages to retrieve and stack")
+    ask.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="passages to retrieve and stack")
     ask.add_argument(
         "--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help="dense (faiss) or hybrid (dense + BM25, RRF)"
     )

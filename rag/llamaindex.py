@@ -53,7 +53,7 @@ from llama_index.core.query_engine import CustomQueryEngine  # noqa: E402
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
 
 from core.errors import PromptTooLongError  # noqa: E402
-from core.names import DEFAULT_RETRIEVAL  # noqa: E402
+from core.names import DEFAULT_RETRIEVAL, DEFAULT_TOP_K  # noqa: E402
 from generators.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
 from generators.generator import Generator  # noqa: E402
 from generators.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
@@ -507,7 +507,7 @@ class AttentionReranker(BaseNodePostprocessor):
 class MidlensRetriever(BaseRetriever):
     """The repo's retriever (dense: faiss + packaged MiniLM; hybrid: + BM25) as a LlamaIndex retriever."""
 
-    def __init__(self, retriever: Any, similarity_top_k: int = 5, **kwargs: Any) -> None:
+    def __init__(self, retriever: Any, similarity_top_k: int = DEFAULT_TOP_K, **kwargs: Any) -> None:
         if similarity_top_k < 1:
             raise ValueError(f"similarity_top_k={similarity_top_k} must be >= 1.")
         self._retriever = retriever
@@ -519,7 +519,7 @@ class MidlensRetriever(BaseRetriever):
         cls,
         corpus: str | Path,
         index_dir: str | Path | None = None,
-        similarity_top_k: int = 5,
+        similarity_top_k: int = DEFAULT_TOP_K,
         retrieval: str = DEFAULT_RETRIEVAL,
         **kwargs: Any,
     ) -> MidlensRetriever:
@@ -585,7 +585,7 @@ class MidlensQueryEngine(CustomQueryEngine):
         )
 
     @classmethod
-    def from_index(cls, index: Any, similarity_top_k: int = 5, **kwargs: Any) -> MidlensQueryEngine:
+    def from_index(cls, index: Any, similarity_top_k: int = DEFAULT_TOP_K, **kwargs: Any) -> MidlensQueryEngine:
         """Over any LlamaIndex index (VectorStoreIndex on Faiss, Qdrant, ...): only its retriever is used."""
         return cls(retriever=index.as_retriever(similarity_top_k=similarity_top_k), **kwargs)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from core.errors import InvalidArgumentError
-from core.names import DEFAULT_RETRIEVAL
+from core.names import DEFAULT_RETRIEVAL, DEFAULT_TOP_K
 from core.passage import Passage
 from generators.evidence import Answer, EvidenceConfig
 from generators.generator import GenerationStream, Generator
@@ -38,7 +38,7 @@ class Pipeline:
         self,
         retriever: DenseRetriever | HybridRetriever,
         generator: Generator,
-        top_k: int = 5,
+        top_k: int = DEFAULT_TOP_K,
         max_new_tokens: int = 48,
         truncate: Literal["error", "drop_last"] = "error",
         prompt_style: str = DEFAULT_STYLE,
@@ -57,7 +57,7 @@ class Pipeline:
         corpus: str | Path | None = None,
         model: str | LoadedModel = DEFAULT_MODEL,
         method: str | MethodConfig = "baseline",
-        top_k: int = 5,
+        top_k: int = DEFAULT_TOP_K,
         index_dir: str | Path | None = None,
         index_type: IndexType = "flat",
         evidence: EvidenceConfig | None = None,

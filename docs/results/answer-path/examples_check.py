@@ -1,0 +1,30 @@
+"""Answers of the default model (Qwen2.5-0.5B, top 5, 48 tokens) on the README's and the demo's example questions,
+per retrieval. Run: OMP_NUM_THREADS=1 python docs/results/answer-path/examples_check.py > examples.jsonl"""
+
+import json
+
+from demo.views import example_questions
+from generators.generator import Generator
+from rag.pipeline import Pipeline
+from retrievers.corpus import default_corpus_path, default_questions_path
+from retrievers.hybrid import build_retriever
+
+answers = {json.loads(line)["question"].strip(): json.loads(line)["answers"] for line in open(default_questions_path())}
+questions = ["Who directed Wings of Desire?"] + [q for q, _ in example_questions()]
+gen = Generator("qwen2.5-0.5b")
+for retrieval in ("dense", "hybrid"):
+    pipe = Pipeline(build_retriever(default_corpus_path(), retrieval), gen, top_k=5)
+    for q in questions:
+        a = pipe.ask(q)
+        print(
+            json.dumps(
+                {
+                    "retrieval": retrieval,
+                    "q": q[:60],
+                    "gold": answers.get(q),
+                    "answer": a.text,
+                    "passages": [p.passage.title for p in a.passages],
+                }
+            ),
+            flush=True,
+        )
