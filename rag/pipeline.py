@@ -19,7 +19,7 @@ from generators.evidence import Answer, EvidenceConfig
 from generators.generator import GenerationStream, Generator
 from generators.models import DEFAULT_MODEL, LoadedModel
 from generators.prompt import DEFAULT_STYLE, check_style
-from generators.registry import MethodConfig
+from generators.registry import MethodConfig, method_config
 from retrievers.corpus import default_corpus_path
 from retrievers.dense import DenseRetriever, IndexType
 from retrievers.hybrid import HybridRetriever, Retrieval, build_retriever, check_retrieval
@@ -72,9 +72,10 @@ class Pipeline:
         check_top_k(top_k)  # before the model loads
         check_style(prompt_style)
         check_retrieval(retrieval)
-        # The corpus first: a missing or malformed corpus is reported before seconds of model loading.
+        method = method_config(method, method_options)  # a bad spec fails before the index and the model
+        # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
-        generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **method_options)
+        generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype)
         return cls(retriever, generator, top_k=top_k, prompt_style=prompt_style)
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:

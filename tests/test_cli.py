@@ -113,7 +113,7 @@ def test_empty_question_is_refused_before_the_model_loads():
 
 
 def test_an_unknown_retrieval_is_refused_before_anything_loads(capsys):
-    from core.errors import InvalidArgumentError
+    from core.errors import CorpusError, InvalidArgumentError, MethodConfigError
     from midlens.cli import main
     from rag.pipeline import Pipeline
 
@@ -122,6 +122,11 @@ def test_an_unknown_retrieval_is_refused_before_anything_loads(capsys):
     assert "--retrieval: invalid choice: 'sparse'" in capsys.readouterr().err
     with pytest.raises(InvalidArgumentError, match="retrieval='sparse': expected one of dense, hybrid"):
         Pipeline.from_corpus(model="no-such-model", retrieval="sparse")  # the model name would fail later
+    # The order of the API's checks: method spec, then corpus, then model (each would fail after the one before).
+    with pytest.raises(MethodConfigError, match=r"unknown ms-poe option\(s\) \['ratio_mni'\]"):
+        Pipeline.from_corpus("/nonexistent/folder", model="no-such-model", method="ms-poe(ratio_mni=1)")
+    with pytest.raises(CorpusError, match="corpus not found"):
+        Pipeline.from_corpus("/nonexistent/folder", model="no-such-model")
 
 
 def test_a_question_too_long_for_the_window_says_the_question_is_too_long(loaded, capsys):
