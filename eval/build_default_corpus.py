@@ -18,7 +18,7 @@ import json
 import random
 from pathlib import Path
 
-from core.hotpotqa import hotpotqa_path, load_rows
+from core.hotpotqa import load_rows
 
 OUT = Path(__file__).resolve().parent.parent / "retrievers" / "data"
 QUESTIONS = 40
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.split == "train" and args.out.resolve() == OUT.resolve():
         p.error("--split train needs --out: the embedded corpus must stay the 40 evaluation questions.")
     # The embedded questions were drawn from the whole dev set (they define part of the eval split since).
-    rows = json.loads(Path(hotpotqa_path()).read_text()) if args.split is None else load_rows(args.split)
+    rows = load_rows(args.split)
     paragraphs, questions = build(rows, args.questions, args.seed, args.out)
     print(f"{paragraphs} paragraphs, {questions} questions -> {args.out}")
 

@@ -126,6 +126,18 @@ def _embed_resumable(passages: list[Passage], work: Path) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def checked_top_k(query: str, top_k: int, size: int) -> int:
+    """How many passages a search over `size` returns; an empty query or top_k < 1 is an error (every retriever)."""
+    if not query or not query.strip():
+        raise InvalidArgumentError("query is empty: pass the text to search for.")
+    if top_k < 1:
+        raise InvalidArgumentError(f"top_k={top_k} must be >= 1 (the number of passages to return).")
+    if top_k > size:
+        # Not an error: "everything" is a fair request, but the caller should know it got fewer.
+        logger.warning("top_k=%d is more than the %d passages in the index; returning all %d.", top_k, size, size)
+    return min(top_k, size)
+
+
 class DenseRetriever:
     def __init__(self, passages: list[Passage], index: faiss.Index, meta: dict):
         self.passages = passages
@@ -230,19 +242,8 @@ class DenseRetriever:
 
     def search(self, query: str, top_k: int = 5) -> list[Passage]:
         """Top-k passages, best first, each a copy carrying its cosine similarity in `score`."""
-        if not query or not query.strip():
-            raise InvalidArgumentError("query is empty: pass the text to search for.")
-        if top_k < 1:
-            raise InvalidArgumentError(f"top_k={top_k} must be >= 1 (the number of passages to return).")
-        if top_k > len(self.passages):
-            # Not an error: "everything" is a fair request, but the caller should know it got fewer.
-            logger.warning(
-                "top_k=%d is more than the %d passages in the index; returning all %d.",
-                top_k,
-                len(self.passages),
-                len(self.passages),
-            )
-        return [replace(self.passages[i], score=s) for i, s in self.ranked(query, min(top_k, len(self.passages)))]
+        k = checked_top_k(query, top_k, len(self.passages))
+        return [replace(self.passages[i], score=s) for i, s in self.ranked(query, k)]
 
     def ranked(self, query: str, k: int) -> list[tuple[int, float]]:
         """(passage index, cosine) of the k nearest passages, best first (faiss pads a short result with -1)."""

@@ -15,7 +15,6 @@ train-split copy), share of gold paragraphs retrieved / questions with both gold
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -25,13 +24,12 @@ import numpy as np
 from core.errors import InvalidArgumentError
 from core.names import DEFAULT_RETRIEVAL, RETRIEVALS
 from core.passage import Passage
-from retrievers.dense import DenseRetriever, IndexType
+from retrievers.dense import DenseRetriever, IndexType, checked_top_k
 from retrievers.lexical import BM25Index
 
 RRF_K = 60
 FUSION_DEPTH = 100  # ranks read from each list: far past any top-k a prompt holds
 Retrieval = Literal["dense", "hybrid"]
-logger = logging.getLogger(__name__)
 
 
 class HybridRetriever:
@@ -54,13 +52,8 @@ class HybridRetriever:
 
     def search(self, query: str, top_k: int = 5) -> list[Passage]:
         """Top-k passages by fused rank, best first."""
-        if not query or not query.strip():
-            raise InvalidArgumentError("query is empty: pass the text to search for.")
-        if top_k < 1:
-            raise InvalidArgumentError(f"top_k={top_k} must be >= 1 (the number of passages to return).")
-        if top_k > len(self):
-            logger.warning("top_k=%d is more than the %d passages; returning all of them.", top_k, len(self))
-        depth = min(len(self), max(self.depth, top_k))
+        k = checked_top_k(query, top_k, len(self))
+        depth = min(len(self), max(self.depth, k))
         fused = np.zeros(len(self), dtype=np.float64)
         dense = [i for i, _ in self.dense.ranked(query, depth)]
         bm25 = self.lexical.scores(query)
@@ -69,7 +62,7 @@ class HybridRetriever:
         for ranking in (dense, lexical):
             for rank, i in enumerate(ranking, start=1):
                 fused[i] += 1.0 / (self.rrf_k + rank)
-        order = np.argsort(-fused, kind="stable")[: min(top_k, len(self))]
+        order = np.argsort(-fused, kind="stable")[:k]
         return [replace(self.passages[i], score=float(fused[i])) for i in order]
 
 
