@@ -21,6 +21,11 @@ DEFAULT_PROMPT_STYLE = "litm"
 # (75.0 vs 67.5 % on the 40 questions). The demo has its own default, also 5, so a gold passage can sit mid-prompt.
 DEFAULT_TOP_K = 5
 
+# The longest answer, in tokens, wherever an answer is generated for a user (ask, Pipeline, Generator, the
+# LlamaIndex LLM, the demo) and in `eval e2e`, so the measured end-to-end numbers are those of `ask`. Small models
+# often restate the question before answering; 16-24 tokens cut many right answers off (docs/results/answer-path/).
+DEFAULT_MAX_NEW_TOKENS = 48
+
 # How passages are retrieved (retrievers.hybrid.build_retriever) and the default.
 RETRIEVALS = ("dense", "hybrid")
 DEFAULT_RETRIEVAL = "dense"

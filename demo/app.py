@@ -19,6 +19,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.names import DEFAULT_MAX_NEW_TOKENS
+
 if TYPE_CHECKING:  # gradio and torch load slowly: only the demo itself imports them
     import gradio as gr
 
@@ -32,7 +34,6 @@ HOST = "127.0.0.1"
 MAX_TOP_K = 10
 MAX_QUESTION_CHARS = 1000
 MAX_NEW_TOKENS = 128
-DEFAULT_MAX_NEW_TOKENS = 32
 DEFAULT_MAX_UPLOAD_MB = 2.0
 UPLOAD_SUFFIXES = (".txt", ".md", ".jsonl")
 UPLOADED_INDEXES_KEPT = 4  # each holds its passages and vectors in memory
@@ -77,7 +78,7 @@ class DemoBackend:
         dtype: str = "auto",
     ):
         from generators.models import DEFAULT_MODEL, REGISTRY
-        from generators.registry import available, method_config
+        from generators.registry import method_config
 
         self._lock = threading.RLock()
         self._bases: dict[str, Pipeline] = {}  # model name -> baseline-or-given pipeline on the startup corpus
@@ -87,7 +88,6 @@ class DemoBackend:
         self.evidence = evidence
         self.device, self.dtype = device, dtype
         self.max_upload_bytes = int(max_upload_mb * 1024 * 1024)
-        self.methods = available()
         if pipeline is not None:
             name = pipeline.generator.loaded.name
             self._bases[name] = pipeline
@@ -144,6 +144,12 @@ class DemoBackend:
             self._retrievers.move_to_end(key)
             return self._retrievers[key], f"uploaded {name}"
 
+    def methods_of(self, model: str) -> list[str]:
+        """The methods offered with `model`: one trained per model (MuDAF, MoICE) only where it ships for it."""
+        from generators.registry import available
+
+        return available(model)
+
     def pipeline(self, model: str, method: str, corpus_file: str | None = None, progress: Any = None) -> Pipeline:
         """A pipeline for (model, method) on the chosen corpus; methods share the model's weights."""
         from generators.generator import Generator
@@ -152,8 +158,9 @@ class DemoBackend:
 
         if model not in self.models:
             raise UserError(f"model {model!r} is not offered here; choose one of {', '.join(self.models)}.")
-        if method not in self.methods:
-            raise UserError(f"method {method!r} is not available; choose one of {', '.join(self.methods)}.")
+        offered = self.methods_of(model)
+        if method not in offered:
+            raise UserError(f"method {method!r} is not available with {model}; choose one of {', '.join(offered)}.")
         retriever, _ = self.retriever(corpus_file, progress)
         with self._lock:
             if model not in self._bases:
@@ -303,6 +310,10 @@ def build_blocks(backend: DemoBackend) -> gr.Blocks:
         except Exception as err:  # model or index missing on this machine: say so in the page
             raise gr.Error(f"Startup failed: {err}", title="Cannot start", print_exception=False) from None
 
+    def on_model(model: str, method: str) -> gr.Dropdown:
+        offered = backend.methods_of(model)
+        return gr.Dropdown(choices=offered, value=method if method in offered else "baseline")
+
     def on_upload(corpus_file: str | None, progress: gr.Progress = tracked) -> str:
         try:
             retriever, label = backend.retriever(corpus_file, progress)
@@ -359,7 +370,7 @@ def build_blocks(backend: DemoBackend) -> gr.Blocks:
             with gr.Column(scale=2):
                 with gr.Row():
                     model = gr.Dropdown(backend.models, value=backend.model, label="Model")
-                    method = gr.Dropdown(backend.methods, value=backend.method, label="Method")
+                    method = gr.Dropdown(backend.methods_of(backend.model), value=backend.method, label="Method")
                 compare = gr.Checkbox(label="Side by side: baseline vs this method, same passages", value=False)
                 top_k = gr.Slider(1, MAX_TOP_K, value=backend.top_k, step=1, label="Passages (top-k)")
                 view = gr.Radio(list(views.SCORE_VIEWS), value="calibrated", label="Evidence scores")
@@ -418,6 +429,7 @@ def build_blocks(backend: DemoBackend) -> gr.Blocks:
         ask.click(on_ask, inputs, [*outputs, state], api_name="ask")
         question.submit(on_ask, inputs, [*outputs, state], api_visibility="private")
         view.change(on_view, [state, view], outputs, api_visibility="private", queue=False)
+        model.change(on_model, [model, method], method, api_visibility="private", queue=False)
         compare.change(lambda c: gr.Column(visible=c), compare, base_col, api_visibility="private", queue=False)
         corpus.upload(on_upload, corpus, status, api_visibility="private")
         corpus.clear(lambda: f"Corpus: {backend.corpus_label()}.", None, status, api_visibility="private")

@@ -16,7 +16,15 @@ import time
 from pathlib import Path
 
 from core.errors import MidlensError
-from core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, EVAL_MODEL, PROMPT_STYLES, RETRIEVALS
+from core.names import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_PROMPT_STYLE,
+    DEFAULT_RETRIEVAL,
+    DEFAULT_TOP_K,
+    EVAL_MODEL,
+    PROMPT_STYLES,
+    RETRIEVALS,
+)
 
 SWEEP_MODES = ("sweep", "rerank", "e2e")
 
@@ -116,7 +124,8 @@ def add_eval_parser(sub) -> None:
         "--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help="dense (faiss) or hybrid (dense + BM25, RRF)"
     )
     _common(e2e, "baseline,ms-poe")
-    e2e.set_defaults(func=cmd_run, mode="e2e")
+    # Answers as long as `ask` gives, so e2e measures what a user gets (the sweeps keep short answers).
+    e2e.set_defaults(func=cmd_run, mode="e2e", max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 
     mg = esub.add_parser("merge", help="join shard files / run directories of one run", epilog=EXAMPLES["merge"])
     mg.add_argument("sources", nargs="+", type=Path)

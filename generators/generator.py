@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
+from core.names import DEFAULT_MAX_NEW_TOKENS
 from core.passage import Passage
 from generators.context import MethodParts, method_context
 from generators.evidence import Answer, EvidenceConfig, EvidenceMaps, passage_evidence
@@ -87,7 +88,7 @@ class Generator:
         self,
         question: str,
         passages: list[Passage],
-        max_new_tokens: int = 48,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         truncate: Literal["error", "drop_last"] = "error",
         style: str = DEFAULT_STYLE,
     ) -> StackedPrompt:
@@ -281,7 +282,7 @@ class Generator:
     def generate(
         self,
         prompt: StackedPrompt,
-        max_new_tokens: int = 48,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = 0,
@@ -317,7 +318,13 @@ def _last_and_question(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows[:, :, -1], rows[:, :, :-1].mean(2)
 
 
-_STREAM_DEFAULTS = {"max_new_tokens": 48, "temperature": 0.0, "top_p": 1.0, "seed": 0, "calibrate": True}
+_STREAM_DEFAULTS = {
+    "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "seed": 0,
+    "calibrate": True,
+}
 
 
 class GenerationStream:

@@ -42,8 +42,19 @@ def register(method: Method, replace: bool = False) -> Method:
     return method
 
 
-def available() -> list[str]:
-    return list(REGISTRY)
+def available(model: str | None = None) -> list[str]:
+    """Registered method names; with `model` (a registry name or folder), only those that run on it as they come.
+
+    A method with an `artefact` option runs on weights trained for one model (a MuDAF delta, MoICE routers): it
+    is listed for `model` only when an artefact ships for that model, so a menu never offers a certain error.
+    """
+    from generators.artefacts import META, shipped_path
+
+    return [
+        name
+        for name, method in REGISTRY.items()
+        if model is None or "artefact" not in method.defaults or (shipped_path(name, model) / META).is_file()
+    ]
 
 
 @dataclass(frozen=True)

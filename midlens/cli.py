@@ -8,7 +8,14 @@ import json
 import sys
 
 from core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
-from core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, PROMPT_STYLES, RETRIEVALS
+from core.names import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_PROMPT_STYLE,
+    DEFAULT_RETRIEVAL,
+    DEFAULT_TOP_K,
+    PROMPT_STYLES,
+    RETRIEVALS,
+)
 from midlens import __version__
 from rag.options import Parser, add_model_args, positive_int
 
@@ -149,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help="dense (faiss) or hybrid (dense + BM25, RRF)"
     )
     ask.add_argument("--index-type", default="flat", choices=["flat", "ivf", "hnsw"], help="faiss index for --corpus")
-    ask.add_argument("--max-new-tokens", type=int, default=48, help="longest answer, in tokens")
+    ask.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="longest answer, in tokens")
     ask.add_argument(
         "--truncate", default="error", choices=["error", "drop_last"], help="when passages overflow the window"
     )

@@ -53,7 +53,7 @@ from llama_index.core.query_engine import CustomQueryEngine  # noqa: E402
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
 
 from core.errors import PromptTooLongError  # noqa: E402
-from core.names import DEFAULT_RETRIEVAL, DEFAULT_TOP_K  # noqa: E402
+from core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K  # noqa: E402
 from generators.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
 from generators.generator import Generator  # noqa: E402
 from generators.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
@@ -158,7 +158,7 @@ class MidlensLLM(CustomLLM):
     method_options: dict[str, Any] = Field(default_factory=dict, description="Options of the method.")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present).")
     dtype: str = Field(default="auto", description="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA).")
-    max_new_tokens: int = Field(default=48, ge=0, description="Most tokens generated per call.")
+    max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=0, description="Most tokens generated per call.")
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=0, description="Sampling seed (temperature > 0).")

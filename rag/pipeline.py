@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from core.errors import InvalidArgumentError
-from core.names import DEFAULT_RETRIEVAL, DEFAULT_TOP_K
+from core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K
 from core.passage import Passage
 from generators.evidence import Answer, EvidenceConfig
 from generators.generator import GenerationStream, Generator
@@ -39,7 +39,7 @@ class Pipeline:
         retriever: DenseRetriever | HybridRetriever,
         generator: Generator,
         top_k: int = DEFAULT_TOP_K,
-        max_new_tokens: int = 48,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         truncate: Literal["error", "drop_last"] = "error",
         prompt_style: str = DEFAULT_STYLE,
     ):

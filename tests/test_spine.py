@@ -15,7 +15,7 @@ from core.passage import Passage
 from generators import Generator, Method, MethodParts, load_model, method_config, method_context, register
 from generators.artefacts import load_artefact, save_artefact
 from generators.delta import LoRADelta
-from generators.registry import REGISTRY, baseline_schemes
+from generators.registry import REGISTRY, available, baseline_schemes
 from tests.tiny import save_tiny
 
 # fp32, same math in another kernel order: ~1e-6. bf16 has 8 mantissa bits: one rounding of a logit of
@@ -115,6 +115,15 @@ def test_specs_validate_before_any_model_loads():
         method_config("ms-poe", {"ratio_min": 2.0, "ratio_max": 1.5})
     with pytest.raises(MethodConfigError, match="is not option=value"):
         method_config("ms-poe(1.5)")
+
+
+def test_methods_trained_per_model_are_listed_only_where_their_artefact_ships(tmp_path):
+    everything = available()
+    assert {"baseline", "ms-poe", "attn-calibration", "mudaf", "moice"} <= set(everything)
+    # Artefacts ship for SmolLM2 only (generators/trained/): another model is offered the training-free methods.
+    assert available("smollm2-135m") == everything
+    for other in ("qwen2.5-0.5b", str(tmp_path)):
+        assert available(other) == [m for m in everything if m not in ("mudaf", "moice")]
 
 
 def test_a_registered_user_method_runs_through_the_same_module(tiny):
