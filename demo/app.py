@@ -27,8 +27,7 @@ if TYPE_CHECKING:  # gradio and torch load slowly: only the demo itself imports 
     from core.passage import Passage
     from generators.evidence import Answer, EvidenceConfig
     from rag.pipeline import Pipeline
-    from retrievers.dense import DenseRetriever
-    from retrievers.hybrid import HybridRetriever
+    from retrievers.base import Retriever
 
 HOST = "127.0.0.1"
 MAX_TOP_K = 10
@@ -83,7 +82,7 @@ class DemoBackend:
         self._lock = threading.RLock()
         self._bases: dict[str, Pipeline] = {}  # model name -> baseline-or-given pipeline on the startup corpus
         self._methods: dict[tuple[str, str], Pipeline] = {}
-        self._retrievers: OrderedDict[str, DenseRetriever | HybridRetriever] = OrderedDict()
+        self._retrievers: OrderedDict[str, Retriever] = OrderedDict()
         self.corpus = corpus
         self.evidence = evidence
         self.device, self.dtype = device, dtype
@@ -111,7 +110,7 @@ class DemoBackend:
     def corpus_label(self) -> str:
         return "embedded HotpotQA paragraphs" if self.corpus is None else str(self.corpus)
 
-    def retriever(self, corpus_file: str | None, progress: Any = None) -> tuple[DenseRetriever | HybridRetriever, str]:
+    def retriever(self, corpus_file: str | None, progress: Any = None) -> tuple[Retriever, str]:
         """The startup corpus' retriever, or one for an uploaded file (indexed once, kept by content hash)."""
         from retrievers.corpus import default_corpus_path
         from retrievers.hybrid import build_retriever

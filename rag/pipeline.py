@@ -20,9 +20,10 @@ from generators.generator import GenerationStream, Generator
 from generators.models import DEFAULT_MODEL, LoadedModel
 from generators.prompt import DEFAULT_STYLE, check_style
 from generators.registry import MethodConfig, method_config
+from retrievers.base import Retriever
 from retrievers.corpus import default_corpus_path
-from retrievers.dense import DenseRetriever, IndexType
-from retrievers.hybrid import HybridRetriever, Retrieval, build_retriever, check_retrieval
+from retrievers.dense import IndexType
+from retrievers.hybrid import Retrieval, build_retriever, check_retrieval
 
 
 def check_top_k(top_k: int) -> int:
@@ -36,7 +37,7 @@ def check_top_k(top_k: int) -> int:
 class Pipeline:
     def __init__(
         self,
-        retriever: DenseRetriever | HybridRetriever,
+        retriever: Retriever,
         generator: Generator,
         top_k: int = DEFAULT_TOP_K,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,

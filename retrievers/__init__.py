@@ -1,1 +1,2 @@
-"""Retrievers: documents -> passages -> a searchable index (`retrievers.dense.DenseRetriever`)."""
+"""Retrievers: documents -> passages -> a searchable index (`retrievers.dense.DenseRetriever`, `retrievers.hybrid`),
+all answering the `retrievers.base.Retriever` protocol."""

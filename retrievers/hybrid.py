@@ -24,6 +24,7 @@ import numpy as np
 from core.errors import InvalidArgumentError
 from core.names import DEFAULT_RETRIEVAL, RETRIEVALS
 from core.passage import Passage
+from retrievers.base import Retriever
 from retrievers.dense import DenseRetriever, IndexType, checked_top_k
 from retrievers.lexical import BM25Index
 
@@ -77,7 +78,7 @@ def build_retriever(
     retrieval: Retrieval = DEFAULT_RETRIEVAL,
     index_dir: str | Path | None = None,
     index_type: IndexType = "flat",
-) -> DenseRetriever | HybridRetriever:
+) -> Retriever:
     """The retriever a pipeline uses: the dense index (built or reused), with BM25 fused in for "hybrid"."""
     check_retrieval(retrieval)
     dense = DenseRetriever.build(corpus, index_dir=index_dir, index_type=index_type)

@@ -246,3 +246,12 @@ def test_hybrid_and_retrieval_names_reject_bad_arguments(hybrid):
     with pytest.raises(InvalidArgumentError, match="retrieval='sparse': expected one of dense, hybrid"):
         build_retriever("unused", "sparse")
     assert len(hybrid.search("Wings of Desire", top_k=10_000)) == len(hybrid)  # capped at the corpus, with a warning
+
+
+def test_both_retrievers_answer_the_protocol_the_pipeline_types(default_retriever, hybrid):
+    from retrievers.base import Retriever
+
+    for retriever in (default_retriever, hybrid):
+        assert isinstance(retriever, Retriever)
+        assert len(retriever) == len(default_retriever.passages) and retriever.meta["fingerprint"]
+    assert not isinstance(object(), Retriever)

@@ -1,0 +1,19 @@
+"""What the layers above need from a retriever: the dense one, the hybrid one, or a user's own."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from core.passage import Passage
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """`search` returns the `top_k` best passages, best first, each with its `score`; `meta` describes the index
+    (its `fingerprint` names the corpus and embedder, for caches and run configs)."""
+
+    meta: dict
+
+    def search(self, query: str, top_k: int = 5) -> list[Passage]: ...
+
+    def __len__(self) -> int: ...
