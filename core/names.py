@@ -6,7 +6,7 @@
 # on the 40 embedded questions).
 DEFAULT_MODEL = "qwen2.5-0.5b"
 # The model the research commands default to (eval, bench, training): 4x faster on a CPU, the one every shipped
-# artefact (MuDAF delta, MoICE routers, retrieval-head scores) was trained for, and the one the documented
+# trained artefact (MuDAF delta, MoICE routers) was trained for, and the one the documented
 # measurements ran on.
 EVAL_MODEL = "smollm2-135m"
 

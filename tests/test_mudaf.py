@@ -180,6 +180,21 @@ def test_retrieval_head_evidence_averages_the_shipped_top_heads(loaded):
     assert all(answer.maps.last[layer].abs().sum() == 0 for layer in range(30) if layer not in probed)
 
 
+def test_every_shipped_score_file_is_for_a_packaged_model_and_its_exact_weights():
+    # Loading checks the hash against the loaded model; this checks what ships without loading the 0.5B model.
+    from generators.models import REGISTRY
+
+    shipped = sorted(SHIPPED.glob("*.json"))
+    assert {p.stem for p in shipped} == set(REGISTRY), "one score file per packaged model"
+    for path in shipped:
+        scores = json.loads(path.read_text())
+        assert scores["model"] == path.stem and scores["model_sha256"] == REGISTRY[path.stem].sha256
+        assert scores["split"] == "train" and scores["method"] == {"name": "baseline"}
+        f1, em = torch.tensor(scores["f1"]), torch.tensor(scores["em"])
+        assert f1.shape == em.shape and f1.ndim == 2 and ((0 <= f1) & (f1 <= 1)).all()
+        assert path.with_suffix(".png").is_file()
+
+
 def test_retrieval_head_scores_for_another_model_are_refused(loaded, tmp_path):
     scores = json.loads((SHIPPED / f"{loaded.name}.json").read_text())
     scores["model_sha256"] = "f" * 64
