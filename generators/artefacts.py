@@ -60,11 +60,20 @@ def shipped_path(method: str, model: str) -> Path:
     return SHIPPED / method / model
 
 
+def shipped_artefact(method: str, model: str) -> Path | None:
+    """The folder of the artefact shipped for (method, model), or None. Artefacts ship for packaged models by name;
+    a model given as a folder path has none (joined to SHIPPED, an absolute path would point into that folder)."""
+    if Path(model).name != model:
+        return None
+    path = shipped_path(method, model)
+    return path if (path / META).is_file() else None
+
+
 def resolve_artefact(spec: str | None, method: str, model: str) -> Path:
     """None -> the artefact shipped for (method, model); otherwise a folder path."""
     if spec is None:
-        path = shipped_path(method, model)
-        if not (path / META).is_file():
+        path = shipped_artefact(method, model)
+        if path is None:
             shipped = sorted(p.name for p in (SHIPPED / method).glob("*") if (p / META).is_file())
             raise ArtefactError(
                 f"no trained {method} artefact ships for model {model!r} "

@@ -48,12 +48,12 @@ def available(model: str | None = None) -> list[str]:
     A method with an `artefact` option runs on weights trained for one model (a MuDAF delta, MoICE routers): it
     is listed for `model` only when an artefact ships for that model, so a menu never offers a certain error.
     """
-    from generators.artefacts import META, shipped_path
+    from generators.artefacts import shipped_artefact
 
     return [
         name
         for name, method in REGISTRY.items()
-        if model is None or "artefact" not in method.defaults or (shipped_path(name, model) / META).is_file()
+        if model is None or "artefact" not in method.defaults or shipped_artefact(name, model) is not None
     ]
 
 
