@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from core.names import DEFAULT_TOP_K
 from core.passage import Passage
 
 
@@ -14,6 +15,6 @@ class Retriever(Protocol):
 
     meta: dict
 
-    def search(self, query: str, top_k: int = 5) -> list[Passage]: ...
+    def search(self, query: str, top_k: int = DEFAULT_TOP_K) -> list[Passage]: ...
 
     def __len__(self) -> int: ...

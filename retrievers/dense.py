@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from core.errors import CorpusError, InvalidArgumentError, RetrievalIndexError
 from core.files import OWNER, indexes_dir, make_temp_dir, sweep_stale
+from core.names import DEFAULT_TOP_K
 from core.passage import Passage
 from retrievers.corpus import fingerprint, read_documents, to_passages
 
@@ -240,7 +241,7 @@ class DenseRetriever:
             )
         return cls(passages, index, meta)
 
-    def search(self, query: str, top_k: int = 5) -> list[Passage]:
+    def search(self, query: str, top_k: int = DEFAULT_TOP_K) -> list[Passage]:
         """Top-k passages, best first, each a copy carrying its cosine similarity in `score`."""
         k = checked_top_k(query, top_k, len(self.passages))
         return [replace(self.passages[i], score=s) for i, s in self.ranked(query, k)]

@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 
 from core.errors import InvalidArgumentError
-from core.names import DEFAULT_RETRIEVAL, RETRIEVALS
+from core.names import DEFAULT_RETRIEVAL, DEFAULT_TOP_K, RETRIEVALS
 from core.passage import Passage
 from retrievers.base import Retriever
 from retrievers.dense import DenseRetriever, IndexType, checked_top_k
@@ -51,7 +51,7 @@ class HybridRetriever:
     def __len__(self) -> int:
         return len(self.dense)
 
-    def search(self, query: str, top_k: int = 5) -> list[Passage]:
+    def search(self, query: str, top_k: int = DEFAULT_TOP_K) -> list[Passage]:
         """Top-k passages by fused rank, best first."""
         k = checked_top_k(query, top_k, len(self))
         depth = min(len(self), max(self.depth, k))
