@@ -105,6 +105,12 @@ def add_eval_parser(sub) -> None:
     sw.add_argument("--k", type=positive_int, default=10, help="documents per prompt (kv: key-value pairs)")
     sw.add_argument("--positions", default=None, help="1-based gold positions; default 1,K/2,K")
     sw.add_argument("--no-logprob", action="store_true", help="skip the gold-answer log-probability pass")
+    sw.add_argument(
+        "--stop-at-line-end",
+        action="store_true",
+        help="stop decoding once the answer has a complete non-empty line: the metrics read only that line, "
+        "so scores are unchanged and long --max-new-tokens cost only what the answer needs",
+    )
     _common(sw, "baseline,ms-poe,lcr,attn-sort")
     sw.set_defaults(func=cmd_run, mode="sweep")
 
@@ -262,6 +268,8 @@ def _sweep(args, name, examples, gens, config):
     if bad:
         raise MidlensError(f"--positions {bad} outside 1..{k} (K = --k).")
     config.update(k=k, positions=positions, logprob=not args.no_logprob)
+    if args.stop_at_line_end:  # recorded only when set, so runs started before the option still resume
+        config["stop_at_line_end"] = True
     per = len(gens) * len(positions)
     units = [
         {
@@ -280,7 +288,14 @@ def _sweep(args, name, examples, gens, config):
         for q, p in enumerate(positions)
     ]
 
-    sweep = PositionSweep(gens, k, args.max_new_tokens, logprob=not args.no_logprob, style=config["prompt_style"])
+    sweep = PositionSweep(
+        gens,
+        k,
+        args.max_new_tokens,
+        logprob=not args.no_logprob,
+        style=config["prompt_style"],
+        stop_at_line_end=args.stop_at_line_end,
+    )
 
     def evaluate(u):
         return sweep(examples[u["example"]], u["position"], u["method"])

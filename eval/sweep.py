@@ -88,10 +88,12 @@ def answer_row(
     max_new_tokens: int,
     logprob: bool,
     style: str = DEFAULT_STYLE,
+    stop_at_line_end: bool = False,
 ) -> dict:
     """Answer one arranged prompt and score it -> the metric columns of a result row."""
     prompt = gen.prompt(example.question, passages, max_new_tokens=max_new_tokens, style=style)
-    answer = gen.generate(prompt, max_new_tokens=max_new_tokens, reference=example.answers[0] if logprob else None)
+    reference = example.answers[0] if logprob else None
+    answer = gen.generate(prompt, max_new_tokens=max_new_tokens, reference=reference, stop_at_line_end=stop_at_line_end)
     gold_id = example.gold_ids[0]
     gold = next(p for p in answer.passages if p.passage.id == gold_id)
     raw_total = sum(p.evidence for p in answer.passages)
@@ -120,10 +122,18 @@ class PositionSweep:
     """
 
     def __init__(
-        self, gens: dict[str, Generator], k: int, max_new_tokens: int, logprob: bool = True, style: str = DEFAULT_STYLE
+        self,
+        gens: dict[str, Generator],
+        k: int,
+        max_new_tokens: int,
+        logprob: bool = True,
+        style: str = DEFAULT_STYLE,
+        stop_at_line_end: bool = False,
     ):
-        """`style`: the prompt's instruction; Liu et al.'s by default, as the sweep reproduces their setting."""
+        """`style`: the prompt's instruction; Liu et al.'s by default, as the sweep reproduces their setting.
+        `stop_at_line_end`: decode only the first answer line, the one the metrics read."""
         self.gens, self.k, self.max_new_tokens, self.logprob, self.style = gens, k, max_new_tokens, logprob, style
+        self.stop_at_line_end = stop_at_line_end
         self._example_id: str | None = None
         self._answered: dict[tuple, tuple[int, dict]] = {}  # (method, passage ids) of the current example
 
@@ -138,6 +148,8 @@ class PositionSweep:
             first_position, row = self._answered[key]
             row = {**row, "reused_from_position": first_position}
         else:
-            row = answer_row(gen, example, passages, self.max_new_tokens, self.logprob, self.style)
+            row = answer_row(
+                gen, example, passages, self.max_new_tokens, self.logprob, self.style, self.stop_at_line_end
+            )
             self._answered[key] = (position, row)
         return {**row, "seconds": time.perf_counter() - t0}

@@ -133,6 +133,7 @@ class Generator:
         seed: int | None,
         calibrate: bool,
         reference: str | None = None,
+        stop_at_line_end: bool = False,
     ) -> Iterator[str]:
         """Yields text deltas; returns the Answer (generator return value)."""
         if temperature > 0 and not 0 < top_p <= 1:
@@ -203,6 +204,8 @@ class Generator:
                     if len(new_text) > len(text) and not new_text.endswith("\ufffd"):
                         yield new_text[len(text) :]
                         text = new_text
+                    if stop_at_line_end and "\n" in text.lstrip():
+                        break
                     if len(generated) == max_new_tokens:
                         break
                     logits = self.forward([token], cache)[-1]
@@ -289,13 +292,16 @@ class Generator:
         calibrate: bool = True,
         on_token: Callable[[str], None] | None = None,
         reference: str | None = None,
+        stop_at_line_end: bool = False,
     ) -> Answer:
         """Greedy by default (temperature 0); sampled with temperature > 0 (seeded, top-p).
 
         `reference` (a gold answer) also scores log p(reference | prompt) on the prompt's cached keys,
         so evaluation gets its continuous accuracy measure without a second prefill.
+        `stop_at_line_end` ends decoding once the answer has a complete non-empty line: metrics that read
+        only the first line (eval.metrics.first_line) score the same answer, decoded in fewer steps.
         """
-        steps = self._steps(prompt, max_new_tokens, temperature, top_p, seed, calibrate, reference)
+        steps = self._steps(prompt, max_new_tokens, temperature, top_p, seed, calibrate, reference, stop_at_line_end)
         while True:
             try:
                 piece = next(steps)
@@ -324,6 +330,7 @@ _STREAM_DEFAULTS = {
     "top_p": 1.0,
     "seed": 0,
     "calibrate": True,
+    "stop_at_line_end": False,
 }
 
 

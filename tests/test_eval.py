@@ -263,6 +263,20 @@ def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loade
         args.func(args)
 
 
+def test_sweep_stopped_at_line_end_scores_the_same_and_says_so(tmp_path, loaded):
+    from eval.runner import read_rows
+    from midlens.cli import main
+
+    assert main(_sweep_args(tmp_path / "full", "--max-new-tokens", "24")) == 0
+    assert main(_sweep_args(tmp_path / "stop", "--max-new-tokens", "24", "--stop-at-line-end")) == 0
+    full, stop = (sorted(read_rows(tmp_path / d / "results.jsonl"), key=lambda r: r["order"]) for d in ("full", "stop"))
+    assert [r["em"] for r in stop] == [r["em"] for r in full] and [r["f1"] for r in stop] == [r["f1"] for r in full]
+    assert any("\n" in r["prediction"] for r in full)  # the premise: unstopped, answers run past one line
+    assert all("\n" not in r["prediction"] for r in stop)
+    assert json.loads((tmp_path / "stop" / "config.json").read_text())["stop_at_line_end"] is True
+    assert "stop_at_line_end" not in json.loads((tmp_path / "full" / "config.json").read_text())
+
+
 def test_rerank_run_and_report(tmp_path, loaded):
     from eval.report import write_report
     from eval.runner import read_rows

@@ -117,3 +117,16 @@ def test_a_new_turn_ends_the_answer(generator):
     assert next_token in tokenizer.all_special_ids  # the premise: this prompt does end in a new turn
     answer = generator.generate(prompt, max_new_tokens=5, calibrate=False)
     assert answer.generated_tokens == 0 and answer.text == ""
+
+
+@pytest.mark.parametrize("text", ["The capital of France is Paris.\nThe capital of Italy is", "Shopping list:"])
+def test_stop_at_line_end_decodes_only_the_line_the_metrics_read(generator, text):
+    from eval.metrics import first_line
+
+    ids = generator.tokenizer(text, add_special_tokens=False)["input_ids"]
+    prompt = StackedPrompt(text, ids, [], [], "x", (len(ids) - 1, len(ids)))
+    full = generator.generate(prompt, max_new_tokens=24, calibrate=False)
+    short = generator.generate(prompt, max_new_tokens=24, calibrate=False, stop_at_line_end=True)
+    assert "\n" in full.text  # the premise: unstopped, the model writes more than one line
+    assert short.text == first_line(full.text).strip() != ""
+    assert short.generated_tokens < full.generated_tokens
