@@ -271,7 +271,8 @@ def test_sweep_stopped_at_line_end_scores_the_same_and_says_so(tmp_path, loaded)
     assert main(_sweep_args(tmp_path / "stop", "--max-new-tokens", "24", "--stop-at-line-end")) == 0
     full, stop = (sorted(read_rows(tmp_path / d / "results.jsonl"), key=lambda r: r["order"]) for d in ("full", "stop"))
     assert [r["em"] for r in stop] == [r["em"] for r in full] and [r["f1"] for r in stop] == [r["f1"] for r in full]
-    assert any("\n" in r["prediction"] for r in full)  # the premise: unstopped, answers run past one line
+    # The stopping itself (fewer tokens, the same first line) is tested on prompts that run past one line in
+    # test_evidence.py; here: the sweep passes the option on, records it, and scores the same.
     assert all("\n" not in r["prediction"] for r in stop)
     assert json.loads((tmp_path / "stop" / "config.json").read_text())["stop_at_line_end"] is True
     assert "stop_at_line_end" not in json.loads((tmp_path / "full" / "config.json").read_text())
