@@ -29,3 +29,8 @@ DEFAULT_MAX_NEW_TOKENS = 48
 # How passages are retrieved (retrievers.hybrid.build_retriever) and the default.
 RETRIEVALS = ("dense", "hybrid")
 DEFAULT_RETRIEVAL = "dense"
+
+# The built-in methods (generators.registry registers one entry per name, in this order; that module loads torch),
+# and the orderings the position sweep runs on the baseline generator (eval.sweep).
+METHODS = ("baseline", "ms-poe", "mudaf", "moice", "attn-calibration")
+ORDERINGS = ("lcr", "attn-sort")

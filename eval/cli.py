@@ -22,6 +22,7 @@ from core.names import (
     DEFAULT_RETRIEVAL,
     DEFAULT_TOP_K,
     EVAL_MODEL,
+    ORDERINGS,
     PROMPT_STYLES,
     RETRIEVALS,
 )
@@ -163,11 +164,13 @@ def _examples(args: argparse.Namespace):
 
 def _method_specs(methods: list[str]) -> dict:
     """Method specs -> validated configs, before any model loads; an ordering runs on the baseline generator."""
-    from eval.sweep import ORDERINGS
-    from generators.registry import method_config, parse_method_spec
+    from core.method_spec import check_method_names, parse_method_spec
 
     if not methods:
         raise MidlensError("--methods is empty: name at least one method, e.g. --methods baseline.")
+    check_method_names(methods, also=ORDERINGS)  # before torch loads: a misspelt name fails at once
+    from generators.registry import method_config
+
     configs = {}
     for spec in methods:
         name, options = parse_method_spec(spec)
@@ -185,16 +188,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise MidlensError(f"--split {args.split}: only --dataset hotpotqa has splits.")
     from dataclasses import asdict
 
+    from core.method_spec import split_top_level
+
+    specs = _method_specs(split_top_level(args.methods))
     from eval import runner
     from eval.datasets import data_sha256
-    from eval.sweep import ORDERINGS
     from generators.generator import Generator
     from generators.models import load_model
-    from generators.registry import split_top_level
     from rag.options import check_device, evidence_config
 
     shard = runner.parse_shard(args.shard)
-    specs = _method_specs(split_top_level(args.methods))
     evidence = evidence_config(args)
     check_device(args)
     loaded = load_model(args.model, args.device, args.dtype)

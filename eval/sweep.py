@@ -20,8 +20,6 @@ from eval.metrics import answer_f1, best_subspan_em
 from generators.generator import Generator
 from generators.prompt import DEFAULT_STYLE
 
-ORDERINGS = ("lcr", "attn-sort")
-
 
 def layout(example: Example, k: int, position: int) -> list[Passage]:
     """K documents: the example's first K-1 distractors with its gold inserted at 1-based `position`."""

@@ -10,13 +10,13 @@ to `method_config` and get a validated `MethodConfig` back, before any model is 
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import MethodConfigError
+from core.method_spec import parse_method_spec, split_top_level
 from generators.context import MethodParts
 from generators.rope import RotaryScheme
 
@@ -31,6 +31,7 @@ class Method:
 
 
 REGISTRY: dict[str, Method] = {}
+__all__ = ["REGISTRY", "Method", "MethodConfig", "method_config", "parse_method_spec", "split_top_level"]
 
 
 def register(method: Method, replace: bool = False) -> Method:
@@ -74,47 +75,6 @@ class MethodConfig:
         if not changed:
             return self.name
         return f"{self.name}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
-
-
-_SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
-
-
-def parse_method_spec(spec: str) -> tuple[str, dict]:
-    """`ms-poe(ratio_min=1.0, ratio_max=1.2)` -> ("ms-poe", {"ratio_min": 1.0, "ratio_max": 1.2}).
-
-    Values are Python literals (numbers, lists, None); anything else is taken as a bare string
-    (`head_order=sequential`). Names are checked by method_config.
-    """
-    match = _SPEC.match(spec or "")
-    if not match:
-        raise MethodConfigError(f"method spec {spec!r}: expected NAME or NAME(option=value, ...).")
-    name, body = match.group(1), (match.group(2) or "").strip()
-    options: dict = {}
-    for item in split_top_level(body) if body else []:
-        key, eq, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not eq or not key.isidentifier() or not raw:
-            raise MethodConfigError(f"method spec {spec!r}: {item.strip()!r} is not option=value.")
-        try:
-            options[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            options[key] = raw
-    return name, options
-
-
-def split_top_level(text: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside brackets: "a,b(x=1,y=[2,3]),c" -> ["a", "b(x=1,y=[2,3])", "c"]."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        elif ch == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
 
 
 def method_config(spec: str | MethodConfig = "baseline", options: dict | None = None) -> MethodConfig:

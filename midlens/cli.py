@@ -97,10 +97,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if not args.question.strip():  # before torch and the model load, which take seconds
         raise InvalidArgumentError('the question is empty: pass it in quotes, e.g. midlens ask "Who wrote X?"')
     from rag.options import check_device, evidence_config, method_spec
-    from rag.pipeline import Pipeline
 
     method = method_spec(args)  # a typo in --method fails before the model loads
     check_device(args)
+    from rag.pipeline import Pipeline
+
     pipe = Pipeline.from_corpus(
         args.corpus,
         model=args.model,

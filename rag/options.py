@@ -45,7 +45,12 @@ def check_device(args: argparse.Namespace) -> None:
 
 
 def method_spec(args: argparse.Namespace):
-    """--method as a validated MethodConfig (unknown names and options fail here, before any model loads)."""
+    """--method as a validated MethodConfig (unknown names and options fail here, before any model loads).
+
+    A misspelt name fails before torch is imported, the registry's option check takes the seconds torch needs."""
+    from core.method_spec import check_method_names
+
+    check_method_names([args.method])
     from generators.registry import method_config
 
     return method_config(args.method)

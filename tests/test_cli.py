@@ -102,6 +102,25 @@ def test_shared_names_live_below_torch_and_match_their_modules():
     assert DEFAULT_MODEL == REGISTRY_DEFAULT and {DEFAULT_MODEL, EVAL_MODEL} <= set(REGISTRY)
     # The CLIs offer the style names without importing the prompt module; they must be its styles.
     assert set(PROMPT_STYLES) == set(STYLES) and DEFAULT_PROMPT_STYLE == DEFAULT_STYLE
+    # Shells refuse a misspelt method by these names before the registry (torch) is imported.
+    from core.names import METHODS
+    from generators.registry import REGISTRY as METHOD_REGISTRY
+
+    assert tuple(METHOD_REGISTRY)[: len(METHODS)] == METHODS
+
+
+def test_a_misspelt_method_is_refused_before_torch_is_imported():
+    # Was refused after torch and transformers loaded (4 s idle, 8 s on a busy machine).
+    for argv, message in (
+        (["ask", "--method", "ms-poee", "q?"], "unknown method 'ms-poee': choose one of baseline, ms-poe,"),
+        (["eval", "sweep", "--methods", "baseline,lcr,atn-sort", "--out", "unused"], "'atn-sort': choose one of"),
+    ):
+        code = (
+            "import contextlib, io\nfrom midlens.cli import main\nerr = io.StringIO()\n"
+            f"with contextlib.redirect_stderr(err):\n    assert main({argv!r}) == 2\n"
+            f"assert {message!r} in err.getvalue(), err.getvalue()"
+        )
+        assert heavy_imports_after(code) == [], argv
 
 
 def test_empty_question_is_refused_before_the_model_loads():

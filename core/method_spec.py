@@ -1,0 +1,63 @@
+"""Method specs as text, `NAME` or `NAME(option=value, ...)`: parsed without torch, so shells refuse a
+misspelt method name at once (generators.registry validates the options against the method's defaults)."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from core.errors import MethodConfigError
+from core.names import METHODS
+
+_SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
+
+
+def parse_method_spec(spec: str) -> tuple[str, dict]:
+    """`ms-poe(ratio_min=1.0, ratio_max=1.2)` -> ("ms-poe", {"ratio_min": 1.0, "ratio_max": 1.2}).
+
+    Values are Python literals (numbers, lists, None); anything else is taken as a bare string
+    (`head_order=sequential`). Names are checked by method_config.
+    """
+    match = _SPEC.match(spec or "")
+    if not match:
+        raise MethodConfigError(f"method spec {spec!r}: expected NAME or NAME(option=value, ...).")
+    name, body = match.group(1), (match.group(2) or "").strip()
+    options: dict = {}
+    for item in split_top_level(body) if body else []:
+        key, eq, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not eq or not key.isidentifier() or not raw:
+            raise MethodConfigError(f"method spec {spec!r}: {item.strip()!r} is not option=value.")
+        try:
+            options[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            options[key] = raw
+    return name, options
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside brackets: "a,b(x=1,y=[2,3]),c" -> ["a", "b(x=1,y=[2,3])", "c"]."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def check_method_names(specs: list[str], also: tuple[str, ...] = ()) -> None:
+    """Refuse a spec whose name is not a built-in method (or one of `also`), before anything heavy is imported.
+
+    Shells call this first; the registry's own check (method_config) also knows methods a user registered
+    in Python, which no command line can name.
+    """
+    known = METHODS + also
+    for spec in specs:
+        name, _ = parse_method_spec(spec)
+        if name not in known:
+            raise MethodConfigError(f"unknown method {name!r}: choose one of {', '.join(known)}.")
