@@ -36,18 +36,42 @@ def add_heads_parser(sub) -> None:
     score.set_defaults(func=cmd_heads_score)
 
 
-def add_train_parser(sub) -> None:
-    from rag.options import add_device_args
+def _add_training_args(
+    parser,
+    examples: int,
+    lr: float,
+    warmup: float,
+    max_words: int,
+    lr_help: str | None = None,
+    warmup_help: str = "fraction of steps",
+) -> None:
+    """The options every `midlens train` command shares; each method passes its own defaults."""
+    from rag.options import add_device_args, positive_int
 
+    parser.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
+    parser.add_argument("--out", type=Path, required=True, help="artefact folder to write (checkpoints beside it)")
+    parser.add_argument(
+        "--examples", type=positive_int, default=examples, help="training examples consumed (train split)"
+    )
+    parser.add_argument(
+        "--batch", type=positive_int, default=8, help="examples per optimizer step (gradient accumulation)"
+    )
+    parser.add_argument("--lr", type=float, default=lr, help=lr_help)
+    parser.add_argument("--warmup", type=float, default=warmup, help=warmup_help)
+    parser.add_argument("--max-words", type=int, default=max_words, help="clip paragraphs to ~N words")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--max-minutes", type=float, help="stop (checkpointed, artefact saved) after this much training"
+    )
+    parser.add_argument("--no-progress", action="store_true")
+    add_device_args(parser)
+
+
+def add_train_parser(sub) -> None:
     tr = sub.add_parser("train", help="train a method's artefact (MuDAF LoRA delta, MoICE routers)")
     tsub = tr.add_subparsers(dest="train_command", required=True)
     mu = tsub.add_parser("mudaf", help="contrastive tuning of retrieval heads (alpha=0: plain fine-tuning)")
-    mu.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
-    mu.add_argument("--out", type=Path, required=True, help="artefact folder to write (checkpoints beside it)")
-    mu.add_argument("--examples", type=int, default=4000, help="training examples consumed (train split)")
-    mu.add_argument("--batch", type=int, default=8, help="examples per optimizer step (gradient accumulation)")
-    mu.add_argument("--lr", type=float, default=2e-4)
-    mu.add_argument("--warmup", type=float, default=0.05)
+    _add_training_args(mu, examples=4000, lr=2e-4, warmup=0.05, max_words=80)
     mu.add_argument("--alpha", type=float, default=0.7, help="weight of the contrastive loss (0 = plain SFT)")
     mu.add_argument("--tau", type=float, default=0.05)
     mu.add_argument("--rank", type=int, default=16)
@@ -56,29 +80,22 @@ def add_train_parser(sub) -> None:
     mu.add_argument("--head-selection", default="sample", choices=["sample", "top"])
     mu.add_argument("--heads-file", type=Path, help="scores from `midlens heads score` (default: computed first)")
     mu.add_argument("--heads-n", type=int, default=200, help="prompts for the head scores when computed here")
-    mu.add_argument("--max-words", type=int, default=80)
-    mu.add_argument("--seed", type=int, default=0)
-    mu.add_argument("--max-minutes", type=float, help="stop (checkpointed, artefact saved) after this much training")
-    mu.add_argument("--no-progress", action="store_true")
-    add_device_args(mu)
     mu.set_defaults(func=cmd_train_mudaf)
 
     mo = tsub.add_parser("moice", help="router-only training of MoICE (the model stays frozen)")
-    mo.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
-    mo.add_argument("--out", type=Path, required=True, help="artefact folder to write (checkpoints beside it)")
-    mo.add_argument("--examples", type=int, default=600, help="training examples consumed (train split)")
-    mo.add_argument("--batch", type=int, default=8, help="examples per optimizer step (gradient accumulation)")
-    mo.add_argument("--lr", type=float, default=2e-3, help="routers are tiny and see few steps on a CPU budget")
-    mo.add_argument("--warmup", type=float, default=0.2, help="fraction of steps (the paper: 20%%)")
+    _add_training_args(
+        mo,
+        examples=600,
+        lr=2e-3,
+        warmup=0.2,
+        max_words=60,
+        lr_help="routers are tiny and see few steps on a CPU budget",
+        warmup_help="fraction of steps (the paper: 20%%)",
+    )
     mo.add_argument("--experts", type=int, default=7, help="N: RoPE bases (the native one first)")
     mo.add_argument("--top-k", type=int, default=3, help="K < N experts per token and head")
     mo.add_argument("--per-head", action="store_true", help="one router per head instead of per layer")
     mo.add_argument("--balance", type=float, default=0.3, help="alpha of the load-balancing loss")
-    mo.add_argument("--max-words", type=int, default=60)
-    mo.add_argument("--seed", type=int, default=0)
-    mo.add_argument("--max-minutes", type=float, help="stop (checkpointed, artefact saved) after this much training")
-    mo.add_argument("--no-progress", action="store_true")
-    add_device_args(mo)
     mo.set_defaults(func=cmd_train_moice)
 
 
