@@ -75,8 +75,18 @@ def _make_generator(
     evidence: EvidenceConfig | None,
     device: str = "auto",
     dtype: str = "auto",
-) -> Generator:
-    return Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {}))
+) -> tuple[Generator, dict[str, Any]]:
+    """The generator both classes wrap, and the pydantic fields that describe it (what it resolved to: the model's
+    name, the device and dtype it loaded on)."""
+    generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {}))
+    fields = {
+        "model": generator.loaded.name,
+        "method": method,
+        "method_options": dict(method_options or {}),
+        "device": str(generator.device),
+        "dtype": str(generator.loaded.dtype).removeprefix("torch."),
+    }
+    return generator, fields
 
 
 def to_passage(item: PassageLike) -> Passage:
@@ -181,15 +191,8 @@ class MidlensLLM(CustomLLM):
         dtype: str = "auto",
         **kwargs: Any,
     ) -> None:
-        generator = _make_generator(model, method, method_options, evidence, device, dtype)
-        super().__init__(
-            model=generator.loaded.name,
-            method=method,
-            method_options=dict(method_options or {}),
-            device=str(generator.device),
-            dtype=str(generator.loaded.dtype).removeprefix("torch."),
-            **kwargs,
-        )
+        generator, fields = _make_generator(model, method, method_options, evidence, device, dtype)
+        super().__init__(**fields, **kwargs)
         self._generator = generator
 
     @classmethod
@@ -406,16 +409,8 @@ class AttentionReranker(BaseNodePostprocessor):
         dtype: str = "auto",
         **kwargs: Any,
     ) -> None:
-        generator = _make_generator(model, method, method_options, evidence, device, dtype)
-        super().__init__(
-            top_n=top_n,
-            model=generator.loaded.name,
-            method=method,
-            method_options=dict(method_options or {}),
-            device=str(generator.device),
-            dtype=str(generator.loaded.dtype).removeprefix("torch."),
-            **kwargs,
-        )
+        generator, fields = _make_generator(model, method, method_options, evidence, device, dtype)
+        super().__init__(top_n=top_n, **fields, **kwargs)
         self._generator = generator
 
     @classmethod
