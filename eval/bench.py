@@ -1,4 +1,5 @@
-"""Benchmarks (commands, not tests): `midlens bench evidence`, `midlens bench ms-poe`, `midlens bench moice`.
+"""Benchmarks (commands, not tests): `midlens bench evidence`, and the method benches `midlens bench ms-poe`,
+`moice` and `attn-calibration`.
 
 Times are medians over repeats, interleaved across variants in one process so machine noise hits
 them alike; ratios are against the baseline of the same run. Memory is the peak RSS growth of one
@@ -33,7 +34,10 @@ VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
 METHOD_VARIANTS = {
     "ms-poe": ("baseline", "ms-poe"),
     "moice": ("baseline", "moice(top_k=1)", "moice(top_k=3)", "moice(top_k=7)"),
+    "attn-calibration": ("baseline", "attn-calibration", "attn-calibration(calibration='dummy')"),
 }
+# A method bench also times the whole answer path, Generator.generate (prefill with evidence, the method's extra
+# passes, decoding): attn-calibration costs nothing in the plain prefill and all of its work happens there.
 
 
 def _rss_kb(field: str) -> int:
@@ -128,7 +132,7 @@ def synchronize() -> None:
 
 
 def make_runner(variant: str, model_name: str, prompt_tokens: int, device: str = "cpu", dtype: str = "float32"):
-    """-> (prefill(), decode(n) or None, prompt): closures over a freshly prepared model."""
+    """-> (prefill(), decode(n) or None, prompt, answer(n) or None): closures over a freshly prepared model."""
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
@@ -158,7 +162,7 @@ def make_runner(variant: str, model_name: str, prompt_tokens: int, device: str =
                     model(ids, logits_to_keep=1)
             synchronize()
 
-        return prefill, None, prompt
+        return prefill, None, prompt, None
 
     gen = Generator(loaded, method="baseline" if variant == "evidence" else variant)
     with_probe = variant == "evidence"
@@ -191,11 +195,19 @@ def make_runner(variant: str, model_name: str, prompt_tokens: int, device: str =
             elapsed = time.perf_counter() - t0
         return n / elapsed
 
-    return prefill, decode, prompt
+    def answer(n: int) -> dict:
+        """Seconds of one Generator.generate of exactly n tokens, and its parts (prefill, calibration, decode)."""
+        gen.eos_ids = set()  # every variant decodes the same n tokens, whatever it would answer
+        t0 = time.perf_counter()
+        result = gen.generate(prompt, max_new_tokens=n)
+        synchronize()
+        return {"answer_s": time.perf_counter() - t0, **result.timings, "generated_tokens": result.generated_tokens}
+
+    return prefill, decode, prompt, answer
 
 
 def child(variant: str, model_name: str, tokens: int, device: str = "cpu", dtype: str = "float32") -> None:
-    prefill, _, prompt = make_runner(variant, model_name, tokens, device, dtype)
+    prefill, _, prompt, _ = make_runner(variant, model_name, tokens, device, dtype)
     # No warm-up prefill: the allocator keeps what a warm-up freed (differently per variant), which hid
     # part of the second prefill's growth and inflated the resting size. One cold prefill per process.
     import gc
@@ -345,6 +357,16 @@ def run(
         else:
             tps = {v: statistics.median(runners[v][1](decode_tokens, False) for _ in range(3)) for v in variants}
             row["decode_tok_per_s"] = {**tps, **{f"ratio {v}": tps[v] / tps[base] for v in variants[1:]}}
+            answers: dict[str, list[dict]] = {v: [] for v in variants}
+            for _ in range(repeats):  # interleaved, like the prefills
+                for v in variants:
+                    answers[v].append(runners[v][3](decode_tokens))
+            parts = {v: {k: statistics.median(a[k] for a in runs) for k in runs[0]} for v, runs in answers.items()}
+            row["answer"] = {
+                "new_tokens": decode_tokens,
+                "seconds": parts,
+                "time_ratio": {v: parts[v]["answer_s"] / parts[base]["answer_s"] for v in variants},
+            }
         report["sizes"].append(row)
         del runners
     return report
@@ -368,6 +390,12 @@ def print_report(report: dict) -> None:
             )
         d = row["decode_tok_per_s"]
         print("decode tok/s: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items()))
+        if "answer" in row:
+            a = row["answer"]
+            print(f"answer path (Generator.generate, {a['new_tokens']} new tokens), median seconds:")
+            for v, parts in a["seconds"].items():
+                split = ", ".join(f"{k} {t:.3f}" for k, t in parts.items() if k.endswith("_s") and k != "answer_s")
+                print(f"  {v:<40} {parts['answer_s']:>8.3f} s  x{a['time_ratio'][v]:.3f}  ({split})")
 
 
 BENCH_EXAMPLES = """examples:
@@ -375,19 +403,22 @@ BENCH_EXAMPLES = """examples:
   midlens bench ms-poe --tokens 2048,4096 --json bench.json
   midlens bench ms-poe --device cuda --dtype bfloat16
   midlens bench moice --tokens 2048 --memory-repeats 1
+  midlens bench attn-calibration --tokens 1024 --decode-tokens 16
 """
 
 
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: evidence overhead, ms-poe and moice cost against the baseline",
+        help="benchmarks: evidence overhead; ms-poe, moice and attn-calibration cost against the baseline",
         epilog=BENCH_EXAMPLES,
     )
     bench.add_argument("kind", choices=["evidence", *METHOD_VARIANTS])
     bench.add_argument("--model", default=EVAL_MODEL)
     bench.add_argument(
-        "--tokens", default=None, help="comma-separated prompt sizes (evidence, moice: 2048; ms-poe: 2048,4096)"
+        "--tokens",
+        default=None,
+        help="comma-separated prompt sizes (evidence, moice, attn-calibration: 2048; ms-poe: 2048,4096)",
     )
     bench.add_argument("--repeats", type=int, default=5, help="timed runs per variant (median)")
     bench.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded per timed run")

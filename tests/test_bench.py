@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.mark.parametrize(("kind", "variants"), [("evidence", {"plain", "evidence", "eager"}), ("ms-poe", None)])
+@pytest.mark.parametrize(
+    ("kind", "variants"), [("evidence", {"plain", "evidence", "eager"}), ("attn-calibration", None)]
+)
 def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants):
     from eval.bench import METHOD_VARIANTS, run
 
@@ -20,6 +22,11 @@ def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants):
     assert row["time_ratio"][base] == 1.0 and row["memory_ratio_total"][base] == 1.0
     assert all(v > 0 for k, v in row["decode_tok_per_s"].items() if k.startswith("ratio"))
     assert report["malloc_mmap_threshold"] == 65536
+    if kind != "evidence":  # a method bench also times the whole answer path, every variant decoding as many tokens
+        answer = row["answer"]
+        assert set(answer["seconds"]) == expected and answer["time_ratio"][base] == 1.0
+        assert all(parts["generated_tokens"] == 2 and parts["answer_s"] > 0 for parts in answer["seconds"].values())
+        assert all("calibrate_s" in answer["seconds"][v] for v in expected - {base})  # its calibration pass is timed
 
 
 def test_memory_processes_run_with_the_fixed_mmap_threshold(loaded, monkeypatch):
