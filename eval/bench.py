@@ -378,13 +378,14 @@ def print_report(report: dict) -> None:
             f"\n{report['kind']} bench, {report['model']}, {row['prompt_tokens']} prompt tokens, "
             f"{report['device']} {report['dtype']}, {report['threads']} threads"
         )
+        w = max(16, *(len(v) for v in row["prefill_s"]))
         print(
-            f"{'variant':<16} {'prefill s':>10} {'tok/s':>8} {'time x':>7} {'peak +MB':>9} {'peak MB':>8} "
+            f"{'variant':<{w}} {'prefill s':>10} {'tok/s':>8} {'time x':>7} {'peak +MB':>9} {'peak MB':>8} "
             f"{'mem x tot':>9} {'mem x +':>8}"
         )
         for v in row["prefill_s"]:
             print(
-                f"{v:<16} {row['prefill_s'][v]:>10.3f} {row['prefill_tok_per_s'][v]:>8.0f} "
+                f"{v:<{w}} {row['prefill_s'][v]:>10.3f} {row['prefill_tok_per_s'][v]:>8.0f} "
                 f"{row['time_ratio'][v]:>7.3f} {row['peak_growth_mb'][v]:>9.0f} {row['peak_rss_mb'][v]:>8.0f} "
                 f"{row['memory_ratio_total'][v]:>9.3f} {row['memory_ratio_growth'][v]:>8.3f}"
             )
@@ -395,7 +396,7 @@ def print_report(report: dict) -> None:
             print(f"answer path (Generator.generate, {a['new_tokens']} new tokens), median seconds:")
             for v, parts in a["seconds"].items():
                 split = ", ".join(f"{k} {t:.3f}" for k, t in parts.items() if k.endswith("_s") and k != "answer_s")
-                print(f"  {v:<40} {parts['answer_s']:>8.3f} s  x{a['time_ratio'][v]:.3f}  ({split})")
+                print(f"  {v:<{w}} {parts['answer_s']:>8.3f} s  x{a['time_ratio'][v]:.3f}  ({split})")
 
 
 BENCH_EXAMPLES = """examples:
