@@ -41,10 +41,29 @@ def load_runs(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
         setting["prompt_style"] = setting["prompt_style"] or "litm"  # runs from before the option used Liu et al.'s
         if config.get("kind") == "e2e":
             setting["retrieval"] = setting["retrieval"] or "dense"  # e2e runs from before the option were dense
+        labels = {m: method_label(m, c) for m, c in config.get("methods", {}).items()}
         for f in sorted(run.glob("results*.jsonl")):
             for row in read_rows(f):
-                rows[(json.dumps(setting, sort_keys=True), row["key"])] = {**row, "setting": setting}
+                label = labels.get(row["method"], row["method"])
+                key = "|".join(label if part == row["method"] else part for part in row["key"].split("|"))
+                row = {**row, "key": key, "method": label, "setting": setting}
+                rows[(json.dumps(setting, sort_keys=True), key)] = row
     return configs, list(rows.values())
+
+
+def method_label(key: str, recorded: dict) -> str:
+    """What a run's method is called in tables: the spec of the options it ran with, against today's defaults.
+
+    A run names its methods as they were typed (`attn-calibration`), and a default can change later (strength 1.0
+    became 0.5): labelled by the recorded options, two runs of one name under different defaults stay apart and
+    an old run reads `attn-calibration(strength=1.0)`. Orderings (lcr, attn-sort) keep their own name.
+    """
+    if recorded.get("ordering"):
+        return key
+    from generators.registry import MethodConfig
+
+    options = {k: v for k, v in recorded.items() if k not in ("name", "ordering")}
+    return MethodConfig(recorded.get("name", key), options).spec()
 
 
 def _grouped(rows: list[dict], kind: str, base, shown: tuple[str, ...] = ()) -> dict[tuple, tuple[str, list[dict]]]:

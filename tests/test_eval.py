@@ -411,3 +411,23 @@ def test_report_keeps_e2e_runs_with_different_retrieval_apart(tmp_path):
     # The pre-option run reads as dense and merges with it (same units, same setting); hybrid stays apart.
     assert "| qs, retrieval=dense | baseline | 4 | 25.0" in text
     assert "| qs, retrieval=hybrid | baseline | 4 | 75.0" in text
+
+
+def test_runs_of_one_method_name_under_different_defaults_stay_apart(tmp_path):
+    from eval.report import load_runs
+    from generators.attn_calibration import DEFAULTS
+
+    # The same typed name, "attn-calibration", run before and after its default strength changed.
+    for name, strength in (("old", 1.0), ("new", DEFAULTS["strength"])):
+        run = tmp_path / name
+        run.mkdir()
+        methods = {"attn-calibration": {"name": "attn-calibration", **DEFAULTS, "strength": strength, "ordering": None}}
+        methods["lcr"] = {"name": "baseline", "ordering": "lcr"}
+        (run / "config.json").write_text(json.dumps({"kind": "sweep", "model": "m", "methods": methods}))
+        rows = [{"key": f"q1|{m}|1", "method": m, "example_id": "q1", "em": strength} for m in methods]
+        (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, rows = load_runs([tmp_path / "old", tmp_path / "new"])
+    by_label = {r["method"]: r for r in rows}
+    assert set(by_label) == {"attn-calibration", "attn-calibration(strength=1.0)", "lcr"}
+    assert by_label["attn-calibration(strength=1.0)"]["em"] == 1.0 and by_label["attn-calibration"]["em"] != 1.0
+    assert by_label["attn-calibration(strength=1.0)"]["key"] == "q1|attn-calibration(strength=1.0)|1"
