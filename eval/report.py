@@ -82,8 +82,19 @@ def _grouped(rows: list[dict], kind: str, base, shown: tuple[str, ...] = ()) -> 
             for key in SETTINGS
             if key not in shown and len({json.dumps(s.get(key), sort_keys=True) for s in siblings}) > 1
         ]
-        out[(b, setting)] = ("".join(f", {key}={this.get(key)}" for key in differs), groups[(b, setting)])
+        out[(b, setting)] = ("".join(_differing(key, this, siblings) for key in differs), groups[(b, setting)])
     return out
+
+
+def _differing(key: str, this: dict, siblings: list[dict]) -> str:
+    """ ", key=value" for a setting that differs between groups; of a dict (evidence), only the entries that differ,
+    so a label stays short enough for a plot title."""
+    value = this.get(key)
+    if not isinstance(value, dict):
+        return f", {key}={value}"
+    values = [s.get(key) or {} for s in siblings]
+    sub = [k for k in value if len({json.dumps(v.get(k), sort_keys=True) for v in values}) > 1]
+    return "".join(f", {key} {k}={value[k]}" for k in sub) or f", {key}={value}"
 
 
 def _sweep_groups(rows: list[dict]) -> dict[str, list[dict]]:

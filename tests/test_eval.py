@@ -431,3 +431,12 @@ def test_runs_of_one_method_name_under_different_defaults_stay_apart(tmp_path):
     assert set(by_label) == {"attn-calibration", "attn-calibration(strength=1.0)", "lcr"}
     assert by_label["attn-calibration(strength=1.0)"]["em"] == 1.0 and by_label["attn-calibration"]["em"] != 1.0
     assert by_label["attn-calibration(strength=1.0)"]["key"] == "q1|attn-calibration(strength=1.0)|1"
+
+
+def test_groups_that_differ_in_one_evidence_option_are_labelled_by_that_option_alone():
+    from eval.report import _grouped
+
+    evidence = [{"heads": h, "layers": "upper", "query": "question"} for h in ("all", "retrieval")]
+    rows = [{"kind": "rerank", "dataset": "d", "setting": {"evidence": e}} for e in evidence]
+    labels = sorted(suffix for suffix, _ in _grouped(rows, "rerank", lambda r: r["dataset"]).values())
+    assert labels == [", evidence heads=all", ", evidence heads=retrieval"]  # short enough for a plot title
