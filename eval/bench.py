@@ -195,9 +195,10 @@ def make_runner(variant: str, model_name: str, prompt_tokens: int, device: str =
             elapsed = time.perf_counter() - t0
         return n / elapsed
 
+    gen.eos_ids = set()  # answer(n): every variant decodes the same n tokens, whatever it would answer
+
     def answer(n: int) -> dict:
         """Seconds of one Generator.generate of exactly n tokens, and its parts (prefill, calibration, decode)."""
-        gen.eos_ids = set()  # every variant decodes the same n tokens, whatever it would answer
         t0 = time.perf_counter()
         result = gen.generate(prompt, max_new_tokens=n)
         synchronize()

@@ -12,6 +12,7 @@ passages and runs the content-free question ("N/A") on top of it.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -324,13 +325,11 @@ def _last_and_question(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows[:, :, -1], rows[:, :, :-1].mean(2)
 
 
+# stream() takes generate()'s keyword options but the callback, with generate()'s defaults (read, not copied).
 _STREAM_DEFAULTS = {
-    "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
-    "temperature": 0.0,
-    "top_p": 1.0,
-    "seed": 0,
-    "calibrate": True,
-    "stop_at_line_end": False,
+    name: param.default
+    for name, param in inspect.signature(Generator.generate).parameters.items()
+    if name not in ("self", "prompt", "on_token")
 }
 
 
