@@ -188,14 +188,22 @@ def cmd_train_mudaf(args: argparse.Namespace) -> int:
         data_record(examples, args.seed, args.max_words),
         scores,
         progress=not args.no_progress,
-        max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
+        max_seconds=_max_seconds(args),
     )
-    t = result["meta"]["training"]
-    print(
-        f"trained {result['meta']['delta']['parameters']:,} delta parameters on {t['examples_seen']} examples in "
-        f"{t['seconds']:.0f} s; loss {t['loss_first_10']:.3f} -> {t['loss_last_10']:.3f}; artefact {args.out}"
-    )
+    _print_trained(result["meta"]["delta"]["parameters"], "delta", result["meta"]["training"], args.out)
     return 0
+
+
+def _max_seconds(args: argparse.Namespace) -> float | None:
+    return None if args.max_minutes is None else 60 * args.max_minutes
+
+
+def _print_trained(parameters: int, what: str, training: dict, out: Path) -> None:
+    t = training
+    print(
+        f"trained {parameters:,} {what} parameters on {t['examples_seen']} examples in {t['seconds']:.0f} s; "
+        f"loss {t['loss_first_10']:.3f} -> {t['loss_last_10']:.3f}; artefact {out}"
+    )
 
 
 def _model_rope(model: str) -> tuple[float, int]:
@@ -259,13 +267,9 @@ def cmd_train_moice(args: argparse.Namespace) -> int:
         str(args.out),
         data_record(examples, args.seed, args.max_words),
         progress=not args.no_progress,
-        max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
+        max_seconds=_max_seconds(args),
     )
-    t = result["meta"]["training"]
-    print(
-        f"trained {result['meta']['parameters']:,} router parameters on {t['examples_seen']} examples in "
-        f"{t['seconds']:.0f} s; loss {t['loss_first_10']:.3f} -> {t['loss_last_10']:.3f}; artefact {args.out}"
-    )
+    _print_trained(result["meta"]["parameters"], "router", result["meta"]["training"], args.out)
     return 0
 
 
