@@ -52,6 +52,7 @@ EXAMPLES = {
 """,
     "report": """examples:
   midlens eval report runs/h runs/kv runs/rerank --out runs/report
+  midlens eval report runs/sft runs/mudaf --against "mudaf(alpha=0)" --out runs/mudaf-vs-sft
 """,
 }
 
@@ -142,6 +143,11 @@ def add_eval_parser(sub) -> None:
     rp = esub.add_parser("report", help="markdown tables and PNG plots from run directories", epilog=EXAMPLES["report"])
     rp.add_argument("runs", nargs="+", type=Path)
     rp.add_argument("--out", type=Path, help="output folder (default: the first run directory)")
+    rp.add_argument(
+        "--against",
+        metavar="METHOD",
+        help="method the paired tables subtract, as the tables label it, e.g. 'mudaf(alpha=0)' (default: baseline)",
+    )
     rp.set_defaults(func=cmd_report)
 
 
@@ -364,6 +370,6 @@ def cmd_merge(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from eval.report import write_report
 
-    path = write_report(args.runs, args.out or args.runs[0])
+    path = write_report(args.runs, args.out or args.runs[0], args.against)
     print(f"report written to {path}")
     return 0

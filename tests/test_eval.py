@@ -440,3 +440,55 @@ def test_groups_that_differ_in_one_evidence_option_are_labelled_by_that_option_a
     rows = [{"kind": "rerank", "dataset": "d", "setting": {"evidence": e}} for e in evidence]
     labels = sorted(suffix for suffix, _ in _grouped(rows, "rerank", lambda r: r["dataset"]).values())
     assert labels == [", evidence heads=all", ", evidence heads=retrieval"]  # short enough for a plot title
+
+
+def test_reranker_differences_are_paired_per_question_over_questions_every_method_ranked():
+    from eval.report import RANK_METRICS, markdown, rerank_paired
+
+    def row(q, method, raw, dense, bm25=0.5):
+        rankers = {"dense": dense, "bm25": bm25, "evidence_raw": raw, "evidence_calibrated": raw}
+        rankers = {k: dict.fromkeys(RANK_METRICS, v) for k, v in rankers.items()}
+        return {"kind": "rerank", "dataset": "d", "setting": {}, "example_id": q, "method": method, "rankers": rankers}
+
+    rows = [
+        row("q1", "baseline", 0.5, 0.5),
+        row("q2", "baseline", 1.0, 0.5),
+        row("q1", "mudaf", 1.0, 0.5),
+        row("q2", "mudaf", 1.0, 0.5),
+        row("q3", "mudaf", 0.0, 1.0),  # the baseline has not ranked q3 yet: left out of every difference
+    ]
+    (s,) = rerank_paired(rows).values()
+    assert s["n"] == 2
+    cells = s["table"][("mudaf", "evidence_raw")]
+    assert cells[("recall@2", None)][0] == 0.25  # (0.5 + 0.0) / 2
+    assert cells[("recall@2", "dense")][0] == 0.5 and cells[("recall@2", "bm25")][0] == 0.5
+    assert ("recall@2", None) not in s["table"][("baseline", "evidence_raw")]  # not against itself
+    assert "| mudaf | evidence_raw | +0.500 [" in markdown([], rows)
+    # Against another method (the comparison MuDAF's issue asks for: MuDAF minus plain fine-tuning).
+    (s,) = rerank_paired(rows, against="mudaf").values()
+    assert s["table"][("baseline", "evidence_raw")][("recall@2", None)][0] == -0.25
+
+
+def test_report_against_a_method_the_runs_lack_is_refused_by_name(tmp_path):
+    from eval.report import write_report
+    from eval.runner import RunError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"kind": "rerank", "methods": {"baseline": {"name": "baseline"}}}))
+    rankers = {
+        k: dict.fromkeys(("recall@1", "recall@2", "recall@5", "mrr", "ndcg@10"), 0.5)
+        for k in ("dense", "bm25", "evidence_raw", "evidence_calibrated")
+    }
+    row = {
+        "key": "q1|baseline",
+        "order": 0,
+        "kind": "rerank",
+        "dataset": "d",
+        "example_id": "q1",
+        "method": "baseline",
+        "rankers": rankers,
+    }
+    (run / "results.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(RunError, match=r"--against 'mudaf\(alpha=0\)'.*choose one of baseline"):
+        write_report([run], tmp_path / "report", against="mudaf(alpha=0)")
