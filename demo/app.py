@@ -470,9 +470,9 @@ def add_demo_parser(sub) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from core.errors import MidlensError
-    from rag.options import check_device, evidence_config, method_spec
+    from rag.options import check_device, chosen_model, evidence_config, method_spec
 
-    method_spec(args)  # refuse a bad method spec or device before starting a server
+    model = chosen_model(args, method_spec(args))  # refuse a bad method spec or device before starting a server
     check_device(args)
     if not 1 <= args.top_k <= MAX_TOP_K:
         raise MidlensError(f"--top-k {args.top_k}: the demo offers 1 to {MAX_TOP_K} passages.")
@@ -484,7 +484,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise MidlensError(f"--corpus {args.corpus}: no such file or folder.")
     demo = create_demo(
         corpus=args.corpus,
-        model=args.model,
+        model=model,
         method=args.method,
         top_k=args.top_k,
         max_new_tokens=args.max_new_tokens,

@@ -77,7 +77,7 @@ def resolve_artefact(spec: str | None, method: str, model: str) -> Path:
             shipped = sorted(p.name for p in (SHIPPED / method).glob("*") if (p / META).is_file())
             raise ArtefactError(
                 f"no trained {method} artefact ships for model {model!r} "
-                f"(shipped for: {', '.join(shipped) or 'none'}). "
+                f"(shipped folders: {', '.join(shipped) or 'none'}). "
                 f"Train one with `midlens train {method} --model {model}` and pass artefact=PATH."
             )
         return path

@@ -19,9 +19,10 @@ from generators.registry import baseline_schemes
 DEFAULTS = {"alpha": 0.7, "artefact": None}
 
 
-def shipped_name(model: str, alpha: float) -> str:
+def shipped_name(model: str, opts: dict) -> str:
     """Shipped folders: `<model>` for the paper's alpha 0.7, `<model>-alpha<a>` for the others (0 = plain SFT)."""
-    return model if float(alpha) == DEFAULTS["alpha"] else f"{model}-alpha{float(alpha):g}"
+    alpha = float(opts["alpha"])
+    return model if alpha == DEFAULTS["alpha"] else f"{model}-alpha{alpha:g}"
 
 
 def check_options(opts: dict) -> None:
@@ -35,7 +36,7 @@ def check_options(opts: dict) -> None:
 def build(loaded, opts: dict) -> MethodParts:
     import json
 
-    path = resolve_artefact(opts["artefact"], "mudaf", shipped_name(loaded.name, opts["alpha"]))
+    path = resolve_artefact(opts["artefact"], "mudaf", shipped_name(loaded.name, opts))
     meta = json.loads((path / "meta.json").read_text()) if (path / "meta.json").is_file() else {}
     spec = meta.get("delta") or {}
     if spec.get("kind") != "lora":

@@ -28,6 +28,9 @@ class Method:
     build: Callable[[Any, dict], MethodParts]  # (LoadedModel, merged options) -> parts
     defaults: dict = field(default_factory=dict)
     check: Callable[[dict], None] | None = None  # raises MethodConfigError on a bad combination of options
+    # Methods with an `artefact` option: the folder under generators/trained/<name>/ that (model name, options)
+    # reads when no artefact is given. None: the model's name (MuDAF keeps one folder per alpha).
+    shipped_name: Callable[[str, dict], str] | None = None
 
 
 REGISTRY: dict[str, Method] = {}
@@ -54,8 +57,46 @@ def available(model: str | None = None) -> list[str]:
     return [
         name
         for name, method in REGISTRY.items()
-        if model is None or "artefact" not in method.defaults or shipped_artefact(name, model) is not None
+        if model is None
+        or "artefact" not in method.defaults
+        or shipped_artefact(name, _shipped_name(method, model, method.defaults)) is not None
     ]
+
+
+def _shipped_name(method: Method, model: str, options: dict) -> str:
+    return model if method.shipped_name is None else method.shipped_name(model, options)
+
+
+def shipped_models(config: MethodConfig) -> list[str] | None:
+    """The packaged models a trained artefact ships for, for this method and options; None when the method reads
+    no shipped artefact (it trains nothing, or an artefact folder was given)."""
+    from generators.artefacts import shipped_artefact
+    from generators.models import REGISTRY as MODELS
+
+    method = REGISTRY[config.name]
+    if "artefact" not in method.defaults or config.options.get("artefact") is not None:
+        return None
+    return [m for m in MODELS if shipped_artefact(config.name, _shipped_name(method, m, config.options)) is not None]
+
+
+def model_for(config: MethodConfig, model: str | None, default: str) -> str:
+    """The model to run `config` on: `model` when one was chosen, else `default`, or, for a trained method that
+    ships nothing for `default`, the packaged model its artefact was trained for (`midlens ask --method mudaf`
+    works on a fresh checkout). A chosen model the method has nothing for is refused here, before it loads."""
+    from core.errors import ArtefactError
+
+    ships = shipped_models(config)
+    if ships is None or (model or default) in ships:
+        return model or default
+    if model is None and ships:
+        return ships[0]
+    chosen = model or default
+    where = f"; one ships for {', '.join(ships)} (--model {ships[0]})" if ships else ""
+    raise ArtefactError(
+        f"no trained {config.name} artefact ships for model {chosen!r}{where}. To run {config.name} on {chosen}, train "
+        f"one with `midlens train {config.name} --model {chosen}` and pass its folder: "
+        f"--method \"{MethodConfig(config.name, {**config.options, 'artefact': 'PATH'}).spec()}\"."
+    )
 
 
 @dataclass(frozen=True)
@@ -143,7 +184,8 @@ def _register_builtins() -> None:
             "training-free: answer-time attention moved toward position-calibrated relevance (Hsieh et al. 2024)",
         ),
     ):
-        register(Method(name, summary, build=module.build, defaults=module.DEFAULTS, check=module.check_options))
+        shipped = getattr(module, "shipped_name", None)
+        register(Method(name, summary, module.build, module.DEFAULTS, module.check_options, shipped_name=shipped))
 
 
 _register_builtins()

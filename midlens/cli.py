@@ -96,9 +96,10 @@ def prompt_error_for_cli(err: PromptTooLongError, args: argparse.Namespace) -> s
 def cmd_ask(args: argparse.Namespace) -> int:
     if not args.question.strip():  # before torch and the model load, which take seconds
         raise InvalidArgumentError('the question is empty: pass it in quotes, e.g. midlens ask "Who wrote X?"')
-    from rag.options import check_device, evidence_config, method_spec
+    from rag.options import check_device, chosen_model, evidence_config, method_spec
 
     method = method_spec(args)  # a typo in --method fails before the model loads
+    args.model = chosen_model(args, method)  # the over-length message names it too
     check_device(args)
     from rag.pipeline import Pipeline
 

@@ -19,7 +19,11 @@ METHOD_HELP = (
 
 
 def add_model_args(parser: argparse.ArgumentParser, method: bool = True) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="registry name or local Hugging Face folder")
+    parser.add_argument(
+        "--model",
+        help=f"registry name or local Hugging Face folder (default: {DEFAULT_MODEL}; for a trained method, the model "
+        "its shipped artefact was trained for)",
+    )
     if method:
         parser.add_argument("--method", default="baseline", help=METHOD_HELP)
     add_device_args(parser)
@@ -54,6 +58,24 @@ def method_spec(args: argparse.Namespace):
     from generators.registry import method_config
 
     return method_config(args.method)
+
+
+def chosen_model(args: argparse.Namespace, method) -> str:
+    """--model, or the default for `method` (a MethodConfig): a trained method (mudaf, moice) left without --model
+    runs on the model its shipped artefact was trained for, with a note. Refuses, before any load, a model the
+    method has nothing for."""
+    import sys
+
+    from generators.registry import model_for
+
+    model = model_for(method, args.model, DEFAULT_MODEL)
+    if args.model is None and model != DEFAULT_MODEL:
+        print(
+            f"note: {method.name} runs on {model}, the model its shipped artefact was trained for "
+            f"(the default model {DEFAULT_MODEL} has none); pass --model to choose.",
+            file=sys.stderr,
+        )
+    return model
 
 
 def evidence_config(args: argparse.Namespace):

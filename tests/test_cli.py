@@ -220,3 +220,32 @@ def test_the_train_split_is_a_dataset_of_its_own():
     name, examples = _examples(args)
     assert name == "hotpotqa-train" and len(examples) == 5  # never pooled with "hotpotqa" (eval) rows in a report
     assert all(split_of(ex.id) == "train" for ex in examples)
+
+
+def test_a_trained_method_runs_on_the_model_it_ships_for_and_is_refused_early_elsewhere(capsys):
+    # `midlens ask --method mudaf` on a fresh checkout used the default model (Qwen), for which no delta ships, and
+    # failed after the model had loaded, listing folder names ("smollm2-135m-alpha0") as if they were models.
+    import argparse
+
+    from core.errors import ArtefactError
+    from core.names import DEFAULT_MODEL, EVAL_MODEL
+    from midlens.cli import main
+    from rag.options import chosen_model, method_spec
+
+    for spec in ("mudaf", "mudaf(alpha=0)", "moice"):
+        args = argparse.Namespace(model=None, method=spec)
+        assert chosen_model(args, method_spec(args)) == EVAL_MODEL
+        assert f"note: {spec.split('(')[0]} runs on {EVAL_MODEL}" in capsys.readouterr().err
+    for spec in ("baseline", "attn-calibration", "mudaf(artefact='runs/my-delta')"):  # nothing shipped is read
+        args = argparse.Namespace(model=None, method=spec)
+        assert chosen_model(args, method_spec(args)) == DEFAULT_MODEL
+    with pytest.raises(ArtefactError, match=r"mudaf.*ships for smollm2-135m \(--model smollm2-135m\)"):
+        args = argparse.Namespace(model=DEFAULT_MODEL, method="mudaf(alpha=0)")
+        chosen_model(args, method_spec(args))
+
+    out = run_cli("ask", "q?", "--model", DEFAULT_MODEL, "--method", "moice")
+    assert out.returncode == 2 and "no trained moice artefact ships for model 'qwen2.5-0.5b'" in out.stderr
+    assert "Loading weights" not in out.stderr and "Traceback" not in out.stderr  # before the model loads
+    assert main(["ask", "q?", "--model", DEFAULT_MODEL, "--method", "mudaf(alpha=0)"]) == 2
+    err = capsys.readouterr().err
+    assert "--method \"mudaf(alpha=0, artefact='PATH')\"" in err and "alpha0" not in err

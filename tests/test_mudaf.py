@@ -158,7 +158,7 @@ def test_shipped_deltas_load_by_name_and_another_base_model_is_refused(loaded, t
     from generators.mudaf import shipped_name
 
     forged = tmp_path / "forged"
-    shutil.copytree(TRAINED / "mudaf" / shipped_name(loaded.name, 0.7), forged)
+    shutil.copytree(TRAINED / "mudaf" / shipped_name(loaded.name, {"alpha": 0.7}), forged)
     meta = json.loads((forged / "meta.json").read_text())
     meta["base_model_sha256"] = "0" * 64
     (forged / "meta.json").write_text(json.dumps(meta))
