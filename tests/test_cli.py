@@ -246,6 +246,8 @@ def test_a_trained_method_runs_on_the_model_it_ships_for_and_is_refused_early_el
     out = run_cli("ask", "q?", "--model", DEFAULT_MODEL, "--method", "moice")
     assert out.returncode == 2 and "no trained moice artefact ships for model 'qwen2.5-0.5b'" in out.stderr
     assert "Loading weights" not in out.stderr and "Traceback" not in out.stderr  # before the model loads
+    assert main(["demo", "--model", DEFAULT_MODEL, "--method", "moice"]) == 2  # before a server starts
+    assert "no trained moice artefact ships" in capsys.readouterr().err
     assert main(["ask", "q?", "--model", DEFAULT_MODEL, "--method", "mudaf(alpha=0)"]) == 2
     err = capsys.readouterr().err
     assert "--method \"mudaf(alpha=0, artefact='PATH')\"" in err and "alpha0" not in err
