@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock, Timeout
 from tqdm.auto import tqdm
 
 
@@ -32,6 +34,27 @@ def models_dir() -> Path:
 def indexes_dir() -> Path:
     """Retrieval indexes, one folder per corpus fingerprint."""
     return cache_dir() / "indexes"
+
+
+@contextmanager
+def build_lock(target: Path) -> Iterator[None]:
+    """Held while this process builds `target` (a model conversion, an index).
+
+    Two processes started together (two eval shards, a demo beside a CLI run) would otherwise both build it,
+    and the first to finish removes the working files the second is still writing. With the lock the second
+    waits, then finds the folder built and reuses it. The lock file stays (hidden, empty): deleting it on
+    release would let a third process lock a different file of the same name."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(target.with_name(f".{target.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"waiting for another process that is building {target} ...", file=sys.stderr, flush=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def sha256_of(paths: list[Path], progress: str | None = None) -> str:

@@ -32,6 +32,7 @@ from core.device import dtype_name, resolve_device, resolve_dtype  # noqa: E402
 from core.errors import ModelError  # noqa: E402
 from core.files import (  # noqa: E402
     FileProblem,
+    build_lock,
     make_temp_dir,
     manifest_problems,
     models_dir,
@@ -197,8 +198,9 @@ def resolve_model_dir(name_or_path: str) -> Path:
         target = models_dir() / name_or_path
         sweep_stale_conversions()
         marker = target / "SOURCE_SHA256"
-        if not (marker.is_file() and marker.read_text().strip() == source.sha256):
-            _convert_gguf(name_or_path, source, target)
+        with build_lock(target):  # a second process waits for the first's conversion instead of redoing it
+            if not (marker.is_file() and marker.read_text().strip() == source.sha256):
+                _convert_gguf(name_or_path, source, target)
         check_model_folder(name_or_path, target)
         return target
     path = Path(name_or_path).expanduser()

@@ -25,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from core.errors import CorpusError, InvalidArgumentError, RetrievalIndexError
-from core.files import OWNER, indexes_dir, make_temp_dir, sweep_stale
+from core.files import OWNER, build_lock, indexes_dir, make_temp_dir, sweep_stale
 from core.names import DEFAULT_TOP_K
 from core.passage import Passage
 from retrievers.corpus import fingerprint, read_documents, to_passages
@@ -166,18 +166,20 @@ class DenseRetriever:
         index_dir = Path(index_dir) if index_dir else indexes_dir() / fp[:20]
         in_cache = index_dir.parent.resolve() == indexes_dir().resolve()
         sweep_stale_builds(index_dir.parent, None if in_cache else index_dir.name)
-        if (index_dir / "meta.json").is_file():
-            try:
-                saved = cls.load(index_dir)
-                if saved.meta.get("fingerprint") == fp:
-                    return saved
-            except RetrievalIndexError:
-                pass  # stale or corrupt: rebuild below
-        vectors = _embed_resumable(passages, index_dir.parent / f".{index_dir.name}.embeddings-{fp[:12]}")
-        described = {"source": source} if source else {}
-        retriever = cls(passages, _make_index(vectors, index_type), {"fingerprint": fp, **settings, **described})
-        retriever.save(index_dir)
-        shutil.rmtree(index_dir.parent / f".{index_dir.name}.embeddings-{fp[:12]}", ignore_errors=True)
+        with build_lock(index_dir):
+            if (index_dir / "meta.json").is_file():
+                try:
+                    saved = cls.load(index_dir)
+                    if saved.meta.get("fingerprint") == fp:
+                        return saved
+                except RetrievalIndexError:
+                    pass  # stale or corrupt: rebuild below
+            work = index_dir.parent / f".{index_dir.name}.embeddings-{fp[:12]}"
+            vectors = _embed_resumable(passages, work)
+            described = {"source": source} if source else {}
+            retriever = cls(passages, _make_index(vectors, index_type), {"fingerprint": fp, **settings, **described})
+            retriever.save(index_dir)
+            shutil.rmtree(work, ignore_errors=True)
         return retriever
 
     @classmethod

@@ -165,6 +165,52 @@ def test_interrupted_build_resumes_from_saved_shards(tmp_path, monkeypatch):
     assert np.allclose(stored, fresh, atol=1e-5)
 
 
+def test_two_builds_of_one_index_at_once_embed_it_once(tmp_path, monkeypatch):
+    # Two eval shards started together once built the same index side by side, and the first to finish removed
+    # the shard folder the second was writing into (FileNotFoundError deep inside numpy). Threads stand in for
+    # the processes: the lock is an flock on a file, which two open files in one process contend for as well.
+    import threading
+
+    from retrievers import dense
+
+    corpus = tmp_path / "many.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": str(i), "text": f"Fact number {i} about item {i * 7}."}) + "\n" for i in range(300))
+    )
+    real_embed = dense.embed
+    real_embed(["load the embedder once, before the race"])
+    calls = []
+
+    def slow_embed(texts, show_progress=False):
+        calls.append(len(texts))
+        time.sleep(0.3)  # widen the window in which the two builds overlap
+        return real_embed(texts)
+
+    monkeypatch.setattr(dense, "embed", slow_embed)
+    results, errors = [], []
+
+    def build():
+        try:
+            results.append(DenseRetriever.build(corpus, index_dir=tmp_path / "idx"))
+        except Exception as err:  # noqa: BLE001 - the assertion below reports it
+            errors.append(err)
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert len(results) == 2
+    assert calls == [128, 128, 44]  # one build embedded the corpus; the other waited and loaded it
+    assert results[0].meta["fingerprint"] == results[1].meta["fingerprint"]
+    assert (
+        results[1].search("Fact number 5 about item 35", top_k=1)[0].id
+        == results[0].search("Fact number 5 about item 35", top_k=1)[0].id
+    )
+    assert not [p.name for p in tmp_path.iterdir() if ".embeddings-" in p.name]
+
+
 def test_stale_build_folders_are_swept_and_resumable_shards_kept(small_corpus, tmp_path, monkeypatch):
     from core.files import OWNER, indexes_dir, make_temp_dir
 
