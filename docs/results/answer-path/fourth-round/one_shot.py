@@ -8,15 +8,14 @@ Why: the reader often answers with a sentence or with the wrong entity of two ho
 "follow the bridge entity, answer with the final one" costs ~120 prompt tokens per question.
 """
 
-import json
 import sys
-import time
 from pathlib import Path
 
-import generators.prompt as P
-from eval.datasets import load_questions
-from eval.metrics import answer_f1, best_subspan_em
-from rag.pipeline import Pipeline
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tuning_loop.py, one folder up
+
+from tuning_loop import run  # noqa: E402
+
+import generators.prompt as P  # noqa: E402
 
 # HotpotQA train split, id 5abd94525542992ac4f382d2 (the two supporting paragraphs, first sentences).
 EXAMPLE = (
@@ -44,23 +43,4 @@ def user_content(passages, question, style):
 
 P._user_content = user_content
 
-model, out, shard = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-i, n = map(int, shard.split("/"))
-qs = load_questions(sys.argv[4])[i::n]
-pipe = Pipeline.from_corpus(sys.argv[5], model=model, index_dir=sys.argv[6])
-done = {json.loads(line)["id"] for line in out.open()} if out.exists() else set()
-for q in qs:
-    if q["id"] in done:
-        continue
-    t0 = time.perf_counter()
-    ans = pipe.ask(q["question"], calibrate=False)
-    row = {
-        "id": q["id"],
-        "pred": ans.text,
-        "em": best_subspan_em(ans.text, q["answers"]),
-        "f1": answer_f1(ans.text, q["answers"]),
-        "s": time.perf_counter() - t0,
-    }
-    with out.open("a") as h:
-        h.write(json.dumps(row) + "\n")
-    print(row["em"], row["pred"][:60], flush=True)
+run(lambda pipe, question: pipe.ask(question, calibrate=False))
