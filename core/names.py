@@ -26,8 +26,8 @@ DEFAULT_TOP_K = 5
 # often restate the question before answering; 16-24 tokens cut many right answers off (docs/results/answer-path/).
 DEFAULT_MAX_NEW_TOKENS = 48
 
-# How passages are retrieved (retrievers.hybrid.build_retriever) and the default.
-RETRIEVALS = ("dense", "hybrid")
+# How passages are retrieved (retrievers.build.build_retriever) and the default.
+RETRIEVALS = ("dense", "hybrid", "dense+links", "hybrid+links")
 DEFAULT_RETRIEVAL = "dense"
 
 # The built-in methods (generators.registry registers one entry per name, in this order; that module loads torch),

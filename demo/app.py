@@ -112,8 +112,8 @@ class DemoBackend:
 
     def retriever(self, corpus_file: str | None, progress: Any = None) -> tuple[Retriever, str]:
         """The startup corpus' retriever, or one for an uploaded file (indexed once, kept by content hash)."""
+        from retrievers.build import build_retriever
         from retrievers.corpus import default_corpus_path
-        from retrievers.hybrid import build_retriever
 
         if not corpus_file:
             with self._lock:

@@ -95,7 +95,7 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
 
 
 def add_eval_parser(sub) -> None:
-    from rag.options import positive_int
+    from rag.options import RETRIEVAL_HELP, positive_int
 
     ev = sub.add_parser(
         "eval", help="offline MDQA evaluation: sweep, rerank, e2e, merge, report", epilog=EXAMPLES["eval"]
@@ -128,9 +128,7 @@ def add_eval_parser(sub) -> None:
     e2e.add_argument("--corpus", help="corpus folder or .jsonl; default: the embedded HotpotQA paragraphs")
     e2e.add_argument("--index-dir", type=Path, help="where to keep the dense index (reused when unchanged)")
     e2e.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="passages retrieved per question")
-    e2e.add_argument(
-        "--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help="dense (faiss) or hybrid (dense + BM25, RRF)"
-    )
+    e2e.add_argument("--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help=RETRIEVAL_HELP)
     _common(e2e, "baseline,ms-poe")
     # Answers as long as `ask` gives, so e2e measures what a user gets (the sweeps keep short answers).
     e2e.set_defaults(func=cmd_run, mode="e2e", max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
@@ -317,8 +315,8 @@ def _e2e(args, loaded, gens, config):
     from eval.datasets import load_questions
     from eval.e2e import evaluate_e2e
     from rag.pipeline import Pipeline
+    from retrievers.build import build_retriever
     from retrievers.corpus import default_corpus_path, default_questions_path
-    from retrievers.hybrid import build_retriever
 
     questions = load_questions(args.questions or default_questions_path(), args.n, args.seed)
     retriever = build_retriever(args.corpus or default_corpus_path(), args.retrieval, index_dir=args.index_dir)

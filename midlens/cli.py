@@ -17,7 +17,7 @@ from core.names import (
     RETRIEVALS,
 )
 from midlens import __version__
-from rag.options import Parser, add_model_args, positive_int
+from rag.options import RETRIEVAL_HELP, Parser, add_model_args, positive_int
 
 BAR_WIDTH = 24
 
@@ -154,9 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("question", help="the question to answer (quote it)")
     ask.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
     ask.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="passages to retrieve and stack")
-    ask.add_argument(
-        "--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help="dense (faiss) or hybrid (dense + BM25, RRF)"
-    )
+    ask.add_argument("--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help=RETRIEVAL_HELP)
     ask.add_argument("--index-type", default="flat", choices=["flat", "ivf", "hnsw"], help="faiss index for --corpus")
     ask.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="longest answer, in tokens")
     ask.add_argument(

@@ -519,7 +519,7 @@ class MidlensRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> MidlensRetriever:
         """Build (or reuse) the index of a folder / .jsonl corpus, as `midlens ask --corpus` does."""
-        from retrievers.hybrid import build_retriever
+        from retrievers.build import build_retriever
 
         return cls(build_retriever(corpus, retrieval, index_dir=index_dir), similarity_top_k, **kwargs)
 

@@ -11,6 +11,9 @@ import argparse
 from core.errors import MidlensError
 from core.names import DEFAULT_MODEL
 
+RETRIEVAL_HELP = (
+    "dense (faiss) or hybrid (dense + BM25, RRF); with +links, passages whose titles the top 2 name come next"
+)
 HEADS_HELP = "heads evidence averages: all, or the model's top retrieval heads (shipped score file; overrides layers)"
 METHOD_HELP = (
     "method spec: NAME or NAME(option=value, ...), e.g. 'ms-poe(ratio_min=1.0, ratio_max=1.3)'; "

@@ -21,9 +21,9 @@ from generators.models import DEFAULT_MODEL, LoadedModel
 from generators.prompt import DEFAULT_STYLE, check_style
 from generators.registry import MethodConfig, method_config
 from retrievers.base import Retriever
+from retrievers.build import Retrieval, build_retriever, check_retrieval
 from retrievers.corpus import default_corpus_path
 from retrievers.dense import IndexType
-from retrievers.hybrid import Retrieval, build_retriever, check_retrieval
 
 
 def check_top_k(top_k: int) -> int:
@@ -69,7 +69,8 @@ class Pipeline:
         **method_options,
     ) -> Pipeline:
         """`method` is a registry name or spec; `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU;
-        `retrieval`: "dense" (faiss) or "hybrid" (dense + BM25 fused by rank, retrievers.hybrid)."""
+        `retrieval`: "dense" (faiss) or "hybrid" (dense + BM25 fused by rank, retrievers.hybrid); "+links" after
+        either also stacks the passages whose titles the top 2 mention (retrievers.links)."""
         check_top_k(top_k)  # before the model loads
         check_style(prompt_style)
         check_retrieval(retrieval)

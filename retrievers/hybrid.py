@@ -16,21 +16,16 @@ train-split copy), share of gold paragraphs retrieved / questions with both gold
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
-from core.errors import InvalidArgumentError
-from core.names import DEFAULT_RETRIEVAL, DEFAULT_TOP_K, RETRIEVALS
+from core.names import DEFAULT_TOP_K
 from core.passage import Passage
-from retrievers.base import Retriever
-from retrievers.dense import DenseRetriever, IndexType, checked_top_k
+from retrievers.dense import DenseRetriever, checked_top_k
 from retrievers.lexical import BM25Index
 
 RRF_K = 60
 FUSION_DEPTH = 100  # ranks read from each list: far past any top-k a prompt holds
-Retrieval = Literal["dense", "hybrid"]
 
 
 class HybridRetriever:
@@ -54,6 +49,10 @@ class HybridRetriever:
     def search(self, query: str, top_k: int = DEFAULT_TOP_K) -> list[Passage]:
         """Top-k passages by fused rank, best first."""
         k = checked_top_k(query, top_k, len(self))
+        return [replace(self.passages[i], score=s) for i, s in self.ranked(query, k)]
+
+    def ranked(self, query: str, k: int) -> list[tuple[int, float]]:
+        """(passage index, RRF score) of the k best passages by fused rank, best first."""
         depth = min(len(self), max(self.depth, k))
         fused = np.zeros(len(self), dtype=np.float64)
         dense = [i for i, _ in self.dense.ranked(query, depth)]
@@ -63,23 +62,4 @@ class HybridRetriever:
         for ranking in (dense, lexical):
             for rank, i in enumerate(ranking, start=1):
                 fused[i] += 1.0 / (self.rrf_k + rank)
-        order = np.argsort(-fused, kind="stable")[:k]
-        return [replace(self.passages[i], score=float(fused[i])) for i in order]
-
-
-def check_retrieval(retrieval: str) -> str:
-    if retrieval not in RETRIEVALS:
-        raise InvalidArgumentError(f"retrieval={retrieval!r}: expected one of {', '.join(RETRIEVALS)}.")
-    return retrieval
-
-
-def build_retriever(
-    corpus: str | Path,
-    retrieval: Retrieval = DEFAULT_RETRIEVAL,
-    index_dir: str | Path | None = None,
-    index_type: IndexType = "flat",
-) -> Retriever:
-    """The retriever a pipeline uses: the dense index (built or reused), with BM25 fused in for "hybrid"."""
-    check_retrieval(retrieval)
-    dense = DenseRetriever.build(corpus, index_dir=index_dir, index_type=index_type)
-    return dense if retrieval == "dense" else HybridRetriever(dense)
+        return [(int(i), float(fused[i])) for i in np.argsort(-fused, kind="stable")[:k]]

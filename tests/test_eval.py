@@ -390,7 +390,7 @@ def test_write_atomic_replaces_whole_files_with_the_usual_permissions(tmp_path):
         os.umask(previous)
 
 
-def test_report_keeps_e2e_runs_with_different_retrieval_apart(tmp_path):
+def test_report_keeps_e2e_runs_with_different_retrieval_apart_and_pairs_them(tmp_path):
     from eval.report import load_runs, markdown
 
     runs = []
@@ -400,8 +400,8 @@ def test_report_keeps_e2e_runs_with_different_retrieval_apart(tmp_path):
         config = {"kind": "e2e", "model": "m", "top_k": 5, "max_new_tokens": 16, "retrieval": retrieval}
         (run / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
         rows = [
-            dict(key=f"q{i}|baseline", kind="e2e", dataset="qs", method="baseline", em=float(i < right), f1=0.0)
-            | {"retrieval_recall": 1.0, "evidence_recall@2": 0.5, "seconds": 1.0}
+            dict(key=f"q{i}|baseline", example_id=f"q{i}", kind="e2e", dataset="qs", method="baseline", f1=0.0)
+            | {"em": float(i < right), "retrieval_recall": 1.0, "evidence_recall@2": 0.5, "seconds": 1.0}
             for i in range(4)
         ]
         (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -411,6 +411,9 @@ def test_report_keeps_e2e_runs_with_different_retrieval_apart(tmp_path):
     # The pre-option run reads as dense and merges with it (same units, same setting); hybrid stays apart.
     assert "| qs, retrieval=dense | baseline | 4 | 25.0" in text
     assert "| qs, retrieval=hybrid | baseline | 4 | 75.0" in text
+    # Paired on the same four questions against the first run given: questions 1 and 2 flip to right, none back.
+    assert "minus **qs, retrieval=dense / baseline**" in text
+    assert "| qs, retrieval=hybrid | baseline | 4 | +50.0 [+0.0, +100.0] | +0.0 [+0.0, +0.0] |" in text
 
 
 def test_runs_of_one_method_name_under_different_defaults_stay_apart(tmp_path):

@@ -283,13 +283,15 @@ def test_hybrid_without_a_lexical_match_keeps_the_dense_order(default_retriever,
 
 def test_hybrid_and_retrieval_names_reject_bad_arguments(hybrid):
     from core.errors import InvalidArgumentError
-    from retrievers.hybrid import build_retriever
+    from retrievers.build import build_retriever
 
     with pytest.raises(InvalidArgumentError, match="query is empty"):
         hybrid.search("  ")
     with pytest.raises(InvalidArgumentError, match="top_k=0"):
         hybrid.search("x", top_k=0)
-    with pytest.raises(InvalidArgumentError, match="retrieval='sparse': expected one of dense, hybrid"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"retrieval=.sparse.: expected one of dense, hybrid, dense\+links, hybrid\+links"
+    ):
         build_retriever("unused", "sparse")
     assert len(hybrid.search("Wings of Desire", top_k=10_000)) == len(hybrid)  # capped at the corpus, with a warning
 
@@ -301,3 +303,55 @@ def test_both_retrievers_answer_the_protocol_the_pipeline_types(default_retrieve
         assert isinstance(retriever, Retriever)
         assert len(retriever) == len(default_retriever.passages) and retriever.meta["fingerprint"]
     assert not isinstance(object(), Retriever)
+
+
+# Link expansion (retrievers.links): the same real index, titles followed from the top 2 passages.
+
+
+@pytest.fixture(scope="module")
+def linked(default_retriever):
+    from retrievers.links import LinkedRetriever
+
+    return LinkedRetriever(default_retriever)
+
+
+def test_links_bring_in_the_second_hop_the_question_does_not_name(default_retriever, linked):
+    # Two hops: the show's paragraph names its models; the asked-for model's own paragraph shares no rare word with
+    # the question, so the embedder ranks it outside the top 5. The show's 2009 paragraph mentions her by title.
+    question = "The Victoria's Secret Fashion Show features what fashion model who was born in 1988?"
+    dense = [p.title for p in default_retriever.search(question, 5)]
+    hits = linked.search(question, 5)
+    assert "Candice Swanepoel" not in dense, f"the dense top 5 now finds her ({dense}): pick a harder question"
+    found = next(h for h in hits if h.title == "Candice Swanepoel")
+    assert found.metadata["linked_from"] in [h.title for h in hits[:2]]
+    # The seeds are the dense ranker's own top 2; everything else keeps its dense score and the list has no repeats.
+    assert [h.id for h in hits[:2]] == [p.id for p in default_retriever.search(question, 2)]
+    assert len({h.id for h in hits}) == 5 and all(h.score is not None for h in hits)
+
+
+def test_link_mentions_are_whole_words_longest_first_and_skip_the_seeds_own_title(linked):
+    # "Khan Kluay" and "Khan Kluay 2" are both titles in the embedded corpus; "Whitewater Canal" is one too.
+    text = "Khan Kluay 2 was released after the first film. Whitewater Canalside is not a link, nor is khan-kluays."
+    titles = [" ".join(t) for t in linked.mentioned(text)]
+    assert titles == ["khan kluay 2"], titles  # longest match first; no partial words
+    assert [" ".join(t) for t in linked.mentioned("the khan kluay film; Whitewater Canal.")] == [
+        "khan kluay",
+        "whitewater canal",
+    ]  # case and punctuation do not matter; reading order is kept
+    # A paragraph names its own subject; following that would just repeat the seed.
+    for hit in linked.search("Who directed Wings of Desire?", 5):
+        assert hit.metadata.get("linked_from") != hit.title
+
+
+def test_links_wrap_hybrid_and_answer_the_protocol(default_retriever, hybrid):
+    from retrievers.base import Retriever
+    from retrievers.build import build_retriever
+    from retrievers.corpus import default_corpus_path
+    from retrievers.links import LinkedRetriever
+
+    built = build_retriever(default_corpus_path(), "hybrid+links")
+    assert isinstance(built, LinkedRetriever) and isinstance(built, Retriever)
+    assert built.meta["retrieval"] == "hybrid+links" and len(built) == len(default_retriever)
+    question = "Which canal was built between 1836 and 1847, Washington City Canal or Whitewater Canal?"
+    assert [h.id for h in built.search(question, 2)] == [p.id for p in hybrid.search(question, 2)]
+    assert len(built.search(question, 10_000)) == len(default_retriever)  # capped at the corpus, like the others

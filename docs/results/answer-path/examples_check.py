@@ -6,8 +6,8 @@ import json
 from demo.views import example_questions
 from generators.generator import Generator
 from rag.pipeline import Pipeline
+from retrievers.build import build_retriever
 from retrievers.corpus import default_corpus_path, default_questions_path
-from retrievers.hybrid import build_retriever
 
 answers = {json.loads(line)["question"].strip(): json.loads(line)["answers"] for line in open(default_questions_path())}
 questions = ["Who directed Wings of Desire?"] + [q for q, _ in example_questions()]
