@@ -9,8 +9,9 @@ paragraphs is how multi-hop retrievers over Wikipedia work (Asai et al., 2020, "
 Paths over Wikipedia Graph for Question Answering"); a title mention stands in for the hyperlink here, so this
 helps corpora of titled documents and changes nothing where no passage's title is mentioned.
 
-A mention is a whole-word, case-insensitive match of a title's words (punctuation ignored), found by looking up
-the seed's word n-grams in a title table: linear in the seed's length, whatever the corpus size.
+A mention is a whole-word match of a title's words (punctuation and case ignored) that starts with a capital or a
+digit, as names do, found by looking up the seed's word n-grams in a title table: linear in the seed's length,
+whatever the corpus size.
 
 Measured on the train-split tuning copy (`python -m eval.build_default_corpus --split train --questions 60 --seed
 1 --out runs/tune-e2e`; 60 questions, 651 passages), share of gold paragraphs in the top 5 / questions with both:
@@ -60,18 +61,26 @@ class LinkedRetriever:
         return len(self.base)
 
     def mentioned(self, text: str) -> list[tuple[str, ...]]:
-        """Titles (as word tuples) that `text` mentions, in reading order, each once; longest match first at a
-        position, so "Wings of Desire" wins over "Desire"."""
-        tokens, found, seen = words(text), [], set()
-        for start in range(len(tokens)):
-            for n in range(min(self._longest, len(tokens) - start), 0, -1):
-                key = tokens[start : start + n]
-                if key in self._by_title:
-                    if key not in seen:
-                        seen.add(key)
-                        found.append(key)
-                    break
+        """Titles (as word tuples) that `text` mentions, in reading order, each once. The longest title wins at a
+        position and is read whole: "Wings of Desire" is one mention, not also one of "Desire"."""
+        raw = _WORD.findall(text)
+        tokens, found, seen, start = tuple(w.lower() for w in raw), [], set(), 0
+        while start < len(tokens):
+            n = 0 if raw[start][0].islower() else self._match(tokens, start)
+            # A link is a name: "research" in running text does not point to the article "Research"; and a name is
+            # read whole, so "Creation Research Society" does not also mention "Research".
+            if n and tokens[start : start + n] not in seen:
+                seen.add(tokens[start : start + n])
+                found.append(tokens[start : start + n])
+            start += max(n, 1)
         return found
+
+    def _match(self, tokens: tuple[str, ...], start: int) -> int:
+        """Length of the longest title starting at `start`, 0 if none."""
+        for n in range(min(self._longest, len(tokens) - start), 0, -1):
+            if tokens[start : start + n] in self._by_title:
+                return n
+        return 0
 
     def search(self, query: str, top_k: int = DEFAULT_TOP_K) -> list[Passage]:
         """The base's best `seeds` passages, then the passages they name (by the base's rank), then the rest of the
