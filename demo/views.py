@@ -89,6 +89,8 @@ def _passage_header(p: PassageEvidence, score: float, rank: int, n: int, gold: b
     ret = "-" if p.retrieval_score is None else f"{p.retrieval_score:.3f}"
     mark = "  ★ gold" if gold else ""
     title = p.passage.title or "(untitled)"
+    via = p.passage.metadata.get("linked_from")
+    title += f"  ·  named by {via}" if via else ""
     return f"[{p.position}] {title}  ·  retrieval {ret}  ·  evidence {score:+.4f} (rank {rank}/{n}){mark}\n"
 
 

@@ -66,16 +66,19 @@ def method_label(key: str, recorded: dict) -> str:
     return MethodConfig(recorded.get("name", key), options).spec()
 
 
-def _grouped(rows: list[dict], kind: str, base, shown: tuple[str, ...] = ()) -> dict[tuple, tuple[str, list[dict]]]:
+def _grouped(
+    rows: list[dict], kind: str, base, shown: tuple[str, ...] = (), family=lambda b: b
+) -> dict[tuple, tuple[str, list[dict]]]:
     """Rows of one kind by base(row) and setting -> {(base, setting): (label suffix, rows)}; the suffix
-    names each setting that differs between groups with the same base, so no two tables look alike."""
+    names each setting that differs between groups of the same family (by default: the same base), so no two
+    tables look alike."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         if r["kind"] == kind:
             groups[(base(r), json.dumps(r.get("setting", {}), sort_keys=True))].append(r)
     out = {}
     for b, setting in groups:
-        siblings = [json.loads(s) for bb, s in groups if bb == b]
+        siblings = [json.loads(s) for bb, s in groups if family(bb) == family(b)]
         this = json.loads(setting)
         differs = [
             key
@@ -241,8 +244,14 @@ def rerank_paired(rows: list[dict], against: str = "baseline") -> dict[str, dict
     return out
 
 
+def _dataset(base: tuple[str, str]) -> str:
+    # End-to-end rows of one dataset are read as one table: a method run in a single setting still shows the
+    # settings (model, top-k, retrieval) that tell it from the rows around it.
+    return base[0]
+
+
 def e2e_summary(rows: list[dict]) -> dict:
-    groups = _grouped(rows, "e2e", lambda r: (r["dataset"], r["method"]))
+    groups = _grouped(rows, "e2e", lambda r: (r["dataset"], r["method"]), family=_dataset)
     by = {(ds + suffix, m): rs for ((ds, m), _), (suffix, rs) in groups.items()}
     keys = ("em", "f1", "retrieval_recall", "evidence_recall@2", "seconds")
     return {
@@ -259,7 +268,7 @@ def e2e_paired(rows: list[dict]) -> dict[tuple[str, str], dict]:
     """Each end-to-end group minus the first group (in the order the runs were given) that answered the same
     questions: EM, F1 and retrieval recall, mean difference and bootstrap interval over questions. Settings such as
     retrieval or top-k are compared this way: at n = 40-60 a 5-point difference hides inside unpaired intervals."""
-    groups = _grouped(rows, "e2e", lambda r: (r["dataset"], r["method"]))
+    groups = _grouped(rows, "e2e", lambda r: (r["dataset"], r["method"]), family=_dataset)
     runs = [((ds + suffix, m), {r["example_id"]: r for r in rs}) for ((ds, m), _), (suffix, rs) in groups.items()]
     out = {}
     for i, (key, this) in enumerate(runs):

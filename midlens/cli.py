@@ -36,8 +36,10 @@ def print_answer(answer) -> None:
     print(f"passages ranked by {label} (pos = position in the prompt, ret = retrieval cosine):")
     for p in answer.ranked():
         ret = "  -  " if p.retrieval_score is None else f"{p.retrieval_score:.3f}"
+        via = p.passage.metadata.get("linked_from")
         print(
             f"{p.rank:>3}. [{bar(key(p), top)}] {key(p):+.4f}  pos {p.position:>2}  ret {ret}  {p.passage.title[:60]}"
+            + (f"  (named by {via[:40]})" if via else "")
         )
     t = answer.timings
     print(

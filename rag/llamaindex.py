@@ -3,7 +3,7 @@
     MidlensLLM          a CustomLLM: complete / stream_complete / chat / acomplete; evidence in additional_kwargs
     AttentionReranker   a BaseNodePostprocessor: nodes scored by the attention the model gives them in one stacked pass
     MidlensQueryEngine  a CustomQueryEngine: retrieve -> stack -> generate; source_nodes carry evidence scores
-    MidlensRetriever    a BaseRetriever over the repo's own retriever (dense or hybrid)
+    MidlensRetriever    a BaseRetriever over the repo's own retriever (dense, hybrid, +links)
 
 Every class is a shell over `Generator.prompt` + `Generator.generate/stream/score`: prompting, evidence and
 calibration have one implementation, the same one the CLI and the pipeline use.
@@ -500,7 +500,8 @@ class AttentionReranker(BaseNodePostprocessor):
 
 
 class MidlensRetriever(BaseRetriever):
-    """The repo's retriever (dense: faiss + packaged MiniLM; hybrid: + BM25) as a LlamaIndex retriever."""
+    """The repo's retriever (dense: faiss + packaged MiniLM; hybrid: + BM25; +links: titles the top 2 name) as a
+    LlamaIndex retriever."""
 
     def __init__(self, retriever: Any, similarity_top_k: int = DEFAULT_TOP_K, **kwargs: Any) -> None:
         if similarity_top_k < 1:

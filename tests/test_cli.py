@@ -38,6 +38,9 @@ def test_ask_prints_ranked_bars_and_refuses_unknown_methods_before_loading():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "passages ranked by calibrated evidence" in out.stdout
     assert out.stdout.count("[") >= 3 and "#" in out.stdout
+    # The default retrieval follows links: after the dense top 2 (Wings of Desire, After Love), the third passage is
+    # the actress's own paragraph, stacked because the Wings of Desire paragraph names her; the listing says so.
+    assert "Solveig Dommartin  (named by Wings of Desire)" in out.stdout, out.stdout
     bad = run_cli("ask", QUESTION, "--method", "ms-poe(ratio_max=1.5, ratio_mni=1.0)", *SMOL)
     assert bad.returncode == 2
     assert "unknown ms-poe option(s) ['ratio_mni']; valid options: ratio_min" in bad.stderr

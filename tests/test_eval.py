@@ -495,3 +495,25 @@ def test_report_against_a_method_the_runs_lack_is_refused_by_name(tmp_path):
     (run / "results.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(RunError, match=r"--against 'mudaf\(alpha=0\)'.*choose one of baseline"):
         write_report([run], tmp_path / "report", against="mudaf(alpha=0)")
+
+
+def test_an_e2e_method_run_in_one_setting_still_names_the_setting_that_tells_it_apart(tmp_path):
+    from eval.report import load_runs, markdown
+
+    runs = []
+    for model, method in (("m1", "baseline"), ("m2", "baseline"), ("m1", "attn-calibration")):
+        run = tmp_path / f"{model}-{method}"
+        run.mkdir()
+        config = {"kind": "e2e", "model": model, "top_k": 5, "max_new_tokens": 16, "retrieval": "dense"}
+        (run / "config.json").write_text(json.dumps(config))
+        rows = [
+            dict(key=f"q{i}|{method}", example_id=f"q{i}", kind="e2e", dataset="qs", method=method, f1=0.0)
+            | {"em": 1.0, "retrieval_recall": 1.0, "evidence_recall@2": 0.5, "seconds": 1.0}
+            for i in range(2)
+        ]
+        (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append(run)
+    text = markdown(*load_runs(runs))
+    # Before, the lone attn-calibration group had no siblings of its own method and read "| qs | attn-calibration |".
+    assert "| qs, model=m1 | attn-calibration | 2 |" in text
+    assert "| qs, model=m2 | baseline | 2 |" in text
