@@ -20,19 +20,20 @@ ScoreView = Literal["calibrated", "raw"]
 SCORE_VIEWS: tuple[str, ...] = ("calibrated", "raw")
 
 # Example questions from the embedded HotpotQA set, by id. The first one is the mid-prompt case: with the
-# default retriever and top-k 5 its only retrieved gold passage sits at prompt position 3 of 5
-# (tests/test_demo.py checks that this still holds).
+# default retrieval and top-k 5 its only retrieved gold passage sits at prompt position 3 of 5
+# (tests/test_demo.py checks every note below against the default retrieval).
 MID_PROMPT_EXAMPLE_ID = "5a79d8ec5542996c55b2dc7e"
+LINKED_EXAMPLE_ID = "5a77372b554299373536021c"
 EXAMPLE_IDS = (
     MID_PROMPT_EXAMPLE_ID,
     "5ae72c1e554299572ea54754",  # gold at position 1: the easy case
-    "5a77372b554299373536021c",  # gold at position 5: the end of the prompt
+    LINKED_EXAMPLE_ID,  # two hops: the model's own paragraph (position 3) is there because a show's paragraph names her
     "5a70f4695542994082a3e435",  # both gold passages retrieved, at positions 1 and 2
 )
 EXAMPLE_NOTES = {
     MID_PROMPT_EXAMPLE_ID: "gold passage mid-prompt (position 3 of 5)",
     "5ae72c1e554299572ea54754": "gold passage first",
-    "5a77372b554299373536021c": "gold passage last",
+    LINKED_EXAMPLE_ID: "gold passage found by a link (position 3)",
     "5a70f4695542994082a3e435": "two gold passages",
 }
 

@@ -137,6 +137,9 @@ def test_page_answers_and_highlights_passages(browser, pipeline):
         # An empty question is refused with a message in the page.
         browser.find_element(By.CSS_SELECTOR, "#ask").click()
         wait.until(ec.text_to_be_present_in_element((By.TAG_NAME, "body"), "The question is empty"))
+        # Dismissed as a reader would, so the message does not cover the page in the screenshot below.
+        browser.find_element(By.CSS_SELECTOR, "[data-testid='toast-close']").click()
+        wait.until(lambda d: "The question is empty" not in d.find_element(By.TAG_NAME, "body").text)
 
         # Each example shows its whole question and note, and clicking it fills the question box.
         buttons = browser.find_elements(By.CSS_SELECTOR, "#examples button.example")
