@@ -83,13 +83,14 @@ class LinkedRetriever:
         return 0
 
     def search(self, query: str, top_k: int = DEFAULT_TOP_K) -> list[Passage]:
-        """The base's best `seeds` passages, then the passages they name (by the base's rank), then the rest of the
-        base ranking, `top_k` in all."""
+        """The base's best `seeds` passages (fewer when top_k leaves no room for a link), then the passages they
+        name (by the base's rank), then the rest of the base ranking, `top_k` in all."""
         k = checked_top_k(query, top_k, len(self))
         ranking = self.base.ranked(query, min(len(self), max(RANK_DEPTH, k)))
         rank = {i: r for r, (i, _) in enumerate(ranking)}
         score = dict(ranking)
-        seeds = [i for i, _ in ranking[: min(self.seeds, k)]]
+        # At top_k <= seeds no room would be left for a link: keep one slot free (top_k = 2: one seed, one link).
+        seeds = [i for i, _ in ranking[: min(self.seeds, max(1, k - 1))]]
         seed_titles = {words(self.passages[i].title) for i in seeds}
         linked: dict[int, str] = {}
         for i in seeds:

@@ -353,5 +353,32 @@ def test_links_wrap_hybrid_and_answer_the_protocol(default_retriever, hybrid):
     assert isinstance(built, LinkedRetriever) and isinstance(built, Retriever)
     assert built.meta["retrieval"] == "hybrid+links" and len(built) == len(default_retriever)
     question = "Which canal was built between 1836 and 1847, Washington City Canal or Whitewater Canal?"
-    assert [h.id for h in built.search(question, 2)] == [p.id for p in hybrid.search(question, 2)]
+    assert [h.id for h in built.search(question, 5)[:2]] == [p.id for p in hybrid.search(question, 2)]  # the seeds
     assert len(built.search(question, 10_000)) == len(default_retriever)  # capped at the corpus, like the others
+
+
+def test_links_in_a_folder_corpus_follow_file_names_and_change_nothing_without_mentions(small_corpus, tmp_path):
+    from retrievers.links import LinkedRetriever
+
+    # Folder documents are titled by file name, so a note that names another note's file links to it.
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "Etna.txt").write_text(
+        "Etna is the volcano on Sicily whose slopes were first mapped by Giuseppe Recupero."
+    )
+    (notes / "Giuseppe Recupero.txt").write_text("He was an eighteenth-century geologist, born in Catania.")
+    (notes / "Vesuvius.txt").write_text("Vesuvius is the volcano above Naples that buried Pompeii in 79 AD.")
+    (notes / "Stromboli.txt").write_text(
+        "Stromboli is a volcanic island north of Sicily that erupts every few minutes."
+    )
+    linked = LinkedRetriever(DenseRetriever.build(notes, index_dir=tmp_path / "notes-index"))
+    hits = linked.search("Which volcano on Sicily was mapped, and by whom?", 2)
+    assert [h.title for h in hits] == ["Etna", "Giuseppe Recupero"], [h.title for h in hits]
+    assert hits[1].metadata["linked_from"] == "Etna"
+    assert [h.title for h in linked.search("Which volcano on Sicily was mapped, and by whom?", 1)] == ["Etna"]
+    # The three-file corpus mentions no file name: the dense ranking comes back unchanged, scores included.
+    dense = DenseRetriever.build(small_corpus, index_dir=tmp_path / "index")
+    for query in ("largest animal", "volcano in Sicily", "fast trains"):
+        assert [(h.id, h.score) for h in LinkedRetriever(dense).search(query, 3)] == [
+            (p.id, p.score) for p in dense.search(query, 3)
+        ]
