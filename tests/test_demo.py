@@ -214,3 +214,17 @@ def test_unknown_model_or_method_is_a_message(pipeline):
         backend.ask("Who founded Torrid?", "qwen2.5-0.5b", "mudaf", False, 3)
     with pytest.raises(UserError, match="model 'gpt-9' is not offered here"):
         backend.ask("Who founded Torrid?", "gpt-9", "baseline", False, 3)
+
+
+def test_a_passage_stacked_by_a_link_says_which_passage_named_it(pipeline, default_retriever):
+    from demo import views
+    from rag.pipeline import Pipeline
+    from retrievers.links import LinkedRetriever
+
+    backend = DemoBackend(Pipeline(LinkedRetriever(default_retriever), pipeline.generator, top_k=3))
+    question = next(q for q, note in example_questions() if "link" in note)
+    result = backend.ask(question, MODEL, "baseline", False, 3, max_new_tokens=4)
+    heads = [seg[0] for seg in views.highlighted(result["answers"][0], "raw", result["gold"]) if seg[1] is None]
+    assert len(heads) == 3
+    assert heads[2].startswith("[3] Candice Swanepoel  ·  named by Victoria's Secret Fashion Show 2009  ·  retrieval")
+    assert "★ gold" in heads[2] and "named by" not in heads[0] + heads[1]
