@@ -4,10 +4,11 @@
 paragraph, the company's, shares almost no words with the question, so neither the embedder nor BM25 ranks it
 high. The first paragraph names the company, though, and in an encyclopedic corpus that name is the title of the
 second. `LinkedRetriever` keeps the base retriever's best `seeds` passages, adds the passages whose title those
-seeds mention (best-ranked first), then fills up with the base ranking. Following links from retrieved
-paragraphs is how multi-hop retrievers over Wikipedia work (Asai et al., 2020, "Learning to Retrieve Reasoning
-Paths over Wikipedia Graph for Question Answering"); a title mention stands in for the hyperlink here, so this
-helps corpora of titled documents and changes nothing where no passage's title is mentioned.
+seeds mention (one passage per named document, best-ranked first), then fills up with the base ranking.
+Following links from retrieved paragraphs is how multi-hop retrievers over Wikipedia work (Asai et al., 2020,
+"Learning to Retrieve Reasoning Paths over Wikipedia Graph for Question Answering"); a title mention stands in for
+the hyperlink here, so this helps corpora of titled documents and changes nothing where no passage's title is
+mentioned.
 
 A mention is a whole-word match of a title's words (punctuation and case ignored) that starts with a capital or a
 digit, as names do, found by looking up the seed's word n-grams in a title table: linear in the seed's length,
@@ -97,8 +98,9 @@ class LinkedRetriever:
             for key in self.mentioned(self.passages[i].text):
                 if key in seed_titles:
                     continue  # a paragraph names its own subject; that is not a hop
-                for j in self._by_title[key]:
-                    linked.setdefault(j, self.passages[i].title)
+                # One passage per named document, its best-ranked chunk: a long document must not fill the prompt.
+                best = min(self._by_title[key], key=lambda j: rank.get(j, len(ranking)))
+                linked.setdefault(best, self.passages[i].title)
         following = sorted((j for j in linked if j not in seeds), key=lambda j: rank.get(j, len(ranking)))
         chosen = seeds + following
         chosen += [i for i, _ in ranking if i not in linked and i not in seeds]

@@ -376,6 +376,13 @@ def test_links_in_a_folder_corpus_follow_file_names_and_change_nothing_without_m
     assert [h.title for h in hits] == ["Etna", "Giuseppe Recupero"], [h.title for h in hits]
     assert hits[1].metadata["linked_from"] == "Etna"
     assert [h.title for h in linked.search("Which volcano on Sicily was mapped, and by whom?", 1)] == ["Etna"]
+    # A long named document is chunked; one chunk, its best-ranked, comes in by the link, not the whole document.
+    filler = " ".join(f"In year {1700 + i} he surveyed lava flow number {i} on the island." for i in range(40))
+    (notes / "Giuseppe Recupero.txt").write_text("He was an eighteenth-century geologist, born in Catania. " + filler)
+    linked = LinkedRetriever(DenseRetriever.build(notes, index_dir=tmp_path / "notes-index"))
+    chunks = sum(p.title == "Giuseppe Recupero" for p in linked.passages)
+    hits = linked.search("Which volcano on Sicily was mapped, and by whom?", 4)
+    assert chunks >= 3 and [h.title for h in hits if h.metadata.get("linked_from")] == ["Giuseppe Recupero"]
     # The three-file corpus mentions no file name: the dense ranking comes back unchanged, scores included.
     dense = DenseRetriever.build(small_corpus, index_dir=tmp_path / "index")
     for query in ("largest animal", "volcano in Sicily", "fast trains"):
