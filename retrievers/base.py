@@ -18,3 +18,13 @@ class Retriever(Protocol):
     def search(self, query: str, top_k: int = DEFAULT_TOP_K) -> list[Passage]: ...
 
     def __len__(self) -> int: ...
+
+
+@runtime_checkable
+class RankingRetriever(Retriever, Protocol):
+    """A retriever that also exposes its ranking as passage indices (dense, hybrid), which retrievers built on top
+    of another (retrievers.links) read beyond the top-k."""
+
+    passages: list[Passage]
+
+    def ranked(self, query: str, k: int) -> list[tuple[int, float]]: ...

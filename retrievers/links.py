@@ -27,9 +27,12 @@ from dataclasses import replace
 
 from core.names import DEFAULT_TOP_K
 from core.passage import Passage
+from retrievers.base import RankingRetriever
 from retrievers.dense import checked_top_k
 
-SEEDS = 2  # passages whose mentions are followed: the first hop is nearly always among the top 2
+# Passages whose mentions are followed. On tuning copy 1, 1 / 2 / 3 seeds put 85.0 / 85.8 / 85.8 % of the gold
+# paragraphs in the top 5: the first hop is nearly always among the top 2.
+SEEDS = 2
 RANK_DEPTH = 1000  # how far down the base ranking a linked passage's rank and score are read
 MIN_TITLE_CHARS = 4  # shorter titles ("US", "He") are mentioned everywhere without meaning a link
 _WORD = re.compile(r"\w+")
@@ -40,10 +43,10 @@ def words(text: str) -> tuple[str, ...]:
 
 
 class LinkedRetriever:
-    """Wraps a retriever that can rank (`ranked(query, k)` and `passages`, as Dense/HybridRetriever do). Same
+    """Wraps a retriever that can rank (`ranked(query, k)` and `passages`: DenseRetriever, HybridRetriever). Same
     interface as the base; a passage added by a link carries `metadata["linked_from"]`, the title that named it."""
 
-    def __init__(self, base, seeds: int = SEEDS):
+    def __init__(self, base: RankingRetriever, seeds: int = SEEDS):
         self.base = base
         self.seeds = seeds
         self.meta = {**base.meta, "retrieval": f"{base.meta.get('retrieval', 'dense')}+links", "link_seeds": seeds}

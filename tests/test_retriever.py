@@ -344,13 +344,14 @@ def test_link_mentions_are_whole_words_longest_first_and_skip_the_seeds_own_titl
 
 
 def test_links_wrap_hybrid_and_answer_the_protocol(default_retriever, hybrid):
-    from retrievers.base import Retriever
+    from retrievers.base import RankingRetriever, Retriever
     from retrievers.build import build_retriever
     from retrievers.corpus import default_corpus_path
     from retrievers.links import LinkedRetriever
 
     built = build_retriever(default_corpus_path(), "hybrid+links")
     assert isinstance(built, LinkedRetriever) and isinstance(built, Retriever)
+    assert isinstance(default_retriever, RankingRetriever) and isinstance(hybrid, RankingRetriever)  # what it wraps
     assert built.meta["retrieval"] == "hybrid+links" and len(built) == len(default_retriever)
     question = "Which canal was built between 1836 and 1847, Washington City Canal or Whitewater Canal?"
     assert [h.id for h in built.search(question, 5)[:2]] == [p.id for p in hybrid.search(question, 2)]  # the seeds
