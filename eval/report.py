@@ -250,9 +250,14 @@ def _dataset(base: tuple[str, str]) -> str:
     return base[0]
 
 
-def e2e_summary(rows: list[dict]) -> dict:
+def _e2e_groups(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """End-to-end rows by (dataset label with its differing settings, method), in the order the runs were given."""
     groups = _grouped(rows, "e2e", lambda r: (r["dataset"], r["method"]), family=_dataset)
-    by = {(ds + suffix, m): rs for ((ds, m), _), (suffix, rs) in groups.items()}
+    return {(ds + suffix, m): rs for ((ds, m), _), (suffix, rs) in groups.items()}
+
+
+def e2e_summary(rows: list[dict]) -> dict:
+    by = _e2e_groups(rows)
     keys = ("em", "f1", "retrieval_recall", "evidence_recall@2", "seconds")
     return {
         k: {
@@ -268,8 +273,7 @@ def e2e_paired(rows: list[dict]) -> dict[tuple[str, str], dict]:
     """Each end-to-end group minus the first group (in the order the runs were given) that answered the same
     questions: EM, F1 and retrieval recall, mean difference and bootstrap interval over questions. Settings such as
     retrieval or top-k are compared this way: at n = 40-60 a 5-point difference hides inside unpaired intervals."""
-    groups = _grouped(rows, "e2e", lambda r: (r["dataset"], r["method"]), family=_dataset)
-    runs = [((ds + suffix, m), {r["example_id"]: r for r in rs}) for ((ds, m), _), (suffix, rs) in groups.items()]
+    runs = [(key, {r["example_id"]: r for r in rs}) for key, rs in _e2e_groups(rows).items()]
     out = {}
     for i, (key, this) in enumerate(runs):
         ref = next(((k, rs) for k, rs in runs[:i] if set(rs) == set(this)), None)

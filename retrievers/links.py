@@ -16,7 +16,7 @@ whatever the corpus size.
 
 Measured on the train-split tuning copy (`python -m eval.build_default_corpus --split train --questions 60 --seed
 1 --out runs/tune-e2e`; 60 questions, 651 passages), share of gold paragraphs in the top 5 / questions with both:
-    dense 71.7 / 48.3      dense + links 85.8 / 76.7      (seeds = 2; seeds = 1 gives 85.0 / 75.0)
+    dense 71.7 / 48.3      dense + links 85.8 / 76.7      (seeds = 2; see SEEDS)
     hybrid 74.2 / 48.3     hybrid + links 89.2 / 78.3
 """
 
@@ -104,13 +104,13 @@ class LinkedRetriever:
                 # One passage per named document, its best-ranked chunk: a long document must not fill the prompt.
                 best = min(self._by_title[key], key=lambda j: rank.get(j, len(ranking)))
                 linked.setdefault(best, self.passages[i].title)
-        following = sorted((j for j in linked if j not in seeds), key=lambda j: rank.get(j, len(ranking)))
-        chosen = seeds + following
-        chosen += [i for i, _ in ranking if i not in linked and i not in seeds]
+        # No seed is in `linked`: a seed's own title is skipped above, and only passages of other titles are added.
+        following = sorted(linked, key=lambda j: rank.get(j, len(ranking)))
+        chosen = seeds + following + [i for i, _ in ranking if i not in linked and i not in seeds]
         out = []
         for i in chosen[:k]:
             p = replace(self.passages[i], score=score.get(i))
-            if i in linked and i not in seeds:
+            if i in linked:
                 p = replace(p, metadata={**p.metadata, "linked_from": linked[i]})
             out.append(p)
         return out
