@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from core.errors import DeviceError
+from midlens.core.errors import DeviceError
 
 DEVICE_CHOICES = "auto | cpu | cuda | cuda:N"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

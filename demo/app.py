@@ -19,15 +19,15 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 
 if TYPE_CHECKING:  # gradio and torch load slowly: only the demo itself imports them
     import gradio as gr
 
-    from core.passage import Passage
-    from generators.evidence import Answer, EvidenceConfig
-    from rag.pipeline import Pipeline
-    from retrievers.base import Retriever
+    from midlens.core.passage import Passage
+    from midlens.generators.evidence import Answer, EvidenceConfig
+    from midlens.rag.pipeline import Pipeline
+    from midlens.retrievers.base import Retriever
 
 HOST = "127.0.0.1"
 MAX_TOP_K = 10
@@ -76,8 +76,8 @@ class DemoBackend:
         device: str = "auto",
         dtype: str = "auto",
     ):
-        from generators.models import DEFAULT_MODEL, REGISTRY
-        from generators.registry import method_config
+        from midlens.generators.models import DEFAULT_MODEL, REGISTRY
+        from midlens.generators.registry import method_config
 
         self._lock = threading.RLock()
         self._bases: dict[str, Pipeline] = {}  # model name -> baseline-or-given pipeline on the startup corpus
@@ -112,8 +112,8 @@ class DemoBackend:
 
     def retriever(self, corpus_file: str | None, progress: Any = None) -> tuple[Retriever, str]:
         """The startup corpus' retriever, or one for an uploaded file (indexed once, kept by content hash)."""
-        from retrievers.build import build_retriever
-        from retrievers.corpus import default_corpus_path
+        from midlens.retrievers.build import build_retriever
+        from midlens.retrievers.corpus import default_corpus_path
 
         if not corpus_file:
             with self._lock:
@@ -145,15 +145,15 @@ class DemoBackend:
 
     def methods_of(self, model: str) -> list[str]:
         """The methods offered with `model`: one trained per model (MuDAF, MoICE) only where it ships for it."""
-        from generators.registry import available
+        from midlens.generators.registry import available
 
         return available(model)
 
     def pipeline(self, model: str, method: str, corpus_file: str | None = None, progress: Any = None) -> Pipeline:
         """A pipeline for (model, method) on the chosen corpus; methods share the model's weights."""
-        from generators.generator import Generator
-        from generators.models import load_model
-        from rag.pipeline import Pipeline
+        from midlens.generators.generator import Generator
+        from midlens.generators.models import load_model
+        from midlens.rag.pipeline import Pipeline
 
         if model not in self.models:
             raise UserError(f"model {model!r} is not offered here; choose one of {', '.join(self.models)}.")
@@ -198,8 +198,8 @@ class DemoBackend:
         progress: Any = None,
     ) -> dict:
         """Retrieve once, answer with `method` (and with baseline on the same passages when comparing)."""
-        from core.errors import MidlensError, PromptTooLongError
-        from demo.views import gold_titles
+        from midlens.core.errors import MidlensError, PromptTooLongError
+        from midlens.demo.views import gold_titles
 
         question = (question or "").strip()
         if not question:
@@ -262,7 +262,7 @@ def render(result: dict | None, view: str) -> tuple:
     """A request's result -> the values of the page's result components, in OUTPUT order."""
     import gradio as gr
 
-    from demo import views
+    from midlens.demo import views
 
     if not result:
         return tuple(gr.skip() for _ in range(8))
@@ -293,7 +293,7 @@ def create_demo(pipeline: Pipeline | None = None, **backend_options: Any) -> gr.
 def build_blocks(backend: DemoBackend) -> gr.Blocks:
     import gradio as gr
 
-    from demo import views
+    from midlens.demo import views
 
     # Gradio spots progress-reporting handlers by a gr.Progress default and gives each call its own tracker.
     tracked = gr.Progress(track_tqdm=True)
@@ -456,7 +456,7 @@ def launch(demo: gr.Blocks, port: int | None = None, prevent_thread_lock: bool =
 
 
 def add_demo_parser(sub) -> None:
-    from rag.options import add_model_args
+    from midlens.rag.options import add_model_args
 
     demo = sub.add_parser("demo", help="Gradio demo on 127.0.0.1: ask, see per-passage evidence, compare methods")
     demo.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
@@ -469,8 +469,8 @@ def add_demo_parser(sub) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from core.errors import MidlensError
-    from rag.options import check_device, chosen_model, evidence_config, method_spec
+    from midlens.core.errors import MidlensError
+    from midlens.rag.options import check_device, chosen_model, evidence_config, method_spec
 
     model = chosen_model(args, method_spec(args))  # refuse a bad method spec or device before starting a server
     check_device(args)

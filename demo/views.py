@@ -13,8 +13,8 @@ from typing import Literal
 
 import pandas as pd
 
-from generators.evidence import Answer, PassageEvidence
-from retrievers.corpus import default_questions_path
+from midlens.generators.evidence import Answer, PassageEvidence
+from midlens.retrievers.corpus import default_questions_path
 
 ScoreView = Literal["calibrated", "raw"]
 SCORE_VIEWS: tuple[str, ...] = ("calibrated", "raw")

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 # torch is imported by the functions that run models: `midlens --help` builds this module's parser.
-from core.names import EVAL_MODEL
-from rag.options import add_device_args
+from midlens.core.names import EVAL_MODEL
+from midlens.rag.options import add_device_args
 
 VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
 # Method benches: the baseline first (ratios are against it), then method specs run through Generator.
@@ -57,8 +57,8 @@ def _reset_peak() -> bool:
 
 def bench_prompt(tokenizer, tokens: int):
     """A stacked prompt of about `tokens` tokens from the embedded corpus, and its passages."""
-    from generators.prompt import render
-    from retrievers.corpus import default_corpus_path, read_documents, to_passages
+    from midlens.generators.prompt import render
+    from midlens.retrievers.corpus import default_corpus_path, read_documents, to_passages
 
     passages = to_passages(read_documents(default_corpus_path()))
     question = "Which of these documents mentions the year 1994?"
@@ -136,8 +136,8 @@ def make_runner(variant: str, model_name: str, prompt_tokens: int, device: str =
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from generators.generator import Generator
-    from generators.models import load_model, resolve_model_dir
+    from midlens.generators.generator import Generator
+    from midlens.generators.models import load_model, resolve_model_dir
 
     loaded = load_model(model_name, device, dtype)
     prompt = bench_prompt(loaded.tokenizer, prompt_tokens)
@@ -275,7 +275,7 @@ def _memory_once(variant: str, model_name: str, tokens: int, mmap_threshold: int
     else:
         env.pop("MALLOC_MMAP_THRESHOLD_", None)
     out = subprocess.run(
-        [sys.executable, "-m", "eval.bench", "--child", variant, model_name, str(tokens), device, dtype],
+        [sys.executable, "-m", "midlens.eval.bench", "--child", variant, model_name, str(tokens), device, dtype],
         capture_output=True,
         text=True,
         check=False,
@@ -440,7 +440,7 @@ def add_bench_parser(sub) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from core.device import dtype_name, resolve_device, resolve_dtype
+    from midlens.core.device import dtype_name, resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
     dtype = dtype_name(resolve_dtype(args.dtype, device))
@@ -459,7 +459,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     print_report(report)
     if args.json:
-        from core.files import write_atomic
+        from midlens.core.files import write_atomic
 
         write_atomic(Path(args.json), json.dumps(report, indent=2) + "\n")
     return 0
@@ -470,8 +470,8 @@ if __name__ == "__main__":
         child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])
     elif len(sys.argv) == 5 and sys.argv[1] == "--random-model":  # SHAPE FOLDER TOKENIZER_DIR
         print(save_random_model(sys.argv[2], sys.argv[3], sys.argv[4]))
-    else:  # `python -m eval.bench KIND ...`: the bench alone, where the other shells' packages are not installed
-        parser = argparse.ArgumentParser(prog="python -m eval.bench")
+    else:  # `python -m midlens.eval.bench KIND ...`: the bench alone, without the other shells
+        parser = argparse.ArgumentParser(prog="python -m midlens.eval.bench")
         add_bench_parser(parser.add_subparsers(dest="command", required=True))
         parsed = parser.parse_args(["bench", *sys.argv[1:]])
         sys.exit(parsed.func(parsed))

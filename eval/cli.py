@@ -15,8 +15,8 @@ import argparse
 import time
 from pathlib import Path
 
-from core.errors import MidlensError
-from core.names import (
+from midlens.core.errors import MidlensError
+from midlens.core.names import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PROMPT_STYLE,
     DEFAULT_RETRIEVAL,
@@ -58,7 +58,7 @@ EXAMPLES = {
 
 
 def _common(p: argparse.ArgumentParser, methods: str) -> None:
-    from rag.options import HEADS_HELP, add_device_args, positive_int
+    from midlens.rag.options import HEADS_HELP, add_device_args, positive_int
 
     p.add_argument("--out", required=True, type=Path, help="run directory (created; resumed when it exists)")
     p.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
@@ -95,7 +95,7 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
 
 
 def add_eval_parser(sub) -> None:
-    from rag.options import RETRIEVAL_HELP, positive_int
+    from midlens.rag.options import RETRIEVAL_HELP, positive_int
 
     ev = sub.add_parser(
         "eval", help="offline MDQA evaluation: sweep, rerank, e2e, merge, report", epilog=EXAMPLES["eval"]
@@ -150,7 +150,7 @@ def add_eval_parser(sub) -> None:
 
 
 def _examples(args: argparse.Namespace):
-    from eval.datasets import kv_retrieval, load_hotpotqa, load_litm
+    from midlens.eval.datasets import kv_retrieval, load_hotpotqa, load_litm
 
     if args.dataset == "hotpotqa":
         mode = "mdqa" if args.mode == "sweep" else "rerank"
@@ -168,12 +168,12 @@ def _examples(args: argparse.Namespace):
 
 def _method_specs(methods: list[str]) -> dict:
     """Method specs -> validated configs, before any model loads; an ordering runs on the baseline generator."""
-    from core.method_spec import check_method_names, parse_method_spec
+    from midlens.core.method_spec import check_method_names, parse_method_spec
 
     if not methods:
         raise MidlensError("--methods is empty: name at least one method, e.g. --methods baseline.")
     check_method_names(methods, also=ORDERINGS)  # before torch loads: a misspelt name fails at once
-    from generators.registry import method_config
+    from midlens.generators.registry import method_config
 
     configs = {}
     for spec in methods:
@@ -192,14 +192,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise MidlensError(f"--split {args.split}: only --dataset hotpotqa has splits.")
     from dataclasses import asdict
 
-    from core.method_spec import split_top_level
+    from midlens.core.method_spec import split_top_level
 
     specs = _method_specs(split_top_level(args.methods))
-    from eval import runner
-    from eval.datasets import data_sha256
-    from generators.generator import Generator
-    from generators.models import load_model
-    from rag.options import check_device, evidence_config
+    from midlens.eval import runner
+    from midlens.eval.datasets import data_sha256
+    from midlens.generators.generator import Generator
+    from midlens.generators.models import load_model
+    from midlens.rag.options import check_device, evidence_config
 
     shard = runner.parse_shard(args.shard)
     evidence = evidence_config(args)
@@ -235,7 +235,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.mode == "sweep":
             units, evaluate = _sweep(args, name, examples, gens, config)
         else:
-            from eval.rerank import evaluate_rerank
+            from midlens.eval.rerank import evaluate_rerank
 
             units = [
                 {
@@ -261,7 +261,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _sweep(args, name, examples, gens, config):
-    from eval.sweep import PositionSweep
+    from midlens.eval.sweep import PositionSweep
 
     k = args.k
     if args.positions:
@@ -311,12 +311,12 @@ def _sweep(args, name, examples, gens, config):
 
 
 def _e2e(args, loaded, gens, config):
-    from core.files import sha256_json
-    from eval.datasets import load_questions
-    from eval.e2e import evaluate_e2e
-    from rag.pipeline import Pipeline
-    from retrievers.build import build_retriever
-    from retrievers.corpus import default_corpus_path, default_questions_path
+    from midlens.core.files import sha256_json
+    from midlens.eval.datasets import load_questions
+    from midlens.eval.e2e import evaluate_e2e
+    from midlens.rag.pipeline import Pipeline
+    from midlens.retrievers.build import build_retriever
+    from midlens.retrievers.corpus import default_corpus_path, default_questions_path
 
     questions = load_questions(args.questions or default_questions_path(), args.n, args.seed)
     retriever = build_retriever(args.corpus or default_corpus_path(), args.retrieval, index_dir=args.index_dir)
@@ -355,7 +355,7 @@ def _e2e(args, loaded, gens, config):
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from eval.runner import merge
+    from midlens.eval.runner import merge
 
     written, missing = merge(args.sources, args.out)
     print(
@@ -366,7 +366,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from eval.report import write_report
+    from midlens.eval.report import write_report
 
     path = write_report(args.runs, args.out or args.runs[0], args.against)
     print(f"report written to {path}")

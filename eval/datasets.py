@@ -35,10 +35,10 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from core.errors import CorpusError
-from core.hotpotqa import Split, clip_sentences, load_rows
-from core.passage import Passage
-from eval.metrics import normalize_answer
+from midlens.core.errors import CorpusError
+from midlens.core.hotpotqa import Split, clip_sentences, load_rows
+from midlens.core.passage import Passage
+from midlens.eval.metrics import normalize_answer
 
 
 @dataclass

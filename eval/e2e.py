@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from eval.metrics import answer_f1, best_subspan_em
-from rag.pipeline import Pipeline
+from midlens.eval.metrics import answer_f1, best_subspan_em
+from midlens.rag.pipeline import Pipeline
 
 
 def evaluate_e2e(pipe: Pipeline, question: dict) -> dict:

@@ -15,8 +15,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from eval.metrics import bootstrap_ci
-from eval.runner import CONFIG, RunError, read_rows, write_atomic
+from midlens.eval.metrics import bootstrap_ci
+from midlens.eval.runner import CONFIG, RunError, read_rows, write_atomic
 
 RANKERS = ("dense", "bm25", "evidence_raw", "evidence_calibrated")
 RANK_METRICS = ("recall@1", "recall@2", "recall@5", "mrr", "ndcg@10")
@@ -60,7 +60,7 @@ def method_label(key: str, recorded: dict) -> str:
     """
     if recorded.get("ordering"):
         return key
-    from generators.registry import MethodConfig
+    from midlens.generators.registry import MethodConfig
 
     options = {k: v for k, v in recorded.items() if k not in ("name", "ordering")}
     return MethodConfig(recorded.get("name", key), options).spec()

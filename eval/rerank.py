@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import time
 
-from eval.datasets import Example
-from eval.metrics import ranking_metrics
-from eval.sweep import dense_scores
-from generators.generator import Generator
-from generators.prompt import DEFAULT_STYLE
-from retrievers.lexical import bm25_scores
+from midlens.eval.datasets import Example
+from midlens.eval.metrics import ranking_metrics
+from midlens.eval.sweep import dense_scores
+from midlens.generators.generator import Generator
+from midlens.generators.prompt import DEFAULT_STYLE
+from midlens.retrievers.lexical import bm25_scores
 
 
 def _ranked(ids: list[str], scores: list[float]) -> list[str]:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from core.errors import MidlensError
-from core.files import sha256_json, write_atomic
+from midlens.core.errors import MidlensError
+from midlens.core.files import sha256_json, write_atomic
 
 RESULTS = "results.jsonl"
 CONFIG = "config.json"

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 
-from core.passage import Passage
-from eval.datasets import Example
-from eval.metrics import answer_f1, best_subspan_em
-from generators.generator import Generator
-from generators.prompt import DEFAULT_STYLE
+from midlens.core.passage import Passage
+from midlens.eval.datasets import Example
+from midlens.eval.metrics import answer_f1, best_subspan_em
+from midlens.generators.generator import Generator
+from midlens.generators.prompt import DEFAULT_STYLE
 
 
 def layout(example: Example, k: int, position: int) -> list[Passage]:
@@ -34,7 +34,7 @@ def layout(example: Example, k: int, position: int) -> list[Passage]:
 
 
 def dense_scores(question: str, passages: list[Passage]) -> list[float]:
-    from retrievers.dense import embed
+    from midlens.retrievers.dense import embed
 
     vectors = embed([question] + [f"{p.title}: {p.text}" for p in passages])
     return [float(v @ vectors[0]) for v in vectors[1:]]

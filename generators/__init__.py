@@ -4,10 +4,10 @@ Public API: `Generator`, `load_model`, the method registry (`method_config`, `re
 `available`) and `method_context` for code that drives the model itself (training loops, benchmarks).
 """
 
-from generators.context import MethodParts, method_context
-from generators.generator import GenerationStream, Generator
-from generators.models import DEFAULT_MODEL, LoadedModel, load_model
-from generators.registry import Method, MethodConfig, available, build_parts, method_config, register
+from midlens.generators.context import MethodParts, method_context
+from midlens.generators.generator import GenerationStream, Generator
+from midlens.generators.models import DEFAULT_MODEL, LoadedModel, load_model
+from midlens.generators.registry import Method, MethodConfig, available, build_parts, method_config, register
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from core.errors import ArtefactError
-from core.files import replacing_folder, sha256_of
+from midlens.core.errors import ArtefactError
+from midlens.core.files import replacing_folder, sha256_of
 
 FORMAT_VERSION = 1
 WEIGHTS = "weights.safetensors"

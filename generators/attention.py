@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from generators.delta import WeightDelta
-from generators.rope import RotaryScheme
+from midlens.generators.delta import WeightDelta
+from midlens.generators.rope import RotaryScheme
 
 
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -28,12 +28,12 @@ from contextlib import contextmanager
 
 import torch
 
-from core.errors import MethodConfigError
-from core.passage import Passage
-from generators.context import MethodParts
-from generators.prompt import StackedPrompt, render, render_document
-from generators.registry import baseline_schemes
-from generators.rope import RotaryScheme
+from midlens.core.errors import MethodConfigError
+from midlens.core.passage import Passage
+from midlens.generators.context import MethodParts
+from midlens.generators.prompt import StackedPrompt, render, render_document
+from midlens.generators.registry import baseline_schemes
+from midlens.generators.rope import RotaryScheme
 
 DEFAULTS = {
     # Half-way to the calibrated shares: chosen on train-split tuning slices, where it beat strength 1.0 in gold-answer
@@ -126,8 +126,8 @@ class CalibratedScheme(RotaryScheme):
 
 
 def build(loaded, opts: dict) -> MethodParts:
-    from generators.evidence import EvidenceConfig
-    from generators.retrieval_heads import retrieval_heads
+    from midlens.generators.evidence import EvidenceConfig
+    from midlens.generators.retrieval_heads import retrieval_heads
 
     model = loaded.model
     if float(opts["strength"]) == 0:  # exactly the baseline: no early calibration pass, no bias

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from generators.attention import PositionalAttention, install_positional_attention
-from generators.delta import WeightDelta
-from generators.rope import RotaryScheme
+from midlens.generators.attention import PositionalAttention, install_positional_attention
+from midlens.generators.delta import WeightDelta
+from midlens.generators.rope import RotaryScheme
 
 
 @dataclass

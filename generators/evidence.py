@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from core.passage import Passage
+from midlens.core.passage import Passage
 
 LayerSpec = Literal["all", "upper", "lower"] | list[int]
 # "all"; "retrieval" (resolved by the generator); head indices within the chosen layers; or (layer, head) pairs.

@@ -21,13 +21,13 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
-from core.names import DEFAULT_MAX_NEW_TOKENS
-from core.passage import Passage
-from generators.context import MethodParts, method_context
-from generators.evidence import Answer, EvidenceConfig, EvidenceMaps, passage_evidence
-from generators.models import DEFAULT_MODEL, LoadedModel, load_model, non_finite_error
-from generators.probe import PassageProbe
-from generators.prompt import (
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.core.passage import Passage
+from midlens.generators.context import MethodParts, method_context
+from midlens.generators.evidence import Answer, EvidenceConfig, EvidenceMaps, passage_evidence
+from midlens.generators.models import DEFAULT_MODEL, LoadedModel, load_model, non_finite_error
+from midlens.generators.probe import PassageProbe
+from midlens.generators.prompt import (
     CONTENT_FREE_QUESTION,
     DEFAULT_STYLE,
     StackedPrompt,
@@ -35,8 +35,8 @@ from generators.prompt import (
     render,
     shared_prefix_length,
 )
-from generators.registry import MethodConfig, build_parts, method_config
-from generators.retrieval_heads import resolve_evidence
+from midlens.generators.registry import MethodConfig, build_parts, method_config
+from midlens.generators.retrieval_heads import resolve_evidence
 
 
 class Generator:

@@ -27,10 +27,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from core import names  # noqa: E402
-from core.device import dtype_name, resolve_device, resolve_dtype  # noqa: E402
-from core.errors import ModelError  # noqa: E402
-from core.files import (  # noqa: E402
+from midlens.core import names  # noqa: E402
+from midlens.core.device import dtype_name, resolve_device, resolve_dtype  # noqa: E402
+from midlens.core.errors import ModelError  # noqa: E402
+from midlens.core.files import (  # noqa: E402
     FileProblem,
     build_lock,
     make_temp_dir,

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.errors import MethodConfigError
-from generators.context import MethodParts
-from generators.rope import RotaryScheme, apply_rotary, rotary_tables
+from midlens.core.errors import MethodConfigError
+from midlens.generators.context import MethodParts
+from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
 
 DEFAULTS = {"top_k": None, "artefact": None}  # top_k None: the K the routers were trained with
 
@@ -222,7 +222,7 @@ def router_state(schemes: list[MoiceScheme]) -> dict[str, torch.Tensor]:
 def build(loaded, opts: dict) -> MethodParts:
     import json
 
-    from generators.artefacts import load_artefact, resolve_artefact
+    from midlens.generators.artefacts import load_artefact, resolve_artefact
 
     path = resolve_artefact(opts["artefact"], "moice", loaded.name)
     meta = json.loads((path / "meta.json").read_text()) if (path / "meta.json").is_file() else {}

@@ -5,7 +5,7 @@ Each head of a patched layer reads positions divided by a ratio r_h in [ratio_mi
 last prompt query (Eq. 1: share of keys with attention >= alpha / L) get the smallest ratios. The order
 is computed once per prompt at prefill, from pre-RoPE q and K, and frozen for decoding.
 
-Differences from the official code, on purpose (see METHODS.md):
+Differences from the official code, on purpose (each fixes a bug there):
   - ratios go to heads by the RANK of their score (inverse permutation), not by gathering with the
     argsort, which hands heads the wrong ratio;
   - GQA: `gqa="group"` (default) gives one ratio per kv group, groups ranked by their mean score, so
@@ -19,10 +19,10 @@ from typing import Literal
 
 import torch
 
-from core.errors import MethodConfigError
-from generators.attention import expand_heads
-from generators.context import MethodParts
-from generators.rope import RotaryScheme, apply_rotary
+from midlens.core.errors import MethodConfigError
+from midlens.generators.attention import expand_heads
+from midlens.generators.context import MethodParts
+from midlens.generators.rope import RotaryScheme, apply_rotary
 
 HeadOrder = Literal["awareness", "sequential", "fixed"]
 GQAMode = Literal["group", "per_query_head"]

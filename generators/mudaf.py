@@ -10,11 +10,11 @@ Training is in `training.mudaf`.
 
 from __future__ import annotations
 
-from core.errors import MethodConfigError
-from generators.artefacts import load_artefact, resolve_artefact
-from generators.context import MethodParts
-from generators.delta import LoRADelta
-from generators.registry import baseline_schemes
+from midlens.core.errors import MethodConfigError
+from midlens.generators.artefacts import load_artefact, resolve_artefact
+from midlens.generators.context import MethodParts
+from midlens.generators.delta import LoRADelta
+from midlens.generators.registry import baseline_schemes
 
 DEFAULTS = {"alpha": 0.7, "artefact": None}
 

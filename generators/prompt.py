@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from core.errors import InvalidArgumentError, PromptTooLongError
-from core.names import DEFAULT_PROMPT_STYLE
-from core.passage import Passage
+from midlens.core.errors import InvalidArgumentError, PromptTooLongError
+from midlens.core.names import DEFAULT_PROMPT_STYLE
+from midlens.core.passage import Passage
 
 # The instruction above the documents, by style name.
 #   litm   Liu et al.'s, the default: the sweeps compare with the literature, the shipped artefacts were trained

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import MethodConfigError
-from core.method_spec import parse_method_spec, split_top_level
-from generators.context import MethodParts
-from generators.rope import RotaryScheme
+from midlens.core.errors import MethodConfigError
+from midlens.core.method_spec import parse_method_spec, split_top_level
+from midlens.generators.context import MethodParts
+from midlens.generators.rope import RotaryScheme
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def available(model: str | None = None) -> list[str]:
     A method with an `artefact` option runs on weights trained for one model (a MuDAF delta, MoICE routers): it
     is listed for `model` only when an artefact ships for that model, so a menu never offers a certain error.
     """
-    from generators.artefacts import shipped_artefact
+    from midlens.generators.artefacts import shipped_artefact
 
     return [
         name
@@ -70,8 +70,8 @@ def _shipped_name(method: Method, model: str, options: dict) -> str:
 def shipped_models(config: MethodConfig) -> list[str] | None:
     """The packaged models a trained artefact ships for, for this method and options; None when the method reads
     no shipped artefact (it trains nothing, or an artefact folder was given)."""
-    from generators.artefacts import shipped_artefact
-    from generators.models import REGISTRY as MODELS
+    from midlens.generators.artefacts import shipped_artefact
+    from midlens.generators.models import REGISTRY as MODELS
 
     method = REGISTRY[config.name]
     if "artefact" not in method.defaults or config.options.get("artefact") is not None:
@@ -83,7 +83,7 @@ def model_for(config: MethodConfig, model: str | None, default: str) -> str:
     """The model to run `config` on: `model` when one was chosen, else `default`, or, for a trained method that
     ships nothing for `default`, the packaged model its artefact was trained for (`midlens ask --method mudaf`
     works on a fresh checkout). A chosen model the method has nothing for is refused here, before it loads."""
-    from core.errors import ArtefactError
+    from midlens.core.errors import ArtefactError
 
     ships = shipped_models(config)
     if ships is None or (model or default) in ships:
@@ -95,7 +95,7 @@ def model_for(config: MethodConfig, model: str | None, default: str) -> str:
     raise ArtefactError(
         f"no trained {config.name} artefact ships for model {chosen!r}{where}. To run {config.name} on {chosen}, train "
         f"one with `midlens train {config.name} --model {chosen}` and pass its folder: "
-        f"--method \"{MethodConfig(config.name, {**config.options, 'artefact': 'PATH'}).spec()}\"."
+        f'--method "{MethodConfig(config.name, {**config.options, "artefact": "PATH"}).spec()}".'
     )
 
 
@@ -162,7 +162,7 @@ def _build_baseline(loaded, options: dict) -> MethodParts:
 
 
 def _register_builtins() -> None:
-    from generators import attn_calibration, moice, ms_poe, mudaf
+    from midlens.generators import attn_calibration, moice, ms_poe, mudaf
 
     register(Method("baseline", "the model's own RoPE, nothing changed", build=_build_baseline))
     # Each method module holds its DEFAULTS, check_options and build; the summaries are what `midlens methods` shows.

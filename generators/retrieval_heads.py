@@ -14,9 +14,9 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
-from core.errors import ArtefactError
-from generators.evidence import EvidenceConfig
-from generators.models import LoadedModel
+from midlens.core.errors import ArtefactError
+from midlens.generators.evidence import EvidenceConfig
+from midlens.generators.models import LoadedModel
 
 SHIPPED = Path(__file__).parent / "trained" / "retrieval-heads"
 TOP_FRACTION = 0.05  # MuDAF's "retrieval heads": the top 5 % of heads

@@ -7,8 +7,9 @@ import argparse
 import json
 import sys
 
-from core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
-from core.names import (
+from midlens import __version__
+from midlens.core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
+from midlens.core.names import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PROMPT_STYLE,
     DEFAULT_RETRIEVAL,
@@ -16,8 +17,7 @@ from core.names import (
     PROMPT_STYLES,
     RETRIEVALS,
 )
-from midlens import __version__
-from rag.options import RETRIEVAL_HELP, Parser, add_model_args, positive_int
+from midlens.rag.options import RETRIEVAL_HELP, Parser, add_model_args, positive_int
 
 BAR_WIDTH = 24
 
@@ -98,12 +98,12 @@ def prompt_error_for_cli(err: PromptTooLongError, args: argparse.Namespace) -> s
 def cmd_ask(args: argparse.Namespace) -> int:
     if not args.question.strip():  # before torch and the model load, which take seconds
         raise InvalidArgumentError('the question is empty: pass it in quotes, e.g. midlens ask "Who wrote X?"')
-    from rag.options import check_device, chosen_model, evidence_config, method_spec
+    from midlens.rag.options import check_device, chosen_model, evidence_config, method_spec
 
     method = method_spec(args)  # a typo in --method fails before the model loads
     args.model = chosen_model(args, method)  # the over-length message names it too
     check_device(args)
-    from rag.pipeline import Pipeline
+    from midlens.rag.pipeline import Pipeline
 
     pipe = Pipeline.from_corpus(
         args.corpus,
@@ -137,7 +137,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from generators.registry import REGISTRY
+    from midlens.generators.registry import REGISTRY
 
     for method in REGISTRY.values():
         options = ", ".join(f"{k}={v!r}" for k, v in method.defaults.items()) or "no options"
@@ -177,11 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     methods = sub.add_parser("methods", help="list the registered methods and their options", epilog=METHODS_EXAMPLES)
     methods.set_defaults(func=cmd_methods)
 
-    from demo.app import add_demo_parser
-    from eval.bench import add_bench_parser
-    from eval.cli import add_eval_parser
-    from rag.cache_cli import add_cache_parser, add_index_parser
-    from training.cli import add_heads_parser, add_moice_parser, add_train_parser
+    from midlens.demo.app import add_demo_parser
+    from midlens.eval.bench import add_bench_parser
+    from midlens.eval.cli import add_eval_parser
+    from midlens.rag.cache_cli import add_cache_parser, add_index_parser
+    from midlens.training.cli import add_heads_parser, add_moice_parser, add_train_parser
 
     add_bench_parser(sub)
     add_eval_parser(sub)

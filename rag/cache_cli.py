@@ -18,8 +18,8 @@ import json
 import shutil
 from pathlib import Path
 
-from core.errors import MidlensError
-from core.files import (
+from midlens.core.errors import MidlensError
+from midlens.core.files import (
     MANIFEST,
     folder_size,
     indexes_dir,
@@ -122,8 +122,8 @@ def _verify_index(folder: Path) -> str | None:
 
 
 def cmd_cache_verify(args: argparse.Namespace) -> int:
-    from core.errors import ModelError
-    from generators.models import check_model_folder
+    from midlens.core.errors import ModelError
+    from midlens.generators.models import check_model_folder
 
     if args.model:
         folder = models_dir() / _plain_name(args.model)
@@ -225,8 +225,8 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
 
 
 def cmd_index_build(args: argparse.Namespace) -> int:
-    from retrievers.corpus import default_corpus_path
-    from retrievers.dense import DenseRetriever
+    from midlens.retrievers.corpus import default_corpus_path
+    from midlens.retrievers.dense import DenseRetriever
 
     corpus = args.corpus or default_corpus_path()
     retriever = DenseRetriever.build(corpus, index_type=args.index_type)

@@ -52,12 +52,12 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor  # noqa: 
 from llama_index.core.query_engine import CustomQueryEngine  # noqa: E402
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
 
-from core.errors import PromptTooLongError  # noqa: E402
-from core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K  # noqa: E402
-from generators.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
-from generators.generator import Generator  # noqa: E402
-from generators.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
-from generators.prompt import Passage, StackedPrompt, chat_prompt, fit_windows  # noqa: E402
+from midlens.core.errors import PromptTooLongError  # noqa: E402
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K  # noqa: E402
+from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
+from midlens.generators.generator import Generator  # noqa: E402
+from midlens.generators.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
+from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt, fit_windows  # noqa: E402
 
 logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
@@ -520,7 +520,7 @@ class MidlensRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> MidlensRetriever:
         """Build (or reuse) the index of a folder / .jsonl corpus, as `midlens ask --corpus` does."""
-        from retrievers.build import build_retriever
+        from midlens.retrievers.build import build_retriever
 
         return cls(build_retriever(corpus, retrieval, index_dir=index_dir), similarity_top_k, **kwargs)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from core.errors import MidlensError
-from core.names import DEFAULT_MODEL
+from midlens.core.errors import MidlensError
+from midlens.core.names import DEFAULT_MODEL
 
 RETRIEVAL_HELP = (
     "dense (faiss) or hybrid (dense + BM25, RRF); with +links, passages whose titles the top 2 name come next"
@@ -46,7 +46,7 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
 
 def check_device(args: argparse.Namespace) -> None:
     """Resolve --device/--dtype now, so a missing GPU is reported before anything loads."""
-    from core.device import resolve_device, resolve_dtype
+    from midlens.core.device import resolve_device, resolve_dtype
 
     resolve_dtype(args.dtype, resolve_device(args.device))
 
@@ -55,10 +55,10 @@ def method_spec(args: argparse.Namespace):
     """--method as a validated MethodConfig (unknown names and options fail here, before any model loads).
 
     A misspelt name fails before torch is imported, the registry's option check takes the seconds torch needs."""
-    from core.method_spec import check_method_names
+    from midlens.core.method_spec import check_method_names
 
     check_method_names([args.method])
-    from generators.registry import method_config
+    from midlens.generators.registry import method_config
 
     return method_config(args.method)
 
@@ -69,7 +69,7 @@ def chosen_model(args: argparse.Namespace, method) -> str:
     method has nothing for."""
     import sys
 
-    from generators.registry import model_for
+    from midlens.generators.registry import model_for
 
     model = model_for(method, args.model, DEFAULT_MODEL)
     if args.model is None and model != DEFAULT_MODEL:
@@ -82,7 +82,7 @@ def chosen_model(args: argparse.Namespace, method) -> str:
 
 
 def evidence_config(args: argparse.Namespace):
-    from generators.evidence import EvidenceConfig
+    from midlens.generators.evidence import EvidenceConfig
 
     layers = args.evidence_layers
     if layers not in ("all", "upper", "lower"):

@@ -12,18 +12,18 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from core.errors import InvalidArgumentError
-from core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K
-from core.passage import Passage
-from generators.evidence import Answer, EvidenceConfig
-from generators.generator import GenerationStream, Generator
-from generators.models import DEFAULT_MODEL, LoadedModel
-from generators.prompt import DEFAULT_STYLE, check_style
-from generators.registry import MethodConfig, method_config
-from retrievers.base import Retriever
-from retrievers.build import Retrieval, build_retriever, check_retrieval
-from retrievers.corpus import default_corpus_path
-from retrievers.dense import IndexType
+from midlens.core.errors import InvalidArgumentError
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K
+from midlens.core.passage import Passage
+from midlens.generators.evidence import Answer, EvidenceConfig
+from midlens.generators.generator import GenerationStream, Generator
+from midlens.generators.models import DEFAULT_MODEL, LoadedModel
+from midlens.generators.prompt import DEFAULT_STYLE, check_style
+from midlens.generators.registry import MethodConfig, method_config
+from midlens.retrievers.base import Retriever
+from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
+from midlens.retrievers.corpus import default_corpus_path
+from midlens.retrievers.dense import IndexType
 
 
 def check_top_k(top_k: int) -> int:

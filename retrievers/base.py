@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from core.names import DEFAULT_TOP_K
-from core.passage import Passage
+from midlens.core.names import DEFAULT_TOP_K
+from midlens.core.passage import Passage
 
 
 @runtime_checkable

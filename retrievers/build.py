@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from core.errors import InvalidArgumentError
-from core.names import DEFAULT_RETRIEVAL, RETRIEVALS
-from retrievers.base import Retriever
-from retrievers.dense import DenseRetriever, IndexType
-from retrievers.hybrid import HybridRetriever
-from retrievers.links import LinkedRetriever
+from midlens.core.errors import InvalidArgumentError
+from midlens.core.names import DEFAULT_RETRIEVAL, RETRIEVALS
+from midlens.retrievers.base import Retriever
+from midlens.retrievers.dense import DenseRetriever, IndexType
+from midlens.retrievers.hybrid import HybridRetriever
+from midlens.retrievers.links import LinkedRetriever
 
 Retrieval = Literal["dense", "hybrid", "dense+links", "hybrid+links"]
 

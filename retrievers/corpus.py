@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-from core.errors import CorpusError
-from core.passage import Passage
+from midlens.core.errors import CorpusError
+from midlens.core.passage import Passage
 
 TEXT_SUFFIXES = (".txt", ".md")
 

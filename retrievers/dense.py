@@ -24,11 +24,11 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
-from core.errors import CorpusError, InvalidArgumentError, RetrievalIndexError
-from core.files import OWNER, build_lock, indexes_dir, make_temp_dir, sweep_stale
-from core.names import DEFAULT_TOP_K
-from core.passage import Passage
-from retrievers.corpus import fingerprint, read_documents, to_passages
+from midlens.core.errors import CorpusError, InvalidArgumentError, RetrievalIndexError
+from midlens.core.files import OWNER, build_lock, indexes_dir, make_temp_dir, sweep_stale
+from midlens.core.names import DEFAULT_TOP_K
+from midlens.core.passage import Passage
+from midlens.retrievers.corpus import fingerprint, read_documents, to_passages
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 IndexType = Literal["flat", "ivf", "hnsw"]

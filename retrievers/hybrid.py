@@ -4,7 +4,7 @@ RRF score of a passage = sum over the two rankings of 1 / (rrf_k + rank), rank f
 ranking's first `depth` adds nothing from it. Ranks, not scores, are fused, so cosine similarities and
 BM25 scores need no common scale. rrf_k = 60 is the paper's constant, not tuned here.
 
-Measured with this module (title matches; `python -m eval.build_default_corpus --split train ...` writes the
+Measured with this module (title matches; `python -m midlens.eval.build_default_corpus --split train ...` writes the
 train-split copy), share of gold paragraphs retrieved / questions with both gold paragraphs retrieved:
                         train-split copy (60 q, 651 passages)    embedded e2e set (40 q, 400 passages)
     top-5    dense      71.7 / 48.3                              75.0 / 52.5
@@ -19,10 +19,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from core.names import DEFAULT_TOP_K
-from core.passage import Passage
-from retrievers.dense import DenseRetriever, checked_top_k
-from retrievers.lexical import BM25Index
+from midlens.core.names import DEFAULT_TOP_K
+from midlens.core.passage import Passage
+from midlens.retrievers.dense import DenseRetriever, checked_top_k
+from midlens.retrievers.lexical import BM25Index
 
 RRF_K = 60
 FUSION_DEPTH = 100  # ranks read from each list: far past any top-k a prompt holds

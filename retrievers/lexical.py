@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.passage import Passage
+from midlens.core.passage import Passage
 
 
 def _text(passage: Passage) -> str:

@@ -14,10 +14,7 @@ A mention is a whole-word match of a title's words (punctuation and case ignored
 digit, as names do, found by looking up the seed's word n-grams in a title table: linear in the seed's length,
 whatever the corpus size.
 
-Measured on the train-split tuning copy (`python -m eval.build_default_corpus --split train --questions 60 --seed
-1 --out runs/tune-e2e`; 60 questions, 651 passages), share of gold paragraphs in the top 5 / questions with both:
-    dense 71.7 / 48.3      dense + links 85.8 / 76.7      (seeds = 2; see SEEDS)
-    hybrid 74.2 / 48.3     hybrid + links 89.2 / 78.3
+Why it is the default: it puts more gold paragraphs in the top 5 (docs/results/answer-path/README.md).
 """
 
 from __future__ import annotations
@@ -25,13 +22,12 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from core.names import DEFAULT_TOP_K
-from core.passage import Passage
-from retrievers.base import RankingRetriever
-from retrievers.dense import checked_top_k
+from midlens.core.names import DEFAULT_TOP_K
+from midlens.core.passage import Passage
+from midlens.retrievers.base import RankingRetriever
+from midlens.retrievers.dense import checked_top_k
 
-# Passages whose mentions are followed. On tuning copy 1, 1 / 2 / 3 seeds put 85.0 / 85.8 / 85.8 % of the gold
-# paragraphs in the top 5: the first hop is nearly always among the top 2.
+# Passages whose mentions are followed: the first hop is nearly always among the top 2 (docs/results/answer-path).
 SEEDS = 2
 RANK_DEPTH = 1000  # how far down the base ranking a linked passage's rank and score are read
 MIN_TITLE_CHARS = 4  # shorter titles ("US", "He") are mentioned everywhere without meaning a link

@@ -11,22 +11,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def loaded():
-    from generators.models import load_model
+    from midlens.generators.models import load_model
 
     return load_model("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def generator(loaded):
-    from generators import Generator
+    from midlens.generators import Generator
 
     return Generator(loaded)
 
 
 @pytest.fixture(scope="session")
 def default_retriever():
-    from retrievers.corpus import default_corpus_path
-    from retrievers.dense import DenseRetriever
+    from midlens.retrievers.corpus import default_corpus_path
+    from midlens.retrievers.dense import DenseRetriever
 
     # The shared cache index: built once per machine (about 50 s), reused by later test runs.
     return DenseRetriever.build(default_corpus_path())
@@ -34,7 +34,7 @@ def default_retriever():
 
 @pytest.fixture(scope="session")
 def pipeline(default_retriever, generator):
-    from rag.pipeline import Pipeline
+    from midlens.rag.pipeline import Pipeline
 
     return Pipeline(default_retriever, generator, top_k=5, max_new_tokens=24)
 
@@ -44,8 +44,8 @@ PLANTED_FACT = "The secret code word of the Zorbland expedition is 'pelican'."
 
 def planted_passages(n: int = 8, gold_at: int = 3):
     """n distractor paragraphs from the embedded corpus with one planted fact at 1-based `gold_at`."""
-    from core.passage import Passage
-    from retrievers.corpus import default_corpus_path, read_documents
+    from midlens.core.passage import Passage
+    from midlens.retrievers.corpus import default_corpus_path, read_documents
 
     docs = read_documents(default_corpus_path())[:n]
     passages = [Passage(text=d["text"][:400], title=d["title"], id=d["id"]) for d in docs[: n - 1]]

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from core.files import OWNER
+from midlens.core.files import OWNER
 
 
 def overwrite(path: Path, offset: int, data: bytes) -> None:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from generators import Generator
-from generators.models import load_model, resolve_model_dir
+from midlens.generators import Generator
+from midlens.generators.models import load_model, resolve_model_dir
 from tests.tiny import ARCHITECTURES, tiny_config
 
 LOGIT_TOL = 1e-4
@@ -59,7 +59,7 @@ def test_ms_poe_cache_matches_recomputation(tiny, gqa):
 
 
 def test_sliding_window_models_are_refused(tmp_path):
-    from core.errors import ModelError
+    from midlens.core.errors import ModelError
 
     cfg = tiny_config("mistral", SMOL_VOCAB, sliding_window=128)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)

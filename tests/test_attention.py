@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from generators.models import resolve_model_dir
-from generators.probe import PassageProbe
+from midlens.generators.models import resolve_model_dir
+from midlens.generators.probe import PassageProbe
 from tests.conftest import planted_passages
 
 # fp32 on CPU; identical math in a different kernel order differs by ~1e-6. 1e-4 is the bound.

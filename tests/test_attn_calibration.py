@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from core.errors import MethodConfigError
-from generators import Generator
-from generators.attn_calibration import dummy_prompt, passage_offsets
-from generators.registry import method_config
+from midlens.core.errors import MethodConfigError
+from midlens.generators import Generator
+from midlens.generators.attn_calibration import dummy_prompt, passage_offsets
+from midlens.generators.registry import method_config
 from tests.conftest import planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
@@ -114,7 +114,7 @@ def test_bad_options_are_refused_before_loading():
 
 def test_retrieval_heads_only_bias_those_heads(loaded, prompt):
     gen = Generator(loaded, method="attn-calibration(heads='retrieval', layers='all')")
-    from generators.retrieval_heads import retrieval_heads
+    from midlens.generators.retrieval_heads import retrieval_heads
 
     pairs = retrieval_heads(loaded)
     assert set(gen.parts.answering_layers) == {layer for layer, _ in pairs}

@@ -10,7 +10,7 @@ import pytest
     ("kind", "variants"), [("evidence", {"plain", "evidence", "eager"}), ("attn-calibration", None)]
 )
 def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants):
-    from eval.bench import METHOD_VARIANTS, run
+    from midlens.eval.bench import METHOD_VARIANTS, run
 
     report = run(kind, "smollm2-135m", [400], repeats=1, decode_tokens=2, memory_repeats=1)
     (row,) = report["sizes"]
@@ -32,7 +32,7 @@ def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants):
 def test_memory_processes_run_with_the_fixed_mmap_threshold(loaded, monkeypatch):
     """The allocator setting must reach the measuring process (glibc reads it at start-up), and 0 must
     remove an inherited one."""
-    from eval.bench import memory_of
+    from midlens.eval.bench import memory_of
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     fixed = memory_of("baseline", "smollm2-135m", 200, repeats=1)

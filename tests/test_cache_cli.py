@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.files import indexes_dir, make_temp_dir, models_dir
-from generators.models import record_conversion
 from midlens.cli import main
+from midlens.core.files import indexes_dir, make_temp_dir, models_dir
+from midlens.generators.models import record_conversion
 from tests.damage import age, dead_owner, overwrite
 from tests.tiny import save_tiny
 

@@ -97,17 +97,17 @@ def test_every_help_shows_defaults_and_examples(capsys):
 
 
 def test_shared_names_live_below_torch_and_match_their_modules():
-    from core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE, EVAL_MODEL, PROMPT_STYLES
-    from generators.models import DEFAULT_MODEL as REGISTRY_DEFAULT
-    from generators.models import REGISTRY
-    from generators.prompt import DEFAULT_STYLE, STYLES
+    from midlens.core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE, EVAL_MODEL, PROMPT_STYLES
+    from midlens.generators.models import DEFAULT_MODEL as REGISTRY_DEFAULT
+    from midlens.generators.models import REGISTRY
+    from midlens.generators.prompt import DEFAULT_STYLE, STYLES
 
     assert DEFAULT_MODEL == REGISTRY_DEFAULT and {DEFAULT_MODEL, EVAL_MODEL} <= set(REGISTRY)
     # The CLIs offer the style names without importing the prompt module; they must be its styles.
     assert set(PROMPT_STYLES) == set(STYLES) and DEFAULT_PROMPT_STYLE == DEFAULT_STYLE
     # Shells refuse a misspelt method by these names before the registry (torch) is imported.
-    from core.names import METHODS
-    from generators.registry import REGISTRY as METHOD_REGISTRY
+    from midlens.core.names import METHODS
+    from midlens.generators.registry import REGISTRY as METHOD_REGISTRY
 
     assert tuple(METHOD_REGISTRY)[: len(METHODS)] == METHODS
 
@@ -135,9 +135,9 @@ def test_empty_question_is_refused_before_the_model_loads():
 
 
 def test_an_unknown_retrieval_is_refused_before_anything_loads(capsys):
-    from core.errors import CorpusError, InvalidArgumentError, MethodConfigError
     from midlens.cli import main
-    from rag.pipeline import Pipeline
+    from midlens.core.errors import CorpusError, InvalidArgumentError, MethodConfigError
+    from midlens.rag.pipeline import Pipeline
 
     with pytest.raises(SystemExit):
         main(["ask", QUESTION, "--retrieval", "sparse"])
@@ -168,7 +168,7 @@ def test_passages_too_long_say_the_cli_options_and_a_huge_top_k_is_capped(loaded
     from midlens.cli import main
 
     t0 = time.perf_counter()
-    with caplog.at_level(logging.WARNING, logger="retrievers.dense"):
+    with caplog.at_level(logging.WARNING, logger="midlens.retrievers.dense"):
         assert main(["ask", QUESTION, "--top-k", "100000", *SMOL]) == 2
     elapsed = time.perf_counter() - t0
     err = capsys.readouterr().err
@@ -216,8 +216,8 @@ def test_a_split_is_refused_for_a_dataset_without_one_before_anything_loads():
 def test_the_train_split_is_a_dataset_of_its_own():
     import argparse
 
-    from core.hotpotqa import split_of
-    from eval.cli import _examples
+    from midlens.core.hotpotqa import split_of
+    from midlens.eval.cli import _examples
 
     args = argparse.Namespace(dataset="hotpotqa", mode="sweep", max_words=60, n=5, seed=0, k=10, split="train")
     name, examples = _examples(args)
@@ -230,10 +230,10 @@ def test_a_trained_method_runs_on_the_model_it_ships_for_and_is_refused_early_el
     # failed after the model had loaded, listing folder names ("smollm2-135m-alpha0") as if they were models.
     import argparse
 
-    from core.errors import ArtefactError
-    from core.names import DEFAULT_MODEL, EVAL_MODEL
     from midlens.cli import main
-    from rag.options import chosen_model, method_spec
+    from midlens.core.errors import ArtefactError
+    from midlens.core.names import DEFAULT_MODEL, EVAL_MODEL
+    from midlens.rag.options import chosen_model, method_spec
 
     for spec in ("mudaf", "mudaf(alpha=0)", "moice"):
         args = argparse.Namespace(model=None, method=spec)

@@ -11,10 +11,17 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-from core.passage import Passage
-from demo.app import DemoBackend, UserError, create_demo, launch
-from demo.views import EXAMPLE_IDS, LINKED_EXAMPLE_ID, MID_PROMPT_EXAMPLE_ID, _questions, example_questions, gold_titles
-from rag.pipeline import Pipeline
+from midlens.core.passage import Passage
+from midlens.demo.app import DemoBackend, UserError, create_demo, launch
+from midlens.demo.views import (
+    EXAMPLE_IDS,
+    LINKED_EXAMPLE_ID,
+    MID_PROMPT_EXAMPLE_ID,
+    _questions,
+    example_questions,
+    gold_titles,
+)
+from midlens.rag.pipeline import Pipeline
 
 MODEL = "smollm2-135m"
 UPLOAD_LIMIT_MB = 0.01  # ~10 KB, so the too-large case needs no big file
@@ -69,8 +76,8 @@ def heat(highlighted: list[dict]) -> list[float]:
 
 
 def test_example_notes_hold_for_the_default_retrieval():
-    from retrievers.build import build_retriever
-    from retrievers.corpus import default_corpus_path
+    from midlens.retrievers.build import build_retriever
+    from midlens.retrievers.corpus import default_corpus_path
 
     retriever = build_retriever(default_corpus_path())  # what `midlens demo` uses: dense+links, the cached index
     questions = _questions()
@@ -194,7 +201,7 @@ def test_two_users_at_once_get_their_own_results(server, pipeline):
 
 
 def test_prompt_over_the_window_is_a_message(pipeline, tmp_path):
-    from retrievers.dense import DenseRetriever
+    from midlens.retrievers.dense import DenseRetriever
 
     words = " ".join(f"word{i}" for i in range(3000))  # ~3 passages of this exceed the 8k window
     long = [Passage(text=words, title=f"long {i}", id=str(i)) for i in range(3)]
@@ -217,9 +224,9 @@ def test_unknown_model_or_method_is_a_message(pipeline):
 
 
 def test_a_passage_stacked_by_a_link_says_which_passage_named_it(pipeline, default_retriever):
-    from demo import views
-    from rag.pipeline import Pipeline
-    from retrievers.links import LinkedRetriever
+    from midlens.demo import views
+    from midlens.rag.pipeline import Pipeline
+    from midlens.retrievers.links import LinkedRetriever
 
     backend = DemoBackend(Pipeline(LinkedRetriever(default_retriever), pipeline.generator, top_k=3))
     question = next(q for q, note in example_questions() if "link" in note)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.views import example_questions
+from midlens.demo.views import example_questions
 from tests.test_demo import served
 
 pytestmark = pytest.mark.browser

@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from core.errors import CorpusError
-from core.passage import Passage
-from eval.datasets import Example, kv_retrieval, load_hotpotqa, load_litm, load_questions, subsample_indices
-from eval.metrics import answer_f1, best_subspan_em, mrr, ndcg_at_k, normalize_answer, recall_at_k, token_f1
+from midlens.core.errors import CorpusError
+from midlens.core.passage import Passage
+from midlens.eval.datasets import Example, kv_retrieval, load_hotpotqa, load_litm, load_questions, subsample_indices
+from midlens.eval.metrics import answer_f1, best_subspan_em, mrr, ndcg_at_k, normalize_answer, recall_at_k, token_f1
 
 
 def test_normalisation_and_first_line_rule():
@@ -120,7 +120,7 @@ def test_kv_retrieval_is_seeded():
 
 
 def test_layout_moves_the_gold():
-    from eval.sweep import layout
+    from midlens.eval.sweep import layout
 
     ex = kv_retrieval(1, pairs=5)[0]
     for pos in (1, 3, 5):
@@ -133,7 +133,7 @@ def test_layout_moves_the_gold():
 
 
 def test_long_context_reorder_puts_best_passages_at_the_ends():
-    from eval.sweep import dense_scores, long_context_reorder
+    from midlens.eval.sweep import dense_scores, long_context_reorder
 
     docs = [
         Passage("Bananas are a yellow fruit grown in the tropics.", "Banana", "b"),
@@ -163,8 +163,8 @@ def _planted_example(n=4):
 
 
 def test_attention_sort_and_sweep_row(generator, loaded):
-    from eval.sweep import PositionSweep, attention_sort
-    from generators import Generator
+    from midlens.eval.sweep import PositionSweep, attention_sort
+    from midlens.generators import Generator
 
     ex = _planted_example(4)
     scored = generator.score(generator.prompt(ex.question, ex.passages, max_new_tokens=4))
@@ -187,7 +187,7 @@ def test_attention_sort_and_sweep_row(generator, loaded):
 
 def test_sweep_reuses_an_identical_prompt_and_the_reuse_is_exact(generator):
     """LongContextReorder sorts by retrieval score, so every gold position yields one prompt: answered once."""
-    from eval.sweep import PositionSweep
+    from midlens.eval.sweep import PositionSweep
 
     ex = _planted_example(4)
     sweep = PositionSweep({"lcr": generator}, k=4, max_new_tokens=4)
@@ -224,14 +224,14 @@ def _sweep_args(out, *extra):
 
 
 def _stable(rows):
-    from eval.runner import VOLATILE
+    from midlens.eval.runner import VOLATILE
 
     return [{k: v for k, v in r.items() if k not in VOLATILE} for r in sorted(rows, key=lambda r: r["order"])]
 
 
 def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loaded):
-    from eval.runner import RunError, read_rows
     from midlens.cli import main
+    from midlens.eval.runner import RunError, read_rows
 
     assert main(_sweep_args(tmp_path / "full")) == 0
     full = read_rows(tmp_path / "full" / "results.jsonl")
@@ -264,8 +264,8 @@ def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loade
 
 
 def test_sweep_stopped_at_line_end_scores_the_same_and_says_so(tmp_path, loaded):
-    from eval.runner import read_rows
     from midlens.cli import main
+    from midlens.eval.runner import read_rows
 
     assert main(_sweep_args(tmp_path / "full", "--max-new-tokens", "24")) == 0
     assert main(_sweep_args(tmp_path / "stop", "--max-new-tokens", "24", "--stop-at-line-end")) == 0
@@ -279,9 +279,9 @@ def test_sweep_stopped_at_line_end_scores_the_same_and_says_so(tmp_path, loaded)
 
 
 def test_rerank_run_and_report(tmp_path, loaded):
-    from eval.report import write_report
-    from eval.runner import read_rows
     from midlens.cli import main
+    from midlens.eval.report import write_report
+    from midlens.eval.runner import read_rows
 
     out = tmp_path / "rerank"
     args = ["eval", "rerank", "--dataset", "hotpotqa", "--n", "1", "--max-words", "25", "--no-progress"]
@@ -311,7 +311,7 @@ def test_rerank_run_and_report(tmp_path, loaded):
 
 
 def test_e2e_unit(pipeline):
-    from eval.e2e import evaluate_e2e
+    from midlens.eval.e2e import evaluate_e2e
 
     q = {
         "question": "What film is a sequel to Wings of Desire?",
@@ -326,7 +326,7 @@ def test_e2e_unit(pipeline):
 
 
 def test_bootstrap_interval_matches_the_normal_approximation():
-    from eval.metrics import bootstrap_ci
+    from midlens.eval.metrics import bootstrap_ci
 
     values = [1.0] * 40 + [0.0] * 160  # p = 0.2, n = 200: standard error sqrt(0.2 * 0.8 / 200) = 0.0283
     lo, hi = bootstrap_ci(values)
@@ -339,7 +339,7 @@ def test_bootstrap_interval_matches_the_normal_approximation():
 
 
 def test_paired_difference_against_the_baseline_is_narrower_than_unpaired():
-    from eval.report import sweep_summary
+    from midlens.eval.report import sweep_summary
 
     # 100 questions; the method answers exactly what the baseline answers plus 10 more, at every position.
     # Unpaired, each method's interval is about +-9 points wide; paired, every difference is 0 or 1/3
@@ -362,12 +362,12 @@ def test_paired_difference_against_the_baseline_is_narrower_than_unpaired():
 
 
 def test_report_refuses_a_non_run_dir(tmp_path):
-    from eval.runner import RunError
     from midlens.cli import main
+    from midlens.eval.runner import RunError
 
     assert main(["eval", "report", str(tmp_path)]) == 2
     with pytest.raises(RunError, match="not a run directory"):
-        from eval.report import write_report
+        from midlens.eval.report import write_report
 
         write_report([tmp_path], tmp_path)
 
@@ -375,7 +375,7 @@ def test_report_refuses_a_non_run_dir(tmp_path):
 def test_write_atomic_replaces_whole_files_with_the_usual_permissions(tmp_path):
     import os
 
-    from core.files import write_atomic
+    from midlens.core.files import write_atomic
 
     path = tmp_path / "sub" / "report.md"
     write_atomic(path, "one\n")
@@ -391,7 +391,7 @@ def test_write_atomic_replaces_whole_files_with_the_usual_permissions(tmp_path):
 
 
 def test_report_keeps_e2e_runs_with_different_retrieval_apart_and_pairs_them(tmp_path):
-    from eval.report import load_runs, markdown
+    from midlens.eval.report import load_runs, markdown
 
     runs = []
     for retrieval, right in (("dense", 1), (None, 1), ("hybrid", 3)):  # None: a run from before the option
@@ -417,8 +417,8 @@ def test_report_keeps_e2e_runs_with_different_retrieval_apart_and_pairs_them(tmp
 
 
 def test_runs_of_one_method_name_under_different_defaults_stay_apart(tmp_path):
-    from eval.report import load_runs
-    from generators.attn_calibration import DEFAULTS
+    from midlens.eval.report import load_runs
+    from midlens.generators.attn_calibration import DEFAULTS
 
     # The same typed name, "attn-calibration", run before and after its default strength changed.
     for name, strength in (("old", 1.0), ("new", DEFAULTS["strength"])):
@@ -437,7 +437,7 @@ def test_runs_of_one_method_name_under_different_defaults_stay_apart(tmp_path):
 
 
 def test_groups_that_differ_in_one_evidence_option_are_labelled_by_that_option_alone():
-    from eval.report import _grouped
+    from midlens.eval.report import _grouped
 
     evidence = [{"heads": h, "layers": "upper", "query": "question"} for h in ("all", "retrieval")]
     rows = [{"kind": "rerank", "dataset": "d", "setting": {"evidence": e}} for e in evidence]
@@ -446,7 +446,7 @@ def test_groups_that_differ_in_one_evidence_option_are_labelled_by_that_option_a
 
 
 def test_reranker_differences_are_paired_per_question_over_questions_every_method_ranked():
-    from eval.report import RANK_METRICS, markdown, rerank_paired
+    from midlens.eval.report import RANK_METRICS, markdown, rerank_paired
 
     def row(q, method, raw, dense, bm25=0.5):
         rankers = {"dense": dense, "bm25": bm25, "evidence_raw": raw, "evidence_calibrated": raw}
@@ -473,8 +473,8 @@ def test_reranker_differences_are_paired_per_question_over_questions_every_metho
 
 
 def test_report_against_a_method_the_runs_lack_is_refused_by_name(tmp_path):
-    from eval.report import write_report
-    from eval.runner import RunError
+    from midlens.eval.report import write_report
+    from midlens.eval.runner import RunError
 
     run = tmp_path / "run"
     run.mkdir()
@@ -498,7 +498,7 @@ def test_report_against_a_method_the_runs_lack_is_refused_by_name(tmp_path):
 
 
 def test_an_e2e_method_run_in_one_setting_still_names_the_setting_that_tells_it_apart(tmp_path):
-    from eval.report import load_runs, markdown
+    from midlens.eval.report import load_runs, markdown
 
     runs = []
     for model, method in (("m1", "baseline"), ("m2", "baseline"), ("m1", "attn-calibration")):

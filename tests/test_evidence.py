@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import DynamicCache
 
-from generators.evidence import EvidenceConfig, aggregate
-from generators.prompt import StackedPrompt
+from midlens.generators.evidence import EvidenceConfig, aggregate
+from midlens.generators.prompt import StackedPrompt
 from tests.conftest import PLANTED_FACT, planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
@@ -46,7 +46,7 @@ def test_result_fields_and_timings(generator):
 
 def test_calibration_equals_a_separate_full_run_of_the_null_prompt(generator):
     """The cached-prefix N/A pass must give the same rows as running the N/A prompt from scratch."""
-    from generators.prompt import CONTENT_FREE_QUESTION
+    from midlens.generators.prompt import CONTENT_FREE_QUESTION
 
     passages = planted_passages(4, 3)
     real = generator.generate(generator.prompt(QUESTION, passages), max_new_tokens=3)
@@ -98,7 +98,7 @@ def test_sampling_is_seeded_and_streaming_matches_generate(generator):
 
 
 def test_evidence_config_validation(generator):
-    from generators import Generator
+    from midlens.generators import Generator
 
     with pytest.raises(ValueError, match="out of range"):
         Generator(generator.loaded, evidence=EvidenceConfig(layers=[0, 99]))
@@ -121,7 +121,7 @@ def test_a_new_turn_ends_the_answer(generator):
 
 @pytest.mark.parametrize("text", ["The capital of France is Paris.\nThe capital of Italy is", "Shopping list:"])
 def test_stop_at_line_end_decodes_only_the_line_the_metrics_read(generator, text):
-    from eval.metrics import first_line
+    from midlens.eval.metrics import first_line
 
     ids = generator.tokenizer(text, add_special_tokens=False)["input_ids"]
     prompt = StackedPrompt(text, ids, [], [], "x", (len(ids) - 1, len(ids)))

@@ -15,9 +15,9 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
 
-from core.errors import PromptTooLongError
-from generators.evidence import EvidenceConfig
-from rag.llamaindex import AttentionReranker, MidlensLLM, MidlensQueryEngine, MidlensRetriever, to_passage
+from midlens.core.errors import PromptTooLongError
+from midlens.generators.evidence import EvidenceConfig
+from midlens.rag.llamaindex import AttentionReranker, MidlensLLM, MidlensQueryEngine, MidlensRetriever, to_passage
 from tests.conftest import PLANTED_FACT, planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
@@ -224,7 +224,7 @@ def test_query_engine_without_nodes_answers_empty_response(llm, faiss_index):
 
 
 def test_dense_retriever_as_llamaindex_retriever(tmp_path):
-    from retrievers.dense import DenseRetriever
+    from midlens.retrievers.dense import DenseRetriever
 
     dense = DenseRetriever.from_passages(planted_passages(6, gold_at=5), index_dir=tmp_path / "index")
     retriever = MidlensRetriever(dense, similarity_top_k=3)
@@ -274,7 +274,7 @@ def test_classes_import_from_llamaindex_conventional_paths(tmp_path):
     code = (
         "from llama_index.llms.midlens import MidlensLLM\n"
         "from llama_index.postprocessor.midlens_rerank import AttentionReranker\n"
-        "import rag.llamaindex as r, llama_index.core\n"
+        "import midlens.rag.llamaindex as r, llama_index.core\n"
         "assert MidlensLLM is r.MidlensLLM and AttentionReranker is r.AttentionReranker\n"
         "print('ok')\n"
     )

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from core.errors import ModelError
-from generators import models
-from generators.models import GGUFSource, resolve_model_dir
+from midlens.core.errors import ModelError
+from midlens.generators import models
+from midlens.generators.models import GGUFSource, resolve_model_dir
 from tests.damage import age, dead_owner, overwrite, poison
 from tests.tiny import save_tiny
 
@@ -73,7 +73,7 @@ def test_registry_model_is_cached_and_loads_offline(loaded):
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 9, 3)
     assert loaded.context_window == 8192
     # A local folder path works as --model too, and gives the same weights.
-    from generators.models import load_model
+    from midlens.generators.models import load_model
 
     assert load_model(str(folder)).model.config.num_hidden_layers == 30
 
@@ -139,8 +139,8 @@ def test_damaged_header_names_the_file_by_hash(cached_tiny):
 
 
 def test_a_nan_weight_is_named_at_the_first_forward_pass(cached_tiny):
-    from core.passage import Passage
-    from generators import Generator
+    from midlens.core.passage import Passage
+    from midlens.generators import Generator
 
     weights = cached_tiny / "model.safetensors"
     # One float of the final norm set to NaN: the weights load fine and every logit becomes NaN.
@@ -156,8 +156,8 @@ def test_a_nan_weight_is_named_at_the_first_forward_pass(cached_tiny):
 
 
 def test_a_nan_weight_in_a_plain_folder_says_what_happened(tmp_path, monkeypatch):
-    from core.passage import Passage
-    from generators import Generator
+    from midlens.core.passage import Passage
+    from midlens.generators import Generator
 
     monkeypatch.setattr(models, "_LOADED", {})
     folder = save_tiny("llama", tmp_path / "mine")  # a user's folder: no manifest to compare with
@@ -187,7 +187,7 @@ def test_an_unreadable_manifest_is_refused_with_the_fix(cached_tiny):
 
 
 def test_stale_conversion_folders_are_swept_on_the_next_run(cached_tiny):
-    from core.files import OWNER, make_temp_dir
+    from midlens.core.files import OWNER, make_temp_dir
 
     parent = cached_tiny.parent
     dead = make_temp_dir(parent, f".{TINY}-")  # a conversion killed mid-way: its process is gone

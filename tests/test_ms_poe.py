@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from core.errors import MethodConfigError
-from generators import Generator
-from generators.ms_poe import MsPoEScheme, position_awareness, ranks_descending, ratio_ladder
-from generators.rope import RotaryScheme, apply_rotary, rotary_tables
+from midlens.core.errors import MethodConfigError
+from midlens.generators import Generator
+from midlens.generators.ms_poe import MsPoEScheme, position_awareness, ranks_descending, ratio_ladder
+from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
 from tests.conftest import planted_passages
 
 LOGIT_TOL = 1e-4  # fp32; the bound for "identical"
@@ -172,7 +172,7 @@ def test_generate_reports_evidence_like_the_baseline(loaded, prompt):
 
 
 def test_method_specs_name_ablation_variants():
-    from generators.registry import parse_method_spec, split_top_level
+    from midlens.generators.registry import parse_method_spec, split_top_level
 
     assert parse_method_spec("baseline") == ("baseline", {})
     assert parse_method_spec("ms-poe(ratio_min=1.0, ratio_max=1.2, head_order=sequential, layers=[2, 3])") == (

@@ -9,18 +9,18 @@ import shutil
 import pytest
 import torch
 
-from core.errors import ArtefactError, MidlensError
-from core.hotpotqa import load_rows, split_of
-from generators import Generator
-from generators.context import MethodParts, method_context
-from generators.evidence import EvidenceConfig
-from generators.registry import baseline_schemes
-from generators.retrieval_heads import SHIPPED, load_scores, select_heads, top_heads
+from midlens.core.errors import ArtefactError, MidlensError
+from midlens.core.hotpotqa import load_rows, split_of
+from midlens.generators import Generator
+from midlens.generators.context import MethodParts, method_context
+from midlens.generators.evidence import EvidenceConfig
+from midlens.generators.registry import baseline_schemes
+from midlens.generators.retrieval_heads import SHIPPED, load_scores, select_heads, top_heads
+from midlens.training.data import data_record, training_examples
+from midlens.training.heads import head_f1_em
+from midlens.training.loop import LoopConfig
+from midlens.training.mudaf import MudafConfig, MudafObjective, contrastive_loss, new_delta, train_mudaf
 from tests.conftest import planted_passages
-from training.data import data_record, training_examples
-from training.heads import head_f1_em
-from training.loop import LoopConfig
-from training.mudaf import MudafConfig, MudafObjective, contrastive_loss, new_delta, train_mudaf
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
 
@@ -154,8 +154,8 @@ def test_shipped_deltas_load_by_name_and_another_base_model_is_refused(loaded, t
     with pytest.raises(MidlensError, match="alpha"):
         Generator(loaded, method="mudaf(alpha=0.5)")  # nothing shipped for it: a clear error, not a random delta
     # The same artefact with another base model's hash: refused before any weight is used.
-    from generators.artefacts import SHIPPED as TRAINED
-    from generators.mudaf import shipped_name
+    from midlens.generators.artefacts import SHIPPED as TRAINED
+    from midlens.generators.mudaf import shipped_name
 
     forged = tmp_path / "forged"
     shutil.copytree(TRAINED / "mudaf" / shipped_name(loaded.name, {"alpha": 0.7}), forged)
@@ -182,7 +182,7 @@ def test_retrieval_head_evidence_averages_the_shipped_top_heads(loaded):
 
 def test_every_shipped_score_file_is_for_a_packaged_model_and_its_exact_weights():
     # Loading checks the hash against the loaded model; this checks what ships without loading the 0.5B model.
-    from generators.models import REGISTRY
+    from midlens.generators.models import REGISTRY
 
     shipped = sorted(SHIPPED.glob("*.json"))
     assert {p.stem for p in shipped} == set(REGISTRY), "one score file per packaged model"

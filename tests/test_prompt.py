@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import PromptTooLongError
-from generators.prompt import Passage, build_prompt, render_document
+from midlens.core.errors import PromptTooLongError
+from midlens.generators.prompt import Passage, build_prompt, render_document
 from tests.conftest import planted_passages
 
 
@@ -35,8 +35,8 @@ def test_prompt_uses_chat_template_and_lost_in_the_middle_format(loaded):
 
 
 def test_styles_set_the_instruction_and_an_unknown_one_is_refused(loaded):
-    from core.errors import InvalidArgumentError
-    from generators.prompt import DEFAULT_STYLE, STYLES
+    from midlens.core.errors import InvalidArgumentError
+    from midlens.generators.prompt import DEFAULT_STYLE, STYLES
 
     args = (loaded.tokenizer, [Passage("Paris is in France.", "Paris")], "Where is Paris?", 4096)
     assert DEFAULT_STYLE == "litm" and STYLES["litm"] in build_prompt(*args).text
@@ -78,7 +78,7 @@ def test_empty_question_and_bad_truncate_mode(loaded):
 def test_fitting_any_number_of_passages_takes_well_under_a_second_per_ten_thousand(loaded):
     import time
 
-    from generators.prompt import render
+    from midlens.generators.prompt import render
 
     # 100 000 passages, as `--top-k 100000` over a big corpus asks: re-rendering one passage fewer at a time
     # took minutes (517 s measured); one bounded render plus a check or two takes a fraction of a second.
@@ -98,7 +98,7 @@ def test_fitting_any_number_of_passages_takes_well_under_a_second_per_ten_thousa
 
 
 def test_fit_matches_one_passage_at_a_time_for_every_budget(loaded):
-    from generators.prompt import render
+    from midlens.generators.prompt import render
 
     passages = planted_passages(8, 5)
     sizes = [render(loaded.tokenizer, passages[:f], "Which code word?").num_tokens for f in range(9)]
@@ -122,7 +122,7 @@ def test_a_question_too_long_on_its_own_says_so(loaded):
 def test_fit_windows_splits_thousands_of_passages_into_full_windows_quickly(loaded):
     import time
 
-    from generators.prompt import fit_windows, render
+    from midlens.generators.prompt import fit_windows, render
 
     passages = planted_passages(8, 2) * 125
     t0 = time.perf_counter()

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from core.errors import CorpusError, RetrievalIndexError
-from retrievers.corpus import chunk_text, read_documents
-from retrievers.dense import DenseRetriever
+from midlens.core.errors import CorpusError, RetrievalIndexError
+from midlens.retrievers.corpus import chunk_text, read_documents
+from midlens.retrievers.dense import DenseRetriever
 from tests.damage import age, dead_owner
 
 
@@ -135,7 +135,7 @@ def test_search_rejects_bad_arguments(default_retriever):
 def test_interrupted_build_resumes_from_saved_shards(tmp_path, monkeypatch):
     import numpy as np
 
-    from retrievers import dense
+    from midlens.retrievers import dense
 
     corpus = tmp_path / "many.jsonl"
     corpus.write_text(
@@ -171,7 +171,7 @@ def test_two_builds_of_one_index_at_once_embed_it_once(tmp_path, monkeypatch):
     # the processes: the lock is an flock on a file, which two open files in one process contend for as well.
     import threading
 
-    from retrievers import dense
+    from midlens.retrievers import dense
 
     corpus = tmp_path / "many.jsonl"
     corpus.write_text(
@@ -212,7 +212,7 @@ def test_two_builds_of_one_index_at_once_embed_it_once(tmp_path, monkeypatch):
 
 
 def test_stale_build_folders_are_swept_and_resumable_shards_kept(small_corpus, tmp_path, monkeypatch):
-    from core.files import OWNER, indexes_dir, make_temp_dir
+    from midlens.core.files import OWNER, indexes_dir, make_temp_dir
 
     monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
     parent = indexes_dir()
@@ -238,7 +238,7 @@ def test_stale_build_folders_are_swept_and_resumable_shards_kept(small_corpus, t
 
 
 def test_a_chosen_index_folder_sweeps_only_its_own_leftovers(small_corpus, tmp_path):
-    from core.files import make_temp_dir
+    from midlens.core.files import make_temp_dir
 
     mine = make_temp_dir(tmp_path, ".index.tmp-")
     dead_owner(mine)
@@ -254,7 +254,7 @@ def test_a_chosen_index_folder_sweeps_only_its_own_leftovers(small_corpus, tmp_p
 
 @pytest.fixture(scope="module")
 def hybrid(default_retriever):
-    from retrievers.hybrid import HybridRetriever
+    from midlens.retrievers.hybrid import HybridRetriever
 
     return HybridRetriever(default_retriever)
 
@@ -282,8 +282,8 @@ def test_hybrid_without_a_lexical_match_keeps_the_dense_order(default_retriever,
 
 
 def test_hybrid_and_retrieval_names_reject_bad_arguments(hybrid):
-    from core.errors import InvalidArgumentError
-    from retrievers.build import build_retriever
+    from midlens.core.errors import InvalidArgumentError
+    from midlens.retrievers.build import build_retriever
 
     with pytest.raises(InvalidArgumentError, match="query is empty"):
         hybrid.search("  ")
@@ -297,7 +297,7 @@ def test_hybrid_and_retrieval_names_reject_bad_arguments(hybrid):
 
 
 def test_both_retrievers_answer_the_protocol_the_pipeline_types(default_retriever, hybrid):
-    from retrievers.base import Retriever
+    from midlens.retrievers.base import Retriever
 
     for retriever in (default_retriever, hybrid):
         assert isinstance(retriever, Retriever)
@@ -310,7 +310,7 @@ def test_both_retrievers_answer_the_protocol_the_pipeline_types(default_retrieve
 
 @pytest.fixture(scope="module")
 def linked(default_retriever):
-    from retrievers.links import LinkedRetriever
+    from midlens.retrievers.links import LinkedRetriever
 
     return LinkedRetriever(default_retriever)
 
@@ -344,10 +344,10 @@ def test_link_mentions_are_whole_words_longest_first_and_skip_the_seeds_own_titl
 
 
 def test_links_wrap_hybrid_and_answer_the_protocol(default_retriever, hybrid):
-    from retrievers.base import RankingRetriever, Retriever
-    from retrievers.build import build_retriever
-    from retrievers.corpus import default_corpus_path
-    from retrievers.links import LinkedRetriever
+    from midlens.retrievers.base import RankingRetriever, Retriever
+    from midlens.retrievers.build import build_retriever
+    from midlens.retrievers.corpus import default_corpus_path
+    from midlens.retrievers.links import LinkedRetriever
 
     built = build_retriever(default_corpus_path(), "hybrid+links")
     assert isinstance(built, LinkedRetriever) and isinstance(built, Retriever)
@@ -359,7 +359,7 @@ def test_links_wrap_hybrid_and_answer_the_protocol(default_retriever, hybrid):
 
 
 def test_links_in_a_folder_corpus_follow_file_names_and_change_nothing_without_mentions(small_corpus, tmp_path):
-    from retrievers.links import LinkedRetriever
+    from midlens.retrievers.links import LinkedRetriever
 
     # Folder documents are titled by file name, so a note that names another note's file links to it.
     notes = tmp_path / "notes"

@@ -9,13 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from core.device import resolve_device, resolve_dtype
-from core.errors import ArtefactError, DeviceError, MethodConfigError
-from core.passage import Passage
-from generators import Generator, Method, MethodParts, load_model, method_config, method_context, register
-from generators.artefacts import load_artefact, save_artefact
-from generators.delta import LoRADelta
-from generators.registry import REGISTRY, available, baseline_schemes
+from midlens.core.device import resolve_device, resolve_dtype
+from midlens.core.errors import ArtefactError, DeviceError, MethodConfigError
+from midlens.core.passage import Passage
+from midlens.generators import Generator, Method, MethodParts, load_model, method_config, method_context, register
+from midlens.generators.artefacts import load_artefact, save_artefact
+from midlens.generators.delta import LoRADelta
+from midlens.generators.registry import REGISTRY, available, baseline_schemes
 from tests.tiny import save_tiny
 
 # fp32, same math in another kernel order: ~1e-6. bf16 has 8 mantissa bits: one rounding of a logit of
@@ -64,8 +64,8 @@ def test_device_and_dtype_resolution():
 
 def untrained_routers(loaded, folder) -> str:
     """A MoICE artefact with freshly initialised routers (3 experts, top 2) for a tiny model."""
-    from generators.artefacts import save_artefact
-    from generators.moice import complementary_bases, new_schemes, rope_base, router_state
+    from midlens.generators.artefacts import save_artefact
+    from midlens.generators.moice import complementary_bases, new_schemes, rope_base, router_state
 
     head_dim = 2 * loaded.model.model.rotary_emb.inv_freq.shape[0]
     bases = complementary_bases(rope_base(loaded.model.config), head_dim, 3)

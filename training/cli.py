@@ -14,12 +14,12 @@ import argparse
 import json
 from pathlib import Path
 
-from core.errors import MidlensError
-from core.names import EVAL_MODEL
+from midlens.core.errors import MidlensError
+from midlens.core.names import EVAL_MODEL
 
 
 def add_heads_parser(sub) -> None:
-    from rag.options import add_device_args
+    from midlens.rag.options import add_device_args
 
     heads = sub.add_parser("heads", help="retrieval-head scores (MuDAF) of a model")
     hsub = heads.add_subparsers(dest="heads_command", required=True)
@@ -46,7 +46,7 @@ def _add_training_args(
     warmup_help: str = "fraction of steps",
 ) -> None:
     """The options every `midlens train` command shares; each method passes its own defaults."""
-    from rag.options import add_device_args, positive_int
+    from midlens.rag.options import add_device_args, positive_int
 
     parser.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
     parser.add_argument("--out", type=Path, required=True, help="artefact folder to write (checkpoints beside it)")
@@ -100,7 +100,7 @@ def add_train_parser(sub) -> None:
 
 
 def add_moice_parser(sub) -> None:
-    from rag.options import add_device_args
+    from midlens.rag.options import add_device_args
 
     mo = sub.add_parser("moice", help="MoICE tooling: the expert RoPE bases derived for a model")
     msub = mo.add_subparsers(dest="moice_command", required=True)
@@ -127,10 +127,10 @@ def _positive(name: str, value: int | float) -> None:
 
 
 def cmd_heads_score(args: argparse.Namespace) -> int:
-    from generators import Generator, load_model
-    from rag.options import check_device
-    from training.data import training_examples
-    from training.heads import heatmap, retrieval_head_scores, save_scores
+    from midlens.generators import Generator, load_model
+    from midlens.rag.options import check_device
+    from midlens.training.data import training_examples
+    from midlens.training.heads import heatmap, retrieval_head_scores, save_scores
 
     _positive("n", args.n)
     check_device(args)
@@ -149,13 +149,13 @@ def cmd_heads_score(args: argparse.Namespace) -> int:
 
 
 def cmd_train_mudaf(args: argparse.Namespace) -> int:
-    from generators import Generator, load_model
-    from generators.retrieval_heads import select_heads
-    from rag.options import check_device
-    from training.data import data_record, training_examples
-    from training.heads import retrieval_head_scores, save_scores
-    from training.loop import LoopConfig
-    from training.mudaf import MudafConfig, train_mudaf
+    from midlens.generators import Generator, load_model
+    from midlens.generators.retrieval_heads import select_heads
+    from midlens.rag.options import check_device
+    from midlens.training.data import data_record, training_examples
+    from midlens.training.heads import retrieval_head_scores, save_scores
+    from midlens.training.loop import LoopConfig
+    from midlens.training.mudaf import MudafConfig, train_mudaf
 
     for name in ("examples", "batch", "lr", "rank", "num_heads", "heads_n", "tau"):
         _positive(name.replace("_", "-"), getattr(args, name))
@@ -210,8 +210,8 @@ def _model_rope(model: str) -> tuple[float, int]:
     """(RoPE base, head_dim) from the model's config alone: no weights are loaded."""
     from transformers import AutoConfig
 
-    from generators.models import resolve_model_dir
-    from generators.moice import rope_base
+    from midlens.generators.models import resolve_model_dir
+    from midlens.generators.moice import rope_base
 
     cfg = AutoConfig.from_pretrained(resolve_model_dir(model))
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -219,7 +219,7 @@ def _model_rope(model: str) -> tuple[float, int]:
 
 
 def cmd_moice_bases(args: argparse.Namespace) -> int:
-    from generators.moice import complementary_bases, plot_waveforms
+    from midlens.generators.moice import complementary_bases, plot_waveforms
 
     _positive("experts", args.experts)
     _positive("max-distance", args.max_distance)
@@ -235,12 +235,12 @@ def cmd_moice_bases(args: argparse.Namespace) -> int:
 
 
 def cmd_train_moice(args: argparse.Namespace) -> int:
-    from generators import load_model
-    from generators.moice import complementary_bases
-    from rag.options import check_device
-    from training.data import data_record, training_examples
-    from training.loop import LoopConfig
-    from training.moice import MoiceConfig, train_moice
+    from midlens.generators import load_model
+    from midlens.generators.moice import complementary_bases
+    from midlens.rag.options import check_device
+    from midlens.training.data import data_record, training_examples
+    from midlens.training.loop import LoopConfig
+    from midlens.training.moice import MoiceConfig, train_moice
 
     for name in ("examples", "batch", "lr", "experts", "top_k"):
         _positive(name.replace("_", "-"), getattr(args, name))
@@ -276,10 +276,10 @@ def cmd_train_moice(args: argparse.Namespace) -> int:
 def cmd_moice_usage(args: argparse.Namespace) -> int:
     import torch
 
-    from generators import Generator, load_model, method_config
-    from rag.options import check_device
-    from training.data import training_examples
-    from training.moice import usage_heatmap
+    from midlens.generators import Generator, load_model, method_config
+    from midlens.rag.options import check_device
+    from midlens.training.data import training_examples
+    from midlens.training.moice import usage_heatmap
 
     _positive("n", args.n)
     if method_config(args.method).name != "moice":

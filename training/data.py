@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from core.files import sha256_json
-from core.hotpotqa import clip_sentences, load_rows
-from core.passage import Passage
-from generators.prompt import StackedPrompt, render
+from midlens.core.files import sha256_json
+from midlens.core.hotpotqa import clip_sentences, load_rows
+from midlens.core.passage import Passage
+from midlens.generators.prompt import StackedPrompt, render
 
 
 @dataclass

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from core.files import write_atomic
-from generators.evidence import EvidenceConfig
-from generators.generator import Generator
-from training.data import TrainExample
+from midlens.core.files import write_atomic
+from midlens.generators.evidence import EvidenceConfig
+from midlens.generators.generator import Generator
+from midlens.training.data import TrainExample
 
 DEFAULT_EPS = 0.3  # the official code's threshold on a passage's attention mass
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from core.errors import MidlensError
-from core.files import replacing_folder, sha256_json
+from midlens.core.errors import MidlensError
+from midlens.core.files import replacing_folder, sha256_json
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from generators.artefacts import save_artefact
-from generators.context import MethodParts, method_context
-from generators.models import LoadedModel
-from generators.moice import MoiceScheme, new_schemes, router_state
-from training.data import TrainExample
-from training.loop import LoopConfig, train, training_record
+from midlens.generators.artefacts import save_artefact
+from midlens.generators.context import MethodParts, method_context
+from midlens.generators.models import LoadedModel
+from midlens.generators.moice import MoiceScheme, new_schemes, router_state
+from midlens.training.data import TrainExample
+from midlens.training.loop import LoopConfig, train, training_record
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ loss = (1 - alpha) * CLM(answer tokens) + alpha * InfoNCE(q, passage keys)
 alpha = 0 is plain supervised fine-tuning with the same data, steps and delta: the baseline the
 contrastive term must beat (`mudaf(alpha=0)`).
 
-Differences from the official code, on purpose (see ../shared/METHODS.md): q and the passage keys are read
+Differences from the official code, on purpose: q and the passage keys are read
 inside the long prompt in the same forward as the CLM loss (the official code runs the question and each
 passage in separate short forwards), so the heads are trained on the keys they see when answering.
 """
@@ -20,13 +20,13 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from generators.artefacts import save_artefact
-from generators.context import MethodParts, method_context
-from generators.delta import LoRADelta
-from generators.models import LoadedModel
-from generators.registry import baseline_schemes
-from training.data import TrainExample
-from training.loop import LoopConfig, train, training_record
+from midlens.generators.artefacts import save_artefact
+from midlens.generators.context import MethodParts, method_context
+from midlens.generators.delta import LoRADelta
+from midlens.generators.models import LoadedModel
+from midlens.generators.registry import baseline_schemes
+from midlens.training.data import TrainExample
+from midlens.training.loop import LoopConfig, train, training_record
 
 
 @dataclass(frozen=True)

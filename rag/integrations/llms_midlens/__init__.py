@@ -1,5 +1,5 @@
 """`llama_index.llms.midlens`: midlens' LLM under LlamaIndex's conventional path (defined in rag.llamaindex)."""
 
-from rag.llamaindex import MidlensLLM
+from midlens.rag.llamaindex import MidlensLLM
 
 __all__ = ["MidlensLLM"]

@@ -1,6 +1,6 @@
 """`llama_index.postprocessor.midlens_rerank`: the attention reranker under LlamaIndex's conventional path
 (defined in rag.llamaindex)."""
 
-from rag.llamaindex import AttentionReranker
+from midlens.rag.llamaindex import AttentionReranker
 
 __all__ = ["AttentionReranker"]

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Answer-path tuning on a TRAIN-split copy of the end-to-end set: MODEL TOPK NAME [more `midlens eval e2e` options]
-#   python -m eval.build_default_corpus --split train --questions 60 --seed 1 --out runs/tune-e2e   # once
+#   python -m midlens.eval.build_default_corpus --split train --questions 60 --seed 1 --out runs/tune-e2e   # once
 #   docs/results/answer-path/tuning-e2e/tune_e2e.sh qwen2.5-0.5b 5 dense5
 #   docs/results/answer-path/tuning-e2e/tune_e2e.sh qwen2.5-0.5b 10 hybrid10 --retrieval hybrid
 # One thread per job, one job per core; 48 new tokens is `midlens ask`'s default answer length.
