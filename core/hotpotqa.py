@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from importlib import resources
 from importlib import util as importlib_util
 from pathlib import Path
 from typing import Literal
@@ -38,7 +39,7 @@ def hotpotqa_path() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _embedded_ids() -> frozenset[str]:
-    questions = Path(__file__).resolve().parent.parent / "retrievers" / "data" / "hotpotqa_questions.jsonl"
+    questions = Path(str(resources.files("midlens.retrievers") / "data" / "hotpotqa_questions.jsonl"))
     if not questions.is_file():
         return frozenset()
     return frozenset(json.loads(line)["id"] for line in questions.read_text().splitlines() if line.strip())

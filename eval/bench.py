@@ -27,6 +27,8 @@ from pathlib import Path
 
 # torch is imported by the functions that run models: `midlens --help` builds this module's parser.
 from midlens.core.names import EVAL_MODEL
+from midlens.eval.bench_batch import add_arguments as add_batch_arguments
+from midlens.eval.bench_batch import cmd_batch
 from midlens.rag.options import add_device_args
 
 VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
@@ -406,6 +408,8 @@ BENCH_EXAMPLES = """examples:
   midlens bench ms-poe --device cuda --dtype bfloat16
   midlens bench moice --tokens 2048 --memory-repeats 1
   midlens bench attn-calibration --tokens 1024 --decode-tokens 16
+  midlens bench batch --model smollm2-135m --batch-sizes 1,8 --prompts 8 --repeats 1
+  midlens bench batch --random-shape qwen2.5-0.5b --device cuda --dtype bfloat16 --batch-sizes 1,4,16,32,64
 """
 
 
@@ -415,7 +419,7 @@ def add_bench_parser(sub) -> None:
         help="benchmarks: evidence overhead; ms-poe, moice and attn-calibration cost against the baseline",
         epilog=BENCH_EXAMPLES,
     )
-    bench.add_argument("kind", choices=["evidence", *METHOD_VARIANTS])
+    bench.add_argument("kind", choices=["evidence", *METHOD_VARIANTS, "batch"])
     bench.add_argument("--model", default=EVAL_MODEL)
     bench.add_argument(
         "--tokens",
@@ -435,12 +439,16 @@ def add_bench_parser(sub) -> None:
         "--skip-eager", action="store_true", help="evidence: leave out the eager reference (long prompts)"
     )
     bench.add_argument("--json", help="also write the report to this file")
+    add_batch_arguments(bench)
     add_device_args(bench)
     bench.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from midlens.core.device import dtype_name, resolve_device, resolve_dtype
+
+    if args.kind == "batch":
+        return cmd_batch(args)
 
     device = resolve_device(args.device)
     dtype = dtype_name(resolve_dtype(args.dtype, device))

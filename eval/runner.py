@@ -97,11 +97,16 @@ def run_units(
     shard: tuple[int, int] = (0, 1),
     limit: int | None = None,
     progress: bool = True,
+    evaluate_many: Callable[[list[dict]], list[dict]] | None = None,
+    batch_size: int = 1,
 ) -> list[dict]:
     """Evaluate the shard's units not yet in its results file, appending one line each.
 
     Each unit carries "key" (unique), "order" (canonical position) and "example" (index for sharding);
     `limit` stops after that many new units (a bounded run, or a simulated interruption in tests).
+    With `evaluate_many` and `batch_size` > 1, units go to it in groups of about `batch_size`: one method's
+    units of whole examples at a time, so a group is one generator's batch; each row is still written (and
+    a resumed run skips it) one unit at a time.
     """
     out = Path(out)
     prepare_dir(out, config)
@@ -115,14 +120,36 @@ def run_units(
     config_hash = sha256_json(comparable(config))
     already = sum(u["key"] in done for u in mine)
     bar = tqdm(total=len(mine), initial=already, desc=out.name, unit="ex", disable=not progress, dynamic_ncols=True)
+    batched = evaluate_many is not None and batch_size > 1
+    groups = unit_groups(todo, batch_size) if batched else [[u] for u in todo]
     with path.open("a", encoding="utf-8") as handle:
-        for unit in todo:
-            row = {**unit, **evaluate(unit), "config_sha256": config_hash}
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        for group in groups:
+            results = evaluate_many(group) if batched else [evaluate(group[0])]
+            for unit, result in zip(group, results, strict=True):
+                row = {**unit, **result, "config_sha256": config_hash}
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
             handle.flush()
-            bar.update(1)
+            bar.update(len(group))
     bar.close()
     return read_rows(path)
+
+
+def unit_groups(units: list[dict], size: int) -> list[list[dict]]:
+    """Units in groups of at least `size` (or what is left): one method each, whole examples each, in order."""
+    methods = list(dict.fromkeys(u.get("method") for u in units))
+    groups: list[list[dict]] = []
+    for method in methods:
+        current: list[dict] = []
+        mine = [u for u in units if u.get("method") == method]
+        for j, unit in enumerate(mine):
+            current.append(unit)
+            example_ends = j + 1 == len(mine) or mine[j + 1]["example"] != unit["example"]
+            if len(current) >= size and example_ends:
+                groups.append(current)
+                current = []
+        if current:
+            groups.append(current)
+    return groups
 
 
 def merge(sources: Iterable[Path], out: Path) -> tuple[int, int]:

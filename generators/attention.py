@@ -82,8 +82,11 @@ class PositionalAttention(nn.Module):
         v = self._project("v", self.v_proj, hidden_states).view(shape).transpose(1, 2)
 
         past = past_key_values.get_seq_length(self.layer_idx) if past_key_values is not None else 0
-        if past == 0:
-            self.scheme.start_sequence(q, k)
+        if past == 0:  # a left-padded batch's last row (a real token in every row) says which keys are real
+            key_mask = attention_mask[:, 0, -1, :length] if attention_mask is not None else None
+            if key_mask is not None and key_mask.dtype != torch.bool:
+                key_mask = key_mask > float("-inf")
+            self.scheme.start_sequence(q, k, key_mask)
         if position_ids is None:
             position_ids = torch.arange(past, past + length, device=q.device)[None].expand(batch, -1)
 

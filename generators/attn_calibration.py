@@ -24,6 +24,7 @@ Relevance comes from the maps the evidence already reads.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 import torch
@@ -32,8 +33,7 @@ from midlens.core.errors import MethodConfigError
 from midlens.core.passage import Passage
 from midlens.generators.context import MethodParts
 from midlens.generators.prompt import StackedPrompt, render, render_document
-from midlens.generators.registry import baseline_schemes
-from midlens.generators.rope import RotaryScheme
+from midlens.generators.rope import RotaryScheme, baseline_schemes
 
 DEFAULTS = {
     # Half-way to the calibrated shares: chosen on train-split tuning slices, where it beat strength 1.0 in gold-answer
@@ -105,11 +105,12 @@ def passage_offsets(
 
 
 class CalibratedScheme(RotaryScheme):
-    """Plain RoPE plus a per-(head, passage) key bias for the queries from `start` on, while one is set."""
+    """Plain RoPE plus a per-(row, head, passage) key bias for the queries from column `start` on, while one is
+    set."""
 
     def __init__(self, inv_freq: torch.Tensor, num_heads: int, num_kv_heads: int):
         super().__init__(inv_freq, num_heads, num_kv_heads)
-        self.bias: torch.Tensor | None = None  # [H, T_prompt] logits over the prompt's keys
+        self.bias: torch.Tensor | None = None  # [B, H, T_prompt] logits over the prompt's key columns
         self.start = 0
 
     def set_bias(self, bias: torch.Tensor | None, start: int = 0) -> None:
@@ -118,11 +119,65 @@ class CalibratedScheme(RotaryScheme):
     def key_bias(self, past: int, length: int, total: int) -> torch.Tensor | None:
         if self.bias is None:
             return None
-        keys = torch.zeros(self.bias.shape[0], total, device=self.bias.device)
-        width = min(total, self.bias.shape[1])
-        keys[:, :width] = self.bias[:, :width]
+        batch, heads, width = self.bias.shape
+        keys = torch.zeros(batch, heads, total, device=self.bias.device)
+        keys[..., : min(total, width)] = self.bias[..., : min(total, width)]
         rows = (torch.arange(past, past + length, device=keys.device) >= self.start).float()  # answer queries only
-        return rows[None, None, :, None] * keys[None, :, None, :]  # [1, H, length, total]
+        return rows[None, None, :, None] * keys[:, :, None, :]  # [B, H, length, total]
+
+
+class Calibration:
+    """The answering hook (generators.context.AnsweringHook): reads the content-free (or dummy-prompt) maps
+    through the batch run, then holds each calibrated layer's key bias while the answer is written."""
+
+    def __init__(self, schemes, chosen, head_mask, strength, temperature, query, dummy):
+        self.schemes, self.layers, self.head_mask = schemes, tuple(chosen), head_mask
+        self.strength, self.temperature, self.query, self.dummy = strength, temperature, query, dummy
+
+    def __call__(self, run):
+        if self.dummy:
+            prompts = [p for p in run.prompts if p.passages]
+            if prompts:
+                t0 = time.perf_counter()
+                maps = iter(run.prompt_maps([dummy_prompt(run.generator.tokenizer, p) for p in prompts]))
+                for row, prompt in zip(run.maps, run.prompts, strict=True):
+                    if prompt.passages:
+                        m = next(maps)
+                        row.bias_last, row.bias_question = m.last, m.question
+                run.timings["bias_s"] = time.perf_counter() - t0
+        elif any(p.passages for p in run.prompts) and any(m.null_last is None for m in run.maps):
+            t0 = time.perf_counter()
+            run.content_free_maps()
+            run.timings["calibrate_s"] = time.perf_counter() - t0
+        return self.applied(run.maps, run.column_spans, run.width, start=run.width - 1, device=run.device)
+
+    @contextmanager
+    def applied(self, maps: list, spans: list[list[tuple[int, int]]], width: int, start: int, device):
+        """Each calibrated layer's bias [B, H, width] from every row's maps and passage key columns, for the
+        queries from column `start` on; cleared on exit. A row without passages or bias maps gets none."""
+        biases = {i: torch.zeros(len(maps), self.head_mask.shape[1], width) for i in self.layers}
+        for b, (row, row_spans) in enumerate(zip(maps, spans, strict=True)):
+            mass = row.question if self.query == "question" else row.last
+            if self.dummy:
+                null = row.bias_question if self.query == "question" else row.bias_last
+            else:
+                null = row.null_question if self.query == "question" else row.null_last
+            if null is None or not row_spans:
+                continue
+            offsets = passage_offsets(mass, null, self.strength, self.temperature, shares=self.dummy)  # [L, H, P]
+            keys = torch.zeros(len(row_spans), width)  # passage -> its key columns
+            for p, (s, e) in enumerate(row_spans):
+                keys[p, s:e] = 1.0
+            for i in self.layers:
+                per_head = torch.where(self.head_mask[i][:, None], offsets[i], torch.zeros_like(offsets[i]))
+                biases[i][b] = per_head @ keys
+        try:
+            for i in self.layers:
+                self.schemes[i].set_bias(biases[i].to(device), start=start)
+            yield
+        finally:
+            for i in self.layers:
+                self.schemes[i].set_bias(None)
 
 
 def build(loaded, opts: dict) -> MethodParts:
@@ -149,34 +204,13 @@ def build(loaded, opts: dict) -> MethodParts:
     inv_freq = model.model.rotary_emb.inv_freq
     for i in chosen:
         schemes[i] = CalibratedScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads)
-    strength, temperature, query = float(opts["strength"]), float(opts["temperature"]), opts["query"]
-    dummy = opts["calibration"] == "dummy"
-
-    @contextmanager
-    def answering(maps, prompt):
-        """Set each calibrated layer's key bias from the prompt's evidence; cleared when the answer is done."""
-        mass = maps.question if query == "question" else maps.last
-        if dummy:
-            null = maps.bias_question if query == "question" else maps.bias_last
-        else:
-            null = maps.null_question if query == "question" else maps.null_last
-        if null is None or not prompt.passages:
-            yield
-            return
-        offsets = passage_offsets(mass, null, strength, temperature, shares=dummy)  # [L, H, P]
-        spans = torch.zeros(len(prompt.passages), prompt.num_tokens)  # passage -> its keys
-        for p, (s, e) in enumerate(prompt.passage_spans):
-            spans[p, s:e] = 1.0
-        try:
-            for i in chosen:
-                per_head = torch.where(head_mask[i][:, None], offsets[i], torch.zeros_like(offsets[i]))
-                bias = (per_head @ spans).to(loaded.device)  # [H, T_prompt]
-                schemes[i].set_bias(bias, start=prompt.num_tokens - 1)
-            yield
-        finally:
-            for i in chosen:
-                schemes[i].set_bias(None)
-
-    return MethodParts(
-        schemes, answering=answering, answering_layers=tuple(chosen), bias_prompt=dummy_prompt if dummy else None
+    hook = Calibration(
+        schemes,
+        chosen,
+        head_mask,
+        float(opts["strength"]),
+        float(opts["temperature"]),
+        opts["query"],
+        opts["calibration"] == "dummy",
     )
+    return MethodParts(schemes, answering=hook)

@@ -11,9 +11,10 @@ the identity (plain RoPE, no delta, no probe), so the shared model is the stock 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -23,20 +24,28 @@ from midlens.generators.delta import WeightDelta
 from midlens.generators.rope import RotaryScheme
 
 
+class AnsweringHook(Protocol):
+    """What a method does around answering beyond its per-layer schemes: the one seam for a method that adapts
+    attention to the prompt's own evidence (attn-calibration), as transformers' AttentionInterface is for kernels.
+
+    `layers` are the layers whose evidence maps the hook reads (the probe keeps them). Called with the batch's
+    `generators.batch.BatchRun` after the prefill has filled `run.maps`, it returns a context the generator
+    holds while the last prompt token is read again and the answer is decoded; inside, the hook may run the
+    extra passes it needs through `run` (`content_free_maps()`, `prompt_maps(prompts)`)."""
+
+    layers: tuple[int, ...]
+
+    def __call__(self, run) -> AbstractContextManager: ...
+
+
 @dataclass
 class MethodParts:
-    """What a method puts into the one attention module: a scheme per layer and an optional weight delta."""
+    """What a method puts into the one attention module: a scheme per layer, an optional weight delta, and an
+    optional hook around answering."""
 
     schemes: list[RotaryScheme]
     delta: WeightDelta | None = None
-    # Methods that adapt attention to the prompt's own evidence (attn-calibration): given the prefill's evidence
-    # maps (content-free ones included) and the prompt, a context the generator enters around answering only.
-    answering: Callable[..., AbstractContextManager] | None = None
-    answering_layers: tuple[int, ...] = ()  # layers whose evidence maps `answering` reads (the probe keeps them)
-    # Methods that need the positional bias measured on a content-free copy of the prompt (the same slots and
-    # lengths, no content): given (tokenizer, prompt), that copy. The generator prefills it first, on a cache of
-    # its own, and hands its maps to `answering` as `maps.bias_last` / `maps.bias_question`.
-    bias_prompt: Callable[..., object] | None = None
+    answering: AnsweringHook | None = None
 
     def trainable(self) -> list[nn.Parameter]:
         """The parameters a method may learn (routers, delta factors); the model's own are not among them."""
@@ -55,6 +64,18 @@ class MethodRun:
         """Sum over layers of the schemes' auxiliary losses from the last forward (None when none has one)."""
         losses = [loss for s in self.parts.schemes if (loss := s.aux_loss()) is not None]
         return torch.stack(losses).sum() if losses else None
+
+    @contextmanager
+    def probe(self, probe) -> Iterator[None]:
+        """Another probe on every layer for a block (a pass over other prompts), the current one restored after."""
+        previous = [attn.probe for attn in self.modules]
+        for attn in self.modules:
+            attn.__dict__["probe"] = probe
+        try:
+            yield
+        finally:
+            for attn, old in zip(self.modules, previous, strict=True):
+                attn.__dict__["probe"] = old
 
 
 @contextmanager

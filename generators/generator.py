@@ -5,9 +5,12 @@
     answer = gen.generate(prompt)            # text + per-passage evidence + timings
     for piece in gen.stream(prompt): ...     # same, token by token
 
+    answers = gen.generate_batch(prompts)    # several at once, each equal to its answer alone
+
 One forward pass over the prompt (SDPA, KV cache) both prepares generation and reads the evidence;
-decoding reuses the cache and reads the answer's attention; calibration crops the cache back to the
-passages and runs the content-free question ("N/A") on top of it.
+decoding reuses the cache and reads the answer's attention; calibration runs the content-free question
+("N/A") on the cached passages. The loop is written once, for a left-padded batch (generators.batch); a
+single prompt is a batch of one.
 """
 
 from __future__ import annotations
@@ -23,17 +26,15 @@ from transformers import DynamicCache
 
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.passage import Passage
+from midlens.generators.batch import BatchRun
 from midlens.generators.context import MethodParts, method_context
-from midlens.generators.evidence import Answer, EvidenceConfig, EvidenceMaps, passage_evidence
-from midlens.generators.models import DEFAULT_MODEL, LoadedModel, load_model, non_finite_error
+from midlens.generators.evidence import Answer, EvidenceConfig, passage_evidence
+from midlens.generators.models import DEFAULT_MODEL, LoadedModel, load_model
 from midlens.generators.probe import PassageProbe
 from midlens.generators.prompt import (
-    CONTENT_FREE_QUESTION,
     DEFAULT_STYLE,
     StackedPrompt,
     build_prompt,
-    render,
-    shared_prefix_length,
 )
 from midlens.generators.registry import MethodConfig, build_parts, method_config
 from midlens.generators.retrieval_heads import resolve_evidence
@@ -100,9 +101,10 @@ class Generator:
 
     @contextmanager
     def running(self, probe: PassageProbe | None = None):
-        """This generator's method (and an optional probe) installed on the shared model, for inference."""
-        with torch.inference_mode(), method_context(self.loaded, self.parts, probe):
-            yield
+        """This generator's method (and an optional probe) installed on the shared model, for inference; yields
+        the context's `MethodRun`."""
+        with torch.inference_mode(), method_context(self.loaded, self.parts, probe) as method_run:
+            yield method_run
 
     def forward(self, ids: list[int], cache: DynamicCache, keep: int = 1) -> torch.Tensor:
         """Logits [keep, vocab] for `ids` fed after `cache` (call inside `running()`)."""
@@ -112,8 +114,18 @@ class Generator:
 
     def new_probe(self, prompt: StackedPrompt) -> PassageProbe:
         """A probe that keeps the layers the evidence config aggregates (the others cost nothing)."""
-        layers = set(self.evidence_config.layer_indices(self.num_layers)) | set(self.parts.answering_layers)
+        hook_layers = self.parts.answering.layers if self.parts.answering is not None else ()
+        layers = set(self.evidence_config.layer_indices(self.num_layers)) | set(hook_layers)
         return PassageProbe(prompt.passage_spans, self.num_layers, sorted(layers))
+
+    @property
+    def pad_id(self) -> int:
+        """The token left padding is filled with (never attended to; any valid id would do)."""
+        tok = self.tokenizer
+        for candidate in (tok.pad_token_id, tok.eos_token_id, 0):
+            if candidate is not None:
+                return int(candidate)
+        return 0
 
     def _pick(self, logits: torch.Tensor, temperature: float, top_p: float, rng: torch.Generator | None) -> int:
         if temperature <= 0:
@@ -125,163 +137,123 @@ class Generator:
             probs = torch.zeros_like(probs).scatter(0, idx[keep], sorted_probs[keep])
         return int(torch.multinomial(probs, 1, generator=rng))
 
+    def _check(self, prompts: list[StackedPrompt], max_new_tokens: int, temperature: float, top_p: float) -> None:
+        if temperature > 0 and not 0 < top_p <= 1:
+            raise ValueError(f"top_p={top_p} must be in (0, 1].")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0.")
+        for prompt in prompts:
+            if prompt.num_tokens + max_new_tokens > self.context_window:
+                raise ValueError(
+                    f"prompt ({prompt.num_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                    f"context window ({self.context_window}); build the prompt with Generator.prompt()."
+                )
+
     def _steps(
         self,
-        prompt: StackedPrompt,
+        prompts: list[StackedPrompt],
         max_new_tokens: int,
         temperature: float,
         top_p: float,
         seed: int | None,
         calibrate: bool,
-        reference: str | None = None,
+        references: list[str | None] | None = None,
         stop_at_line_end: bool = False,
-    ) -> Iterator[str]:
-        """Yields text deltas; returns the Answer (generator return value)."""
-        if temperature > 0 and not 0 < top_p <= 1:
-            raise ValueError(f"top_p={top_p} must be in (0, 1].")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0.")
-        reference_ids = None if reference is None else self._reference_ids(reference)  # refused before decoding
-        if prompt.num_tokens + max_new_tokens > self.context_window:
-            raise ValueError(
-                f"prompt ({prompt.num_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                f"context window ({self.context_window}); build the prompt with Generator.prompt()."
-            )
-        rng = torch.Generator(self.device).manual_seed(seed) if (temperature > 0 and seed is not None) else None
-        probe = self.new_probe(prompt)
-        q_rows = list(range(*prompt.question_span))
-        last = prompt.num_tokens - 1
-        timings: dict[str, float] = {}
-        generated: list[int] = []
-        text = ""
-        bias = None
-        if self.parts.bias_prompt is not None and self.parts.answering is not None and prompt.passages:
-            t0 = time.perf_counter()
-            bias = self._prompt_maps(self.parts.bias_prompt(self.tokenizer, prompt))
-            timings["bias_s"] = time.perf_counter() - t0
-        with self.running(probe):
-            cache = DynamicCache(config=self.model.config)
-            t0 = time.perf_counter()
-            probe.score_rows(q_rows + [last])
-            logits = prefill_logits = self.forward(prompt.input_ids, cache)[-1]
-            # Damaged weights surface here as NaN logits; decoding them would give an empty answer and then a
-            # bare "cannot convert float NaN to integer", so name the damaged file instead.
-            if not bool(torch.isfinite(logits).all()):
-                raise non_finite_error(self.loaded)
-            rows = probe.take()[:, 0]  # [layers, H, S, P]
-            timings["prefill_s"] = time.perf_counter() - t0
-            last, question = _last_and_question(rows)
-            maps = EvidenceMaps(last=last, question=question)
-            if bias is not None:
-                maps.bias_last, maps.bias_question = bias
+    ) -> Iterator[tuple[int, str]]:
+        """The generation loop, for a batch: yields (row, text delta); returns one Answer per prompt.
 
-            answering = nullcontext()
-            if self.parts.answering is not None:
-                seen = prompt.num_tokens  # prompt tokens the cache still holds
-                if prompt.passages and bias is None:  # the method reads content-free-question maps before answering
+        Each row is answered as it would be alone: its own positions and stopping (EOS, line end, max tokens),
+        its own sampling stream (seeded with `seed`, as a lone prompt would be), its evidence read from its
+        own scoring rows."""
+        self._check(prompts, max_new_tokens, temperature, top_p)
+        references = references or [None] * len(prompts)
+        if len(references) != len(prompts):
+            raise ValueError(f"{len(references)} references for {len(prompts)} prompts: give one (or None) each.")
+        reference_ids = [None if r is None else self._reference_ids(r) for r in references]  # refused before decoding
+        sampled = temperature > 0 and seed is not None
+        rngs = [torch.Generator(self.device).manual_seed(seed) if sampled else None for _ in prompts]
+        hook = self.parts.answering
+        layers = set(self.evidence_config.layer_indices(self.num_layers)) | set(hook.layers if hook else ())
+        batch = len(prompts)
+        generated: list[list[int]] = [[] for _ in prompts]
+        texts = [""] * batch
+        fed = [0] * batch  # decode steps that fed this row's token back (its answer-attention rows)
+        reference_logprobs: list[float | None] = [None] * batch
+        with self.running() as method_run:
+            run = BatchRun(self, prompts, method_run, sorted(layers))
+            with method_run.probe(run.probe):
+                t0 = time.perf_counter()
+                logits = first_logits = run.prefill()
+                run.timings["prefill_s"] = time.perf_counter() - t0
+                with hook(run) if hook is not None else nullcontext():
                     t0 = time.perf_counter()
-                    maps.null_last, maps.null_question, cropped = self._null_maps(prompt, cache, probe)
-                    seen = seen if cropped is None else cropped  # the null question replaced the real one
-                    timings["calibrate_s"] = time.perf_counter() - t0
-                # Back to the prompt without its last token: that token's query gives the first answer token,
-                # so it is read again below, under the method's bias.
-                probe.score_rows([])
-                cache.crop(min(seen, prompt.num_tokens - 1) - cache.get_seq_length())
-                if seen < prompt.num_tokens - 1:
-                    self.forward(prompt.input_ids[seen:-1], cache)
-                answering = self.parts.answering(maps, prompt)
-
-            with answering:
-                t0 = time.perf_counter()
-                if self.parts.answering is not None:
-                    logits = prefill_logits = self.forward(prompt.input_ids[-1:], cache)[-1]
-                probe.score_rows([0])  # each decode step: the fed-back token's own query
-                while len(generated) < max_new_tokens:
-                    token = self._pick(logits, temperature, top_p, rng)
-                    if token in self.eos_ids:
-                        break
-                    generated.append(token)
-                    new_text = self.tokenizer.decode(generated, skip_special_tokens=True)
-                    if len(new_text) > len(text) and not new_text.endswith("\ufffd"):
-                        yield new_text[len(text) :]
-                        text = new_text
-                    if stop_at_line_end and "\n" in text.lstrip():
-                        break
-                    if len(generated) == max_new_tokens:
-                        break
-                    logits = self.forward([token], cache)[-1]
-                timings["decode_s"] = time.perf_counter() - t0
-                if len(generated) > 1:
-                    maps.answer = probe.take()[:, 0].mean(2)
-                probe.score_rows([])
-
-                reference_logprob = None
-                if reference_ids is not None:
-                    cache.crop(prompt.num_tokens - cache.get_seq_length())  # back to the prompt
-                    reference_logprob = self._continuation_logprob(prefill_logits, reference_ids, cache)
-
-            if calibrate and prompt.passages and maps.null_last is None:
-                t0 = time.perf_counter()
-                maps.null_last, maps.null_question, _ = self._null_maps(prompt, cache, probe)
-                timings["calibrate_s"] = time.perf_counter() - t0
-        final = self.tokenizer.decode(generated, skip_special_tokens=True)
-        if len(final) > len(text):
-            yield final[len(text) :]
-        return Answer(
-            question=prompt.question,
-            text=final.strip(),
-            passages=passage_evidence(prompt.passages, maps, self.evidence_config),
-            model=self.loaded.name,
-            method=self.method.to_dict(),
-            evidence_config=self.evidence_config,
-            prompt_tokens=prompt.num_tokens,
-            generated_tokens=len(generated),
-            timings=timings,
-            dropped=prompt.dropped,
-            maps=maps,
-            reference_logprob=reference_logprob,
-        )
+                    if hook is not None:  # the last prompt token's query gives the first answer token: read it
+                        logits = first_logits = run.reread_last()  # again, under the method
+                    done = [max_new_tokens == 0] * batch
+                    while not all(done):
+                        for b in range(batch):
+                            if done[b]:
+                                continue
+                            token = self._pick(logits[b], temperature, top_p, rngs[b])
+                            if token in self.eos_ids:
+                                done[b] = True
+                                continue
+                            generated[b].append(token)
+                            new_text = self.tokenizer.decode(generated[b], skip_special_tokens=True)
+                            if len(new_text) > len(texts[b]) and not new_text.endswith("\ufffd"):
+                                yield b, new_text[len(texts[b]) :]
+                                texts[b] = new_text
+                            if (stop_at_line_end and "\n" in texts[b].lstrip()) or len(generated[b]) == max_new_tokens:
+                                done[b] = True
+                        if all(done):
+                            break
+                        for b in range(batch):
+                            fed[b] += not done[b]
+                        logits = run.step(
+                            [g[-1] if not d else self.pad_id for g, d in zip(generated, done, strict=True)]
+                        )
+                    run.timings["decode_s"] = time.perf_counter() - t0
+                    if any(fed):
+                        taken = run.probe.take()
+                        for b, maps in enumerate(run.maps):
+                            if len(generated[b]) > 1:
+                                maps.answer = taken[:, b, :, : fed[b], : len(prompts[b].passages)].mean(2)
+                    run.probe.score_rows([])
+                    if any(r is not None for r in reference_ids):
+                        reference_logprobs = run.reference_logprobs(first_logits, reference_ids)
+                if calibrate and any(p.passages for p in prompts) and any(m.null_last is None for m in run.maps):
+                    t0 = time.perf_counter()
+                    run.crop(run.width)
+                    run.content_free_maps()
+                    run.timings["calibrate_s"] = time.perf_counter() - t0
+        answers = []
+        for b, prompt in enumerate(prompts):
+            final = self.tokenizer.decode(generated[b], skip_special_tokens=True)
+            if len(final) > len(texts[b]):
+                yield b, final[len(texts[b]) :]
+            answers.append(
+                Answer(
+                    question=prompt.question,
+                    text=final.strip(),
+                    passages=passage_evidence(prompt.passages, run.maps[b], self.evidence_config),
+                    model=self.loaded.name,
+                    method=self.method.to_dict(),
+                    evidence_config=self.evidence_config,
+                    prompt_tokens=prompt.num_tokens,
+                    generated_tokens=len(generated[b]),
+                    timings=dict(run.timings),
+                    dropped=prompt.dropped,
+                    maps=run.maps[b],
+                    reference_logprob=reference_logprobs[b],
+                )
+            )
+        return answers
 
     def _reference_ids(self, text: str) -> list[int]:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError("the reference answer is empty: pass a non-empty gold answer, or reference=None.")
         return ids
-
-    def _continuation_logprob(self, first_logits: torch.Tensor, ids: list[int], cache: DynamicCache) -> float:
-        """log p(ids | cached prompt): the prompt's last logits score the first token, one forward the rest."""
-        logprob = torch.log_softmax(first_logits.float(), dim=-1)[ids[0]]
-        if len(ids) > 1:
-            logits = self.forward(ids[:-1], cache, keep=len(ids) - 1)
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            rows = torch.arange(len(ids) - 1, device=logprobs.device)
-            logprob = logprob + logprobs[rows, torch.tensor(ids[1:], device=logprobs.device)].sum()
-        return float(logprob)
-
-    def _prompt_maps(self, prompt: StackedPrompt) -> tuple[torch.Tensor, torch.Tensor]:
-        """(last, question) maps of another prompt, prefilled on its own cache before the real one is."""
-        probe = self.new_probe(prompt)
-        with self.running(probe):
-            probe.score_rows(list(range(*prompt.question_span)) + [prompt.num_tokens - 1])
-            self.forward(prompt.input_ids, DynamicCache(config=self.model.config))
-            return _last_and_question(probe.take()[:, 0])
-
-    def _null_maps(self, prompt: StackedPrompt, cache: DynamicCache, probe: PassageProbe):
-        """ICR calibration: the same passages with a content-free question, on the cached prefix.
-
-        Returns (last, question) maps and the length `cache` was cropped to (None when a fresh cache was used)."""
-        null = render(self.tokenizer, prompt.passages, CONTENT_FREE_QUESTION, prompt.style)
-        shared = min(shared_prefix_length(prompt.input_ids, null.input_ids), null.question_span[0])
-        cropped = None
-        if shared >= null.passage_spans[-1][1]:
-            cache.crop(shared - cache.get_seq_length())
-            cropped = shared
-        else:  # a tokenizer merged across the question boundary: the cached passages don't apply
-            shared, cache = 0, DynamicCache(config=self.model.config)
-        rows_q = [i - shared for i in range(*null.question_span)]
-        probe.score_rows(rows_q + [null.num_tokens - 1 - shared])
-        self.forward(null.input_ids[shared:], cache)
-        return *_last_and_question(probe.take()[:, 0]), cropped
 
     def generate(
         self,
@@ -302,27 +274,51 @@ class Generator:
         `stop_at_line_end` ends decoding once the answer has a complete non-empty line: metrics that read
         only the first line (eval.metrics.first_line) score the same answer, decoded in fewer steps.
         """
-        steps = self._steps(prompt, max_new_tokens, temperature, top_p, seed, calibrate, reference, stop_at_line_end)
-        while True:
-            try:
-                piece = next(steps)
-            except StopIteration as done:
-                return done.value
-            if on_token is not None:
-                on_token(piece)
+        steps = self._steps(
+            [prompt], max_new_tokens, temperature, top_p, seed, calibrate, [reference], stop_at_line_end
+        )
+        return _drain(steps, None if on_token is None else (lambda _row, piece: on_token(piece)))[0]
+
+    def generate_batch(
+        self,
+        prompts: list[StackedPrompt],
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = 0,
+        calibrate: bool = True,
+        references: list[str | None] | None = None,
+        stop_at_line_end: bool = False,
+        on_token: Callable[[int, str], None] | None = None,
+    ) -> list[Answer]:
+        """`generate` for several prompts in one left-padded batch: each Answer equals the prompt's answer alone
+        (same greedy text; evidence and log-probabilities equal up to floating-point summation order).
+        `references`: one gold answer (or None) per prompt; `on_token(row, piece)` streams every row."""
+        steps = self._steps(prompts, max_new_tokens, temperature, top_p, seed, calibrate, references, stop_at_line_end)
+        return _drain(steps, on_token)
 
     def stream(self, prompt: StackedPrompt, **kwargs) -> GenerationStream:
-        return GenerationStream(self._steps(prompt, **{**_STREAM_DEFAULTS, **kwargs}))
+        options = {**_STREAM_DEFAULTS, **kwargs}
+        reference = options.pop("reference")
+        steps = self._steps([prompt], references=[reference], **options)
+        return GenerationStream(steps)
 
     def score(self, prompt: StackedPrompt, calibrate: bool = True) -> Answer:
         """Evidence for the passages without generating (one prefill, plus the calibration suffix)."""
         return self.generate(prompt, max_new_tokens=0, calibrate=calibrate)
 
+    def score_batch(self, prompts: list[StackedPrompt], calibrate: bool = True) -> list[Answer]:
+        return self.generate_batch(prompts, max_new_tokens=0, calibrate=calibrate)
 
-def _last_and_question(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probe rows [layers, H, question tokens + last, P] scored as question span + last token -> the last token's
-    maps and the question's mean, each [layers, H, P]."""
-    return rows[:, :, -1], rows[:, :, :-1].mean(2)
+
+def _drain(steps, on_token) -> list[Answer]:
+    while True:
+        try:
+            row, piece = next(steps)
+        except StopIteration as done:
+            return done.value
+        if on_token is not None:
+            on_token(row, piece)
 
 
 # stream() takes generate()'s keyword options but the callback, with generate()'s defaults (read, not copied).
@@ -336,9 +332,15 @@ _STREAM_DEFAULTS = {
 class GenerationStream:
     """Iterate for text deltas; `answer` holds the full Answer once iteration ends."""
 
-    def __init__(self, steps: Iterator[str]):
+    def __init__(self, steps: Iterator[tuple[int, str]]):
         self._steps = steps
         self.answer: Answer | None = None
 
     def __iter__(self) -> Iterator[str]:
-        self.answer = yield from self._steps
+        while True:
+            try:
+                _row, piece = next(self._steps)
+            except StopIteration as done:
+                self.answer = done.value[0]
+                return
+            yield piece

@@ -45,16 +45,24 @@ def ratio_ladder(n: int, ratio_min: float, ratio_max: float) -> torch.Tensor:
     return torch.linspace(ratio_min, ratio_max, n)
 
 
-def position_awareness(q: torch.Tensor, k: torch.Tensor, alpha: float = 3.0) -> torch.Tensor:
+def position_awareness(
+    q: torch.Tensor, k: torch.Tensor, alpha: float = 3.0, key_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Eq. 1 per query head, from the last query row only: [B, H, L, d], [B, G, L, d] -> [B, H].
 
-    The last query sees every key, so no mask is needed and only one row of the attention is built.
+    The last query sees every key of its row, so only one row of the attention is built; `key_mask` [B, L]
+    (False = padding of a left-padded batch) leaves a row's padding out of the softmax and out of its length L.
     """
-    heads, length = q.shape[1], k.shape[2]
+    heads = q.shape[1]
     last = q[:, :, -1:].float()  # [B, H, 1, d]
     logits = last @ expand_heads(k, heads).float().transpose(-1, -2) / q.shape[-1] ** 0.5
-    probs = torch.softmax(logits, dim=-1)[:, :, 0]  # [B, H, L]
-    return (probs >= alpha / length).float().mean(-1)
+    if key_mask is None:
+        probs = torch.softmax(logits, dim=-1)[:, :, 0]  # [B, H, L]
+        return (probs >= alpha / k.shape[2]).float().mean(-1)
+    valid = key_mask[:, None, None, :]
+    probs = torch.softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)[:, :, 0]
+    length = key_mask.sum(-1, keepdim=True).float()[:, None, :][..., 0]  # [B, 1]
+    return ((probs >= alpha / length[..., None]) & key_mask[:, None, :]).float().sum(-1) / length
 
 
 def ranks_descending(scores: torch.Tensor) -> torch.Tensor:
@@ -105,11 +113,11 @@ class MsPoEScheme(RotaryScheme):
     def key_heads(self) -> int:
         return self.num_kv_heads if self.gqa == "group" else self.num_heads
 
-    def start_sequence(self, q: torch.Tensor, k: torch.Tensor) -> None:
+    def start_sequence(self, q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None = None) -> None:
         if self.fixed_ranks is not None:
             self._set_ratios(self.ladder[self.fixed_ranks][None].expand(q.shape[0], -1))
             return
-        scores = position_awareness(q, k, self.alpha)  # [B, H]
+        scores = position_awareness(q, k, self.alpha, key_mask)  # [B, H]
         if self.gqa == "group":
             scores = scores.view(q.shape[0], self.num_kv_heads, -1).mean(-1)
         self.last_scores = scores

@@ -14,7 +14,7 @@ from midlens.core.errors import MethodConfigError
 from midlens.generators.artefacts import load_artefact, resolve_artefact
 from midlens.generators.context import MethodParts
 from midlens.generators.delta import LoRADelta
-from midlens.generators.registry import baseline_schemes
+from midlens.generators.rope import baseline_schemes
 
 DEFAULTS = {"alpha": 0.7, "artefact": None}
 

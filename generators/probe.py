@@ -19,28 +19,40 @@ import torch
 
 
 class PassageProbe:
-    """Collects, per layer, the attention mass [B, H, S, P] that scoring rows give to passage spans."""
+    """Collects, per layer, the attention mass [B, H, S, P] that scoring rows give to passage spans.
 
-    def __init__(self, spans: list[tuple[int, int]], num_layers: int, layers: list[int] | None = None):
-        self.span_end = max((e for _, e in spans), default=0)
+    `spans` are key-column ranges: one list for every batch row, or one list per row (a left-padded batch, where
+    each row's passages sit at its own offset); rows with fewer passages get zero mass in the extra columns."""
+
+    def __init__(
+        self,
+        spans: list[tuple[int, int]] | list[list[tuple[int, int]]],
+        num_layers: int,
+        layers: list[int] | None = None,
+    ):
+        per_row = [list(r) for r in spans] if spans and isinstance(spans[0], list) else [list(spans)]
+        self.span_end = max((e for row in per_row for _, e in row), default=0)
         # Passage mass = probs[..., :span_end] @ spans: one matmul instead of a cumsum and two gathers.
-        self.spans = torch.zeros(self.span_end, len(spans))
-        for p, (s, e) in enumerate(spans):
-            self.spans[s:e, p] = 1.0
+        self.spans = torch.zeros(len(per_row), self.span_end, max((len(r) for r in per_row), default=0))
+        for b, row in enumerate(per_row):
+            for p, (s, e) in enumerate(row):
+                self.spans[b, s:e, p] = 1.0
         self.num_layers = num_layers
         # Layers whose rows are kept (evidence aggregates a subset; the rest cost nothing). Absent layers come
         # back as zeros from `take`, so indices stay the model's.
         self.layers = set(range(num_layers)) if layers is None else set(layers)
-        self.rows: list[int] = []  # indices, within the current forward's chunk, of the scoring queries
-        self._rows: torch.Tensor | None = None
+        self.rows: list[int] | torch.Tensor = []  # scoring queries within the current forward's chunk
         self.collected: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
-        self.deferred: list[list[tuple]] = [[] for _ in range(num_layers)]  # decode rows: (q, weights, position)
+        self.deferred: list[list[tuple]] = [[] for _ in range(num_layers)]  # decode rows: (q, weights, allowed)
         self.final_keys: list[torch.Tensor | None] = [None] * num_layers
         self._spans_on: torch.Tensor | None = None
 
-    def score_rows(self, rows: list[int]) -> None:
-        self.rows = list(rows)
-        self._rows = None
+    def score_rows(self, rows: list[int] | torch.Tensor) -> None:
+        """Chunk indices of the queries to score: a list shared by every batch row, or a [B, S] tensor per row."""
+        self.rows = rows if isinstance(rows, torch.Tensor) else list(rows)
+
+    def _has_rows(self) -> bool:
+        return self.rows.numel() > 0 if isinstance(self.rows, torch.Tensor) else bool(self.rows)
 
     def take(self) -> torch.Tensor:
         """All rows observed since the last take, as [layers, B, H, S, P] on the CPU; resets the buffer.
@@ -67,26 +79,38 @@ class PassageProbe:
         mask: torch.Tensor | None,  # [B or 1, 1, L, T] bool/float, or None for plain causal
         scale: float,
     ) -> None:
-        if not self.rows or layer not in self.layers:
+        if not self._has_rows() or layer not in self.layers:
             return
         self.scale = scale
-        if q_rot.shape[3] == 1 and self.rows == [0] and mask is None:  # a decode step: defer (see module doc)
-            self.deferred[layer].append((q_rot.detach(), None if weights is None else weights.detach(), past))
+        experts, batch, heads, length, dim = q_rot.shape
+        total = keys.shape[3]
+        plain = mask is None or mask.dtype == torch.bool  # an additive bias (a method's) is scored at once
+        if length == 1 and plain and not isinstance(self.rows, torch.Tensor) and self.rows == [0]:
+            # A decode step: defer (see module doc), keeping the step's key mask, if any, for its row.
+            allowed = None if mask is None else mask[..., :1, :].detach()
+            w = None if weights is None else weights.detach()
+            self.deferred[layer].append((q_rot.detach(), w, past, allowed))
             self.final_keys[layer] = keys.detach()
             return
         with torch.no_grad():
-            if self._rows is None or self._rows.device != q_rot.device:
-                self._rows = torch.tensor(self.rows, dtype=torch.long, device=q_rot.device)
-            rows = self._rows
-            q_sel = q_rot.index_select(3, rows)
-            w_sel = None if weights is None else weights.index_select(3, rows)
-            allowed = None
+            rows = self.rows
+            if not isinstance(rows, torch.Tensor):
+                rows = torch.tensor(rows, dtype=torch.long)[None].expand(batch, -1)
+            rows = rows.to(q_rot.device)  # [B, S]
+            count = rows.shape[1]
+            q_sel = q_rot.gather(3, rows[None, :, None, :, None].expand(experts, batch, heads, count, dim))
+            w_sel = (
+                None
+                if weights is None
+                else weights.gather(3, rows[None, :, None, :, None].expand(experts, batch, heads, count, 1))
+            )
             if mask is not None:
-                row_mask = mask.index_select(-2, rows)  # [B, 1, S, T]
-                allowed = row_mask if row_mask.dtype == torch.bool else row_mask.float()
-            elif past + min(self.rows) < keys.shape[3] - 1:  # causal: hide the keys after each row
-                key_idx = torch.arange(keys.shape[3], device=q_rot.device)
-                allowed = key_idx[None, :] <= (past + rows)[:, None]  # [S, T]
+                full = mask.expand(batch, mask.shape[1], length, mask.shape[-1])
+                row_mask = full.gather(2, rows[:, None, :, None].expand(batch, mask.shape[1], count, mask.shape[-1]))
+                allowed = row_mask if row_mask.dtype == torch.bool else row_mask.float()  # [B, 1, S, T]
+            else:  # causal: hide the keys after each row
+                key_idx = torch.arange(total, device=q_rot.device)
+                allowed = key_idx <= (past + rows)[:, None, :, None]  # [B, 1, S, T]
             self.collected[layer].append(self._mass(q_sel, keys, w_sel, allowed))
 
     def _mass(
@@ -96,7 +120,7 @@ class PassageProbe:
         experts, batch, heads, rows, dim = q_sel.shape
         key_heads, total = keys.shape[2], keys.shape[3]
         # Group the query heads that share a key head instead of copying K per query head (GQA).
-        q_g = q_sel.float().view(experts, batch, key_heads, -1, dim)
+        q_g = q_sel.float().reshape(experts, batch, key_heads, -1, dim)
         k_all = keys.transpose(0, 1).float()  # [E, B, Hk, T, d]
         logits = (q_g @ k_all.transpose(-1, -2) * self.scale).view(experts, batch, heads, rows, total)
         if allowed is not None:
@@ -106,7 +130,8 @@ class PassageProbe:
                 logits = logits + allowed
         probs = torch.softmax(logits, dim=-1)
         probs = probs[0] if weights is None else (weights.float() * probs).sum(0)
-        return probs[..., : self.span_end] @ self._span_matrix(probs.device)  # [B, H, S, P]
+        spans = self._span_matrix(probs.device)  # [1 or B, span_end, P]
+        return probs[..., : self.span_end] @ spans[:, None]  # [B, H, S, P]
 
     @torch.no_grad()
     def _flush_deferred(self) -> None:
@@ -114,10 +139,19 @@ class PassageProbe:
             if not steps:
                 continue
             keys = self.final_keys[layer]
-            q_sel = torch.cat([q for q, _, _ in steps], dim=3)  # [E, B, H, S, d]
-            weights = None if steps[0][1] is None else torch.cat([w for _, w, _ in steps], dim=3)
-            positions = torch.tensor([p for _, _, p in steps], device=keys.device)
-            allowed = torch.arange(keys.shape[3], device=keys.device)[None, :] <= positions[:, None]  # [S, T]
+            total = keys.shape[3]
+            q_sel = torch.cat([q for q, _, _, _ in steps], dim=3)  # [E, B, H, S, d]
+            weights = None if steps[0][1] is None else torch.cat([w for _, w, _, _ in steps], dim=3)
+            positions = torch.tensor([p for _, _, p, _ in steps], device=keys.device)
+            allowed = torch.arange(total, device=keys.device)[None, :] <= positions[:, None]  # [S, T]
+            if any(m is not None for _, _, _, m in steps):  # padded rows: each step's own key mask, widened to T
+                rows = []
+                for i, (_, _, _, m) in enumerate(steps):
+                    row = allowed[i].expand(keys.shape[0], 1, 1, total).clone()
+                    if m is not None:
+                        row[..., : m.shape[-1]] &= m
+                    rows.append(row)
+                allowed = torch.cat(rows, dim=2)  # [B, 1, S, T]
             self.collected[layer].append(self._mass(q_sel, keys, weights, allowed))
             self.deferred[layer] = []
             self.final_keys[layer] = None

@@ -18,7 +18,7 @@ from typing import Any
 from midlens.core.errors import MethodConfigError
 from midlens.core.method_spec import parse_method_spec, split_top_level
 from midlens.generators.context import MethodParts
-from midlens.generators.rope import RotaryScheme
+from midlens.generators.rope import baseline_schemes
 
 
 @dataclass(frozen=True)
@@ -147,14 +147,6 @@ def build_parts(config: MethodConfig, loaded) -> MethodParts:
     if parts.delta is not None:
         parts.delta.to(device)
     return parts
-
-
-def baseline_schemes(model) -> list[RotaryScheme]:
-    cfg = model.config
-    inv_freq = model.model.rotary_emb.inv_freq
-    return [
-        RotaryScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads) for _ in range(cfg.num_hidden_layers)
-    ]
 
 
 def _build_baseline(loaded, options: dict) -> MethodParts:

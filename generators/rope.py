@@ -51,8 +51,9 @@ class RotaryScheme(nn.Module):
     def key_heads(self) -> int:
         return self.num_kv_heads
 
-    def start_sequence(self, q: torch.Tensor, k: torch.Tensor) -> None:
-        """Called with pre-RoPE q [B, H, L, d] and k [B, G, L, d] when a new sequence is prefilled."""
+    def start_sequence(self, q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None = None) -> None:
+        """Called with pre-RoPE q [B, H, L, d] and k [B, G, L, d] when a new sequence is prefilled; `key_mask`
+        [B, L] is False at the padding of a left-padded batch (None: no padding)."""
 
     def rotate(
         self,
@@ -79,3 +80,12 @@ class RotaryScheme(nn.Module):
         """Additive logits [1 or B, H or 1, length, total] for the queries at positions past..past+length-1, added
         to SDPA's mask (so SDPA still runs), or None for no bias."""
         return None
+
+
+def baseline_schemes(model) -> list[RotaryScheme]:
+    """Plain RoPE on every layer of `model` (a causal LM whose `model.rotary_emb` holds the stock frequencies)."""
+    cfg = model.config
+    inv_freq = model.model.rotary_emb.inv_freq
+    return [
+        RotaryScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads) for _ in range(cfg.num_hidden_layers)
+    ]

@@ -21,12 +21,12 @@ TEXT_SUFFIXES = (".txt", ".md")
 
 def default_corpus_path() -> Path:
     """The embedded corpus: 400 HotpotQA dev paragraphs (CC BY-SA 4.0; see retrievers/data/ATTRIBUTION.md)."""
-    return Path(str(resources.files("retrievers") / "data" / "hotpotqa_corpus.jsonl"))
+    return Path(str(resources.files("midlens.retrievers") / "data" / "hotpotqa_corpus.jsonl"))
 
 
 def default_questions_path() -> Path:
     """40 HotpotQA dev questions whose supporting paragraphs are in the embedded corpus."""
-    return Path(str(resources.files("retrievers") / "data" / "hotpotqa_questions.jsonl"))
+    return Path(str(resources.files("midlens.retrievers") / "data" / "hotpotqa_questions.jsonl"))
 
 
 def _read_utf8(path: Path) -> str:

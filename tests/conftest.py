@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.abc
 import os
+import sys
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# The layers live in top-level folders but install as `midlens.<layer>`; the repository root is on sys.path
+# while tests run, so a stray `import retrievers` would work here and fail in a user's app. Refuse it here too.
+LAYERS = ("core", "generators", "retrievers", "rag", "training", "demo", "eval")
+
+
+class _OneNamespace(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if path is None and name.split(".")[0] in LAYERS:
+            raise ModuleNotFoundError(f"import {name!r} as 'midlens.{name}': the installed package has no {name!r}")
+        return None
+
+
+sys.meta_path.insert(0, _OneNamespace())
 
 
 @pytest.fixture(scope="session")

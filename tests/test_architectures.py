@@ -52,7 +52,7 @@ def test_ms_poe_cache_matches_recomputation(tiny, gqa):
         cache = DynamicCache(config=gen.model.config)
         cached = [gen.forward(ids[:27], cache)[-1]] + [gen.forward([t], cache)[-1] for t in ids[27:]]
     for s in gen.parts.schemes:  # keep the prefill's head order for the one-pass recomputation
-        s.start_sequence = lambda q, k: None
+        s.start_sequence = lambda q, k, key_mask=None: None
     with gen.running(None):
         full = gen.forward(ids, DynamicCache(config=gen.model.config), keep=4)
     assert (torch.stack(cached) - full).abs().max().item() < LOGIT_TOL

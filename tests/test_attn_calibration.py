@@ -38,7 +38,7 @@ def test_strength_zero_is_the_baseline_exactly(generator, loaded, prompt):
 
 def test_offsets_keep_the_total_passage_mass_and_reach_the_target(calibrated, prompt):
     maps = calibrated.score(prompt).maps
-    layers = calibrated.parts.answering_layers
+    layers = calibrated.parts.answering.layers
     mass, null = maps.question[list(layers)], maps.null_question[list(layers)]  # [L, H, P] of real attention
     for strength in (1.0, 0.5):
         b = passage_offsets(mass, null, strength, temperature=0.05).double()
@@ -56,7 +56,7 @@ def test_offsets_keep_the_total_passage_mass_and_reach_the_target(calibrated, pr
 def test_a_planted_fact_in_the_middle_gets_more_of_the_answers_attention(loaded, calibrated, prompt):
     maps = calibrated.score(prompt).maps
     ids, gold = prompt.input_ids, GOLD_AT - 1
-    layers = list(calibrated.parts.answering_layers)
+    layers = list(calibrated.parts.answering.layers)
     probe = calibrated.new_probe(prompt)
     # The first answer query (the last prompt token), read by the probe without and with the bias in place.
     with calibrated.running(probe):
@@ -66,7 +66,7 @@ def test_a_planted_fact_in_the_middle_gets_more_of_the_answers_attention(loaded,
         calibrated.forward(ids[-1:], cache)
         plain = probe.take()[:, 0, :, 0]  # [layers, H, P]
         cache.crop(-1)
-        with calibrated.parts.answering(maps, prompt):
+        with _applied(calibrated, maps, prompt):
             calibrated.forward(ids[-1:], cache)
             biased = probe.take()[:, 0, :, 0]
     plain_gold, biased_gold = plain[layers, :, gold].mean().item(), biased[layers, :, gold].mean().item()
@@ -85,7 +85,7 @@ def test_a_planted_fact_in_the_middle_gets_more_of_the_answers_attention(loaded,
 def test_decoding_with_the_cache_equals_recomputation(loaded, calibrated, prompt):
     maps = calibrated.score(prompt).maps
     ids = prompt.input_ids
-    with calibrated.running(), calibrated.parts.answering(maps, prompt):
+    with calibrated.running(), _applied(calibrated, maps, prompt):
         cache = DynamicCache(config=loaded.model.config)
         calibrated.forward(ids[:-1], cache)  # the prompt without its last token: unbiased rows
         logits = calibrated.forward(ids[-1:], cache)[-1]
@@ -97,6 +97,12 @@ def test_decoding_with_the_cache_equals_recomputation(loaded, calibrated, prompt
         full = calibrated.forward(ids + generated, DynamicCache(config=loaded.model.config), keep=len(generated) + 1)
     # fp32, same kernels per row: differences are summation order only (logits are O(10)).
     assert (torch.stack(steps) - full).abs().max().item() < 1e-3
+
+
+def _applied(gen, maps, prompt):
+    """The method's bias from one prompt's maps, for its answer queries (the last prompt token on)."""
+    end = prompt.num_tokens
+    return gen.parts.answering.applied([maps], [prompt.passage_spans], end, start=end - 1, device=gen.device)
 
 
 def test_bad_options_are_refused_before_loading():
@@ -117,14 +123,14 @@ def test_retrieval_heads_only_bias_those_heads(loaded, prompt):
     from midlens.generators.retrieval_heads import retrieval_heads
 
     pairs = retrieval_heads(loaded)
-    assert set(gen.parts.answering_layers) == {layer for layer, _ in pairs}
+    assert set(gen.parts.answering.layers) == {layer for layer, _ in pairs}
     maps = gen.score(prompt).maps
-    with gen.running(), gen.parts.answering(maps, prompt):
-        for layer in gen.parts.answering_layers:
-            bias = gen.parts.schemes[layer].bias
+    with gen.running(), _applied(gen, maps, prompt):
+        for layer in gen.parts.answering.layers:
+            bias = gen.parts.schemes[layer].bias[0]  # [B, H, T] -> the one row's
             biased_heads = {h for h in range(bias.shape[0]) if bias[h].abs().sum() > 0}
             assert biased_heads <= {h for lay, h in pairs if lay == layer}
-    assert all(gen.parts.schemes[layer].bias is None for layer in gen.parts.answering_layers)  # cleared after
+    assert all(gen.parts.schemes[layer].bias is None for layer in gen.parts.answering.layers)  # cleared after
 
 
 def test_dummy_document_calibration(loaded, prompt):
@@ -142,7 +148,7 @@ def test_dummy_document_calibration(loaded, prompt):
     assert "bias_s" in answer.timings
     # The bias maps are positional only: every slot holds the same filler, so no slot may stand out the way the
     # planted fact does in the real prompt (its share of the question's passage mass, upper layers, mean over heads).
-    layers = list(gen.parts.answering_layers)
+    layers = list(gen.parts.answering.layers)
     real = answer.maps.question[layers].mean((0, 1))
     bias = answer.maps.bias_question[layers].mean((0, 1))
     gold = GOLD_AT - 1

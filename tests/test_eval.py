@@ -517,3 +517,28 @@ def test_an_e2e_method_run_in_one_setting_still_names_the_setting_that_tells_it_
     # Before, the lone attn-calibration group had no siblings of its own method and read "| qs | attn-calibration |".
     assert "| qs, model=m1 | attn-calibration | 2 |" in text
     assert "| qs, model=m2 | baseline | 2 |" in text
+
+
+def test_batched_sweep_rows_equal_batch_one_and_resume_at_another_size(tmp_path, loaded):
+    """Rows of a sweep run in batches equal the batch-1 run's (metrics within 1e-4 where they are floats from
+    attention or log-probabilities, the same predictions), a reused lcr prompt included; an
+    interrupted batched run resumes at another batch size."""
+    from midlens.cli import main
+    from midlens.eval.runner import read_rows
+
+    methods = ["--methods", "baseline,lcr", "--n", "3"]
+    assert main(_sweep_args(tmp_path / "one", *methods)) == 0
+    assert main(_sweep_args(tmp_path / "four", *methods, "--batch-size", "4")) == 0
+    assert main(_sweep_args(tmp_path / "part", *methods, "--batch-size", "4", "--limit", "5")) == 0
+    assert main(_sweep_args(tmp_path / "part", *methods, "--batch-size", "3")) == 0
+    one = _stable(read_rows(tmp_path / "one" / "results.jsonl"))
+    assert any("reused_from_position" in r for r in one)
+    for other in ("four", "part"):
+        rows = _stable(read_rows(tmp_path / other / "results.jsonl"))
+        assert [r["key"] for r in rows] == [r["key"] for r in one]
+        for a, b in zip(one, rows, strict=True):
+            assert a.keys() == b.keys()
+            for k in a:
+                same = a[k] == pytest.approx(b[k], abs=1e-4) if isinstance(a[k], float) else a[k] == b[k]
+                assert same, (k, a[k], b[k])
+    assert main(_sweep_args(tmp_path / "bad", "--batch-size", "0")) == 2

@@ -52,7 +52,7 @@ def test_cached_decoding_equals_uncached_recomputation(loaded, prompt, gqa):
     cached = torch.stack(logits)
     # Recompute the whole sequence in one uncached pass with the head order frozen from the prefill.
     for s in gen.parts.schemes:
-        s.start_sequence = lambda q, k: None
+        s.start_sequence = lambda q, k, key_mask=None: None
     uncached = full_logits(gen, prompt.input_ids + tokens, keep=steps + 1)
     assert (cached - uncached).abs().max().item() < LOGIT_TOL
 

@@ -15,7 +15,8 @@ from midlens.core.passage import Passage
 from midlens.generators import Generator, Method, MethodParts, load_model, method_config, method_context, register
 from midlens.generators.artefacts import load_artefact, save_artefact
 from midlens.generators.delta import LoRADelta
-from midlens.generators.registry import REGISTRY, available, baseline_schemes
+from midlens.generators.registry import REGISTRY, available
+from midlens.generators.rope import baseline_schemes
 from tests.tiny import save_tiny
 
 # fp32, same math in another kernel order: ~1e-6. bf16 has 8 mantissa bits: one rounding of a logit of

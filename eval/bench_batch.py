@@ -1,0 +1,219 @@
+"""`midlens bench batch`: examples per second of batched generation with evidence, beside HF `generate`.
+
+The same 10-document MDQA prompts (embedded HotpotQA paragraphs, each prompt its own question and passages, so
+lengths differ and rows are padded) are answered at each batch size, 32 new tokens, greedy:
+  midlens   Generator.generate_batch, evidence on (the prompt's maps, the answer's, the content-free pass);
+  hf        the stock transformers model's `generate` on the same left-padded batches, no evidence (the peer).
+Variants are interleaved per repeat so machine noise hits them alike; ratios are against batch 1 and against
+hf at the same batch, from one run. Peak memory: the CUDA allocator's high-water mark per variant, or, on the
+CPU, the process's peak RSS growth over the loaded model (VmHWM after a reset, Linux).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+DOCUMENTS = 10
+QUESTIONS = (
+    "Which of these documents mentions a year?",
+    "Who is named first in these documents?",
+    "What city appears in these documents?",
+    "Which film is described here?",
+)
+
+
+def batch_prompts(generator, count: int) -> list:
+    """`count` stacked prompts of DOCUMENTS passages each, from consecutive slices of the embedded corpus."""
+    from midlens.retrievers.corpus import default_corpus_path, read_documents, to_passages
+
+    passages = to_passages(read_documents(default_corpus_path()))
+    prompts = []
+    for i in range(count):
+        start = (i * DOCUMENTS) % max(1, len(passages) - DOCUMENTS)
+        # ~100 words a passage, as the sweeps clip them
+        chosen = [replace(p, text=" ".join(p.text.split()[:100])) for p in passages[start : start + DOCUMENTS]]
+        prompts.append(generator.prompt(QUESTIONS[i % len(QUESTIONS)], chosen, max_new_tokens=32))
+    return prompts
+
+
+def _peak_reset(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+
+def _peak_mb(device, base_kb: int) -> float:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**20
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return (int(line.split()[1]) - base_kb) / 1024
+    return float("nan")
+
+
+def _rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def run(
+    model: str,
+    batch_sizes: list[int],
+    prompts_count: int,
+    new_tokens: int,
+    repeats: int,
+    device: str,
+    dtype: str,
+    random_shape: str | None = None,
+) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from midlens.generators import Generator, load_model
+
+    source = model
+    if random_shape is not None:  # speed depends on shapes only: random weights of a packaged model's shape
+        import tempfile
+
+        from midlens.eval.bench import save_random_model
+
+        tokenizer_dir = load_model(model, "cpu", "float32").folder
+        source = str(save_random_model(random_shape, Path(tempfile.mkdtemp()) / random_shape, tokenizer_dir))
+    loaded = load_model(source, device, dtype)
+    gen = Generator(loaded)
+    prompts = batch_prompts(gen, prompts_count)
+    stock = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=loaded.dtype, attn_implementation="sdpa")
+    stock = stock.to(loaded.device).eval()
+    pad = gen.pad_id
+
+    def midlens_run(size: int) -> int:
+        tokens = 0
+        for start in range(0, len(prompts), size):
+            answers = gen.generate_batch(prompts[start : start + size], max_new_tokens=new_tokens)
+            tokens += sum(a.generated_tokens for a in answers)
+        return tokens
+
+    def hf_run(size: int) -> int:
+        tokens = 0
+        for start in range(0, len(prompts), size):
+            chunk = prompts[start : start + size]
+            width = max(p.num_tokens for p in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            mask = torch.zeros(len(chunk), width, dtype=torch.long)
+            for b, p in enumerate(chunk):
+                ids[b, width - p.num_tokens :] = torch.tensor(p.input_ids)
+                mask[b, width - p.num_tokens :] = 1
+            with torch.inference_mode():
+                out = stock.generate(
+                    input_ids=ids.to(loaded.device),
+                    attention_mask=mask.to(loaded.device),
+                    max_new_tokens=new_tokens,
+                    do_sample=False,
+                    pad_token_id=pad,
+                    eos_token_id=sorted(gen.eos_ids),
+                )
+            tokens += int((out[:, width:] != pad).sum())
+        return tokens
+
+    variants = [(engine, size) for size in batch_sizes for engine in ("midlens", "hf")]
+    times: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
+    peaks: dict[tuple[str, int], float] = {}
+    generated: dict[tuple[str, int], int] = {}
+    base_kb = _rss_kb()
+    midlens_run(min(batch_sizes))  # warm-up: kernels, allocator
+    for _ in range(repeats):
+        for engine, size in variants:
+            _peak_reset(loaded.device)
+            t0 = time.perf_counter()
+            generated[(engine, size)] = (midlens_run if engine == "midlens" else hf_run)(size)
+            if loaded.device.type == "cuda":
+                torch.cuda.synchronize()
+            times[(engine, size)].append(time.perf_counter() - t0)
+            peaks[(engine, size)] = max(peaks.get((engine, size), 0.0), _peak_mb(loaded.device, base_kb))
+    rows = []
+    for engine, size in variants:
+        seconds = statistics.median(times[(engine, size)])
+        rows.append(
+            {
+                "engine": engine,
+                "batch": size,
+                "seconds": seconds,
+                "examples_per_s": len(prompts) / seconds,
+                "generated_tokens": generated[(engine, size)],
+                "peak_mb": peaks[(engine, size)],
+            }
+        )
+    by = {(r["engine"], r["batch"]): r for r in rows}
+    first = min(batch_sizes)
+    for r in rows:
+        r["x_batch_" + str(first)] = r["examples_per_s"] / by[(r["engine"], first)]["examples_per_s"]
+        r["x_hf_same_batch"] = r["examples_per_s"] / by[("hf", r["batch"])]["examples_per_s"]
+    return {
+        "model": loaded.name if random_shape is None else f"random weights, {random_shape} shape",
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "prompts": len(prompts),
+        "prompt_tokens": [min(p.num_tokens for p in prompts), max(p.num_tokens for p in prompts)],
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "rows": rows,
+    }
+
+
+def markdown(report: dict) -> str:
+    first = min(r["batch"] for r in report["rows"])
+    lines = [
+        f"{report['model']} on {report['device']} ({report['dtype']}, {report['threads']} threads): "
+        f"{report['prompts']} prompts of {report['prompt_tokens'][0]}-{report['prompt_tokens'][1]} tokens, "
+        f"{report['new_tokens']} new tokens, median of {report['repeats']}",
+        "",
+        f"| engine | batch | examples/s | x batch {first} | x hf, same batch | peak MB | tokens generated |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['engine']} | {r['batch']} | {r['examples_per_s']:.3f} | {r['x_batch_' + str(first)]:.2f} | "
+            f"{r['x_hf_same_batch']:.2f} | {r['peak_mb']:.0f} | {r['generated_tokens']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-sizes", default="1,4,16,64", help="comma-separated batch sizes")
+    parser.add_argument("--prompts", type=int, default=64, help="prompts answered at every batch size")
+    parser.add_argument("--random-shape", choices=["smollm2-135m", "qwen2.5-0.5b"], help="random weights, this shape")
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from midlens.core.device import dtype_name, resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    dtype = dtype_name(resolve_dtype(args.dtype, device))
+    sizes = sorted({int(x) for x in args.batch_sizes.split(",")})
+    report = run(
+        args.model, sizes, args.prompts, args.decode_tokens, args.repeats, str(device), dtype, args.random_shape
+    )
+    print(markdown(report))
+    if args.json:
+        from midlens.core.files import write_atomic
+
+        write_atomic(Path(args.json), json.dumps(report, indent=2) + "\n")
+    return 0

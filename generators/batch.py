@@ -1,0 +1,269 @@
+"""One batch of stacked prompts on one KV cache: the state a generation loop and a method's passes share.
+
+Prompts are left-padded to one width, so every row's last prompt token sits in the same column and decoding
+appends one column per step for all rows at once. Per row the model sees exactly what it would see alone:
+positions count that row's own tokens (padding takes none), and a [B, 1, L, T] boolean mask hides every other
+row's padding. With no padding the mask is None and SDPA runs causal, as for a single prompt.
+
+Passes beyond the plain prefill/decode (the content-free question that calibrates evidence, a copy of the
+prompt a method reads its bias from, a reference answer's log-probability) go through `BatchRun` too. A pass
+that must not see part of the cache appends its tokens after it with those columns hidden, at the positions
+they would have alone, and crops the cache back afterwards: no row ever needs a cache of its own length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from midlens.generators.context import MethodRun
+from midlens.generators.evidence import EvidenceMaps
+from midlens.generators.probe import PassageProbe
+from midlens.generators.prompt import CONTENT_FREE_QUESTION, StackedPrompt, render, shared_prefix_length
+
+
+def block_mask(key_valid: torch.Tensor, length: int) -> torch.Tensor | None:
+    """The mask for a chunk of `length` queries in the last columns of `key_valid` [B, T]: causal by column,
+    hidden where a key is not valid for its row; None when every key is valid (plain causal attention).
+
+    Every query also sees itself, so a padding query has one key and stays finite (an all-hidden row would be
+    NaN, and NaN values poison the rows that hide them: 0 * NaN)."""
+    if bool(key_valid.all()):
+        return None
+    total = key_valid.shape[1]
+    q_cols = torch.arange(total - length, total, device=key_valid.device)[:, None]
+    k_cols = torch.arange(total, device=key_valid.device)[None, :]
+    allowed = (k_cols <= q_cols)[None] & key_valid[:, None, :]
+    allowed |= (k_cols == q_cols)[None]
+    return allowed[:, None]  # [B, 1, L, T]
+
+
+def _crop(cache: DynamicCache, columns: int) -> None:
+    """Keep the first `columns` cached columns (the cache takes the number to remove, as a negative count)."""
+    extra = cache.get_seq_length() - columns
+    if extra > 0:
+        cache.crop(-extra)
+
+
+@dataclass
+class RowMaps:
+    """(last, question) maps [layers, heads, passages] of one row, read from one pass."""
+
+    last: torch.Tensor
+    question: torch.Tensor
+
+
+class BatchRun:
+    """A left-padded batch of prompts, its KV cache, its passage probe and each row's evidence maps.
+
+    Created inside `Generator.running()`; `method_run` is that context's handle (a pass with a probe of its own
+    swaps it in there)."""
+
+    def __init__(self, generator, prompts: list[StackedPrompt], method_run: MethodRun, layers: list[int]):
+        if not prompts:
+            raise ValueError("a batch needs at least one prompt.")
+        self.generator = generator
+        self.prompts = prompts
+        self.method_run = method_run
+        self.layers = layers
+        self.device = generator.device
+        lengths = [p.num_tokens for p in prompts]
+        self.width = max(lengths)  # columns of the prompt; the last prompt token of every row is at width - 1
+        self.offsets = [self.width - n for n in lengths]
+        batch = len(prompts)
+        ids = torch.full((batch, self.width), generator.pad_id, dtype=torch.long)
+        valid = torch.zeros(batch, self.width, dtype=torch.bool)
+        positions = torch.zeros(batch, self.width, dtype=torch.long)
+        for b, (p, o) in enumerate(zip(prompts, self.offsets, strict=True)):
+            ids[b, o:] = torch.tensor(p.input_ids)
+            valid[b, o:] = True
+            positions[b, o:] = torch.arange(p.num_tokens)
+        self.ids, self.positions = ids.to(self.device), positions.to(self.device)
+        self.key_valid = valid.to(self.device)  # grows by one column per decode step
+        self.next_position = torch.tensor(lengths, device=self.device)
+        self.column_spans = [
+            [(s + o, e + o) for s, e in p.passage_spans] for p, o in zip(prompts, self.offsets, strict=False)
+        ]
+        self.probe = PassageProbe(self.column_spans, generator.num_layers, layers)
+        self.cache = DynamicCache(config=generator.model.config)
+        self.maps: list[EvidenceMaps] = []
+        self.timings: dict[str, float] = {}  # the batch's, shared by its rows' answers
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prompts)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor, keep: int = 1):
+        """Logits [B, keep, vocab] for the chunk `ids` [B, L] at `positions`, appended to the cache; `key_valid`
+        [B, cached + L] says which columns each row may attend to."""
+        mask = block_mask(key_valid, ids.shape[1])
+        out = self.generator.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return out.logits
+
+    def _split(self, taken: torch.Tensor, counts: list[int], first: int = 0) -> list[RowMaps]:
+        """Probe rows [layers, B, H, S, P] scored as (last, question tokens..., padding) -> each row's maps."""
+        out = []
+        for b, (prompt, count) in enumerate(zip(self.prompts, counts, strict=True)):
+            rows = taken[:, b, :, :, : len(prompt.passages)]
+            out.append(RowMaps(last=rows[:, :, first], question=rows[:, :, first + 1 : first + 1 + count].mean(2)))
+        return out
+
+    def _scoring_rows(self, last: int, question_rows: list[list[int]]) -> torch.Tensor:
+        """[B, S]: each row's last token first, then its question's tokens, padded with the last token."""
+        width = 1 + max(len(r) for r in question_rows)
+        return torch.tensor([[last, *r] + [last] * (width - 1 - len(r)) for r in question_rows], dtype=torch.long)
+
+    def prefill(self) -> torch.Tensor:
+        """The prompt through the model, reading each row's last-token and question maps: last logits [B, vocab]."""
+        question_rows = [
+            [o + i for i in range(*p.question_span)] for p, o in zip(self.prompts, self.offsets, strict=False)
+        ]
+        self.probe.score_rows(self._scoring_rows(self.width - 1, question_rows))
+        logits = self.forward(self.ids, self.positions, self.key_valid)[:, -1]
+        if not bool(torch.isfinite(logits).all()):
+            # Damaged weights surface here as NaN logits; decoding them would give an empty answer and then a
+            # bare "cannot convert float NaN to integer", so name the damaged file instead.
+            from midlens.generators.models import non_finite_error
+
+            raise non_finite_error(self.generator.loaded)
+        rows = self._split(self.probe.take(), [len(r) for r in question_rows])
+        self.maps = [EvidenceMaps(last=r.last, question=r.question) for r in rows]
+        self.probe.score_rows([])
+        return logits
+
+    def reread_last(self) -> torch.Tensor:
+        """The last prompt column read again (under whatever a method has set since the prefill): [B, vocab]."""
+        valid = self.key_valid[:, : self.width]
+        self.crop(self.width - 1)
+        self.probe.score_rows([])
+        logits = self.forward(self.ids[:, -1:], self.positions[:, -1:], valid)[:, -1]
+        self.key_valid = valid
+        return logits
+
+    def step(self, tokens: list[int]) -> torch.Tensor:
+        """One decode step: each row's token appended at its next position; the probe scores the new rows."""
+        ids = torch.tensor(tokens, device=self.device)[:, None]
+        positions = self.next_position[:, None].clone()
+        self.next_position += 1
+        self.key_valid = torch.cat([self.key_valid, torch.ones_like(self.key_valid[:, :1])], dim=1)
+        self.probe.score_rows([0])
+        return self.forward(ids, positions, self.key_valid)[:, -1]
+
+    def crop(self, columns: int) -> None:
+        """Back to the first `columns` columns (the prompt's are 0..width-1); decode positions run on."""
+        _crop(self.cache, columns)
+        self.key_valid = self.key_valid[:, :columns]
+
+    def content_free_maps(self) -> None:
+        """ICR calibration: each row's passages with the content-free question "N/A", read on the cached passages.
+
+        The null question is appended after the cache with the row's own question (and anything generated)
+        hidden, at the positions it would have right after the passages; the cache is cropped back afterwards.
+        Sets `null_last` / `null_question` of every row that has passages."""
+        tokenizer = self.generator.tokenizer
+        cached = self.cache.get_seq_length()
+        batch = self.batch_size
+        nulls: list[StackedPrompt | None] = []
+        shared: list[int] = []
+        fresh: list[int] = []  # rows whose null prompt does not share the passages' tokens: a prefill of their own
+        for b, prompt in enumerate(self.prompts):
+            if not prompt.passages:
+                nulls.append(None)
+                shared.append(0)
+                continue
+            null = render(tokenizer, prompt.passages, CONTENT_FREE_QUESTION, prompt.style)
+            s = min(shared_prefix_length(prompt.input_ids, null.input_ids), null.question_span[0])
+            if s < null.passage_spans[-1][1]:  # a tokenizer merged across the question boundary
+                fresh.append(b)
+                nulls.append(None)
+                shared.append(0)
+                continue
+            nulls.append(null)
+            shared.append(s)
+        appended = [b for b in range(batch) if nulls[b] is not None]
+        if appended:
+            suffixes = [nulls[b].input_ids[shared[b] :] if nulls[b] is not None else [] for b in range(batch)]
+            width = max(len(s) for s in suffixes)
+            ids = torch.full((batch, width), self.generator.pad_id, dtype=torch.long)
+            positions = torch.zeros(batch, width, dtype=torch.long)
+            block_valid = torch.zeros(batch, width, dtype=torch.bool)
+            prefix_valid = torch.zeros(batch, cached, dtype=torch.bool)
+            question_rows = []
+            for b in range(batch):
+                start = width - len(suffixes[b])  # right-aligned: the last null token is in the last column
+                if suffixes[b]:
+                    ids[b, start:] = torch.tensor(suffixes[b])
+                    positions[b, start:] = torch.arange(shared[b], shared[b] + len(suffixes[b]))
+                    block_valid[b, start:] = True
+                    prefix_valid[b, self.offsets[b] : self.offsets[b] + shared[b]] = True
+                    span = nulls[b].question_span
+                    question_rows.append([start + i - shared[b] for i in range(*span)])
+                else:
+                    question_rows.append([])
+            self.probe.score_rows(self._scoring_rows(width - 1, question_rows))
+            key_valid = torch.cat([prefix_valid, block_valid], dim=1).to(self.device)
+            self.forward(ids.to(self.device), positions.to(self.device), key_valid)
+            rows = self._split(self.probe.take(), [len(r) for r in question_rows])
+            self.probe.score_rows([])
+            _crop(self.cache, cached)
+            for b in appended:
+                self.maps[b].null_last, self.maps[b].null_question = rows[b].last, rows[b].question
+        if fresh:
+            nulls_fresh = [
+                render(tokenizer, self.prompts[b].passages, CONTENT_FREE_QUESTION, self.prompts[b].style) for b in fresh
+            ]
+            for b, maps in zip(fresh, self.prompt_maps(nulls_fresh), strict=True):
+                self.maps[b].null_last, self.maps[b].null_question = maps.last, maps.question
+
+    def prompt_maps(self, prompts: list[StackedPrompt]) -> list[RowMaps]:
+        """(last, question) maps of other prompts (one per row), prefilled as a batch of their own.
+
+        Schemes that keep per-sequence state (Ms-PoE's head order) are re-seeded by that prefill: a method that
+        reads other prompts must not also rely on such a scheme."""
+        other = BatchRun(self.generator, prompts, self.method_run, self.layers)
+        with self.method_run.probe(other.probe):
+            other.prefill()
+        return [RowMaps(m.last, m.question) for m in other.maps]
+
+    def reference_logprobs(self, first_logits: torch.Tensor, references: list[list[int] | None]) -> list[float | None]:
+        """log p(reference | prompt) per row: `first_logits` [B, vocab] score each first token, one forward the rest
+        (appended after the prompt's columns; the cache is cropped back to the prompt first)."""
+        self.crop(self.width)
+        self.probe.score_rows([])
+        logprobs: list[float | None] = []
+        first = torch.log_softmax(first_logits.float(), dim=-1)
+        for b, ids in enumerate(references):
+            logprobs.append(None if ids is None else float(first[b, ids[0]]))
+        width = max((len(ids) - 1 for ids in references if ids is not None), default=0)
+        if width <= 0:
+            return logprobs
+        batch = self.batch_size
+        ids = torch.full((batch, width), self.generator.pad_id, dtype=torch.long)
+        positions = torch.zeros(batch, width, dtype=torch.long)
+        block_valid = torch.zeros(batch, width, dtype=torch.bool)
+        for b, ref in enumerate(references):
+            if ref is not None and len(ref) > 1:  # left-aligned: the reference follows the prompt's last column
+                ids[b, : len(ref) - 1] = torch.tensor(ref[:-1])
+                positions[b, : len(ref) - 1] = torch.arange(
+                    self.prompts[b].num_tokens, self.prompts[b].num_tokens + len(ref) - 1
+                )
+                block_valid[b, : len(ref) - 1] = True
+        key_valid = torch.cat([self.key_valid[:, : self.width], block_valid.to(self.device)], dim=1)
+        logits = self.forward(ids.to(self.device), positions.to(self.device), key_valid, keep=width)
+        scores = torch.log_softmax(logits.float(), dim=-1)
+        for b, ref in enumerate(references):
+            if ref is not None and len(ref) > 1:
+                rows = torch.arange(len(ref) - 1, device=scores.device)
+                picked = scores[b, rows, torch.tensor(ref[1:], device=scores.device)].sum()
+                logprobs[b] = float(torch.tensor(logprobs[b], dtype=torch.float64) + picked.double())
+        _crop(self.cache, self.width)
+        return logprobs

@@ -1,0 +1,62 @@
+"""The wheel a RAG developer installs: one import name, `midlens`, plus the two LlamaIndex integration paths."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_midlens_and_the_llamaindex_paths_only(tmp_path):
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = tmp_path.glob("midlens-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"midlens", "llama_index"}, top
+    integrations = {"/".join(n.split("/")[:3]) for n in names if n.startswith("llama_index/")}
+    assert integrations == {"llama_index/llms/midlens", "llama_index/postprocessor/midlens_rerank"}
+    for layer in ("core", "generators", "retrievers", "rag", "training", "demo", "eval"):
+        assert f"midlens/{layer}/__init__.py" in names, layer
+    assert "midlens/retrievers/data/hotpotqa_corpus.jsonl" in names
+    assert any(n.startswith("midlens/generators/trained/mudaf/") for n in names)
+
+    # Unpacked and imported from elsewhere, with the source folders out of reach: the data is found through
+    # the package, and the old top-level names are gone.
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "import midlens.retrievers.corpus as c, midlens.core.hotpotqa as h\n"
+        "assert c.default_corpus_path().is_file() and str(c.default_corpus_path()).startswith(sys.argv[1])\n"
+        "assert h.split_of('x') in ('train', 'eval')\n"
+        "import importlib.util\n"
+        "assert all(importlib.util.find_spec(n) is None for n in ('core', 'generators', 'retrievers', 'rag'))\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(site)], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
