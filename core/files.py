@@ -112,15 +112,23 @@ def _progress_for(path: Path, progress: str | None) -> str | None:
     return f"{progress}: {path.name}" if progress and path.stat().st_size >= PROGRESS_FROM else None
 
 
+def _stat_of(path: Path) -> dict:
+    """What changes when a file's bytes are written: size, modification time (ns) and inode (a replaced file)."""
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+
+
 def write_manifest(folder: Path, extra: dict | None = None, progress: str | None = None) -> dict:
-    """Record the size and sha256 of every file under `folder` (the manifest itself aside) in MANIFEST.json."""
+    """Record the size, sha256 and stat (mtime_ns, inode) of every file under `folder` (the manifest itself aside)
+    in MANIFEST.json. Call it right after a verified write: the stat lets a later load skip re-hashing files
+    nothing has touched since, and re-hash any file something has."""
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
         files[path.relative_to(folder).as_posix()] = {
-            "size": path.stat().st_size,
+            **_stat_of(path),
             "sha256": sha256_of([path], progress=_progress_for(path, progress)),
         }
-    manifest = {"format": 1, **(extra or {}), "files": files}
+    manifest = {"format": 2, **(extra or {}), "files": files}
     write_atomic(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
@@ -153,20 +161,34 @@ class FileProblem:
 
 
 def manifest_problems(folder: Path, manifest: dict, hashes: bool, progress: str | None = None) -> list[FileProblem]:
-    """Files under `folder` that differ from `manifest`: sizes always, sha256 too when `hashes` (reads every byte)."""
+    """Files under `folder` that differ from `manifest`. Sizes always; sha256 of every file when `hashes`, else of
+    the files whose stat (mtime_ns, inode) differs from the recorded one, so an unchanged folder costs one stat per
+    file and any write, even one that keeps the size, is caught. A file whose bytes still match gets its new stat
+    recorded (the manifest is rewritten atomically), so it is hashed once, not at every load."""
     problems = []
+    refreshed = False
     for rel, entry in manifest["files"].items():
         path = folder / rel
         if not path.is_file():
             problems.append(FileProblem(path, "missing"))
             continue
-        size = path.stat().st_size
-        if size != entry["size"]:
-            problems.append(FileProblem(path, f"{size} bytes, the manifest records {entry['size']}"))
-        elif hashes:
+        stat = _stat_of(path)
+        if stat["size"] != entry["size"]:
+            problems.append(FileProblem(path, f"{stat['size']} bytes, the manifest records {entry['size']}"))
+            continue
+        touched = (entry.get("mtime_ns"), entry.get("inode")) != (stat["mtime_ns"], stat["inode"])
+        if hashes or touched:
             actual = sha256_of([path], progress=_progress_for(path, progress))
             if actual != entry["sha256"]:
                 problems.append(FileProblem(path, f"sha256 {actual}, the manifest records {entry['sha256']}"))
+            elif touched:
+                entry.update(stat)
+                refreshed = True
+    if refreshed and not problems:
+        try:
+            write_atomic(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        except OSError:
+            pass  # a read-only cache: the files were verified all the same, the next load hashes them again
     return problems
 
 

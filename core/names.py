@@ -1,10 +1,11 @@
 """Names every layer shares that must not cost an import: `midlens --help` reads them while building its parser."""
 
 # The packaged model that answers by default: ask, the demo, the LlamaIndex classes, Pipeline and Generator
-# (registry entries in generators.models, which loads torch). Qwen2.5-0.5B answers more questions right end to
-# end (docs/results/answer-path/: 33.3 vs 20.0 % EM on a train-split tuning copy of the e2e set, 30.0 vs 25.0 %
-# on the 40 embedded questions).
-DEFAULT_MODEL = "qwen2.5-0.5b"
+# (registry entries in generators.models, which loads torch): Qwen2.5-Coder-0.5B-Instruct, the checkpoint its GGUF
+# names. It answers more questions right end to end than SmolLM2 (docs/results/answer-path/).
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+# Names that were used before and still work, with a deprecation note: old name -> current name.
+MODEL_ALIASES = {"qwen2.5-0.5b": "qwen2.5-coder-0.5b"}
 # The model the research commands default to (eval, bench, training): 4x faster on a CPU, the one every shipped
 # trained artefact (MuDAF delta, MoICE routers) was trained for, and the one the documented
 # measurements ran on.
@@ -14,11 +15,8 @@ EVAL_MODEL = "smollm2-135m"
 PROMPT_STYLES = ("litm", "short")
 DEFAULT_PROMPT_STYLE = "litm"
 
-# Passages stacked into the prompt when answering (ask, Pipeline, the LlamaIndex engine, eval e2e). Top 3 was
-# tried for Qwen2.5-0.5B (docs/results/answer-path/): on a train-split tuning copy of the e2e set 38.3 % EM
-# against 33.3 % with the top 5 (paired +5.0 [-3.3, +15.0]), on the 40 embedded questions 22.5 against 30.0.
-# Neither difference is outside noise, so the default stays 5, which retrieves more gold paragraphs
-# (75.0 vs 67.5 % on the 40 questions). The demo has its own default, also 5, so a gold passage can sit mid-prompt.
+# Passages stacked into the prompt when answering (ask, Pipeline, the LlamaIndex engine, eval e2e): top 3 was no
+# better and retrieves fewer gold paragraphs (docs/results/answer-path/). The demo's own default is also 5.
 DEFAULT_TOP_K = 5
 
 # The longest answer, in tokens, wherever an answer is generated for a user (ask, Pipeline, Generator, the
@@ -26,9 +24,8 @@ DEFAULT_TOP_K = 5
 # often restate the question before answering; 16-24 tokens cut many right answers off (docs/results/answer-path/).
 DEFAULT_MAX_NEW_TOKENS = 48
 
-# How passages are retrieved (retrievers.build.build_retriever) and the default. Following the titles the top 2
-# passages mention (retrievers.links) was the first answer-path change whose EM gain on the train-split tuning copy
-# excluded zero: +10.0 points [+1.7, +20.0] for Qwen2.5-0.5B at top 5 (docs/results/answer-path/, fifth round).
+# How passages are retrieved (retrievers.build.build_retriever) and the default: following the titles the top 2
+# passages mention (retrievers.links) gained on a train-split tuning copy (docs/results/answer-path/, fifth round).
 RETRIEVALS = ("dense", "hybrid", "dense+links", "hybrid+links")
 DEFAULT_RETRIEVAL = "dense+links"
 

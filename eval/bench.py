@@ -88,7 +88,7 @@ RANDOM_SHAPES = {
         rope_theta=1e5,
         tie_word_embeddings=True,
     ),
-    "qwen2.5-0.5b": dict(
+    "qwen2.5-coder-0.5b": dict(
         model_type="qwen2",
         hidden_size=896,
         intermediate_size=4864,
@@ -409,7 +409,7 @@ BENCH_EXAMPLES = """examples:
   midlens bench moice --tokens 2048 --memory-repeats 1
   midlens bench attn-calibration --tokens 1024 --decode-tokens 16
   midlens bench batch --model smollm2-135m --batch-sizes 1,8 --prompts 8 --repeats 1
-  midlens bench batch --random-shape qwen2.5-0.5b --device cuda --dtype bfloat16 --batch-sizes 1,4,16,32,64
+  midlens bench batch --random-shape qwen2.5-coder-0.5b --device cuda --dtype bfloat16 --batch-sizes 1,4,16,32,64
 """
 
 

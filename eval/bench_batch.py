@@ -93,8 +93,9 @@ def run(
         import tempfile
 
         from midlens.eval.bench import save_random_model
+        from midlens.generators.models import resolve_model_dir
 
-        tokenizer_dir = load_model(model, "cpu", "float32").folder
+        tokenizer_dir = resolve_model_dir(random_shape)  # the shape's own tokenizer (and so its vocabulary)
         source = str(save_random_model(random_shape, Path(tempfile.mkdtemp()) / random_shape, tokenizer_dir))
     loaded = load_model(source, device, dtype)
     gen = Generator(loaded)
@@ -199,7 +200,9 @@ def markdown(report: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", default="1,4,16,64", help="comma-separated batch sizes")
     parser.add_argument("--prompts", type=int, default=64, help="prompts answered at every batch size")
-    parser.add_argument("--random-shape", choices=["smollm2-135m", "qwen2.5-0.5b"], help="random weights, this shape")
+    parser.add_argument(
+        "--random-shape", choices=["smollm2-135m", "qwen2.5-coder-0.5b"], help="random weights, this shape"
+    )
 
 
 def cmd_batch(args: argparse.Namespace) -> int:

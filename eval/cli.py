@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from midlens.core.errors import MidlensError
@@ -75,6 +77,16 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
     p.add_argument("--shard", help="i/n: run only every n-th example starting at i (0-based)")
     p.add_argument("--limit", type=int, help="stop after this many new units")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--engine",
+        default="local",
+        choices=["local", "ray"],
+        help="local: this process (default); ray: workers on a Ray cluster, through Ray Data",
+    )
+    p.add_argument("--address", help="ray: the cluster to join (default: start a local one)")
+    p.add_argument("--workers", type=positive_int, default=2, help="ray: evaluator actors, each with its own model")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0, help="ray: GPUs each actor reserves (e.g. 0.5)")
+    p.add_argument("--threads-per-worker", type=positive_int, default=1, help="ray: CPU threads each actor uses")
     p.add_argument("--max-words", type=int, default=100, help="hotpotqa: clip paragraphs to ~N words (0: whole)")
     p.add_argument(
         "--prompt-style",
@@ -103,7 +115,9 @@ def add_eval_parser(sub) -> None:
     esub = ev.add_subparsers(dest="eval_command", required=True)
 
     sw = esub.add_parser("sweep", help="lost-in-the-middle position sweep", epilog=EXAMPLES["sweep"])
-    sw.add_argument("--dataset", default="hotpotqa", help="hotpotqa | kv | a lost-in-the-middle .jsonl[.gz]")
+    sw.add_argument(
+        "--dataset", default="hotpotqa", help="hotpotqa | squad (SQuAD v2 dev) | kv | a lost-in-the-middle .jsonl[.gz]"
+    )
     sw.add_argument("--k", type=positive_int, default=10, help="documents per prompt (kv: key-value pairs)")
     sw.add_argument("--positions", default=None, help="1-based gold positions; default 1,K/2,K")
     sw.add_argument("--no-logprob", action="store_true", help="skip the gold-answer log-probability pass")
@@ -156,7 +170,7 @@ def add_eval_parser(sub) -> None:
 
 
 def _examples(args: argparse.Namespace):
-    from midlens.eval.datasets import kv_retrieval, load_hotpotqa, load_litm
+    from midlens.eval.datasets import kv_retrieval, load_hotpotqa, load_litm, load_squad
 
     if args.dataset == "hotpotqa":
         mode = "mdqa" if args.mode == "sweep" else "rerank"
@@ -165,6 +179,11 @@ def _examples(args: argparse.Namespace):
         name = "hotpotqa" if args.split == "eval" else f"hotpotqa-{args.split}"
         k = getattr(args, "k", 10)
         return name, load_hotpotqa(args.n, args.seed, mode=mode, k=k, max_words=max_words, split=args.split)
+    if args.dataset == "squad":
+        if args.mode != "sweep":
+            raise MidlensError("squad has one relevant paragraph per question: use it with `eval sweep`.")
+        max_words = None if args.max_words <= 0 else args.max_words
+        return "squad-v2-dev", load_squad(args.n, args.seed, k=args.k, max_words=max_words)
     if args.dataset == "kv":
         if args.mode != "sweep":
             raise MidlensError("kv retrieval has one relevant pair and no retriever order: use it with `eval sweep`.")
@@ -193,7 +212,20 @@ def _method_specs(methods: list[str]) -> dict:
     return configs
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+@dataclass
+class Run:
+    """What an eval run is: its config, its units, and how to evaluate one unit or a group of them."""
+
+    config: dict
+    units: list[dict]
+    evaluate: Callable[[dict], dict]
+    evaluate_many: Callable[[list[dict]], list[dict]] | None
+    device: str
+
+
+def build_run(args: argparse.Namespace) -> Run:
+    """Load the model and data an eval command names and lay out its units. The in-process engine calls it once;
+    the Ray engine calls it once per worker, so a worker evaluates exactly what an in-process run would."""
     if getattr(args, "split", "eval") != "eval" and getattr(args, "dataset", None) != "hotpotqa":
         raise MidlensError(f"--split {args.split}: only --dataset hotpotqa has splits.")
     from dataclasses import asdict
@@ -205,11 +237,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from midlens.eval.datasets import data_sha256
     from midlens.generators.generator import Generator
     from midlens.generators.models import load_model
-    from midlens.generators.scheduling import AUTO_START, parse_batch_size
     from midlens.rag.options import check_device, evidence_config
 
-    shard = runner.parse_shard(args.shard)
-    batch_size = parse_batch_size(getattr(args, "batch_size", "1"))  # refused before the model loads
     evidence = evidence_config(args)
     check_device(args)
     loaded = load_model(args.model, args.device, args.dtype)
@@ -264,19 +293,34 @@ def cmd_run(args: argparse.Namespace) -> int:
                 return evaluate_rerank(gens[u["method"]], examples[u["example"]], style=config["prompt_style"])
 
     config["units"] = len(units)
-    # The batch size is not part of the config: rows are the same at any size, so a run may resume with another.
-    group = batch_size if isinstance(batch_size, int) else AUTO_START if loaded.device.type == "cuda" else 1
-    rows = runner.run_units(
-        args.out,
-        config,
-        units,
-        evaluate,
-        shard,
-        args.limit,
-        progress=not args.no_progress,
-        evaluate_many=evaluate_many,
-        batch_size=group,
-    )
+    return Run(config, units, evaluate, evaluate_many, loaded.device.type)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from midlens.eval import runner
+    from midlens.generators.scheduling import AUTO_START, parse_batch_size
+
+    shard = runner.parse_shard(args.shard)
+    batch_size = parse_batch_size(getattr(args, "batch_size", "1"))  # refused before the model loads
+    if args.engine == "ray":
+        from midlens.eval.ray_engine import run_on_ray
+
+        rows = run_on_ray(args, shard)
+    else:
+        run = build_run(args)
+        # The batch size is not part of the config: rows are the same at any size, so a run may resume with another.
+        group = batch_size if isinstance(batch_size, int) else AUTO_START if run.device == "cuda" else 1
+        rows = runner.run_units(
+            args.out,
+            run.config,
+            run.units,
+            run.evaluate,
+            shard,
+            args.limit,
+            progress=not args.no_progress,
+            evaluate_many=run.evaluate_many,
+            batch_size=group,
+        )
     print(f"{len(rows)} results in {args.out / runner.results_name(shard)}")
     return 0
 

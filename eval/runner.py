@@ -21,7 +21,7 @@ from midlens.core.files import sha256_json, write_atomic
 
 RESULTS = "results.jsonl"
 CONFIG = "config.json"
-VOLATILE = ("seconds", "timings", "started", "shard")  # differ between runs of the same work
+VOLATILE = ("seconds", "timings", "started", "shard", "worker")  # differ between runs of the same work
 
 
 class RunError(MidlensError):
@@ -89,6 +89,20 @@ def prepare_dir(out: Path, config: dict) -> None:
     write_atomic(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def pending_units(
+    out: Path, config: dict, units: list[dict], shard: tuple[int, int], limit: int | None
+) -> tuple[Path, list[dict], set[str], list[dict]]:
+    """Prepare the run directory -> (results file, the shard's units, keys done, units to do, at most `limit`)."""
+    out = Path(out)
+    prepare_dir(out, config)
+    path = out / results_name(shard)
+    done = {row["key"] for row in read_rows(path, repair=True)}
+    i, n = shard
+    mine = [u for u in units if u["example"] % n == i]
+    todo = [u for u in mine if u["key"] not in done]
+    return path, mine, done, todo if limit is None else todo[:limit]
+
+
 def run_units(
     out: Path,
     config: dict,
@@ -108,30 +122,39 @@ def run_units(
     units of whole examples at a time, so a group is one generator's batch; each row is still written (and
     a resumed run skips it) one unit at a time.
     """
-    out = Path(out)
-    prepare_dir(out, config)
-    path = out / results_name(shard)
-    done = {row["key"] for row in read_rows(path, repair=True)}
-    i, n = shard
-    mine = [u for u in units if u["example"] % n == i]
-    todo = [u for u in mine if u["key"] not in done]
-    if limit is not None:
-        todo = todo[:limit]
-    config_hash = sha256_json(comparable(config))
-    already = sum(u["key"] in done for u in mine)
-    bar = tqdm(total=len(mine), initial=already, desc=out.name, unit="ex", disable=not progress, dynamic_ncols=True)
+    path, mine, done, todo = pending_units(out, config, units, shard, limit)
     batched = evaluate_many is not None and batch_size > 1
     groups = unit_groups(todo, batch_size) if batched else [[u] for u in todo]
-    with path.open("a", encoding="utf-8") as handle:
+
+    def rows():
         for group in groups:
             results = evaluate_many(group) if batched else [evaluate(group[0])]
             for unit, result in zip(group, results, strict=True):
-                row = {**unit, **result, "config_sha256": config_hash}
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            handle.flush()
-            bar.update(len(group))
-    bar.close()
+                yield {**unit, **result}
+
+    write_rows(path, config, rows(), len(mine), done, progress)
     return read_rows(path)
+
+
+def write_rows(path: Path, config: dict, rows: Iterable[dict], total: int, done: set[str], progress: bool) -> int:
+    """Append each row as it comes, flushed, once per key (a key in `done` or written before is dropped: a
+    retried worker may deliver a row twice); returns the number written. The one writer of a results file."""
+    config_hash = sha256_json(comparable(config))
+    seen = set(done)
+    desc = path.parent.name
+    bar = tqdm(total=total, initial=len(seen), desc=desc, unit="ex", disable=not progress, dynamic_ncols=True)
+    written = 0
+    with path.open("a", encoding="utf-8") as handle:
+        for row in rows:
+            if row["key"] in seen:
+                continue
+            seen.add(row["key"])
+            handle.write(json.dumps({**row, "config_sha256": config_hash}, ensure_ascii=False) + "\n")
+            handle.flush()
+            written += 1
+            bar.update(1)
+    bar.close()
+    return written
 
 
 def unit_groups(units: list[dict], size: int) -> list[list[dict]]:

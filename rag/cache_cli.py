@@ -20,14 +20,12 @@ from pathlib import Path
 
 from midlens.core.errors import MidlensError
 from midlens.core.files import (
-    MANIFEST,
     folder_size,
     indexes_dir,
     is_stale,
     models_dir,
     read_manifest,
     remove_tree,
-    sha256_of,
 )
 
 
@@ -51,7 +49,7 @@ def _model_state(folder: Path) -> str:
     except ValueError:
         return "MANIFEST.json unreadable: `midlens cache verify` says more"
     if manifest is None:
-        return "no manifest yet (recorded on next load)"
+        return "unverified: no manifest (converted again from its GGUF on next load)"
     return f"{len(manifest['files'])} files in manifest, recorded {manifest.get('recorded', '?')}"
 
 
@@ -108,16 +106,14 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
 
 
 def _verify_index(folder: Path) -> str | None:
-    """What is wrong with an index folder, None when its faiss file matches meta.json."""
-    meta = _index_meta(folder)
-    if not meta:
-        return f"{folder / 'meta.json'}: missing or unreadable"
-    for name in ("index.faiss", "passages.jsonl"):
-        if not (folder / name).is_file():
-            return f"{folder / name}: missing"
-    actual = sha256_of([folder / "index.faiss"])
-    if actual != meta.get("index_sha256"):
-        return f"{folder / 'index.faiss'}: sha256 {actual}, meta.json records {meta.get('index_sha256')}"
+    """What is wrong with an index folder (every file hashed against its manifest), None when nothing is."""
+    from midlens.core.errors import RetrievalIndexError
+    from midlens.retrievers.dense import verify_index
+
+    try:
+        verify_index(folder, hashes=True)
+    except RetrievalIndexError as err:
+        return str(err)
     return None
 
 
@@ -134,32 +130,20 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
         models, indexes = _entries(models_dir(), False), _entries(indexes_dir(), False)
     bad = 0
     for folder in models:
-        had_manifest = (folder / MANIFEST).is_file()
         try:
             check_model_folder(folder.name, folder, hashes=True)
         except ModelError as err:
             bad += 1
             print(f"DAMAGED model {folder.name}: {err}\n")
             continue
-        if had_manifest:
-            print(f"ok      model {folder.name}: every file matches its manifest ({folder})")
-        elif (folder / MANIFEST).is_file():
-            print(
-                f"ok      model {folder.name}: converted before manifests existed; recorded one now from its files "
-                f"({folder}). If it misbehaves, rebuild it: `midlens cache clear --model {folder.name}`."
-            )
-        else:
-            print(f"skipped model {folder.name}: no manifest and no SOURCE_SHA256 marker ({folder})")
+        print(f"ok      model {folder.name}: every file matches its manifest ({folder})")
     for folder in indexes:
         problem = _verify_index(folder)
         if problem:
             bad += 1
-            print(
-                f"DAMAGED index {folder.name}: {problem}. Rebuild it: `midlens index clear`, then "
-                "`midlens index build --corpus PATH` (or run `midlens ask`, which builds it)."
-            )
+            print(f"DAMAGED index {folder.name}: {problem}\n")
         else:
-            print(f"ok      index {folder.name}: index.faiss matches meta.json ({folder})")
+            print(f"ok      index {folder.name}: every file matches its manifest ({folder})")
     if not models and not indexes:
         print(f"nothing cached under {models_dir().parent}")
     return 1 if bad else 0

@@ -54,7 +54,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 
 from midlens.core.errors import PromptTooLongError  # noqa: E402
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K  # noqa: E402
-from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence  # noqa: E402
+from midlens.generators.evidence import Answer, EvidenceConfig  # noqa: E402
 from midlens.generators.generator import Generator  # noqa: E402
 from midlens.generators.models import DEFAULT_MODEL, LoadedModel  # noqa: E402
 from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt, fit_windows  # noqa: E402
@@ -116,11 +116,6 @@ def to_passage(item: PassageLike) -> Passage:
         id=node.node_id,
         score=None if score is None else float(score),
     )
-
-
-def evidence_score(pe: PassageEvidence) -> float:
-    """The score midlens ranks by: calibrated evidence when calibration ran, else raw attention mass."""
-    return pe.calibrated if pe.calibrated is not None else pe.evidence
 
 
 def evidence_rows(answer: Answer) -> list[dict]:
@@ -472,7 +467,7 @@ class AttentionReranker(BaseNodePostprocessor):
             scores: list[float] = []
             for prompt in prompts:
                 answer = self._generator.score(prompt, calibrate=self.score_by == "calibrated")
-                scores += [pe.evidence if self.score_by == "evidence" else evidence_score(pe) for pe in answer.passages]
+                scores += [pe.evidence if self.score_by == "evidence" else pe.score for pe in answer.passages]
             assert len(scores) == len(nodes)
             if len(prompts) > 1:
                 logger.warning(
@@ -598,7 +593,7 @@ class MidlensQueryEngine(CustomQueryEngine):
         for row, pe in zip(evidence_rows(answer), answer.passages, strict=True):
             if row["id"] not in by_id:  # dropped by truncate="drop_last": listed in metadata["midlens"]
                 continue
-            sources.append((pe.rank, NodeWithScore(node=by_id[row["id"]].node, score=evidence_score(pe))))
+            sources.append((pe.rank, NodeWithScore(node=by_id[row["id"]].node, score=pe.score)))
             metadata[row["id"]] = row
         kwargs = _response_kwargs(answer)
         kwargs.pop("answer")

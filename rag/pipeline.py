@@ -1,6 +1,6 @@
 """The one pipeline every shell (CLI, LlamaIndex, demo, eval) calls: retrieve -> stack -> generate.
 
-pipe = Pipeline.from_corpus(device="auto")         # embedded HotpotQA corpus, Qwen2.5-0.5B, baseline
+pipe = Pipeline.from_corpus(device="auto")         # embedded HotpotQA corpus, Qwen2.5-Coder-0.5B-Instruct, baseline
 answer = pipe.ask("Who directed Wings of Desire?")
 for p in answer.ranked(): print(p.rank, p.passage.title, p.calibrated)
 """

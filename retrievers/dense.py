@@ -25,7 +25,16 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from midlens.core.errors import CorpusError, InvalidArgumentError, RetrievalIndexError
-from midlens.core.files import OWNER, build_lock, indexes_dir, make_temp_dir, sweep_stale
+from midlens.core.files import (
+    OWNER,
+    build_lock,
+    indexes_dir,
+    make_temp_dir,
+    manifest_problems,
+    read_manifest,
+    sweep_stale,
+    write_manifest,
+)
 from midlens.core.names import DEFAULT_TOP_K
 from midlens.core.passage import Passage
 from midlens.retrievers.corpus import fingerprint, read_documents, to_passages
@@ -139,6 +148,30 @@ def checked_top_k(query: str, top_k: int, size: int) -> int:
     return min(top_k, size)
 
 
+def verify_index(index_dir: Path, hashes: bool = False) -> None:
+    """Refuse an index folder whose files differ from its MANIFEST.json (a cheap stat per file; a changed file is
+    re-hashed; every file when `hashes`), or that has none: nothing then vouches for its passages."""
+    try:
+        manifest = read_manifest(index_dir)
+    except ValueError as err:
+        raise RetrievalIndexError(f"{err}; rebuild the index ({REBUILD_INDEX}).") from None
+    if manifest is None:
+        raise RetrievalIndexError(
+            f"index folder {index_dir} has no MANIFEST.json, so its passages and vectors cannot be verified (deleted, "
+            f"or built by an older midlens); rebuild it ({REBUILD_INDEX})."
+        )
+    problems = manifest_problems(index_dir, manifest, hashes)
+    if problems:
+        listed = "\n".join(f"  {p}" for p in problems)
+        raise RetrievalIndexError(
+            f"index folder {index_dir} does not match its manifest (edited or damaged):\n{listed}\n"
+            f"Rebuild it ({REBUILD_INDEX})."
+        )
+
+
+REBUILD_INDEX = "`midlens index clear`, then run the command again, or `midlens index build CORPUS`"
+
+
 class DenseRetriever:
     def __init__(self, passages: list[Passage], index: faiss.Index, meta: dict):
         self.passages = passages
@@ -172,8 +205,8 @@ class DenseRetriever:
                     saved = cls.load(index_dir)
                     if saved.meta.get("fingerprint") == fp:
                         return saved
-                except RetrievalIndexError:
-                    pass  # stale or corrupt: rebuild below
+                except RetrievalIndexError as err:  # damaged or unverified: rebuilt below from the passages at hand
+                    logger.warning("%s\nRebuilding the index from the corpus.", err)
             work = index_dir.parent / f".{index_dir.name}.embeddings-{fp[:12]}"
             vectors = _embed_resumable(passages, work)
             described = {"source": source} if source else {}
@@ -207,6 +240,7 @@ class DenseRetriever:
             meta = {**self.meta, "passages": len(self.passages), "index_sha256": _file_sha256(tmp / "index.faiss")}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
             (tmp / OWNER).unlink()  # the owner record belongs to the temp folder, not to the index
+            write_manifest(tmp, {"kind": "faiss index"})  # every file, so an edited passage is caught at load
             old = None
             if index_dir.exists():
                 old = index_dir.with_name(f".{index_dir.name}.old-{os.getpid()}")
@@ -228,13 +262,8 @@ class DenseRetriever:
         for p in (meta_path, index_path, passages_path):
             if not p.is_file():
                 raise RetrievalIndexError(f"index folder {index_dir} is incomplete: {p.name} is missing; rebuild it.")
+        verify_index(index_dir)
         meta = json.loads(meta_path.read_text())
-        actual = _file_sha256(index_path)
-        if actual != meta.get("index_sha256"):
-            raise RetrievalIndexError(
-                f"{index_path}: sha256 {actual} does not match meta.json ({meta.get('index_sha256')}); "
-                "the index is corrupt or was edited. Delete the folder and rebuild."
-            )
         passages = [Passage(**json.loads(line)) for line in passages_path.read_text(encoding="utf-8").splitlines()]
         index = faiss.read_index(str(index_path))
         if index.ntotal != len(passages):

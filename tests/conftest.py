@@ -67,3 +67,14 @@ def planted_passages(n: int = 8, gold_at: int = 3):
     passages = [Passage(text=d["text"][:400], title=d["title"], id=d["id"]) for d in docs[: n - 1]]
     passages.insert(gold_at - 1, Passage(text=PLANTED_FACT, title="Zorbland expedition", id="gold"))
     return passages
+
+
+# Test tiers: a test that takes one of these fixtures loads the packaged SmolLM2-135M (or builds the embedded
+# index) and is marked `model`; `make test-fast` leaves out `model`, `slow`, `browser` and `gpu`.
+MODEL_FIXTURES = {"loaded", "generator", "default_retriever", "pipeline", "llm", "faiss_index", "calibrated"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)

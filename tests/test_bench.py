@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocess runs and benches: `make test`, not `make test-fast`
+
 
 @pytest.mark.parametrize(
     ("kind", "variants"), [("evidence", {"plain", "evidence", "eager"}), ("attn-calibration", None)]

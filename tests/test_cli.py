@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocess runs and benches: `make test`, not `make test-fast`
+
 QUESTION = "What film is a sequel to a German romantic fantasy film featuring Bruno Ganz and Solveig Dommartin?"
-SMOL = ("--model", "smollm2-135m")  # the fast test model; `ask` defaults to Qwen2.5-0.5B
+SMOL = ("--model", "smollm2-135m")  # the fast test model; `ask` defaults to Qwen2.5-Coder-0.5B
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -247,7 +249,7 @@ def test_a_trained_method_runs_on_the_model_it_ships_for_and_is_refused_early_el
         chosen_model(args, method_spec(args))
 
     out = run_cli("ask", "q?", "--model", DEFAULT_MODEL, "--method", "moice")
-    assert out.returncode == 2 and "no trained moice artefact ships for model 'qwen2.5-0.5b'" in out.stderr
+    assert out.returncode == 2 and "no trained moice artefact ships for model 'qwen2.5-coder-0.5b'" in out.stderr
     assert "Loading weights" not in out.stderr and "Traceback" not in out.stderr  # before the model loads
     assert main(["demo", "--model", DEFAULT_MODEL, "--method", "moice"]) == 2  # before a server starts
     assert "no trained moice artefact ships" in capsys.readouterr().err

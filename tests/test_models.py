@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -134,8 +135,37 @@ def test_damaged_header_names_the_file_by_hash(cached_tiny):
     with pytest.raises(ModelError) as err:
         models.load_model(TINY, device="cpu")
     msg = str(err.value)
+    # Caught before transformers reads the file: the write changed the file's stat, so it was hashed at load.
     assert f"{weights}: sha256 " in msg and "the manifest records" in msg
-    assert "SafetensorError" in msg and REBUILD in msg
+    assert REBUILD in msg
+
+
+def test_a_flipped_byte_in_the_weights_is_refused_at_load(cached_tiny):
+    """Defect: one byte XOR-ed in the middle of model.safetensors (same size) was loaded and answered with."""
+    weights = cached_tiny / "model.safetensors"
+    middle = weights.stat().st_size // 2
+    with weights.open("r+b") as f:
+        f.seek(middle)
+        byte = f.read(1)[0]
+        f.seek(middle)
+        f.write(bytes([byte ^ 0xFF]))
+    with pytest.raises(ModelError) as err:
+        models.load_model(TINY, device="cpu")
+    assert f"{weights}: sha256 " in str(err.value) and REBUILD in str(err.value)
+    with weights.open("r+b") as f:  # the bytes restored (a new mtime): hashed once more, matched, recorded again
+        f.seek(middle)
+        f.write(bytes([byte]))
+    assert resolve_model_dir(TINY) == cached_tiny
+    entry = json.loads((cached_tiny / "MANIFEST.json").read_text())["files"]["model.safetensors"]
+    assert entry["mtime_ns"] == weights.stat().st_mtime_ns  # so the next load is one stat, not a hash
+
+
+def test_an_unchanged_cache_is_checked_without_hashing(cached_tiny, monkeypatch):
+    import midlens.core.files as files
+
+    resolve_model_dir(TINY)  # manifests written at conversion already carry the stat
+    monkeypatch.setattr(files, "sha256_of", lambda *a, **k: pytest.fail("an untouched file was hashed"))
+    assert resolve_model_dir(TINY) == cached_tiny
 
 
 def test_a_nan_weight_is_named_at_the_first_forward_pass(cached_tiny):
@@ -143,8 +173,11 @@ def test_a_nan_weight_is_named_at_the_first_forward_pass(cached_tiny):
     from midlens.generators import Generator
 
     weights = cached_tiny / "model.safetensors"
-    # One float of the final norm set to NaN: the weights load fine and every logit becomes NaN.
+    # One float of the final norm set to NaN, as bit rot does: the bytes change, the stat does not (the write's
+    # mtime is set back), so the load-time check, one stat per file, passes; every logit becomes NaN.
+    recorded = weights.stat()
     poison(weights, "model.norm.weight")
+    os.utime(weights, ns=(recorded.st_atime_ns, recorded.st_mtime_ns))
     gen = Generator(TINY, device="cpu", dtype="float32")
     prompt = gen.prompt("what is the code word ?", [Passage(text="the code word is pelican", title="city")], 8)
     with pytest.raises(ModelError) as err:
@@ -168,16 +201,31 @@ def test_a_nan_weight_in_a_plain_folder_says_what_happened(tmp_path, monkeypatch
         gen.score(gen.prompt("the code word ?", [Passage(text="the code word is pelican", title="city")], 8))
 
 
-def test_an_old_cache_without_manifest_gets_one_once(cached_tiny):
-    manifest = cached_tiny / "MANIFEST.json"
-    recorded = json.loads(manifest.read_text())["files"]
-    manifest.unlink()  # as converted by an older midlens
-    assert resolve_model_dir(TINY) == cached_tiny
-    adopted = json.loads(manifest.read_text())
-    assert adopted["recorded"] == "from an existing cache" and adopted["files"] == recorded
-    (cached_tiny / "config.json").write_text("{}")  # and from now on it is checked
-    with pytest.raises(ModelError, match=r"config.json: 2 bytes, the manifest records"):
+def test_a_deleted_manifest_does_not_launder_damage(cached_tiny):
+    """Defect: with MANIFEST.json deleted, a damaged cache was re-recorded as it was, and `cache verify` then said ok.
+    Without a manifest nothing vouches for the files: refused (here its GGUF is not installed to rebuild from)."""
+    from midlens.rag.cache_cli import cmd_cache_verify
+
+    overwrite(cached_tiny / "model.safetensors", 1000, b"\x00\x01")
+    (cached_tiny / "MANIFEST.json").unlink()
+    with pytest.raises(ModelError, match=rf"has no MANIFEST.json, so nothing vouches for its files.*{REBUILD}"):
         resolve_model_dir(TINY)
+    assert not (cached_tiny / "MANIFEST.json").exists()  # nothing was recorded from the damaged files
+    assert cmd_cache_verify(argparse.Namespace(model=TINY)) == 1
+
+
+@pytest.mark.slow
+def test_a_damaged_cache_is_converted_again_from_the_verified_gguf(tmp_path, monkeypatch, capsys):
+    """Where the source is at hand (the packaged GGUF, verified by hash), damage is repaired, not just refused."""
+    monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_LOADED", {})
+    folder = resolve_model_dir("smollm2-135m")
+    good = json.loads((folder / "MANIFEST.json").read_text())["files"]["model.safetensors"]["sha256"]
+    overwrite(folder / "model.safetensors", (folder / "model.safetensors").stat().st_size // 2, b"\xff")
+    (folder / "MANIFEST.json").unlink()
+    assert resolve_model_dir("smollm2-135m") == folder
+    assert "converting smollm2-135m again from its installed GGUF" in capsys.readouterr().err
+    assert json.loads((folder / "MANIFEST.json").read_text())["files"]["model.safetensors"]["sha256"] == good
 
 
 def test_an_unreadable_manifest_is_refused_with_the_fix(cached_tiny):

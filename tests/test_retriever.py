@@ -68,13 +68,34 @@ def test_corrupt_index_is_detected(small_corpus, tmp_path):
     with (index_dir / "index.faiss").open("r+b") as f:
         f.seek(100)
         f.write(b"\x00\x01\x02\x03")
-    with pytest.raises(RetrievalIndexError, match="sha256 .* does not match"):
+    with pytest.raises(RetrievalIndexError, match=r"index.faiss: sha256 .*, the manifest records"):
         DenseRetriever.load(index_dir)
     (index_dir / "passages.jsonl").unlink()
     with pytest.raises(RetrievalIndexError, match="passages.jsonl is missing"):
         DenseRetriever.load(index_dir)
     # build() over a corrupt folder rebuilds instead of failing
     assert len(DenseRetriever.build(small_corpus, index_dir=index_dir)) == 3
+
+
+def test_an_edited_passage_is_caught_and_the_index_rebuilt(small_corpus, tmp_path, caplog):
+    """Defect: `sed -i s/Pembrook/Zanzibar/` on an index's passages.jsonl was served by `ask` and passed `cache
+    verify`. The index's manifest covers every file: a load refuses it; a build from the corpus rebuilds it."""
+    index_dir = tmp_path / "index"
+    built = DenseRetriever.build(small_corpus, index_dir=index_dir)
+    passages = index_dir / "passages.jsonl"
+    text = passages.read_text(encoding="utf-8")
+    word = built.passages[0].text.split()[0]
+    passages.write_text(text.replace(word, "Zanzibar"), encoding="utf-8")
+    with pytest.raises(RetrievalIndexError, match=r"passages.jsonl: (sha256|\d+ bytes)"):
+        DenseRetriever.load(index_dir)
+    with caplog.at_level("WARNING"):
+        rebuilt = DenseRetriever.build(small_corpus, index_dir=index_dir)
+    assert "Rebuilding the index from the corpus" in caplog.text
+    assert [p.text for p in rebuilt.passages] == [p.text for p in built.passages]
+    assert DenseRetriever.load(index_dir).passages[0].text == built.passages[0].text
+    (index_dir / "MANIFEST.json").unlink()  # unverified: refused, never re-recorded
+    with pytest.raises(RetrievalIndexError, match="has no MANIFEST.json"):
+        DenseRetriever.load(index_dir)
 
 
 def test_jsonl_corpus_and_its_errors(tmp_path):
@@ -180,12 +201,25 @@ def test_two_builds_of_one_index_at_once_embed_it_once(tmp_path, monkeypatch):
     real_embed = dense.embed
     real_embed(["load the embedder once, before the race"])
     calls = []
+    # The overlap is made, not waited for: the first build's first embedding waits until the second build has
+    # reached the lock, so the two builds always overlap (no sleep, whatever the machine's speed).
+    real_lock = dense.build_lock
+    both_at_lock = threading.Barrier(2, timeout=60)
+    arrived = []
+
+    def lock_after_arriving(path):
+        arrived.append(threading.get_ident())
+        if len(arrived) == 2:
+            both_at_lock.wait()
+        return real_lock(path)
 
     def slow_embed(texts, show_progress=False):
+        if not calls:
+            both_at_lock.wait()
         calls.append(len(texts))
-        time.sleep(0.3)  # widen the window in which the two builds overlap
         return real_embed(texts)
 
+    monkeypatch.setattr(dense, "build_lock", lock_after_arriving)
     monkeypatch.setattr(dense, "embed", slow_embed)
     results, errors = [], []
 

@@ -124,7 +124,7 @@ def test_methods_trained_per_model_are_listed_only_where_their_artefact_ships(tm
     # Artefacts ship for SmolLM2 only (generators/trained/): another model is offered the training-free methods.
     assert available("smollm2-135m") == everything
     (tmp_path / "meta.json").write_text("{}")  # a model folder that happens to hold a meta.json ships nothing
-    for other in ("qwen2.5-0.5b", str(tmp_path)):
+    for other in ("qwen2.5-coder-0.5b", str(tmp_path)):
         assert available(other) == [m for m in everything if m not in ("mudaf", "moice")]
 
 
