@@ -334,7 +334,7 @@ def build_blocks(backend: DemoBackend) -> gr.Blocks:
         progress: gr.Progress = tracked,
     ) -> tuple:
         if compare and method == "baseline":
-            gr.Warning("Side by side compares baseline with another method: pick ms-poe to see both.")
+            gr.Warning("Side by side compares baseline with another method: pick any method but baseline to see both.")
         try:
             result = backend.ask(question, model, method, compare, top_k, corpus_file, max_new_tokens, progress)
             return (*render(result, view), result)

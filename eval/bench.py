@@ -26,20 +26,28 @@ import time
 from pathlib import Path
 
 # torch is imported by the functions that run models: `midlens --help` builds this module's parser.
-from midlens.core.names import EVAL_MODEL
+from midlens.core.errors import MidlensError
+from midlens.core.names import EVAL_MODEL, METHODS
 from midlens.eval.bench_batch import add_arguments as add_batch_arguments
 from midlens.eval.bench_batch import cmd_batch
 from midlens.rag.options import add_device_args
 
 VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
-# Method benches: the baseline first (ratios are against it), then method specs run through Generator.
-METHOD_VARIANTS = {
-    "ms-poe": ("baseline", "ms-poe"),
-    "moice": ("baseline", "moice(top_k=1)", "moice(top_k=3)", "moice(top_k=7)"),
-    "attn-calibration": ("baseline", "attn-calibration", "attn-calibration(calibration='dummy')"),
-}
-# A method bench also times the whole answer path, Generator.generate (prefill with evidence, the method's extra
-# passes, decoding): attn-calibration costs nothing in the plain prefill and all of its work happens there.
+# A method bench (`midlens bench NAME`) times the baseline, then the method's own variants (its registry entry's
+# `bench_variants`), through Generator; it also times the whole answer path, Generator.generate (prefill with
+# evidence, the method's extra passes, decoding): attn-calibration costs nothing in the plain prefill and all of its
+# work happens there.
+
+
+def method_variants(kind: str) -> tuple[str, ...]:
+    from midlens.generators.registry import REGISTRY
+
+    variants = REGISTRY[kind].bench_variants
+    if not variants:
+        raise MidlensError(
+            f"method {kind!r} has no bench variants: `midlens bench` times those whose entry lists some."
+        )
+    return ("baseline", *variants)
 
 
 def _rss_kb(field: str) -> int:
@@ -311,7 +319,7 @@ def run(
 ) -> dict:
     import torch
 
-    variants = VARIANTS_EVIDENCE if kind == "evidence" else METHOD_VARIANTS[kind]
+    variants = VARIANTS_EVIDENCE if kind == "evidence" else method_variants(kind)
     if skip_eager:
         variants = tuple(v for v in variants if v != "eager")
     base = variants[0]
@@ -419,7 +427,7 @@ def add_bench_parser(sub) -> None:
         help="benchmarks: evidence overhead; ms-poe, moice and attn-calibration cost against the baseline",
         epilog=BENCH_EXAMPLES,
     )
-    bench.add_argument("kind", choices=["evidence", *METHOD_VARIANTS, "batch"])
+    bench.add_argument("kind", choices=["evidence", "batch", *(m for m in METHODS if m != "baseline")])
     bench.add_argument("--model", default=EVAL_MODEL)
     bench.add_argument(
         "--tokens",
@@ -452,7 +460,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     dtype = dtype_name(resolve_dtype(args.dtype, device))
-    sizes = args.tokens or ("2048,4096" if args.kind == "ms-poe" else "2048")
+    if args.tokens:
+        sizes = args.tokens
+    elif args.kind == "evidence":
+        sizes = "2048"
+    else:
+        from midlens.generators.registry import REGISTRY
+
+        sizes = ",".join(str(t) for t in REGISTRY[args.kind].bench_tokens)
     report = run(
         args.kind,
         args.model,

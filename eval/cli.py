@@ -297,8 +297,8 @@ def build_run(args: argparse.Namespace) -> Run:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from midlens.core.batch_size import parse_batch_size, units_per_group
     from midlens.eval import runner
-    from midlens.generators.scheduling import AUTO_START, parse_batch_size
 
     shard = runner.parse_shard(args.shard)
     batch_size = parse_batch_size(getattr(args, "batch_size", "1"))  # refused before the model loads
@@ -309,7 +309,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         run = build_run(args)
         # The batch size is not part of the config: rows are the same at any size, so a run may resume with another.
-        group = batch_size if isinstance(batch_size, int) else AUTO_START if run.device == "cuda" else 1
+        group = units_per_group(batch_size, run.device)
         rows = runner.run_units(
             args.out,
             run.config,
@@ -326,8 +326,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _sweep(args, name, examples, gens, config):
+    from midlens.core.batch_size import parse_batch_size
     from midlens.eval.sweep import PositionSweep
-    from midlens.generators.scheduling import parse_batch_size
 
     k = args.k
     if args.positions:

@@ -48,10 +48,9 @@ class UnitEvaluator:
 
 
 def _batch_size(options: dict, device: str) -> int:
-    from midlens.generators.scheduling import AUTO_START, parse_batch_size
+    from midlens.core.batch_size import parse_batch_size, units_per_group
 
-    size = parse_batch_size(options.get("batch_size", "1"))
-    return size if isinstance(size, int) else AUTO_START if device == "cuda" else 1
+    return units_per_group(parse_batch_size(options.get("batch_size", "1")), device)
 
 
 def _describe(options: dict) -> tuple[dict, list[dict], str]:

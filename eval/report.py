@@ -15,6 +15,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from midlens.core.names import METHODS, ORDERINGS
 from midlens.eval.metrics import bootstrap_ci
 from midlens.eval.runner import CONFIG, RunError, read_rows, write_atomic
 
@@ -184,8 +185,11 @@ def paired_differences(table: dict, against: str = "baseline") -> dict:
 
 
 def _method_order(m: str) -> tuple[int, str]:
-    order = ["baseline", "ms-poe", "moice", "mudaf", "lcr", "attn-sort"]
-    return (order.index(m) if m in order else len(order), m)
+    """Registered methods in registration order (baseline first), then the orderings, then anything else; a spec
+    such as `mudaf(alpha=0)` sorts with its method."""
+    order = [*METHODS, *ORDERINGS]
+    name = m.split("(", 1)[0].strip()
+    return (order.index(name) if name in order else len(order), m)
 
 
 def rerank_summary(rows: list[dict]) -> dict:

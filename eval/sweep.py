@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import time
 
+from midlens.core.batch_size import BatchSize
 from midlens.core.passage import Passage
 from midlens.eval.datasets import Example
 from midlens.eval.metrics import answer_f1, best_subspan_em
 from midlens.generators.evidence import Answer
 from midlens.generators.generator import Generator
 from midlens.generators.prompt import DEFAULT_STYLE
-from midlens.generators.scheduling import BatchSize, generate_all
+from midlens.generators.scheduling import generate_all
 
 
 def layout(example: Example, k: int, position: int) -> list[Passage]:

@@ -37,8 +37,7 @@ from midlens.generators.rope import RotaryScheme, baseline_schemes
 
 DEFAULTS = {
     # Half-way to the calibrated shares: chosen on train-split tuning slices, where it beat strength 1.0 in gold-answer
-    # log-probability on both models (Qwen2.5-0.5B +0.90 nats [+0.16, +1.75], SmolLM2-135M +0.22 [-0.20, +0.66]);
-    # full strength starves a gold passage in the first slot (docs/results/*/attn-calibration/).
+    # log-probability on both models; full strength starves a gold passage in the first slot (docs/results/README.md).
     "strength": 0.5,
     "temperature": 0.05,
     "layers": "upper",
@@ -46,6 +45,8 @@ DEFAULTS = {
     "heads": "all",
     "calibration": "content-free",
 }
+# `midlens bench`: the specs timed against the baseline.
+BENCH_VARIANTS = ("attn-calibration", "attn-calibration(calibration='dummy')")
 CALIBRATIONS = ("content-free", "dummy")
 # Filler with no entity, number or answer in it; repeated to each passage's token length.
 DUMMY_TEXT = "This document is intentionally left blank and says nothing about any subject."

@@ -36,6 +36,9 @@ DEFAULTS = {
     "alpha": 3.0,
     "head_ranks": None,
 }
+# `midlens bench`: the specs timed against the baseline.
+BENCH_VARIANTS = ("ms-poe",)
+BENCH_TOKENS = (2048, 4096)  # its cost grows with the prompt
 
 
 def ratio_ladder(n: int, ratio_min: float, ratio_max: float) -> torch.Tensor:

@@ -31,6 +31,9 @@ class Method:
     # Methods with an `artefact` option: the folder under generators/trained/<name>/ that (model name, options)
     # reads when no artefact is given. None: the model's name (MuDAF keeps one folder per alpha).
     shipped_name: Callable[[str, dict], str] | None = None
+    # `midlens bench NAME`: the specs timed against the baseline, and the default prompt sizes (tokens).
+    bench_variants: tuple[str, ...] = ()
+    bench_tokens: tuple[int, ...] = (2048,)
 
 
 REGISTRY: dict[str, Method] = {}
@@ -177,7 +180,20 @@ def _register_builtins() -> None:
         ),
     ):
         shipped = getattr(module, "shipped_name", None)
-        register(Method(name, summary, module.build, module.DEFAULTS, module.check_options, shipped_name=shipped))
+        bench = getattr(module, "BENCH_VARIANTS", ())
+        tokens = getattr(module, "BENCH_TOKENS", (2048,))
+        register(
+            Method(
+                name,
+                summary,
+                module.build,
+                module.DEFAULTS,
+                module.check_options,
+                shipped_name=shipped,
+                bench_variants=bench,
+                bench_tokens=tokens,
+            )
+        )
 
 
 _register_builtins()

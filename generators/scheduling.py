@@ -10,29 +10,12 @@ throughput feature on the GPU.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 
-from midlens.core.errors import InvalidArgumentError
+from midlens.core.batch_size import BatchSize, parse_batch_size, units_per_group
 from midlens.generators.evidence import Answer
 from midlens.generators.prompt import StackedPrompt
-
-AUTO_START = 64
-BatchSize = int | Literal["auto"]
-
-
-def parse_batch_size(value: str | int) -> BatchSize:
-    """`N` (a positive integer) or `auto`."""
-    if value == "auto":
-        return "auto"
-    try:
-        size = int(value)
-    except (TypeError, ValueError):
-        size = 0
-    if size < 1:
-        raise InvalidArgumentError(f"batch size {value!r}: expected a positive integer or 'auto'.")
-    return size
 
 
 def _out_of_memory(err: BaseException) -> bool:
@@ -50,9 +33,7 @@ def generate_all(
     """One Answer per prompt, in the prompts' order, generated `batch_size` at a time (longest first).
 
     `options` are `Generator.generate_batch`'s; `on_batch(n)` is told after each batch how many it answered."""
-    size = parse_batch_size(batch_size)
-    if size == "auto":
-        size = AUTO_START if generator.device.type == "cuda" else 1
+    size = units_per_group(parse_batch_size(batch_size), generator.device.type)
     references = references or [None] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: -prompts[i].num_tokens)
     answers: list[Answer | None] = [None] * len(prompts)

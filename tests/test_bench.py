@@ -12,11 +12,11 @@ pytestmark = pytest.mark.slow  # subprocess runs and benches: `make test`, not `
     ("kind", "variants"), [("evidence", {"plain", "evidence", "eager"}), ("attn-calibration", None)]
 )
 def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants):
-    from midlens.eval.bench import METHOD_VARIANTS, run
+    from midlens.eval.bench import method_variants, run
 
     report = run(kind, "smollm2-135m", [400], repeats=1, decode_tokens=2, memory_repeats=1)
     (row,) = report["sizes"]
-    expected = variants or set(METHOD_VARIANTS[kind])
+    expected = variants or set(method_variants(kind))
     assert 0 < row["prompt_tokens"] <= 400
     for key in ("prefill_s", "time_ratio", "peak_rss_mb", "memory_ratio_total"):
         assert set(row[key]) == expected and all(v > 0 for v in row[key].values())

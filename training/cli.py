@@ -282,11 +282,15 @@ def cmd_moice_usage(args: argparse.Namespace) -> int:
     from midlens.training.moice import usage_heatmap
 
     _positive("n", args.n)
-    if method_config(args.method).name != "moice":
-        raise MidlensError(f"--method {args.method!r}: router usage needs a moice spec.")
+    method_config(args.method)  # a bad spec fails before the model loads
     check_device(args)
     loaded = load_model(args.model, args.device, args.dtype)
     gen = Generator(loaded, method=args.method)
+    if not all(s.num_experts > 1 for s in gen.parts.schemes):  # what the method does, not what it is called
+        raise MidlensError(
+            f"--method {args.method!r}: router usage needs a method that routes every layer over "
+            "several RoPE experts, e.g. moice."
+        )
     prompts = training_examples(loaded.tokenizer, args.n, seed=0, max_words=args.max_words, split="eval")
     per_layer = torch.zeros(len(gen.parts.schemes), gen.parts.schemes[0].num_experts)
     for ex in prompts:  # each prompt's prefill, every token and head, weighted equally per prompt

@@ -1,0 +1,69 @@
+"""The house rules that keep the layers apart, checked on the source."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from midlens.core.names import METHODS
+
+# The baseline is the identity every method is measured against (reports pair with it, the demo shows it beside
+# another method); comparing with it is not branching on a method's behaviour.
+BRANCHED = set(METHODS) - {"baseline"}
+ROOT = Path(__file__).resolve().parent.parent
+SHELLS = ["midlens", "eval", "demo", "training", "rag"]
+
+
+def _branches_on_a_method_name(tree: ast.AST) -> list[tuple[int, str]]:
+    """String constants naming a method inside a comparison (`x == "ms-poe"`, `name in ("mudaf", ...)`)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for part in [node.left, *node.comparators]:
+                for const in ast.walk(part):
+                    if isinstance(const, ast.Constant) and const.value in BRANCHED:
+                        found.append((node.lineno, const.value))
+        elif isinstance(node, ast.match_case):
+            for const in ast.walk(node.pattern):
+                if isinstance(const, ast.Constant) and const.value in BRANCHED:
+                    found.append((node.pattern.lineno, const.value))
+    return found
+
+
+def test_no_shell_branches_on_a_method_name():
+    """A method's behaviour lives in its registry entry; shells ask the registry instead of testing names."""
+    offenders = []
+    for folder in SHELLS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for line, name in _branches_on_a_method_name(ast.parse(path.read_text(encoding="utf-8"))):
+                offenders.append(f"{path.relative_to(ROOT)}:{line} tests for {name!r}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_builtin_method_names_are_the_registry_s():
+    """core.names.METHODS lets `--help` list methods without loading torch; it must be the registry's list."""
+    from midlens.generators.registry import REGISTRY
+
+    assert tuple(name for name in REGISTRY if name in METHODS) == METHODS
+    assert set(METHODS) <= set(REGISTRY)
+
+
+def test_lower_layers_never_import_higher_ones():
+    order = {"core": 0, "retrievers": 1, "generators": 1, "rag": 2, "training": 3, "eval": 3, "demo": 3, "midlens": 4}
+    offenders = []
+    for folder, level in order.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                for name in names:
+                    parts = name.split(".")
+                    if parts[0] != "midlens" or len(parts) < 2 or parts[1] not in order:
+                        continue
+                    target = parts[1]
+                    if order[target] > level or (order[target] == level and target != folder and level > 0):
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports midlens.{target}")
+    assert not offenders, "\n".join(offenders)
