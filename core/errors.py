@@ -63,3 +63,10 @@ class InvalidArgumentError(MidlensError, ValueError):
 
     Also a ValueError, so callers that caught the ValueError these checks used to raise keep working.
     """
+
+
+def invalid_json(where: str, err: ValueError) -> CorpusError:
+    """The error for a line that is not JSON, naming file:line and the column ("starting at" messages read whole)."""
+    msg, column = getattr(err, "msg", str(err)), getattr(err, "colno", None)
+    at = f", column {column}" if column is not None else ""
+    return CorpusError(f"{where}: invalid JSON: {msg.removesuffix(' at')}{at}.")

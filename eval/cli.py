@@ -60,7 +60,7 @@ EXAMPLES = {
 
 
 def _common(p: argparse.ArgumentParser, methods: str) -> None:
-    from midlens.rag.options import HEADS_HELP, add_device_args, positive_int
+    from midlens.rag.options import add_device_args, add_evidence_args, positive_int
 
     p.add_argument("--out", required=True, type=Path, help="run directory (created; resumed when it exists)")
     p.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
@@ -77,6 +77,12 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
     p.add_argument("--shard", help="i/n: run only every n-th example starting at i (0-based)")
     p.add_argument("--limit", type=int, help="stop after this many new units")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--batch-size",
+        default="1",
+        help="prompts answered at once: N, or auto (the largest batch that fits on a GPU, halving on "
+        "out-of-memory; 1 on the CPU, where batches are not faster). Rows equal batch 1's",
+    )
     p.add_argument(
         "--engine",
         default="local",
@@ -101,9 +107,7 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
         help="hotpotqa: the held-out evaluation split, or questions of the train split, for choosing a "
         "method's options on a tuning slice that evaluation never sees",
     )
-    p.add_argument("--evidence-layers", default="upper", help="all | upper | lower | comma-separated indices")
-    p.add_argument("--evidence-query", default="question", choices=["last", "question"])
-    p.add_argument("--evidence-heads", default="all", choices=["all", "retrieval"], help=HEADS_HELP)
+    add_evidence_args(p)
 
 
 def add_eval_parser(sub) -> None:
@@ -121,12 +125,6 @@ def add_eval_parser(sub) -> None:
     sw.add_argument("--k", type=positive_int, default=10, help="documents per prompt (kv: key-value pairs)")
     sw.add_argument("--positions", default=None, help="1-based gold positions; default 1,K/2,K")
     sw.add_argument("--no-logprob", action="store_true", help="skip the gold-answer log-probability pass")
-    sw.add_argument(
-        "--batch-size",
-        default="1",
-        help="prompts answered at once: N, or auto (the largest batch that fits on a GPU, halving on "
-        "out-of-memory; 1 on the CPU, where batches are not faster). Rows equal batch 1's",
-    )
     sw.add_argument(
         "--stop-at-line-end",
         action="store_true",
@@ -261,7 +259,7 @@ def build_run(args: argparse.Namespace) -> Run:
     config["methods_sha256"] = {m: runner.sha256_json(c) for m, c in config["methods"].items()}
     evaluate_many = None  # batched evaluation: the sweep so far
     if args.mode == "e2e":
-        units, evaluate = _e2e(args, loaded, gens, config)
+        units, evaluate, evaluate_many = _e2e(args, loaded, gens, config)
     else:
         name, examples = _examples(args)
         config.update(
@@ -273,7 +271,8 @@ def build_run(args: argparse.Namespace) -> Run:
         if args.mode == "sweep":
             units, evaluate, evaluate_many = _sweep(args, name, examples, gens, config)
         else:
-            from midlens.eval.rerank import evaluate_rerank
+            from midlens.core.batch_size import parse_batch_size
+            from midlens.eval.rerank import evaluate_rerank, evaluate_rerank_many
 
             units = [
                 {
@@ -291,6 +290,15 @@ def build_run(args: argparse.Namespace) -> Run:
 
             def evaluate(u):
                 return evaluate_rerank(gens[u["method"]], examples[u["example"]], style=config["prompt_style"])
+
+            batch_size = parse_batch_size(args.batch_size)
+
+            def evaluate_many(group):
+                def rerank(method, units):
+                    chosen = [examples[u["example"]] for u in units]
+                    return evaluate_rerank_many(gens[method], chosen, batch_size, style=config["prompt_style"])
+
+                return runner.per_method(group, rerank)
 
     config["units"] = len(units)
     return Run(config, units, evaluate, evaluate_many, loaded.device.type)
@@ -382,9 +390,11 @@ def _sweep(args, name, examples, gens, config):
 
 
 def _e2e(args, loaded, gens, config):
+    from midlens.core.batch_size import parse_batch_size
     from midlens.core.files import sha256_json
+    from midlens.eval import runner
     from midlens.eval.datasets import load_questions
-    from midlens.eval.e2e import evaluate_e2e
+    from midlens.eval.e2e import evaluate_e2e, evaluate_e2e_many
     from midlens.rag.pipeline import Pipeline
     from midlens.retrievers.build import build_retriever
     from midlens.retrievers.corpus import default_corpus_path, default_questions_path
@@ -422,7 +432,14 @@ def _e2e(args, loaded, gens, config):
     def evaluate(u):
         return evaluate_e2e(pipes[u["method"]], questions[u["example"]])
 
-    return units, evaluate
+    batch_size = parse_batch_size(args.batch_size)
+
+    def evaluate_many(group):
+        return runner.per_method(
+            group, lambda m, us: evaluate_e2e_many(pipes[m], [questions[u["example"]] for u in us], batch_size)
+        )
+
+    return units, evaluate, evaluate_many
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

@@ -41,7 +41,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from midlens.core.errors import CorpusError
+from midlens.core.errors import CorpusError, invalid_json
 from midlens.core.hotpotqa import Split, clip_sentences, load_rows
 from midlens.core.passage import Passage
 from midlens.eval.metrics import normalize_answer
@@ -114,7 +114,7 @@ def _litm_row(line: str, where: str, index: int) -> Example:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
-        raise CorpusError(f"{where}: invalid JSON ({err.msg} at column {err.colno}).") from None
+        raise invalid_json(where, err) from None
     if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("ctxs"), list):
         raise CorpusError(f'{where}: expected an object with "question" (str), "answers" (list) and "ctxs" (list).')
     answers = _str_list(row.get("answers"), '"answers"', where)
@@ -313,7 +313,7 @@ def load_questions(path: str | Path, n: int | None = None, seed: int = 0) -> lis
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise CorpusError(f"{where}: invalid JSON ({err.msg} at column {err.colno}).") from None
+                raise invalid_json(where, err) from None
             if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not row["question"].strip():
                 raise CorpusError(f'{where}: expected an object with a non-empty "question" string and "answers".')
             answers = _str_list(row.get("answers"), '"answers"', where)

@@ -157,6 +157,16 @@ def write_rows(path: Path, config: dict, rows: Iterable[dict], total: int, done:
     return written
 
 
+def per_method(group: list[dict], evaluate: Callable[[str, list[dict]], list[dict]]) -> list[dict]:
+    """Rows for a group of units in its order, each method's units evaluated in one call (one generator's batch)."""
+    rows: list[dict | None] = [None] * len(group)
+    for method in dict.fromkeys(u["method"] for u in group):
+        mine = [i for i, u in enumerate(group) if u["method"] == method]
+        for i, row in zip(mine, evaluate(method, [group[i] for i in mine]), strict=True):
+            rows[i] = row
+    return rows
+
+
 def unit_groups(units: list[dict], size: int) -> list[list[dict]]:
     """Units in groups of at least `size` (or what is left): one method each, whole examples each, in order."""
     methods = list(dict.fromkeys(u.get("method") for u in units))

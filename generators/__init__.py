@@ -1,13 +1,15 @@
 """Generators: a RoPE model run with one method through one attention module, reading per-passage evidence.
 
-Public API: `Generator`, `load_model`, the method registry (`method_config`, `register`, `Method`,
-`available`) and `method_context` for code that drives the model itself (training loops, benchmarks).
+Public API: `Generator` (`generate`, `generate_batch`, `stream`, `score`), `generate_all` (many prompts in batches
+of a fixed size or `auto`), `load_model`, the method registry (`method_config`, `register`, `Method`, `available`)
+and `method_context` for code that drives the model itself (training loops, benchmarks).
 """
 
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.models import DEFAULT_MODEL, LoadedModel, load_model
 from midlens.generators.registry import Method, MethodConfig, available, build_parts, method_config, register
+from midlens.generators.scheduling import generate_all
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -19,6 +21,7 @@ __all__ = [
     "MethodParts",
     "available",
     "build_parts",
+    "generate_all",
     "load_model",
     "method_config",
     "method_context",

@@ -107,6 +107,7 @@ class PassageEvidence:
     calibrated: float | None
     answer_attribution: float | None
     rank: int  # 1 = strongest evidence (calibrated when available, else raw)
+    span: tuple[int, int] | None = None  # the passage's tokens in the prompt, [start, end)
 
     @property
     def score(self) -> float:
@@ -138,7 +139,12 @@ class Answer:
         return out
 
 
-def passage_evidence(passages: list[Passage], maps: EvidenceMaps, config: EvidenceConfig) -> list[PassageEvidence]:
+def passage_evidence(
+    passages: list[Passage],
+    maps: EvidenceMaps,
+    config: EvidenceConfig,
+    spans: list[tuple[int, int]] | None = None,
+) -> list[PassageEvidence]:
     raw = maps.scores(config)
     calibrated = maps.calibrated(config)
     attribution = maps.attribution(config)
@@ -154,6 +160,7 @@ def passage_evidence(passages: list[Passage], maps: EvidenceMaps, config: Eviden
             calibrated=None if calibrated is None else calibrated[i],
             answer_attribution=None if attribution is None else attribution[i],
             rank=rank[i],
+            span=None if spans is None else tuple(spans[i]),
         )
         for i, p in enumerate(passages)
     ]

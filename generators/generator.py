@@ -235,7 +235,7 @@ class Generator:
                 Answer(
                     question=prompt.question,
                     text=final.strip(),
-                    passages=passage_evidence(prompt.passages, run.maps[b], self.evidence_config),
+                    passages=passage_evidence(prompt.passages, run.maps[b], self.evidence_config, prompt.passage_spans),
                     model=self.loaded.name,
                     method=self.method.to_dict(),
                     evidence_config=self.evidence_config,

@@ -27,10 +27,18 @@ def bar(value: float, top: float) -> str:
     return "#" * filled + "." * (BAR_WIDTH - filled)
 
 
-def print_answer(answer) -> None:
-    print(f"\nQ: {answer.question}\nA: {answer.text}\n")
+def print_answer(answer, max_new_tokens: int | None = None) -> None:
+    text = answer.text
+    if not text and max_new_tokens == 0:
+        text = "(none: --max-new-tokens 0 scores the passages without generating an answer)"
+    elif not text:
+        text = "(none: the model ended its answer before writing anything)"
+    print(f"\nQ: {answer.question}\nA: {text}\n")
     calibrated = answer.passages and answer.passages[0].calibrated is not None
-    key = (lambda p: p.calibrated) if calibrated else (lambda p: p.evidence)
+
+    def key(p):
+        return p.score
+
     top = max((key(p) for p in answer.passages), default=0.0)
     label = "calibrated evidence" if calibrated else "evidence"
     print(f"passages ranked by {label} (pos = position in the prompt, ret = retrieval cosine):")
@@ -132,16 +140,17 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer.to_dict(), indent=2, ensure_ascii=False))
     else:
-        print_answer(answer)
+        print_answer(answer, args.max_new_tokens)
     return 0
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
     from midlens.generators.registry import REGISTRY
 
+    width = max(len(name) for name in REGISTRY) + 2  # every summary starts in one column, the longest name's too
     for method in REGISTRY.values():
         options = ", ".join(f"{k}={v!r}" for k, v in method.defaults.items()) or "no options"
-        print(f"{method.name:<12} {method.summary}\n{'':<12} {options}")
+        print(f"{method.name:<{width}}{method.summary}\n{'':<{width}}{options}")
     return 0
 
 
@@ -177,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     methods = sub.add_parser("methods", help="list the registered methods and their options", epilog=METHODS_EXAMPLES)
     methods.set_defaults(func=cmd_methods)
 
-    from midlens.demo.app import add_demo_parser
+    from midlens.demo.command import add_demo_parser
     from midlens.eval.bench import add_bench_parser
     from midlens.eval.cli import add_eval_parser
     from midlens.rag.cache_cli import add_cache_parser, add_index_parser

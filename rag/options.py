@@ -30,10 +30,20 @@ def add_model_args(parser: argparse.ArgumentParser, method: bool = True) -> None
     if method:
         parser.add_argument("--method", default="baseline", help=METHOD_HELP)
     add_device_args(parser)
+    add_evidence_args(parser)
+
+
+def add_evidence_args(parser: argparse.ArgumentParser) -> None:
+    """How evidence is read: which layers, which query rows, which heads (every command that reads it)."""
     parser.add_argument(
         "--evidence-layers", default="upper", help="layers evidence averages: all | upper | lower | e.g. 20,21,22"
     )
-    parser.add_argument("--evidence-query", default="question", choices=["last", "question"])
+    parser.add_argument(
+        "--evidence-query",
+        default="question",
+        choices=["last", "question"],
+        help="whose attention scores the passages: the question's tokens (mean) or the last prompt token",
+    )
     parser.add_argument("--evidence-heads", default="all", choices=["all", "retrieval"], help=HEADS_HELP)
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
+from midlens.core.batch_size import BatchSize
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K
 from midlens.core.passage import Passage
@@ -20,6 +21,7 @@ from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.models import DEFAULT_MODEL, LoadedModel
 from midlens.generators.prompt import DEFAULT_STYLE, check_style
 from midlens.generators.registry import MethodConfig, method_config
+from midlens.generators.scheduling import generate_all
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
 from midlens.retrievers.corpus import default_corpus_path
@@ -106,6 +108,29 @@ class Pipeline:
         answer = self.answer(question, passages, calibrate=calibrate, **generate_kwargs)
         answer.timings = {"retrieve_s": retrieve_s, **answer.timings}
         return answer
+
+    def ask_many(
+        self, questions: list[str], batch_size: BatchSize = 1, calibrate: bool = True, **generate_kwargs
+    ) -> list[Answer]:
+        """`ask` for many questions, their prompts generated `batch_size` at a time (`auto`: the largest batch that
+        fits on a GPU, 1 on the CPU); each Answer equals the question asked alone."""
+        max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
+        prompts, retrieve_s = [], []
+        for question in questions:
+            t0 = time.perf_counter()
+            passages = self.retrieve(question)
+            retrieve_s.append(time.perf_counter() - t0)
+            prompts.append(
+                self.generator.prompt(
+                    question, passages, max_new_tokens=max_new, truncate=self.truncate, style=self.prompt_style
+                )
+            )
+        answers = generate_all(
+            self.generator, prompts, batch_size, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs
+        )
+        for answer, seconds in zip(answers, retrieve_s, strict=True):
+            answer.timings = {"retrieve_s": seconds, **answer.timings}
+        return answers
 
     def ask_stream(self, question: str, top_k: int | None = None, **generate_kwargs) -> GenerationStream:
         passages = self.retrieve(question, top_k)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-from midlens.core.errors import CorpusError
+from midlens.core.errors import CorpusError, invalid_json
 from midlens.core.passage import Passage
 
 TEXT_SUFFIXES = (".txt", ".md")
@@ -47,7 +47,7 @@ def _jsonl_documents(path: Path) -> Iterator[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise CorpusError(f"{path}:{lineno}: invalid JSON ({err.msg} at column {err.colno}).") from None
+            raise invalid_json(f"{path}:{lineno}", err) from None
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
             raise CorpusError(
                 f'{path}:{lineno}: each line must be an object with a string "text" (and optional "id", "title").'

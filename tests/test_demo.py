@@ -12,7 +12,8 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 from midlens.core.passage import Passage
-from midlens.demo.app import DemoBackend, UserError, create_demo, launch
+from midlens.demo.app import create_demo, launch
+from midlens.demo.backend import DemoBackend, UserError
 from midlens.demo.views import (
     EXAMPLE_IDS,
     LINKED_EXAMPLE_ID,

@@ -613,3 +613,24 @@ def test_squad_examples_stack_the_gold_paragraph_with_retrieved_non_answering_on
     # Distractors are retrieved: most share a title (article) with the gold, which random paragraphs would not.
     same_article = sum(d.title == ex.gold.title for ex in examples for d in ex.distractors)
     assert same_article > 0.3 * 5 * len(examples)
+
+
+def test_rerank_and_e2e_in_batches_equal_one_at_a_time(generator, pipeline):
+    """The batched evaluators give the rows the one-at-a-time ones give (metrics from evidence within 1e-4)."""
+    from midlens.eval.datasets import load_hotpotqa
+    from midlens.eval.e2e import evaluate_e2e, evaluate_e2e_many
+    from midlens.eval.rerank import evaluate_rerank, evaluate_rerank_many
+    from midlens.retrievers.corpus import default_questions_path
+
+    examples = load_hotpotqa(3, seed=5, mode="rerank", max_words=40)
+    alone = [evaluate_rerank(generator, ex) for ex in examples]
+    batched = evaluate_rerank_many(generator, examples, batch_size=3)
+    for a, b in zip(alone, batched, strict=True):
+        for ranker, metrics in a["rankers"].items():
+            assert metrics == pytest.approx(b["rankers"][ranker], abs=1e-4), ranker
+
+    questions = [json.loads(line) for line in default_questions_path().read_text().splitlines()[:3]]
+    one = [evaluate_e2e(pipeline, q) for q in questions]
+    many = evaluate_e2e_many(pipeline, questions, batch_size=3)
+    strip = lambda row: {k: v for k, v in row.items() if k != "seconds"}  # noqa: E731
+    assert [strip(r) for r in many] == [strip(r) for r in one]

@@ -290,3 +290,16 @@ def test_classes_import_from_llamaindex_conventional_paths(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-1500:]
+
+
+def test_a_reranker_given_no_model_shares_the_llm_s_and_a_different_one_is_said(llm, tmp_path, caplog):
+    """Defect: `AttentionReranker(top_n=2)` beside `MidlensLLM(model="smollm2-135m")` silently loaded the 0.5B
+    default as a second model. Now it reads the LLM's own model; a different one is logged as such."""
+    from midlens.generators.models import load_model
+    from tests.tiny import save_tiny
+
+    assert AttentionReranker(top_n=2).generator.loaded is llm.generator.loaded
+    other = load_model(str(save_tiny("llama", tmp_path / "tiny")), device="cpu", dtype="float32")
+    with caplog.at_level("WARNING", logger="midlens.rag.llamaindex"):
+        AttentionReranker(top_n=2, model=other)
+    assert "two models in memory" in caplog.text and "Pass model='smollm2-135m' to share one" in caplog.text

@@ -1,0 +1,239 @@
+"""The demo's backend: models, retrievers and per-method pipelines, each built once and shared by every visitor,
+and the checks on what a visitor sends (`UserError` is shown as a message, never as a traceback). No Gradio here:
+the page (`midlens.demo.app`) calls it, and tests drive it directly."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from midlens.core.errors import CorpusError
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+
+if TYPE_CHECKING:  # torch loads slowly: only the requests themselves import it
+    from midlens.core.passage import Passage
+    from midlens.generators.evidence import Answer, EvidenceConfig
+    from midlens.rag.pipeline import Pipeline
+    from midlens.retrievers.base import Retriever
+
+HOST = "127.0.0.1"
+MAX_TOP_K = 10
+MAX_QUESTION_CHARS = 1000
+MAX_NEW_TOKENS = 128
+DEFAULT_MAX_UPLOAD_MB = 2.0
+UPLOAD_SUFFIXES = (".txt", ".md", ".jsonl")
+UPLOADED_INDEXES_KEPT = 4  # each holds its passages and vectors in memory
+DEFAULT_CORPUS = "default"
+
+
+class UserError(Exception):
+    """Bad input from the page; shown as a message, never as a traceback."""
+
+
+class DemoBackend:
+    """Models, retrievers and per-method pipelines, each built once and shared by every visitor.
+
+    Results are never stored here: each request gets its own Answer objects (kept in that browser
+    session's gr.State), so two visitors see their own results. Generation on one model is serialised
+    by `LoadedModel.lock`; everything else runs concurrently under the Gradio queue.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline | None = None,
+        corpus: str | Path | None = None,
+        model: str | None = None,
+        method: str = "baseline",
+        top_k: int = 5,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        evidence: EvidenceConfig | None = None,
+        max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
+        device: str = "auto",
+        dtype: str = "auto",
+    ):
+        from midlens.generators.models import DEFAULT_MODEL, REGISTRY
+        from midlens.generators.registry import method_config
+
+        self._lock = threading.RLock()
+        self._bases: dict[str, Pipeline] = {}  # model name -> baseline-or-given pipeline on the startup corpus
+        self._methods: dict[tuple[str, str], Pipeline] = {}
+        self._retrievers: OrderedDict[str, Retriever] = OrderedDict()
+        self.corpus = corpus
+        self.evidence = evidence
+        self.device, self.dtype = device, dtype
+        self.max_upload_bytes = int(max_upload_mb * 1024 * 1024)
+        if pipeline is not None:
+            name = pipeline.generator.loaded.name
+            self._bases[name] = pipeline
+            self._retrievers[DEFAULT_CORPUS] = pipeline.retriever
+            self.model = name
+            self.top_k = pipeline.top_k
+            self.max_new_tokens = pipeline.max_new_tokens
+            self.evidence = pipeline.generator.evidence_config
+            method = pipeline.generator.method
+        else:
+            self.model = model or DEFAULT_MODEL
+            self.top_k = top_k
+            self.max_new_tokens = max_new_tokens
+        self.models = list(dict.fromkeys([self.model, *REGISTRY]))
+        # The startup spec's options (e.g. `ms-poe(ratio_max=1.4)`) apply whenever that method is picked.
+        self.startup_method = method_config(method)
+        self.method = self.startup_method.name
+
+    # -- shared parts, built on first use -------------------------------------------------------
+
+    def corpus_label(self) -> str:
+        return "embedded HotpotQA paragraphs" if self.corpus is None else str(self.corpus)
+
+    def retriever(self, corpus_file: str | None, progress: Any = None) -> tuple[Retriever, str]:
+        """The startup corpus' retriever, or one for an uploaded file (indexed once, kept by content hash)."""
+        from midlens.retrievers.build import build_retriever
+        from midlens.retrievers.corpus import default_corpus_path
+
+        if not corpus_file:
+            with self._lock:
+                if DEFAULT_CORPUS not in self._retrievers:
+                    _progress(progress, 0.05, f"building the retrieval index for {self.corpus_label()}")
+                    self._retrievers[DEFAULT_CORPUS] = build_retriever(self.corpus or default_corpus_path())
+                return self._retrievers[DEFAULT_CORPUS], self.corpus_label()
+        path = Path(corpus_file)
+        name = path.name
+        if path.suffix.lower() not in UPLOAD_SUFFIXES:
+            raise UserError(f"corpus upload {name}: unsupported file type; upload a .txt, .md or .jsonl file.")
+        size = path.stat().st_size
+        if size > self.max_upload_bytes:
+            raise UserError(
+                f"corpus upload {name} is {_size(size)}; the demo indexes at most {_size(self.max_upload_bytes)} "
+                "per upload. Upload a smaller file, or start `midlens demo --corpus PATH` (or raise "
+                "--max-upload-mb) for a larger corpus."
+            )
+        key = hashlib.sha256(path.read_bytes()).hexdigest() + path.suffix.lower()
+        with self._lock:
+            if key not in self._retrievers:
+                _progress(progress, 0.05, f"building the retrieval index for {name}")
+                try:
+                    self._retrievers[key] = build_retriever(path)
+                except CorpusError as err:  # name the file the user chose, not the server's temp copy of it
+                    raise UserError(f"corpus upload {name}: " + str(err).replace(str(path), name)) from None
+                uploads = [k for k in self._retrievers if k != DEFAULT_CORPUS]
+                for old in uploads[:-UPLOADED_INDEXES_KEPT]:
+                    del self._retrievers[old]
+            self._retrievers.move_to_end(key)
+            return self._retrievers[key], f"uploaded {name}"
+
+    def methods_of(self, model: str) -> list[str]:
+        """The methods offered with `model`: one trained per model (MuDAF, MoICE) only where it ships for it."""
+        from midlens.generators.registry import available
+
+        return available(model)
+
+    def pipeline(self, model: str, method: str, corpus_file: str | None = None, progress: Any = None) -> Pipeline:
+        """A pipeline for (model, method) on the chosen corpus; methods share the model's weights."""
+        from midlens.generators.generator import Generator
+        from midlens.generators.models import load_model
+        from midlens.rag.pipeline import Pipeline
+
+        if model not in self.models:
+            raise UserError(f"model {model!r} is not offered here; choose one of {', '.join(self.models)}.")
+        offered = self.methods_of(model)
+        if method not in offered:
+            raise UserError(f"method {method!r} is not available with {model}; choose one of {', '.join(offered)}.")
+        retriever, _ = self.retriever(corpus_file, progress)
+        with self._lock:
+            if model not in self._bases:
+                _progress(progress, 0.15, f"loading model {model} (first use only)")
+                loaded = load_model(model, self.device, self.dtype)
+                generator = Generator(loaded, method="baseline", evidence=self.evidence)
+                self._bases[model] = Pipeline(retriever, generator, self.top_k, self.max_new_tokens)
+            base = self._bases[model]
+            if (model, method) not in self._methods:
+                config = self.startup_method if method == self.startup_method.name else method
+                self._methods[(model, method)] = base.with_method(config)
+            chosen = self._methods[(model, method)]
+        return Pipeline(retriever, chosen.generator, chosen.top_k, chosen.max_new_tokens, chosen.truncate)
+
+    def prepare(self, progress: Any = None) -> str:
+        """Load the startup model and index (on page load, so the first question does not wait)."""
+        pipe = self.pipeline(self.model, self.method, None, progress)
+        cfg = pipe.generator.evidence_config
+        layers = cfg.layers if isinstance(cfg.layers, str) else ",".join(map(str, cfg.layers))
+        return (
+            f"Ready: model **{self.model}**, corpus: {self.corpus_label()} ({len(pipe.retriever)} passages). "
+            f"Evidence = attention mass a passage receives (query: {cfg.query} tokens, layers: {layers})."
+        )
+
+    # -- one request ---------------------------------------------------------------------------
+
+    def ask(
+        self,
+        question: str,
+        model: str,
+        method: str,
+        compare: bool,
+        top_k: float,
+        corpus_file: str | None = None,
+        max_new_tokens: float | None = None,
+        progress: Any = None,
+    ) -> dict:
+        """Retrieve once, answer with `method` (and with baseline on the same passages when comparing)."""
+        from midlens.core.errors import MidlensError, PromptTooLongError
+        from midlens.demo.views import gold_titles
+
+        question = (question or "").strip()
+        if not question:
+            raise UserError("The question is empty: type a question (or click an example), then press Ask.")
+        if len(question) > MAX_QUESTION_CHARS:
+            raise UserError(f"The question is {len(question)} characters; keep it under {MAX_QUESTION_CHARS}.")
+        k = _int_in_range("top-k", top_k, 1, MAX_TOP_K)
+        new_tokens = _int_in_range("max new tokens", max_new_tokens or self.max_new_tokens, 1, MAX_NEW_TOKENS)
+        try:
+            pipe = self.pipeline(model, method, corpus_file, progress)
+            _progress(progress, 0.3, "retrieving passages")
+            passages = pipe.retrieve(question, k)
+            answers = [self._answer(pipe, question, passages, new_tokens, progress)]
+            if compare and method != "baseline":
+                base = self.pipeline(model, "baseline", corpus_file, progress)
+                answers.append(self._answer(base, question, passages, new_tokens, progress))
+        except PromptTooLongError as err:
+            raise UserError(f"The prompt is too long for {model}: {err} In the demo: lower top-k.") from None
+        except (MidlensError, ValueError) as err:
+            raise UserError(str(err)) from None
+        return {
+            "question": question,
+            "answers": answers,
+            "gold": gold_titles(question) if not corpus_file and self.corpus is None else [],
+            "compared": len(answers) > 1,
+        }
+
+    def _answer(self, pipe: Pipeline, question: str, passages: list[Passage], new_tokens: int, progress: Any) -> Answer:
+        method = pipe.generator.method.name
+        done = [0]
+
+        def on_token(_piece: str) -> None:
+            done[0] += 1
+            _progress(progress, (done[0], new_tokens), f"generating with {method}", unit="tokens")
+
+        _progress(progress, (0, new_tokens), f"reading the prompt ({method}; waits if the model is busy)", "tokens")
+        return pipe.answer(question, passages, max_new_tokens=new_tokens, on_token=on_token)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024 / 1024:.1f} MB" if n >= 1024 * 1024 else f"{n / 1024:.1f} KB"
+
+
+def _progress(progress: Any, value: Any, desc: str, unit: str = "steps") -> None:
+    if progress is not None:
+        progress(value, desc=desc, unit=unit)
+
+
+def _int_in_range(name: str, value: Any, lo: int, hi: int) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not (number.is_integer() and lo <= number <= hi):
+        raise UserError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}.")
+    return int(number)

@@ -1,0 +1,30 @@
+"""LlamaIndex components over the midlens Generator (llama-index-core 0.14).
+
+    MidlensLLM          a CustomLLM: complete / stream_complete / chat / acomplete; evidence in additional_kwargs
+    AttentionReranker   a BaseNodePostprocessor: nodes scored by the attention the model gives them in one stacked pass
+    MidlensQueryEngine  a CustomQueryEngine: retrieve -> stack -> generate; source_nodes carry evidence scores
+    MidlensRetriever    a BaseRetriever over the repo's own retriever (dense, hybrid, +links)
+
+Every class is a shell over `Generator.prompt` + `Generator.generate/stream/score`: prompting, evidence and
+calibration have one implementation, the same one the CLI and the pipeline use.
+
+    index = VectorStoreIndex(nodes, storage_context=..., embed_model=...)
+    engine = MidlensQueryEngine.from_index(index, method="ms-poe")
+    response = engine.query("Who directed Wings of Desire?")
+    for source in response.source_nodes: print(source.score, response.metadata[source.node_id])
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before llama_index (or anything that imports huggingface_hub) loads: the models here are local files only.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from midlens.rag.llamaindex.common import evidence_rows, to_passage  # noqa: E402
+from midlens.rag.llamaindex.llm import MidlensLLM  # noqa: E402
+from midlens.rag.llamaindex.query_engine import MidlensQueryEngine  # noqa: E402
+from midlens.rag.llamaindex.reranker import AttentionReranker  # noqa: E402
+from midlens.rag.llamaindex.retriever import MidlensRetriever  # noqa: E402
+
+__all__ = ["AttentionReranker", "MidlensLLM", "MidlensQueryEngine", "MidlensRetriever", "evidence_rows", "to_passage"]

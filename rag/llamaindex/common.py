@@ -1,0 +1,143 @@
+"""What the LlamaIndex classes share: nodes to passages, the generator they wrap, evidence as node metadata,
+and streaming a generator from a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
+
+from midlens.generators.evidence import Answer, EvidenceConfig
+from midlens.generators.generator import Generator
+from midlens.generators.models import LoadedModel
+from midlens.generators.prompt import Passage
+
+logger = logging.getLogger(__name__)
+# Models the MidlensLLMs of this process hold, latest last: an AttentionReranker given no model shares one.
+_LLM_MODELS: list[LoadedModel] = []
+dispatcher = get_dispatcher(__name__)
+
+GENERATE_OPTIONS = ("max_new_tokens", "temperature", "top_p", "seed", "calibrate")
+PassageLike = Passage | NodeWithScore | BaseNode | str
+# Metadata keys this module writes onto nodes; kept out of the text LLMs and embedders see.
+_RERANK_KEYS = ("rerank_pass", "rerank_passes")
+
+
+def _make_generator(
+    model: str | LoadedModel,
+    method: str,
+    method_options: dict | None,
+    evidence: EvidenceConfig | None,
+    device: str = "auto",
+    dtype: str = "auto",
+) -> tuple[Generator, dict[str, Any]]:
+    """The generator both classes wrap, and the pydantic fields that describe it (what it resolved to: the model's
+    name, the device and dtype it loaded on)."""
+    generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {}))
+    fields = {
+        "model": generator.loaded.name,
+        "method": method,
+        "method_options": dict(method_options or {}),
+        "device": str(generator.device),
+        "dtype": str(generator.loaded.dtype).removeprefix("torch."),
+    }
+    return generator, fields
+
+
+def to_passage(item: PassageLike) -> Passage:
+    """A LlamaIndex node (or a Passage, or plain text) -> the Passage the prompt builder stacks.
+
+    The title is the node's `title` metadata, else its file name without suffix; the text is the node's
+    content without metadata (metadata would spend the context window on key: value lines).
+    """
+    if isinstance(item, Passage):
+        return item
+    if isinstance(item, str):
+        return Passage(text=item)
+    if isinstance(item, NodeWithScore):
+        node, score = item.node, item.score
+    elif isinstance(item, BaseNode):
+        node, score = item, None
+    else:
+        raise TypeError(
+            f"cannot stack a {type(item).__name__} as a passage: pass NodeWithScore, a LlamaIndex node, "
+            "a midlens Passage or a string."
+        )
+    meta = node.metadata or {}
+    title = meta.get("title") or (Path(str(meta["file_name"])).stem if meta.get("file_name") else "")
+    return Passage(
+        text=node.get_content(metadata_mode=MetadataMode.NONE),
+        title=str(title),
+        id=node.node_id,
+        score=None if score is None else float(score),
+    )
+
+
+def evidence_rows(answer: Answer) -> list[dict]:
+    """Per-passage breakdown, JSON-ready, in prompt order."""
+    return [
+        {
+            "id": pe.passage.id,
+            "title": pe.passage.title,
+            "position": pe.position,
+            "retrieval_score": pe.retrieval_score,
+            "evidence": pe.evidence,
+            "calibrated": pe.calibrated,
+            "answer_attribution": pe.answer_attribution,
+            "rank": pe.rank,
+        }
+        for pe in answer.passages
+    ]
+
+
+def _response_kwargs(answer: Answer) -> dict[str, Any]:
+    return {
+        "answer": answer,
+        "evidence": evidence_rows(answer),
+        "model": answer.model,
+        "method": answer.method,
+        "prompt_tokens": answer.prompt_tokens,
+        "generated_tokens": answer.generated_tokens,
+        "timings": answer.timings,
+        "dropped": [p.id for p in answer.dropped],
+    }
+
+
+_DONE = object()
+
+
+def _drain_in_thread(sync: Iterator[Any]):
+    """Run a sync generator to the end in one dedicated thread, handing items to the event loop.
+
+    One thread for the whole generator matters: the generator holds the model's RLock between yields, and
+    an RLock must be released by the thread that took it (asyncio.to_thread(next, ...) hops threads).
+    """
+
+    async def gen():
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def work() -> None:
+            try:
+                for item in sync:
+                    loop.call_soon_threadsafe(queue.put_nowait, item)
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+            except BaseException as err:  # re-raised in the consumer
+                loop.call_soon_threadsafe(queue.put_nowait, err)
+
+        threading.Thread(target=work, name="midlens-stream", daemon=True).start()
+        while True:
+            item = await queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    return gen()

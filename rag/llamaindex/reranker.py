@@ -1,0 +1,166 @@
+"""AttentionReranker: a LlamaIndex node postprocessor scoring nodes by the attention the model gives them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.callbacks import CBEventType, EventPayload
+from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from midlens.core.errors import PromptTooLongError
+from midlens.generators.evidence import EvidenceConfig
+from midlens.generators.generator import Generator
+from midlens.generators.models import DEFAULT_MODEL, LoadedModel
+from midlens.generators.prompt import Passage, StackedPrompt, fit_windows
+from midlens.rag.llamaindex.common import (
+    _LLM_MODELS,
+    _RERANK_KEYS,
+    _make_generator,
+    dispatcher,
+    logger,
+    to_passage,
+)
+
+
+class AttentionReranker(BaseNodePostprocessor):
+    """Rerank retrieved nodes by the attention a midlens generator gives them in one stacked forward pass.
+
+    All nodes are stacked (in the given order) under the query; the score of a node is its calibrated
+    evidence (attention mass minus that of a content-free query; `score_by="evidence"` for the raw mass).
+    No tokens are decoded. Nodes that do not fit one window (or `max_tokens_per_pass`) are split into
+    several passes of consecutive nodes; every node is scored, and each then carries `rerank_pass` /
+    `rerank_passes` in its metadata, because scores from passes of different sizes are less comparable.
+    A single node longer than the window is refused with PromptTooLongError.
+    """
+
+    top_n: int = Field(default=2, ge=1, description="Number of nodes to return sorted by score.")
+    model: str = Field(
+        default=DEFAULT_MODEL,
+        description="Registry name or folder of the scoring model (default: the MidlensLLM's, else the default model).",
+    )
+    method: str = Field(default="baseline", description="Method spec: a registry name or NAME(option=value, ...).")
+    method_options: dict[str, Any] = Field(default_factory=dict)
+    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present).")
+    dtype: str = Field(default="auto", description="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA).")
+    score_by: Literal["calibrated", "evidence"] = Field(default="calibrated", description="Which evidence to rank by.")
+    keep_retrieval_score: bool = Field(default=False, description="Whether to keep the retrieval score in metadata.")
+    max_tokens_per_pass: int | None = Field(
+        default=None, ge=16, description="Cap on one stacked prompt (default: the model's context window)."
+    )
+    _generator: Generator = PrivateAttr()
+
+    def __init__(
+        self,
+        top_n: int = 2,
+        model: str | LoadedModel | None = None,
+        method: str = "baseline",
+        method_options: dict[str, Any] | None = None,
+        evidence: EvidenceConfig | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        **kwargs: Any,
+    ) -> None:
+        # No model named: score with the model a MidlensLLM in this process already holds (one copy in memory, the
+        # reader's own attention), else the default model.
+        if model is None:
+            model = _LLM_MODELS[-1] if _LLM_MODELS else DEFAULT_MODEL
+        generator, fields = _make_generator(model, method, method_options, evidence, device, dtype)
+        super().__init__(top_n=top_n, **fields, **kwargs)
+        self._generator = generator
+        others = sorted({m.name for m in _LLM_MODELS if m is not generator.loaded})
+        if others and all(m is not generator.loaded for m in _LLM_MODELS):
+            logger.warning(
+                "AttentionReranker scores with %s while a MidlensLLM holds %s: two models in memory, and the "
+                "reranker reads another model's attention than the one answering. Pass model=%r to share one.",
+                generator.loaded.name,
+                ", ".join(others),
+                others[-1],
+            )
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "AttentionReranker"
+
+    @property
+    def generator(self) -> Generator:
+        return self._generator
+
+    def _passes(self, query: str, passages: list[Passage]) -> list[StackedPrompt]:
+        """Consecutive groups of passages, each stacked into the fullest prompt that fits (the prompt builder's
+        own fitting, so a pass holds exactly what `truncate='drop_last'` would keep)."""
+        window = self._generator.context_window
+        limit = min(window, self.max_tokens_per_pass or window)
+        prompts: list[StackedPrompt] = []
+        try:
+            for prompt in fit_windows(self._generator.tokenizer, passages, query, limit):
+                prompts.append(prompt)
+        except PromptTooLongError as err:
+            if err.part != "passages":  # the query itself is too long: its own message says so
+                raise
+            first = passages[sum(len(p.passages) for p in prompts)]
+            cap = "max_tokens_per_pass" if limit < window else "the context window"
+            raise PromptTooLongError(
+                f"node {first.id or '(no id)'} does not fit one reranking pass: stacked alone under the query "
+                f"it takes {err.prompt_tokens} tokens, more than the {limit} allowed ({cap}). Split documents into "
+                "smaller nodes (e.g. SentenceSplitter(chunk_size=...)) or raise max_tokens_per_pass.",
+                prompt_tokens=err.prompt_tokens,
+                window=limit,
+                passages_that_fit=0,
+                passages=len(passages),
+            ) from None
+        return prompts
+
+    def _postprocess_nodes(
+        self,
+        nodes: list[NodeWithScore],
+        query_bundle: QueryBundle | None = None,
+    ) -> list[NodeWithScore]:
+        if query_bundle is None:
+            # Same error as SentenceTransformerRerank, so callers that catch it keep working.
+            raise ValueError("Missing query bundle in extra info.")
+        if len(nodes) == 0:
+            return []
+        model_name = f"{self.model}/{self.method}"
+        dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self.top_n, model_name=model_name))
+        with self.callback_manager.event(
+            CBEventType.RERANKING,
+            payload={
+                EventPayload.NODES: nodes,
+                EventPayload.MODEL_NAME: model_name,
+                EventPayload.QUERY_STR: query_bundle.query_str,
+                EventPayload.TOP_K: self.top_n,
+            },
+        ) as event:
+            passages = [to_passage(n) for n in nodes]
+            prompts = self._passes(query_bundle.query_str, passages)
+            scores: list[float] = []
+            # Every window in one batch: each scores as it would alone (generators.batch), in one pass of the model.
+            for answer in self._generator.score_batch(prompts, calibrate=self.score_by == "calibrated"):
+                scores += [pe.evidence if self.score_by == "evidence" else pe.score for pe in answer.passages]
+            assert len(scores) == len(nodes)
+            if len(prompts) > 1:
+                logger.warning(
+                    "AttentionReranker: %d nodes did not fit one pass; scored them in %d passes.",
+                    len(nodes),
+                    len(prompts),
+                )
+            index = 0
+            for number, prompt in enumerate(prompts, start=1):
+                for _ in prompt.passages:
+                    node = nodes[index]
+                    if self.keep_retrieval_score:
+                        node.node.metadata["retrieval_score"] = node.score
+                    if len(prompts) > 1:
+                        node.node.metadata.update(rerank_pass=number, rerank_passes=len(prompts))
+                        for keys in (node.node.excluded_llm_metadata_keys, node.node.excluded_embed_metadata_keys):
+                            keys.extend(k for k in _RERANK_KEYS if k not in keys)
+                    node.score = scores[index]
+                    index += 1
+            # Stable sort: ties keep the retrieval order.
+            new_nodes = sorted(nodes, key=lambda n: -(n.score or 0.0))[: self.top_n]
+            event.on_end(payload={EventPayload.NODES: new_nodes})
+        dispatcher.event(ReRankEndEvent(nodes=new_nodes))
+        return new_nodes

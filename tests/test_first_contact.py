@@ -1,0 +1,90 @@
+"""What a RAG developer meets first: messages, help, JSON output, the demo's options (the small defects of the
+first-contact review, each reproduced here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from midlens.core.errors import CorpusError
+from tests.conftest import planted_passages
+
+
+def test_scoring_without_generating_says_so_instead_of_an_empty_answer(generator, capsys):
+    from midlens.cli import print_answer
+
+    answer = generator.score(generator.prompt("What is the secret code word?", planted_passages(3, 2)))
+    print_answer(answer, max_new_tokens=0)
+    out = capsys.readouterr().out
+    assert "A: (none: --max-new-tokens 0 scores the passages without generating an answer)" in out
+    assert "A: \n" not in out
+
+
+def test_json_output_carries_each_passage_s_token_span(generator):
+    prompt = generator.prompt("What is the secret code word?", planted_passages(3, 2))
+    record = json.loads(json.dumps(generator.score(prompt).to_dict()))
+    assert [tuple(p["span"]) for p in record["passages"]] == prompt.passage_spans
+    start, end = record["passages"][1]["span"]
+    assert "Zorbland" in generator.tokenizer.decode(prompt.input_ids[start:end])
+
+
+def test_a_malformed_jsonl_line_is_named_without_stutter(tmp_path):
+    from midlens.retrievers.corpus import read_documents
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "fine"}) + '\n{"text": "unterminated\n')
+    with pytest.raises(CorpusError) as err:
+        read_documents(bad)
+    message = str(err.value)
+    assert "bad.jsonl:2: invalid JSON: Unterminated string starting" in message and "column" in message
+    assert "at at" not in message
+
+
+def test_methods_listing_starts_every_summary_in_one_column(capsys):
+    import argparse
+
+    from midlens.cli import cmd_methods
+
+    cmd_methods(argparse.Namespace())
+    lines = capsys.readouterr().out.splitlines()
+    names, options = lines[0::2], lines[1::2]
+    columns = {len(line) - len(line.split(maxsplit=1)[1]) for line in names}
+    assert len(columns) == 1 and any(line.startswith("attn-calibration ") for line in names)
+    (column,) = columns
+    assert all(opt[:column].strip() == "" and opt[column] != " " for opt in options)
+
+
+def test_every_ask_and_eval_option_has_help():
+    from midlens.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # argparse's own table of sub-commands
+    missing = []
+    for name in ("ask", "demo"):
+        for action in commands[name]._actions:
+            if action.option_strings and not action.help and action.dest != "help":
+                missing.append(f"{name} {action.option_strings[0]}")
+    sweep = commands["eval"]._subparsers._group_actions[0].choices["sweep"]
+    missing += [f"eval sweep {a.option_strings[0]}" for a in sweep._actions if a.option_strings and not a.help]
+    assert "ask --evidence-query" not in missing
+    assert not [m for m in missing if "evidence" in m], missing
+
+
+def test_the_demo_serves_on_a_chosen_host():
+    from midlens.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--host", "0.0.0.0"])
+    assert args.host == "0.0.0.0"
+    assert build_parser().parse_args(["demo"]).host == "127.0.0.1"
+
+
+def test_a_binary_upload_names_the_chosen_file_not_the_server_s_temp_path(pipeline, tmp_path):
+    from midlens.demo.backend import DemoBackend, UserError
+
+    upload = tmp_path / "gradio-temp-3f9a" / "my notes.txt"  # where Gradio keeps an upload on the server
+    upload.parent.mkdir()
+    upload.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(UserError) as err:
+        DemoBackend(pipeline).retriever(str(upload))
+    assert "my notes.txt" in str(err.value) and "gradio-temp-3f9a" not in str(err.value)
