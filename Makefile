@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-QUESTION ?= What film is a sequel to a German romantic fantasy film featuring Bruno Ganz and Solveig Dommartin?
+QUESTION ?= In what California city was the first Torrid location opened?
 
 .PHONY: setup ask demo test test-fast lint bench
 

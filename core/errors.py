@@ -66,7 +66,10 @@ class InvalidArgumentError(MidlensError, ValueError):
 
 
 def invalid_json(where: str, err: ValueError) -> CorpusError:
-    """The error for a line that is not JSON, naming file:line and the column ("starting at" messages read whole)."""
+    """The error for a line that is not JSON, naming file:line and the column. json's messages may end in "starting
+    at", so the column is joined to read whole ("Unterminated string starting at column 9")."""
     msg, column = getattr(err, "msg", str(err)), getattr(err, "colno", None)
-    at = f", column {column}" if column is not None else ""
-    return CorpusError(f"{where}: invalid JSON: {msg.removesuffix(' at')}{at}.")
+    if column is None:
+        return CorpusError(f"{where}: invalid JSON: {msg}.")
+    joined = f"{msg} column {column}" if msg.endswith(" at") else f"{msg} at column {column}"
+    return CorpusError(f"{where}: invalid JSON: {joined}.")

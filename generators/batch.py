@@ -14,6 +14,7 @@ they would have alone, and crops the cache back afterwards: no row ever needs a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -22,6 +23,9 @@ from midlens.generators.context import MethodRun
 from midlens.generators.evidence import EvidenceMaps
 from midlens.generators.probe import PassageProbe
 from midlens.generators.prompt import CONTENT_FREE_QUESTION, StackedPrompt, render, shared_prefix_length
+
+if TYPE_CHECKING:
+    from midlens.generators.generator import Generator
 
 
 def block_mask(key_valid: torch.Tensor, length: int) -> torch.Tensor | None:
@@ -61,7 +65,7 @@ class BatchRun:
     Created inside `Generator.running()`; `method_run` is that context's handle (a pass with a probe of its own
     swaps it in there)."""
 
-    def __init__(self, generator, prompts: list[StackedPrompt], method_run: MethodRun, layers: list[int]):
+    def __init__(self, generator: Generator, prompts: list[StackedPrompt], method_run: MethodRun, layers: list[int]):
         if not prompts:
             raise ValueError("a batch needs at least one prompt.")
         self.generator = generator
@@ -84,7 +88,7 @@ class BatchRun:
         self.key_valid = valid.to(self.device)  # grows by one column per decode step
         self.next_position = torch.tensor(lengths, device=self.device)
         self.column_spans = [
-            [(s + o, e + o) for s, e in p.passage_spans] for p, o in zip(prompts, self.offsets, strict=False)
+            [(s + o, e + o) for s, e in p.passage_spans] for p, o in zip(prompts, self.offsets, strict=True)
         ]
         self.probe = PassageProbe(self.column_spans, generator.num_layers, layers)
         self.cache = DynamicCache(config=generator.model.config)
@@ -109,12 +113,12 @@ class BatchRun:
         )
         return out.logits
 
-    def _split(self, taken: torch.Tensor, counts: list[int], first: int = 0) -> list[RowMaps]:
+    def _split(self, taken: torch.Tensor, counts: list[int]) -> list[RowMaps]:
         """Probe rows [layers, B, H, S, P] scored as (last, question tokens..., padding) -> each row's maps."""
         out = []
         for b, (prompt, count) in enumerate(zip(self.prompts, counts, strict=True)):
             rows = taken[:, b, :, :, : len(prompt.passages)]
-            out.append(RowMaps(last=rows[:, :, first], question=rows[:, :, first + 1 : first + 1 + count].mean(2)))
+            out.append(RowMaps(last=rows[:, :, 0], question=rows[:, :, 1 : 1 + count].mean(2)))
         return out
 
     def _scoring_rows(self, last: int, question_rows: list[list[int]]) -> torch.Tensor:
@@ -125,7 +129,7 @@ class BatchRun:
     def prefill(self) -> torch.Tensor:
         """The prompt through the model, reading each row's last-token and question maps: last logits [B, vocab]."""
         question_rows = [
-            [o + i for i in range(*p.question_span)] for p, o in zip(self.prompts, self.offsets, strict=False)
+            [o + i for i in range(*p.question_span)] for p, o in zip(self.prompts, self.offsets, strict=True)
         ]
         self.probe.score_rows(self._scoring_rows(self.width - 1, question_rows))
         logits = self.forward(self.ids, self.positions, self.key_valid)[:, -1]

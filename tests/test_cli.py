@@ -256,3 +256,16 @@ def test_a_trained_method_runs_on_the_model_it_ships_for_and_is_refused_early_el
     assert main(["ask", "q?", "--model", DEFAULT_MODEL, "--method", "mudaf(alpha=0)"]) == 2
     err = capsys.readouterr().err
     assert "--method \"mudaf(alpha=0, artefact='PATH')\"" in err and "alpha0" not in err
+
+
+def test_the_readme_python_example_answers_right_as_written(capsys):
+    """The first code a developer runs (README, default model, embedded corpus) gives the right answer."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Python", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("converting ")]
+    assert "Brea" in lines[0], lines[0]  # the answer; the ranked passages follow
