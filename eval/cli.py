@@ -335,6 +335,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _sweep(args, name, examples, gens, config):
     from midlens.core.batch_size import parse_batch_size
+    from midlens.eval import runner
     from midlens.eval.sweep import PositionSweep
 
     k = args.k
@@ -381,9 +382,11 @@ def _sweep(args, name, examples, gens, config):
     def evaluate(u):
         return sweep(examples[u["example"]], u["position"], u["method"])
 
+    batch_size = parse_batch_size(args.batch_size)
+
     def evaluate_many(group):
-        return sweep.many(
-            [(examples[u["example"]], u["position"], u["method"]) for u in group], parse_batch_size(args.batch_size)
+        return runner.per_method(
+            group, lambda m, us: sweep.many(m, [(examples[u["example"]], u["position"]) for u in us], batch_size)
         )
 
     return units, evaluate, evaluate_many

@@ -60,7 +60,7 @@ def _describe(options: dict) -> tuple[dict, list[dict], str]:
     return run.config, run.units, run.device
 
 
-def _connect(address: str | None, workers: int, threads: int, gpus: float) -> None:
+def _connect(address: str | None, workers: int, threads: int) -> None:
     import ray
 
     if ray.is_initialized():
@@ -71,7 +71,6 @@ def _connect(address: str | None, workers: int, threads: int, gpus: float) -> No
     # A local cluster sized for the pool: Ray schedules by the CPUs an actor asks for, not by the cores there are.
     cpus = max(os.cpu_count() or 1, workers * threads + 1)
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, object_store_memory=512 * 2**20)
-    del gpus
 
 
 def run_on_ray(args: argparse.Namespace, shard: tuple[int, int]) -> list[dict]:
@@ -85,7 +84,7 @@ def run_on_ray(args: argparse.Namespace, shard: tuple[int, int]) -> list[dict]:
     threads, workers, gpus = args.threads_per_worker, args.workers, args.gpus_per_worker
     if gpus < 0:
         raise MidlensError(f"--gpus-per-worker {gpus}: expected a number >= 0, e.g. 1 or 0.5.")
-    _connect(args.address, workers, threads, gpus)
+    _connect(args.address, workers, threads)
     describe = ray.remote(num_cpus=threads, num_gpus=gpus)(_describe)
     config, units, device = ray.get(describe.remote(options))
     path, mine, done, todo = runner.pending_units(Path(args.out), config, units, shard, args.limit)

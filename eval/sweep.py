@@ -160,44 +160,37 @@ class PositionSweep:
             self._answered[key] = (position, row)
         return {**row, "seconds": time.perf_counter() - t0}
 
-    def many(self, cells: list[tuple[Example, int, str]], batch_size: BatchSize = 1) -> list[dict]:
-        """Rows for several (example, position, method) cells, each method's prompts answered in batches of
-        `batch_size`; rows equal `self(...)`'s cell by cell. "seconds" is the cell's share of its method's wall
-        time (a batch has no per-row time)."""
-        rows: list[dict | None] = [None] * len(cells)
-        for method in dict.fromkeys(m for _, _, m in cells):
-            t0 = time.perf_counter()
-            gen = self.gens[method]
-            mine = [i for i, (_, _, m) in enumerate(cells) if m == method]
-            unique: dict[tuple, int] = {}  # (example, passage ids) -> index of the first cell with that prompt
-            first_of: dict[int, int] = {}
-            prompts, references, owners = [], [], []
-            for i in mine:
-                example, position, _ = cells[i]
-                passages = arrange(gen, example, self.k, position, method, self.max_new_tokens, self.style)
-                key = (example.id, tuple(p.id for p in passages))
-                if key in unique:
-                    first_of[i] = unique[key]
-                    continue
-                unique[key] = i
-                prompts.append(
-                    gen.prompt(example.question, passages, max_new_tokens=self.max_new_tokens, style=self.style)
-                )
-                references.append(example.answers[0] if self.logprob else None)
-                owners.append(i)
-            answers = generate_all(
-                gen,
-                prompts,
-                batch_size,
-                references,
-                max_new_tokens=self.max_new_tokens,
-                stop_at_line_end=self.stop_at_line_end,
-            )
-            for i, answer in zip(owners, answers, strict=True):
-                rows[i] = row_of(cells[i][0], answer, self.logprob)
-            for i, first in first_of.items():
-                rows[i] = {**rows[first], "reused_from_position": cells[first][1]}
-            seconds = (time.perf_counter() - t0) / len(mine)
-            for i in mine:
-                rows[i] = {**rows[i], "seconds": seconds}
-        return rows
+    def many(self, method: str, cells: list[tuple[Example, int]], batch_size: BatchSize = 1) -> list[dict]:
+        """Rows for one method's (example, position) cells, its prompts answered in batches of `batch_size`; rows
+        equal `self(...)`'s cell by cell. "seconds" is the cell's share of the wall time (a batch has no per-row
+        time). `runner.per_method` hands each method's cells of a group here."""
+        t0 = time.perf_counter()
+        gen = self.gens[method]
+        unique: dict[tuple, int] = {}  # (example, passage ids) -> index of the first cell with that prompt
+        first_of: dict[int, int] = {}
+        prompts, references, owners = [], [], []
+        for i, (example, position) in enumerate(cells):
+            passages = arrange(gen, example, self.k, position, method, self.max_new_tokens, self.style)
+            key = (example.id, tuple(p.id for p in passages))
+            if key in unique:
+                first_of[i] = unique[key]
+                continue
+            unique[key] = i
+            prompts.append(gen.prompt(example.question, passages, max_new_tokens=self.max_new_tokens, style=self.style))
+            references.append(example.answers[0] if self.logprob else None)
+            owners.append(i)
+        answers = generate_all(
+            gen,
+            prompts,
+            batch_size,
+            references,
+            max_new_tokens=self.max_new_tokens,
+            stop_at_line_end=self.stop_at_line_end,
+        )
+        rows: list[dict] = [{}] * len(cells)
+        for i, answer in zip(owners, answers, strict=True):
+            rows[i] = row_of(cells[i][0], answer, self.logprob)
+        for i, first in first_of.items():
+            rows[i] = {**rows[first], "reused_from_position": cells[first][1]}
+        seconds = (time.perf_counter() - t0) / max(1, len(cells))
+        return [{**row, "seconds": seconds} for row in rows]

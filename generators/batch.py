@@ -44,6 +44,27 @@ def block_mask(key_valid: torch.Tensor, length: int) -> torch.Tensor | None:
     return allowed[:, None]  # [B, 1, L, T]
 
 
+def padded_block(
+    tokens: list[list[int]], starts: list[int], pad_id: int, right_aligned: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk of columns holding each row's tokens (empty for a row with none), padded to the longest:
+    right-aligned (the last tokens share the last column, as a prompt's or a question's) or left-aligned (the
+    first tokens share the first column, a continuation of the prompt). Row b's tokens sit at positions
+    starts[b], starts[b] + 1, ...  -> (ids, positions, valid), each [B, width], on the CPU."""
+    batch, width = len(tokens), max((len(t) for t in tokens), default=0)
+    ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    positions = torch.zeros(batch, width, dtype=torch.long)
+    valid = torch.zeros(batch, width, dtype=torch.bool)
+    for b, (row, start) in enumerate(zip(tokens, starts, strict=True)):
+        if not row:
+            continue
+        cols = slice(width - len(row), width) if right_aligned else slice(0, len(row))
+        ids[b, cols] = torch.tensor(row)
+        positions[b, cols] = torch.arange(start, start + len(row))
+        valid[b, cols] = True
+    return ids, positions, valid
+
+
 def _crop(cache: DynamicCache, columns: int) -> None:
     """Keep the first `columns` cached columns (the cache takes the number to remove, as a negative count)."""
     extra = cache.get_seq_length() - columns
@@ -76,14 +97,7 @@ class BatchRun:
         lengths = [p.num_tokens for p in prompts]
         self.width = max(lengths)  # columns of the prompt; the last prompt token of every row is at width - 1
         self.offsets = [self.width - n for n in lengths]
-        batch = len(prompts)
-        ids = torch.full((batch, self.width), generator.pad_id, dtype=torch.long)
-        valid = torch.zeros(batch, self.width, dtype=torch.bool)
-        positions = torch.zeros(batch, self.width, dtype=torch.long)
-        for b, (p, o) in enumerate(zip(prompts, self.offsets, strict=True)):
-            ids[b, o:] = torch.tensor(p.input_ids)
-            valid[b, o:] = True
-            positions[b, o:] = torch.arange(p.num_tokens)
+        ids, positions, valid = padded_block([p.input_ids for p in prompts], [0] * len(prompts), generator.pad_id, True)
         self.ids, self.positions = ids.to(self.device), positions.to(self.device)
         self.key_valid = valid.to(self.device)  # grows by one column per decode step
         self.next_position = torch.tensor(lengths, device=self.device)
@@ -176,43 +190,29 @@ class BatchRun:
         tokenizer = self.generator.tokenizer
         cached = self.cache.get_seq_length()
         batch = self.batch_size
-        nulls: list[StackedPrompt | None] = []
-        shared: list[int] = []
-        fresh: list[int] = []  # rows whose null prompt does not share the passages' tokens: a prefill of their own
+        suffixes: list[list[int]] = [[] for _ in range(batch)]  # each row's null tokens after the shared prefix
+        shared = [0] * batch
+        question_rows: list[list[int]] = [[] for _ in range(batch)]
+        fresh: dict[int, StackedPrompt] = {}  # null prompts that do not share the passages' tokens: prefilled alone
         for b, prompt in enumerate(self.prompts):
             if not prompt.passages:
-                nulls.append(None)
-                shared.append(0)
                 continue
             null = render(tokenizer, prompt.passages, CONTENT_FREE_QUESTION, prompt.style)
             s = min(shared_prefix_length(prompt.input_ids, null.input_ids), null.question_span[0])
             if s < null.passage_spans[-1][1]:  # a tokenizer merged across the question boundary
-                fresh.append(b)
-                nulls.append(None)
-                shared.append(0)
+                fresh[b] = null
                 continue
-            nulls.append(null)
-            shared.append(s)
-        appended = [b for b in range(batch) if nulls[b] is not None]
+            suffixes[b], shared[b] = null.input_ids[s:], s
+            question_rows[b] = [i - s for i in range(*null.question_span)]  # within the suffix, shifted below
+        appended = [b for b in range(batch) if suffixes[b]]
         if appended:
-            suffixes = [nulls[b].input_ids[shared[b] :] if nulls[b] is not None else [] for b in range(batch)]
-            width = max(len(s) for s in suffixes)
-            ids = torch.full((batch, width), self.generator.pad_id, dtype=torch.long)
-            positions = torch.zeros(batch, width, dtype=torch.long)
-            block_valid = torch.zeros(batch, width, dtype=torch.bool)
+            ids, positions, block_valid = padded_block(suffixes, shared, self.generator.pad_id, right_aligned=True)
+            width = ids.shape[1]
             prefix_valid = torch.zeros(batch, cached, dtype=torch.bool)
-            question_rows = []
-            for b in range(batch):
+            for b in appended:
+                prefix_valid[b, self.offsets[b] : self.offsets[b] + shared[b]] = True
                 start = width - len(suffixes[b])  # right-aligned: the last null token is in the last column
-                if suffixes[b]:
-                    ids[b, start:] = torch.tensor(suffixes[b])
-                    positions[b, start:] = torch.arange(shared[b], shared[b] + len(suffixes[b]))
-                    block_valid[b, start:] = True
-                    prefix_valid[b, self.offsets[b] : self.offsets[b] + shared[b]] = True
-                    span = nulls[b].question_span
-                    question_rows.append([start + i - shared[b] for i in range(*span)])
-                else:
-                    question_rows.append([])
+                question_rows[b] = [start + i for i in question_rows[b]]
             self.probe.score_rows(self._scoring_rows(width - 1, question_rows))
             key_valid = torch.cat([prefix_valid, block_valid], dim=1).to(self.device)
             self.forward(ids.to(self.device), positions.to(self.device), key_valid)
@@ -222,10 +222,7 @@ class BatchRun:
             for b in appended:
                 self.maps[b].null_last, self.maps[b].null_question = rows[b].last, rows[b].question
         if fresh:
-            nulls_fresh = [
-                render(tokenizer, self.prompts[b].passages, CONTENT_FREE_QUESTION, self.prompts[b].style) for b in fresh
-            ]
-            for b, maps in zip(fresh, self.prompt_maps(nulls_fresh), strict=True):
+            for b, maps in zip(fresh, self.prompt_maps(list(fresh.values())), strict=True):
                 self.maps[b].null_last, self.maps[b].null_question = maps.last, maps.question
 
     def prompt_maps(self, prompts: list[StackedPrompt]) -> list[RowMaps]:
@@ -250,24 +247,16 @@ class BatchRun:
         width = max((len(ids) - 1 for ids in references if ids is not None), default=0)
         if width <= 0:
             return logprobs
-        batch = self.batch_size
-        ids = torch.full((batch, width), self.generator.pad_id, dtype=torch.long)
-        positions = torch.zeros(batch, width, dtype=torch.long)
-        block_valid = torch.zeros(batch, width, dtype=torch.bool)
-        for b, ref in enumerate(references):
-            if ref is not None and len(ref) > 1:  # left-aligned: the reference follows the prompt's last column
-                ids[b, : len(ref) - 1] = torch.tensor(ref[:-1])
-                positions[b, : len(ref) - 1] = torch.arange(
-                    self.prompts[b].num_tokens, self.prompts[b].num_tokens + len(ref) - 1
-                )
-                block_valid[b, : len(ref) - 1] = True
+        # Each reference but its last token, left-aligned: it continues the prompt's last column.
+        fed = [ref[:-1] if ref is not None else [] for ref in references]
+        starts = [p.num_tokens for p in self.prompts]
+        ids, positions, block_valid = padded_block(fed, starts, self.generator.pad_id, right_aligned=False)
         key_valid = torch.cat([self.key_valid[:, : self.width], block_valid.to(self.device)], dim=1)
         logits = self.forward(ids.to(self.device), positions.to(self.device), key_valid, keep=width)
         scores = torch.log_softmax(logits.float(), dim=-1)
         for b, ref in enumerate(references):
             if ref is not None and len(ref) > 1:
                 rows = torch.arange(len(ref) - 1, device=scores.device)
-                picked = scores[b, rows, torch.tensor(ref[1:], device=scores.device)].sum()
-                logprobs[b] = float(torch.tensor(logprobs[b], dtype=torch.float64) + picked.double())
+                logprobs[b] += float(scores[b, rows, torch.tensor(ref[1:], device=scores.device)].sum())
         _crop(self.cache, self.width)
         return logprobs

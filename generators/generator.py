@@ -112,11 +112,15 @@ class Generator:
         out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0]
 
-    def new_probe(self, prompt: StackedPrompt) -> PassageProbe:
-        """A probe that keeps the layers the evidence config aggregates (the others cost nothing)."""
+    def probe_layers(self) -> list[int]:
+        """The layers a probe keeps: those the evidence config aggregates and those the method's answering hook
+        reads (the others cost nothing)."""
         hook_layers = self.parts.answering.layers if self.parts.answering is not None else ()
-        layers = set(self.evidence_config.layer_indices(self.num_layers)) | set(hook_layers)
-        return PassageProbe(prompt.passage_spans, self.num_layers, sorted(layers))
+        return sorted(set(self.evidence_config.layer_indices(self.num_layers)) | set(hook_layers))
+
+    def new_probe(self, prompt: StackedPrompt) -> PassageProbe:
+        """A probe of one prompt's passages, keeping `probe_layers()`."""
+        return PassageProbe(prompt.passage_spans, self.num_layers, self.probe_layers())
 
     @property
     def pad_id(self) -> int:
@@ -173,14 +177,13 @@ class Generator:
         sampled = temperature > 0 and seed is not None
         rngs = [torch.Generator(self.device).manual_seed(seed) if sampled else None for _ in prompts]
         hook = self.parts.answering
-        layers = set(self.evidence_config.layer_indices(self.num_layers)) | set(hook.layers if hook else ())
         batch = len(prompts)
         generated: list[list[int]] = [[] for _ in prompts]
         texts = [""] * batch
         fed = [0] * batch  # decode steps that fed this row's token back (its answer-attention rows)
         reference_logprobs: list[float | None] = [None] * batch
         with self.running() as method_run:
-            run = BatchRun(self, prompts, method_run, sorted(layers))
+            run = BatchRun(self, prompts, method_run, self.probe_layers())
             with method_run.probe(run.probe):
                 t0 = time.perf_counter()
                 logits = first_logits = run.prefill()

@@ -42,6 +42,7 @@ class PassageProbe:
         # back as zeros from `take`, so indices stay the model's.
         self.layers = set(range(num_layers)) if layers is None else set(layers)
         self.rows: list[int] | torch.Tensor = []  # scoring queries within the current forward's chunk
+        self._rows_on: torch.Tensor | None = None  # `rows` as a tensor on the model's device, made once per call
         self.collected: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.deferred: list[list[tuple]] = [[] for _ in range(num_layers)]  # decode rows: (q, weights, allowed)
         self.final_keys: list[torch.Tensor | None] = [None] * num_layers
@@ -50,6 +51,7 @@ class PassageProbe:
     def score_rows(self, rows: list[int] | torch.Tensor) -> None:
         """Chunk indices of the queries to score: a list shared by every batch row, or a [B, S] tensor per row."""
         self.rows = rows if isinstance(rows, torch.Tensor) else list(rows)
+        self._rows_on = None
 
     def _has_rows(self) -> bool:
         return self.rows.numel() > 0 if isinstance(self.rows, torch.Tensor) else bool(self.rows)
@@ -93,10 +95,10 @@ class PassageProbe:
             self.final_keys[layer] = keys.detach()
             return
         with torch.no_grad():
-            rows = self.rows
-            if not isinstance(rows, torch.Tensor):
-                rows = torch.tensor(rows, dtype=torch.long)[None].expand(batch, -1)
-            rows = rows.to(q_rot.device)  # [B, S]
+            if self._rows_on is None or self._rows_on.device != q_rot.device:  # one copy per call, not per layer
+                rows = self.rows if isinstance(self.rows, torch.Tensor) else torch.tensor(self.rows)[None]
+                self._rows_on = rows.to(q_rot.device, torch.long)
+            rows = self._rows_on.expand(batch, -1)  # [B, S]
             count = rows.shape[1]
             q_sel = q_rot.gather(3, rows[None, :, None, :, None].expand(experts, batch, heads, count, dim))
             w_sel = (

@@ -19,7 +19,7 @@ from midlens.core.passage import Passage
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.models import DEFAULT_MODEL, LoadedModel
-from midlens.generators.prompt import DEFAULT_STYLE, check_style
+from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, check_style
 from midlens.generators.registry import MethodConfig, method_config
 from midlens.generators.scheduling import generate_all
 from midlens.retrievers.base import Retriever
@@ -93,12 +93,16 @@ class Pipeline:
         # `top_k or self.top_k` would turn an explicit 0 into the default: only None means "the default".
         return self.retriever.search(question, self.top_k if top_k is None else check_top_k(top_k))
 
+    def prompt(self, question: str, passages: list[Passage], max_new_tokens: int) -> StackedPrompt:
+        """The stacked prompt this pipeline answers from (its truncation and instruction style)."""
+        return self.generator.prompt(
+            question, passages, max_new_tokens=max_new_tokens, truncate=self.truncate, style=self.prompt_style
+        )
+
     def answer(self, question: str, passages: list[Passage], calibrate: bool = True, **generate_kwargs) -> Answer:
         """Generate over given passages (in the given prompt order), skipping retrieval."""
         max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
-        prompt = self.generator.prompt(
-            question, passages, max_new_tokens=max_new, truncate=self.truncate, style=self.prompt_style
-        )
+        prompt = self.prompt(question, passages, max_new)
         return self.generator.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
 
     def ask(self, question: str, top_k: int | None = None, calibrate: bool = True, **generate_kwargs) -> Answer:
@@ -120,11 +124,7 @@ class Pipeline:
             t0 = time.perf_counter()
             passages = self.retrieve(question)
             retrieve_s.append(time.perf_counter() - t0)
-            prompts.append(
-                self.generator.prompt(
-                    question, passages, max_new_tokens=max_new, truncate=self.truncate, style=self.prompt_style
-                )
-            )
+            prompts.append(self.prompt(question, passages, max_new))
         answers = generate_all(
             self.generator, prompts, batch_size, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs
         )
@@ -135,7 +135,5 @@ class Pipeline:
     def ask_stream(self, question: str, top_k: int | None = None, **generate_kwargs) -> GenerationStream:
         passages = self.retrieve(question, top_k)
         max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
-        prompt = self.generator.prompt(
-            question, passages, max_new_tokens=max_new, truncate=self.truncate, style=self.prompt_style
-        )
+        prompt = self.prompt(question, passages, max_new)
         return self.generator.stream(prompt, max_new_tokens=max_new, **generate_kwargs)

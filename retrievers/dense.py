@@ -10,7 +10,6 @@ builds whose process is gone are swept on the next build, the embedding shards o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -85,14 +84,6 @@ def embed(texts: list[str], show_progress: bool = False) -> np.ndarray:
         texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=show_progress
     )
     return np.ascontiguousarray(vectors, dtype=np.float32)
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _make_index(vectors: np.ndarray, index_type: IndexType) -> faiss.Index:
@@ -237,7 +228,7 @@ class DenseRetriever:
             with (tmp / "passages.jsonl").open("w", encoding="utf-8") as f:
                 for p in self.passages:
                     f.write(json.dumps(asdict(p), ensure_ascii=False) + "\n")
-            meta = {**self.meta, "passages": len(self.passages), "index_sha256": _file_sha256(tmp / "index.faiss")}
+            meta = {**self.meta, "passages": len(self.passages)}  # hashes: in MANIFEST.json, written below
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
             (tmp / OWNER).unlink()  # the owner record belongs to the temp folder, not to the index
             write_manifest(tmp, {"kind": "faiss index"})  # every file, so an edited passage is caught at load
