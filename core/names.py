@@ -1,8 +1,8 @@
 """Names every layer shares that must not cost an import: `midlens --help` reads them while building its parser."""
 
 # The packaged model that answers by default: ask, the demo, the LlamaIndex classes, Pipeline and Generator
-# (registry entries in generators.models, which loads torch): Qwen2.5-Coder-0.5B-Instruct, the checkpoint its GGUF
-# names. It answers more questions right end to end than SmolLM2 (docs/results/answer-path/).
+# (registry entries in generators.packaged_models, which loads torch): Qwen2.5-Coder-0.5B-Instruct, the checkpoint
+# its GGUF names. It answers more questions right end to end than SmolLM2 (docs/results/answer-path/).
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 # Names that were used before and still work, with a deprecation note: old name -> current name.
 MODEL_ALIASES = {"qwen2.5-0.5b": "qwen2.5-coder-0.5b"}

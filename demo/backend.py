@@ -54,7 +54,7 @@ class DemoBackend:
         device: str = "auto",
         dtype: str = "auto",
     ):
-        from midlens.generators.models import DEFAULT_MODEL, REGISTRY
+        from midlens.generators.packaged_models import DEFAULT_MODEL, REGISTRY
         from midlens.generators.registry import method_config
 
         self._lock = threading.RLock()
@@ -133,7 +133,7 @@ class DemoBackend:
     def pipeline(self, model: str, method: str, corpus_file: str | None = None, progress: Any = None) -> Pipeline:
         """A pipeline for (model, method) on the chosen corpus; methods share the model's weights."""
         from midlens.generators.generator import Generator
-        from midlens.generators.models import load_model
+        from midlens.generators.loading import load_model
         from midlens.rag.pipeline import Pipeline
 
         if model not in self.models:

@@ -147,7 +147,8 @@ def make_runner(variant: str, model_name: str, prompt_tokens: int, device: str =
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from midlens.generators.generator import Generator
-    from midlens.generators.models import load_model, resolve_model_dir
+    from midlens.generators.loading import load_model
+    from midlens.generators.model_cache import resolve_model_dir
 
     loaded = load_model(model_name, device, dtype)
     prompt = bench_prompt(loaded.tokenizer, prompt_tokens)

@@ -93,7 +93,7 @@ def run(
         import tempfile
 
         from midlens.eval.bench import save_random_model
-        from midlens.generators.models import resolve_model_dir
+        from midlens.generators.model_cache import resolve_model_dir
 
         tokenizer_dir = resolve_model_dir(random_shape)  # the shape's own tokenizer (and so its vocabulary)
         source = str(save_random_model(random_shape, Path(tempfile.mkdtemp()) / random_shape, tokenizer_dir))

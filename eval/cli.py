@@ -234,7 +234,7 @@ def build_run(args: argparse.Namespace) -> Run:
     from midlens.eval import runner
     from midlens.eval.datasets import data_sha256
     from midlens.generators.generator import Generator
-    from midlens.generators.models import load_model
+    from midlens.generators.loading import load_model
     from midlens.rag.options import check_device, evidence_config
 
     evidence = evidence_config(args)

@@ -150,7 +150,7 @@ class BatchRun:
         if not bool(torch.isfinite(logits).all()):
             # Damaged weights surface here as NaN logits; decoding them would give an empty answer and then a
             # bare "cannot convert float NaN to integer", so name the damaged file instead.
-            from midlens.generators.models import non_finite_error
+            from midlens.generators.loading import non_finite_error
 
             raise non_finite_error(self.generator.loaded)
         rows = self._split(self.probe.take(), [len(r) for r in question_rows])

@@ -29,7 +29,8 @@ from midlens.core.passage import Passage
 from midlens.generators.batch import BatchRun
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.evidence import Answer, EvidenceConfig, passage_evidence
-from midlens.generators.models import DEFAULT_MODEL, LoadedModel, load_model
+from midlens.generators.loading import LoadedModel, load_model
+from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.probe import PassageProbe
 from midlens.generators.prompt import (
     DEFAULT_STYLE,

@@ -74,7 +74,7 @@ def shipped_models(config: MethodConfig) -> list[str] | None:
     """The packaged models a trained artefact ships for, for this method and options; None when the method reads
     no shipped artefact (it trains nothing, or an artefact folder was given)."""
     from midlens.generators.artefacts import shipped_artefact
-    from midlens.generators.models import REGISTRY as MODELS
+    from midlens.generators.packaged_models import REGISTRY as MODELS
 
     method = REGISTRY[config.name]
     if "artefact" not in method.defaults or config.options.get("artefact") is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from midlens.core.errors import ArtefactError
 from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.models import LoadedModel
+from midlens.generators.loading import LoadedModel
 
 SHIPPED = Path(__file__).parent / "trained" / "retrieval-heads"
 TOP_FRACTION = 0.05  # MuDAF's "retrieval heads": the top 5 % of heads

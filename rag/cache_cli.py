@@ -119,7 +119,7 @@ def _verify_index(folder: Path) -> str | None:
 
 def cmd_cache_verify(args: argparse.Namespace) -> int:
     from midlens.core.errors import ModelError
-    from midlens.generators.models import check_model_folder
+    from midlens.generators.model_cache import check_model_folder
 
     if args.model:
         folder = models_dir() / _plain_name(args.model)

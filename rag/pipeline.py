@@ -18,7 +18,8 @@ from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAUL
 from midlens.core.passage import Passage
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import GenerationStream, Generator
-from midlens.generators.models import DEFAULT_MODEL, LoadedModel
+from midlens.generators.loading import LoadedModel
+from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, check_style
 from midlens.generators.registry import MethodConfig, method_config
 from midlens.generators.scheduling import generate_all

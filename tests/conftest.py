@@ -27,7 +27,7 @@ sys.meta_path.insert(0, _OneNamespace())
 
 @pytest.fixture(scope="session")
 def loaded():
-    from midlens.generators.models import load_model
+    from midlens.generators.loading import load_model
 
     return load_model("smollm2-135m")
 

@@ -10,7 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from midlens.generators import Generator
-from midlens.generators.models import load_model, resolve_model_dir
+from midlens.generators.loading import load_model
+from midlens.generators.model_cache import resolve_model_dir
 from tests.tiny import ARCHITECTURES, tiny_config
 
 LOGIT_TOL = 1e-4

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from midlens.generators.models import resolve_model_dir
+from midlens.generators.model_cache import resolve_model_dir
 from midlens.generators.probe import PassageProbe
 from tests.conftest import planted_passages
 

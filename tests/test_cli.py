@@ -100,8 +100,8 @@ def test_every_help_shows_defaults_and_examples(capsys):
 
 def test_shared_names_live_below_torch_and_match_their_modules():
     from midlens.core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE, EVAL_MODEL, PROMPT_STYLES
-    from midlens.generators.models import DEFAULT_MODEL as REGISTRY_DEFAULT
-    from midlens.generators.models import REGISTRY
+    from midlens.generators.packaged_models import DEFAULT_MODEL as REGISTRY_DEFAULT
+    from midlens.generators.packaged_models import REGISTRY
     from midlens.generators.prompt import DEFAULT_STYLE, STYLES
 
     assert DEFAULT_MODEL == REGISTRY_DEFAULT and {DEFAULT_MODEL, EVAL_MODEL} <= set(REGISTRY)

@@ -295,7 +295,7 @@ def test_classes_import_from_llamaindex_conventional_paths(tmp_path):
 def test_a_reranker_given_no_model_shares_the_llm_s_and_a_different_one_is_said(llm, tmp_path, caplog):
     """Defect: `AttentionReranker(top_n=2)` beside `MidlensLLM(model="smollm2-135m")` silently loaded the 0.5B
     default as a second model. Now it reads the LLM's own model; a different one is logged as such."""
-    from midlens.generators.models import load_model
+    from midlens.generators.loading import load_model
     from tests.tiny import save_tiny
 
     assert AttentionReranker(top_n=2).generator.loaded is llm.generator.loaded

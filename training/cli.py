@@ -210,7 +210,7 @@ def _model_rope(model: str) -> tuple[float, int]:
     """(RoPE base, head_dim) from the model's config alone: no weights are loaded."""
     from transformers import AutoConfig
 
-    from midlens.generators.models import resolve_model_dir
+    from midlens.generators.model_cache import resolve_model_dir
     from midlens.generators.moice import rope_base
 
     cfg = AutoConfig.from_pretrained(resolve_model_dir(model))

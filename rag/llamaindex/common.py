@@ -15,7 +15,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import Generator
-from midlens.generators.models import LoadedModel
+from midlens.generators.loading import LoadedModel
 from midlens.generators.prompt import Passage
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import Generator
-from midlens.generators.models import DEFAULT_MODEL, LoadedModel
+from midlens.generators.loading import LoadedModel
+from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import StackedPrompt, chat_prompt
 from midlens.rag.llamaindex.common import (
     _LLM_MODELS,

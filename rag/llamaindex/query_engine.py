@@ -19,7 +19,8 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from midlens.core.names import DEFAULT_TOP_K
 from midlens.generators.evidence import Answer, EvidenceConfig
-from midlens.generators.models import DEFAULT_MODEL, LoadedModel
+from midlens.generators.loading import LoadedModel
+from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.rag.llamaindex.common import (
     _response_kwargs,
     evidence_rows,

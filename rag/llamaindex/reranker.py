@@ -13,7 +13,8 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from midlens.core.errors import PromptTooLongError
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import Generator
-from midlens.generators.models import DEFAULT_MODEL, LoadedModel
+from midlens.generators.loading import LoadedModel
+from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import Passage, StackedPrompt, fit_windows
 from midlens.rag.llamaindex.common import (
     _LLM_MODELS,

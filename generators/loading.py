@@ -1,0 +1,147 @@
+"""Loading a model into memory once per process, and naming the damage when its weights fail to load or compute.
+
+A folder transformers cannot read, or a first forward pass that gives non-finite logits, has its files hashed
+against MANIFEST.json, so the error names a damaged file instead of surfacing as an empty answer.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from midlens.core.device import dtype_name, resolve_device, resolve_dtype
+from midlens.core.errors import ModelError
+from midlens.core.files import read_manifest
+from midlens.generators.model_cache import check_model_folder, content_sha256, rebuild_hint, resolve_model_dir
+from midlens.generators.packaged_models import DEFAULT_MODEL, canonical_name
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+@dataclass
+class LoadedModel:
+    """One model in memory, shared by every generator that uses it (methods swap per call, under `lock`)."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    context_window: int
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    folder: Path | None = None  # where the weights were read from, for error messages
+    _sha256: str | None = field(default=None, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    @property
+    def sha256(self) -> str:
+        if self._sha256 is None:
+            self._sha256 = content_sha256(self.name)
+        return self._sha256
+
+
+_LOADED: dict[tuple[str, str, str], LoadedModel] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
+) -> LoadedModel:
+    """Load (once per process and device/dtype) a model and tokenizer: eval mode, SDPA attention.
+
+    `device="auto"` is CUDA when a GPU is present, else the CPU; `dtype="auto"` is bfloat16 on CUDA, float32
+    on the CPU. Asking for a device that is not there fails here, before anything is read.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    name_or_path = canonical_name(name_or_path)
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    key = (name_or_path, str(torch_device), dtype_name(torch_dtype))
+    with _LOAD_LOCK:
+        if key in _LOADED:
+            return _LOADED[key]
+        model_dir = resolve_model_dir(name_or_path)
+        try:
+            config = AutoConfig.from_pretrained(model_dir)
+        except Exception as err:
+            raise _load_failure(name_or_path, model_dir, err) from err
+        arch = (config.architectures or ["?"])[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelError(
+                f"model '{name_or_path}' is a {arch}; midlens supports RoPE decoders: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}."
+            )
+        window = int(config.max_position_embeddings)
+        sliding = getattr(config, "sliding_window", None)
+        uses_sliding = getattr(config, "use_sliding_window", sliding is not None) and sliding is not None
+        if uses_sliding and sliding < window:
+            raise ModelError(
+                f"model '{name_or_path}' uses sliding-window attention ({sliding} of {window} positions); "
+                "midlens' attention module implements full causal attention only."
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as err:  # e.g. SafetensorError "invalid JSON in header": find out whether a file is bad
+            raise _load_failure(name_or_path, model_dir, err) from err
+        model.to(torch_device).eval()
+        loaded = LoadedModel(
+            name=name_or_path, model=model, tokenizer=tokenizer, context_window=window, folder=model_dir
+        )
+        _LOADED[key] = loaded
+        return loaded
+
+
+def _load_failure(name: str, folder: Path, err: Exception) -> ModelError:
+    """The error for a folder transformers could not read: a damaged file when the hashes say so."""
+    cause = f" (loading failed with {type(err).__name__}: {err})"
+    try:
+        check_model_folder(name, folder, hashes=True, cause=cause)
+    except ModelError as damaged:
+        return damaged
+    if read_manifest(folder) is None:
+        return ModelError(
+            f"model '{name}': could not load {folder}{cause}. Check that it is a complete Hugging Face model folder."
+        )
+    return ModelError(
+        f"model '{name}': could not load {folder}{cause}, though its files match their manifest. "
+        f"If the manifest was recorded from an already damaged cache, this clears it up: {rebuild_hint(name, folder)}"
+    )
+
+
+def non_finite_error(loaded: LoadedModel) -> ModelError:
+    """The error for NaN/inf logits from a forward pass: names a damaged file when the hashes find one.
+
+    The model is also dropped from this process' memory, so the next load reads the (rebuilt) folder again."""
+    with _LOAD_LOCK:
+        for key in [k for k, v in _LOADED.items() if v is loaded]:
+            del _LOADED[key]
+    cause = " (the first forward pass gave NaN or inf logits)"
+    folder = loaded.folder
+    if folder is None:
+        return ModelError(f"model '{loaded.name}' gave NaN or inf logits on the prompt; its weights are damaged.")
+    try:
+        check_model_folder(loaded.name, folder, hashes=True, cause=cause)
+    except ModelError as damaged:
+        return damaged
+    dtype = dtype_name(loaded.dtype)
+    overflow = (
+        " float16 overflows in some models: try --dtype bfloat16 or --dtype float32. Otherwise:"
+        if loaded.dtype == torch.float16
+        else ""
+    )
+    return ModelError(
+        f"model '{loaded.name}' ({folder}, {dtype} on {loaded.device}) gave NaN or inf logits on the prompt's "
+        f"first forward pass, so it cannot answer.{overflow} {rebuild_hint(loaded.name, folder)}"
+    )

@@ -1,0 +1,124 @@
+"""Where a model's files are: the verified cache of converted registry models, or a user's own folder.
+
+Each load checks the files' sizes against MANIFEST.json (cheap); the hashes are checked by `midlens cache
+verify` and whenever loading fails or the first forward pass gives non-finite logits (`loading`), so a
+damaged file is named instead of surfacing as an empty answer. Temp folders left by killed conversions are
+swept on the next run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from midlens.core.errors import ModelError
+from midlens.core.files import (
+    FileProblem,
+    build_lock,
+    manifest_problems,
+    models_dir,
+    read_manifest,
+    sha256_of,
+    sweep_stale,
+)
+from midlens.generators.packaged_models import REGISTRY, canonical_name, convert_gguf
+
+
+def sweep_stale_conversions() -> list[Path]:
+    """Remove the temp folders of conversions whose process is gone (or, owner unknown, an hour old)."""
+    return sweep_stale(models_dir(), lambda name: "-" in name)
+
+
+def _in_cache(folder: Path) -> bool:
+    return folder.resolve().parent == models_dir().resolve()
+
+
+def rebuild_hint(name: str, folder: Path) -> str:
+    """What to run so a damaged model folder is written again."""
+    if _in_cache(folder):
+        return (
+            f"Rebuild it: `midlens cache clear --model {folder.name}`, then run the command again "
+            "(the model is converted again from its installed GGUF)."
+        )
+    return f"Restore {folder} from where it came from (re-copy or re-download it), or pass another --model."
+
+
+def _damaged(name: str, folder: Path, problems: list[FileProblem], cause: str = "") -> ModelError:
+    listed = "\n".join(f"  {p}" for p in problems)
+    return ModelError(
+        f"model '{name}': the files in {folder} do not match its manifest{cause}:\n{listed}\n"
+        f"The folder is damaged (a partial copy, a full disk, or bytes changed on disk). {rebuild_hint(name, folder)}"
+    )
+
+
+def check_model_folder(name: str, folder: Path, hashes: bool = False, cause: str = "") -> None:
+    """Refuse a folder whose files differ from MANIFEST.json: sizes and stats always, re-hashing any file whose
+    stat changed; sha256 of every file when `hashes`.
+
+    A cached conversion without a manifest is unverified (deleted, or written by an older midlens): refused, never
+    re-recorded from whatever is on disk, which would vouch for damaged bytes. A user's own folder has no
+    manifest to compare with and is not checked here (its load fails loudly on damage, `load_model`)."""
+    try:
+        manifest = read_manifest(folder)
+    except ValueError as err:
+        raise ModelError(f"model '{name}': {err}. {rebuild_hint(name, folder)}") from None
+    if manifest is None:
+        if _in_cache(folder):
+            raise ModelError(
+                f"model '{name}': {folder} has no MANIFEST.json, so nothing vouches for its files (the manifest was "
+                f"deleted, or an older midlens converted it). {rebuild_hint(name, folder)}"
+            )
+        return
+    problems = manifest_problems(folder, manifest, hashes, progress=f"verifying {name}" if hashes else None)
+    if problems:
+        raise _damaged(name, folder, problems, cause)
+
+
+def resolve_model_dir(name_or_path: str) -> Path:
+    """A registry name -> its converted cache folder (converting on first use); a folder -> itself.
+
+    Either way the folder's files are checked against its manifest by size (hashes are checked on failure)."""
+    name_or_path = canonical_name(name_or_path)
+    if name_or_path in REGISTRY:
+        source = REGISTRY[name_or_path]
+        target = models_dir() / name_or_path
+        sweep_stale_conversions()
+        marker = target / "SOURCE_SHA256"
+        with build_lock(target):  # a second process waits for the first's conversion instead of redoing it
+            converted = not (marker.is_file() and marker.read_text().strip() == source.sha256)
+            if converted:
+                convert_gguf(name_or_path, source, target)
+            try:
+                check_model_folder(name_or_path, target)
+            except ModelError as damage:
+                if converted:
+                    raise
+                try:  # damaged or unverified: convert again from the GGUF (verified by hash) when it is installed
+                    source.locate()
+                except ModelError:
+                    raise damage from None
+                first = str(damage).splitlines()[0]
+                print(f"note: {first}\n  converting {name_or_path} again from its installed GGUF", file=sys.stderr)
+                convert_gguf(name_or_path, source, target)
+                check_model_folder(name_or_path, target)
+        return target
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model folder {path} has no config.json; expected a Hugging Face model folder.")
+        check_model_folder(name_or_path, path)
+        return path
+    raise ModelError(f"unknown model '{name_or_path}': not a registry name ({', '.join(REGISTRY)}) and not a folder.")
+
+
+def content_sha256(name_or_path: str) -> str:
+    """What a model's weights are, as one hash: the verified GGUF source of a registry model, else the sha256
+    of a folder's weight files (sorted by name). Trained artefacts record it to refuse another base model."""
+    name_or_path = canonical_name(name_or_path)
+    if name_or_path in REGISTRY:
+        return REGISTRY[name_or_path].sha256
+    folder = resolve_model_dir(name_or_path)
+    weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not weights:
+        raise ModelError(f"model folder {folder} has no *.safetensors or *.bin weight files.")
+    return sha256_of(weights)
