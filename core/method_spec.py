@@ -1,5 +1,5 @@
 """Method specs as text, `NAME` or `NAME(option=value, ...)`: parsed without torch, so shells refuse a
-misspelt method name at once (generators.registry validates the options against the method's defaults)."""
+misspelt method name at once (generators.methods.registry validates the options against the method's defaults)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ DEFAULT_MAX_NEW_TOKENS = 48
 RETRIEVALS = ("dense", "hybrid", "dense+links", "hybrid+links")
 DEFAULT_RETRIEVAL = "dense+links"
 
-# The built-in methods (generators.registry registers one entry per name, in this order; that module loads torch),
-# and the orderings the position sweep runs on the baseline generator (eval.sweep).
+# The built-in methods (generators.methods.registry registers one entry per name, in this order; that module loads
+# torch), and the orderings the position sweep runs on the baseline generator (eval.sweep).
 METHODS = ("baseline", "ms-poe", "mudaf", "moice", "attn-calibration")
 ORDERINGS = ("lcr", "attn-sort")

@@ -54,8 +54,8 @@ class DemoBackend:
         device: str = "auto",
         dtype: str = "auto",
     ):
+        from midlens.generators.methods.registry import method_config
         from midlens.generators.packaged_models import DEFAULT_MODEL, REGISTRY
-        from midlens.generators.registry import method_config
 
         self._lock = threading.RLock()
         self._bases: dict[str, Pipeline] = {}  # model name -> baseline-or-given pipeline on the startup corpus
@@ -126,7 +126,7 @@ class DemoBackend:
 
     def methods_of(self, model: str) -> list[str]:
         """The methods offered with `model`: one trained per model (MuDAF, MoICE) only where it ships for it."""
-        from midlens.generators.registry import available
+        from midlens.generators.methods.registry import available
 
         return available(model)
 

@@ -40,7 +40,7 @@ VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
 
 
 def method_variants(kind: str) -> tuple[str, ...]:
-    from midlens.generators.registry import REGISTRY
+    from midlens.generators.methods.registry import REGISTRY
 
     variants = REGISTRY[kind].bench_variants
     if not variants:
@@ -466,7 +466,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif args.kind == "evidence":
         sizes = "2048"
     else:
-        from midlens.generators.registry import REGISTRY
+        from midlens.generators.methods.registry import REGISTRY
 
         sizes = ",".join(str(t) for t in REGISTRY[args.kind].bench_tokens)
     report = run(

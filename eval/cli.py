@@ -196,7 +196,7 @@ def _method_specs(methods: list[str]) -> dict:
     if not methods:
         raise MidlensError("--methods is empty: name at least one method, e.g. --methods baseline.")
     check_method_names(methods, also=ORDERINGS)  # before torch loads: a misspelt name fails at once
-    from midlens.generators.registry import method_config
+    from midlens.generators.methods.registry import method_config
 
     configs = {}
     for spec in methods:

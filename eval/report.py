@@ -61,7 +61,7 @@ def method_label(key: str, recorded: dict) -> str:
     """
     if recorded.get("ordering"):
         return key
-    from midlens.generators.registry import MethodConfig
+    from midlens.generators.methods.registry import MethodConfig
 
     options = {k: v for k, v in recorded.items() if k not in ("name", "ordering")}
     return MethodConfig(recorded.get("name", key), options).spec()

@@ -8,8 +8,8 @@ and `method_context` for code that drives the model itself (training loops, benc
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.loading import LoadedModel, load_model
+from midlens.generators.methods.registry import Method, MethodConfig, available, build_parts, method_config, register
 from midlens.generators.packaged_models import DEFAULT_MODEL
-from midlens.generators.registry import Method, MethodConfig, available, build_parts, method_config, register
 from midlens.generators.scheduling import generate_all
 
 __all__ = [

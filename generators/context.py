@@ -1,6 +1,6 @@
 """The public way to run a loaded model with a method: install its per-layer parts for one block of code.
 
-    parts = build_parts(method_config("ms-poe"), loaded)        # generators.registry
+    parts = build_parts(method_config("ms-poe"), loaded)        # generators.methods.registry
     with method_context(loaded, parts, probe=probe) as run:
         logits = loaded.model(input_ids=ids).logits              # grads flow: no inference_mode here
         loss = nll + run.aux_loss()                              # training terms the schemes collected

@@ -30,6 +30,7 @@ from midlens.generators.batch import BatchRun
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.evidence import Answer, EvidenceConfig, passage_evidence
 from midlens.generators.loading import LoadedModel, load_model
+from midlens.generators.methods.registry import MethodConfig, build_parts, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.probe import PassageProbe
 from midlens.generators.prompt import (
@@ -37,7 +38,6 @@ from midlens.generators.prompt import (
     StackedPrompt,
     build_prompt,
 )
-from midlens.generators.registry import MethodConfig, build_parts, method_config
 from midlens.generators.retrieval_heads import resolve_evidence
 
 

@@ -145,7 +145,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from midlens.generators.registry import REGISTRY
+    from midlens.generators.methods.registry import REGISTRY
 
     width = max(len(name) for name in REGISTRY) + 2  # every summary starts in one column, the longest name's too
     for method in REGISTRY.values():

@@ -68,7 +68,7 @@ def method_spec(args: argparse.Namespace):
     from midlens.core.method_spec import check_method_names
 
     check_method_names([args.method])
-    from midlens.generators.registry import method_config
+    from midlens.generators.methods.registry import method_config
 
     return method_config(args.method)
 
@@ -79,7 +79,7 @@ def chosen_model(args: argparse.Namespace, method) -> str:
     method has nothing for."""
     import sys
 
-    from midlens.generators.registry import model_for
+    from midlens.generators.methods.registry import model_for
 
     model = model_for(method, args.model, DEFAULT_MODEL)
     if args.model is None and model != DEFAULT_MODEL:

@@ -19,9 +19,9 @@ from midlens.core.passage import Passage
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.loading import LoadedModel
+from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, check_style
-from midlens.generators.registry import MethodConfig, method_config
 from midlens.generators.scheduling import generate_all
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval

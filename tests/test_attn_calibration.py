@@ -10,8 +10,8 @@ from transformers import DynamicCache
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators import Generator
-from midlens.generators.attn_calibration import dummy_prompt, passage_offsets
-from midlens.generators.registry import method_config
+from midlens.generators.methods.attn_calibration import dummy_prompt, passage_offsets
+from midlens.generators.methods.registry import method_config
 from tests.conftest import planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"

@@ -109,7 +109,7 @@ def test_shared_names_live_below_torch_and_match_their_modules():
     assert set(PROMPT_STYLES) == set(STYLES) and DEFAULT_PROMPT_STYLE == DEFAULT_STYLE
     # Shells refuse a misspelt method by these names before the registry (torch) is imported.
     from midlens.core.names import METHODS
-    from midlens.generators.registry import REGISTRY as METHOD_REGISTRY
+    from midlens.generators.methods.registry import REGISTRY as METHOD_REGISTRY
 
     assert tuple(METHOD_REGISTRY)[: len(METHODS)] == METHODS
 

@@ -418,7 +418,7 @@ def test_report_keeps_e2e_runs_with_different_retrieval_apart_and_pairs_them(tmp
 
 def test_runs_of_one_method_name_under_different_defaults_stay_apart(tmp_path):
     from midlens.eval.report import load_runs
-    from midlens.generators.attn_calibration import DEFAULTS
+    from midlens.generators.methods.attn_calibration import DEFAULTS
 
     # The same typed name, "attn-calibration", run before and after its default strength changed.
     for name, strength in (("old", 1.0), ("new", DEFAULTS["strength"])):

@@ -42,7 +42,7 @@ def test_no_shell_branches_on_a_method_name():
 
 def test_the_builtin_method_names_are_the_registry_s():
     """core.names.METHODS lets `--help` list methods without loading torch; it must be the registry's list."""
-    from midlens.generators.registry import REGISTRY
+    from midlens.generators.methods.registry import REGISTRY
 
     assert tuple(name for name in REGISTRY if name in METHODS) == METHODS
     assert set(METHODS) <= set(REGISTRY)

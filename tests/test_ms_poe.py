@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators import Generator
-from midlens.generators.ms_poe import MsPoEScheme, position_awareness, ranks_descending, ratio_ladder
+from midlens.generators.methods.ms_poe import MsPoEScheme, position_awareness, ranks_descending, ratio_ladder
 from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
 from tests.conftest import planted_passages
 
@@ -172,7 +172,7 @@ def test_generate_reports_evidence_like_the_baseline(loaded, prompt):
 
 
 def test_method_specs_name_ablation_variants():
-    from midlens.generators.registry import parse_method_spec, split_top_level
+    from midlens.generators.methods.registry import parse_method_spec, split_top_level
 
     assert parse_method_spec("baseline") == ("baseline", {})
     assert parse_method_spec("ms-poe(ratio_min=1.0, ratio_max=1.2, head_order=sequential, layers=[2, 3])") == (

@@ -155,7 +155,7 @@ def test_shipped_deltas_load_by_name_and_another_base_model_is_refused(loaded, t
         Generator(loaded, method="mudaf(alpha=0.5)")  # nothing shipped for it: a clear error, not a random delta
     # The same artefact with another base model's hash: refused before any weight is used.
     from midlens.generators.artefacts import SHIPPED as TRAINED
-    from midlens.generators.mudaf import shipped_name
+    from midlens.generators.methods.mudaf import shipped_name
 
     forged = tmp_path / "forged"
     shutil.copytree(TRAINED / "mudaf" / shipped_name(loaded.name, {"alpha": 0.7}), forged)

@@ -15,7 +15,7 @@ from midlens.core.passage import Passage
 from midlens.generators import Generator, Method, MethodParts, load_model, method_config, method_context, register
 from midlens.generators.artefacts import load_artefact, save_artefact
 from midlens.generators.delta import LoRADelta
-from midlens.generators.registry import REGISTRY, available
+from midlens.generators.methods.registry import REGISTRY, available
 from midlens.generators.rope import baseline_schemes
 from tests.tiny import save_tiny
 
@@ -66,7 +66,7 @@ def test_device_and_dtype_resolution():
 def untrained_routers(loaded, folder) -> str:
     """A MoICE artefact with freshly initialised routers (3 experts, top 2) for a tiny model."""
     from midlens.generators.artefacts import save_artefact
-    from midlens.generators.moice import complementary_bases, new_schemes, rope_base, router_state
+    from midlens.generators.methods.moice import complementary_bases, new_schemes, rope_base, router_state
 
     head_dim = 2 * loaded.model.model.rotary_emb.inv_freq.shape[0]
     bases = complementary_bases(rope_base(loaded.model.config), head_dim, 3)

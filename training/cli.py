@@ -210,8 +210,8 @@ def _model_rope(model: str) -> tuple[float, int]:
     """(RoPE base, head_dim) from the model's config alone: no weights are loaded."""
     from transformers import AutoConfig
 
+    from midlens.generators.methods.moice import rope_base
     from midlens.generators.model_cache import resolve_model_dir
-    from midlens.generators.moice import rope_base
 
     cfg = AutoConfig.from_pretrained(resolve_model_dir(model))
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -219,7 +219,7 @@ def _model_rope(model: str) -> tuple[float, int]:
 
 
 def cmd_moice_bases(args: argparse.Namespace) -> int:
-    from midlens.generators.moice import complementary_bases, plot_waveforms
+    from midlens.generators.methods.moice import complementary_bases, plot_waveforms
 
     _positive("experts", args.experts)
     _positive("max-distance", args.max_distance)
@@ -236,7 +236,7 @@ def cmd_moice_bases(args: argparse.Namespace) -> int:
 
 def cmd_train_moice(args: argparse.Namespace) -> int:
     from midlens.generators import load_model
-    from midlens.generators.moice import complementary_bases
+    from midlens.generators.methods.moice import complementary_bases
     from midlens.rag.options import check_device
     from midlens.training.data import data_record, training_examples
     from midlens.training.loop import LoopConfig

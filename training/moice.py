@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from midlens.generators.artefacts import save_artefact
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.loading import LoadedModel
-from midlens.generators.moice import MoiceScheme, new_schemes, router_state
+from midlens.generators.methods.moice import MoiceScheme, new_schemes, router_state
 from midlens.training.data import TrainExample
 from midlens.training.loop import LoopConfig, train, training_record
 

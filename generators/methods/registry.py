@@ -157,7 +157,7 @@ def _build_baseline(loaded, options: dict) -> MethodParts:
 
 
 def _register_builtins() -> None:
-    from midlens.generators import attn_calibration, moice, ms_poe, mudaf
+    from midlens.generators.methods import attn_calibration, moice, ms_poe, mudaf
 
     register(Method("baseline", "the model's own RoPE, nothing changed", build=_build_baseline))
     # Each method module holds its DEFAULTS, check_options and build; the summaries are what `midlens methods` shows.

@@ -1,0 +1,2 @@
+"""The methods: `registry` names each one; a module per method builds the parts it puts into the one attention
+module (`generators.attention`, through `generators.context.MethodParts`)."""
