@@ -68,6 +68,7 @@ class Pipeline:
         dtype: str = "auto",
         prompt_style: str = DEFAULT_STYLE,
         retrieval: Retrieval = DEFAULT_RETRIEVAL,
+        truncate: Literal["error", "drop_last"] = "error",
         **method_options,
     ) -> Pipeline:
         """`method` is a registry name or spec; `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU;
@@ -80,7 +81,7 @@ class Pipeline:
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
         generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype)
-        return cls(retriever, generator, top_k=top_k, prompt_style=prompt_style)
+        return cls(retriever, generator, top_k=top_k, truncate=truncate, prompt_style=prompt_style)
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:
         """The same retriever and loaded model, another method (weights are shared, not reloaded)."""
