@@ -10,7 +10,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from midlens.core.errors import CorpusError
+from midlens.core.errors import CorpusError, Remedies
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 
 if TYPE_CHECKING:  # torch loads slowly: only the requests themselves import it
@@ -21,6 +21,14 @@ if TYPE_CHECKING:  # torch loads slowly: only the requests themselves import it
 
 HOST = "127.0.0.1"
 MAX_TOP_K = 10
+# The fixes a too-long prompt's message offers, in the page's words (the page has no truncation switch).
+REMEDIES = Remedies(
+    room="the model's context window minus the answer's max new tokens",
+    fewer="lower top-k to {n}",
+    drop=None,
+    longer="choose a model with a longer context window",
+    split="upload a corpus with shorter passages",
+)
 MAX_QUESTION_CHARS = 1000
 MAX_NEW_TOKENS = 128
 DEFAULT_MAX_UPLOAD_MB = 2.0
@@ -198,7 +206,7 @@ class DemoBackend:
                 base = self.pipeline(model, "baseline", corpus_file, progress)
                 answers.append(self._answer(base, question, passages, new_tokens, progress))
         except PromptTooLongError as err:
-            raise UserError(f"The prompt is too long for {model}: {err} In the demo: lower top-k.") from None
+            raise UserError(f"The prompt is too long for {model}: {err.describe(REMEDIES)}") from None
         except (MidlensError, ValueError) as err:
             raise UserError(str(err)) from None
         return {

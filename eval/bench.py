@@ -25,12 +25,13 @@ import sys
 import time
 from pathlib import Path
 
+from midlens.cli.options import add_device_args
+
 # torch is imported by the functions that run models: `midlens --help` builds this module's parser.
 from midlens.core.errors import MidlensError
 from midlens.core.names import EVAL_MODEL, METHODS
 from midlens.eval.bench_batch import add_arguments as add_batch_arguments
 from midlens.eval.bench_batch import cmd_batch
-from midlens.rag.options import add_device_args
 
 VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
 # A method bench (`midlens bench NAME`) times the baseline, then the method's own variants (its registry entry's

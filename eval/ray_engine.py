@@ -30,7 +30,7 @@ class UnitEvaluator:
         import torch
 
         torch.set_num_threads(threads)
-        from midlens.eval.cli import build_run
+        from midlens.eval.plan import build_run
 
         self.run = build_run(argparse.Namespace(**options))
 
@@ -54,7 +54,7 @@ def _batch_size(options: dict, device: str) -> int:
 
 
 def _describe(options: dict) -> tuple[dict, list[dict], str]:
-    from midlens.eval.cli import build_run
+    from midlens.eval.plan import build_run
 
     run = build_run(argparse.Namespace(**options))
     return run.config, run.units, run.device

@@ -1,7 +1,7 @@
 """Position sweep (lost-in-the-middle): one gold among K documents, the gold moved through positions.
 
-Methods are the generator methods (baseline, ms-poe, moice, mudaf) and two ordering baselines that
-run on the baseline generator:
+A sweep runs systems: generator methods (the registry's), and orderings (`--orderings`) that run on the
+baseline generator and only change the passages' order:
   lcr        LlamaIndex's LongContextReorder over the dense retriever's cosine scores (highest-scored
              passages to the two ends of the prompt);
   attn-sort  attention sorting (Peysakhovich & Lerer 2023): score the prompt once, reorder passages
@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 from midlens.core.batch_size import BatchSize
+from midlens.core.errors import MidlensError
 from midlens.core.passage import Passage
 from midlens.eval.datasets import Example
 from midlens.eval.metrics import answer_f1, best_subspan_em
@@ -64,22 +65,30 @@ def attention_sort(
     return [passages[i] for i in order]
 
 
+def _lcr(gen: Generator, question: str, passages: list[Passage], max_new_tokens: int, style: str) -> list[Passage]:
+    return long_context_reorder(question, passages)
+
+
+# The orderings by name (core.names.ORDERINGS spells them for `--help`); each runs on the baseline generator.
+REORDER = {"lcr": _lcr, "attn-sort": attention_sort}
+
+
 def arrange(
     gen: Generator,
     example: Example,
     k: int,
     position: int,
-    method: str,
+    ordering: str | None,
     max_new_tokens: int,
     style: str = DEFAULT_STYLE,
 ) -> list[Passage]:
-    """The passages in prompt order for one sweep cell: the layout, reordered by an ordering baseline."""
+    """The passages in prompt order for one sweep cell: the layout, reordered by `ordering` (None: as laid out)."""
     passages = layout(example, k, position)
-    if method == "lcr":
-        return long_context_reorder(example.question, passages)
-    if method == "attn-sort":
-        return attention_sort(gen, example.question, passages, max_new_tokens, style)
-    return passages
+    if ordering is None:
+        return passages
+    if ordering not in REORDER:
+        raise MidlensError(f"unknown ordering {ordering!r}: choose one of {', '.join(REORDER)}.")
+    return REORDER[ordering](gen, example.question, passages, max_new_tokens, style)
 
 
 def answer_row(
@@ -135,10 +144,14 @@ class PositionSweep:
         logprob: bool = True,
         style: str = DEFAULT_STYLE,
         stop_at_line_end: bool = False,
+        orderings: dict[str, str] | None = None,
     ):
-        """`style`: the prompt's instruction; Liu et al.'s by default, as the sweep reproduces their setting.
-        `stop_at_line_end`: decode only the first answer line, the one the metrics read."""
+        """`gens`: the generator of each system, by the label its rows carry; `orderings`: label -> ordering name for
+        the systems that reorder passages (the rest answer the layout as it is). `style`: the prompt's instruction;
+        Liu et al.'s by default, as the sweep reproduces their setting. `stop_at_line_end`: decode only the first
+        answer line, the one the metrics read."""
         self.gens, self.k, self.max_new_tokens, self.logprob, self.style = gens, k, max_new_tokens, logprob, style
+        self.orderings = orderings or {}
         self.stop_at_line_end = stop_at_line_end
         self._example_id: str | None = None
         self._answered: dict[tuple, tuple[int, dict]] = {}  # (method, passage ids) of the current example
@@ -148,7 +161,7 @@ class PositionSweep:
         if example.id != self._example_id:  # units come example by example: only the current one can repeat
             self._example_id, self._answered = example.id, {}
         gen = self.gens[method]
-        passages = arrange(gen, example, self.k, position, method, self.max_new_tokens, self.style)
+        passages = arrange(gen, example, self.k, position, self.orderings.get(method), self.max_new_tokens, self.style)
         key = (method, tuple(p.id for p in passages))
         if key in self._answered:
             first_position, row = self._answered[key]
@@ -170,7 +183,9 @@ class PositionSweep:
         first_of: dict[int, int] = {}
         prompts, references, owners = [], [], []
         for i, (example, position) in enumerate(cells):
-            passages = arrange(gen, example, self.k, position, method, self.max_new_tokens, self.style)
+            passages = arrange(
+                gen, example, self.k, position, self.orderings.get(method), self.max_new_tokens, self.style
+            )
             key = (example.id, tuple(p.id for p in passages))
             if key in unique:
                 first_of[i] = unique[key]

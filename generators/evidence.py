@@ -18,6 +18,7 @@ from typing import Literal
 
 import torch
 
+from midlens.core.errors import InvalidArgumentError
 from midlens.core.passage import Passage
 
 LayerSpec = Literal["all", "upper", "lower"] | list[int]
@@ -30,6 +31,24 @@ class EvidenceConfig:
     query: Literal["last", "question"] = "question"
     layers: LayerSpec = "upper"
     heads: HeadSpec = "all"
+
+    @classmethod
+    def from_text(cls, layers: str = "upper", query: str = "question", heads: str = "all") -> EvidenceConfig:
+        """The config a command line or a form spells as text: layers `all | upper | lower | 20,21,22`, query
+        `last | question`, heads `all | retrieval`. Each value is refused here, naming what is accepted."""
+        parsed: LayerSpec = layers  # type: ignore[assignment]
+        if layers not in ("all", "upper", "lower"):
+            try:
+                parsed = [int(x) for x in layers.split(",")]
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"evidence layers {layers!r}: use all, upper, lower or e.g. 20,21,22."
+                ) from None
+        if query not in ("last", "question"):
+            raise InvalidArgumentError(f"evidence query {query!r}: use last or question.")
+        if heads not in ("all", "retrieval"):
+            raise InvalidArgumentError(f"evidence heads {heads!r}: use all or retrieval.")
+        return cls(query=query, layers=parsed, heads=heads)  # type: ignore[arg-type]
 
     @property
     def head_pairs(self) -> tuple[tuple[int, int], ...] | None:

@@ -197,18 +197,7 @@ def _fit(
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     if lo < 0:
         alone = prompt_of(0)
-        question_tokens = alone.question_span[1] - alone.question_span[0]
-        raise PromptTooLongError(
-            f"the question is too long: without any passage the prompt (instruction, question of "
-            f"{question_tokens} tokens, chat template) takes {alone.num_tokens} tokens, more than the "
-            f"{max_tokens} available (context window minus room for the answer). Shorten the question, or use "
-            "a model with a longer context window.",
-            prompt_tokens=alone.num_tokens,
-            window=max_tokens,
-            passages_that_fit=0,
-            passages=len(passages),
-            part="question",
-        )
+        raise PromptTooLongError(alone.num_tokens, max_tokens, 0, len(passages), part="question")
     kept = prompt_of(lo)
     kept.dropped = list(passages[lo:])
     longest = max(renders)
@@ -230,14 +219,8 @@ def fit_windows(
         if not prompt.passages:
             first = remaining[0]
             alone = render(tokenizer, [first], question, style).num_tokens
-            raise PromptTooLongError(
-                f"passage {first.id or first.title or '(no id)'} does not fit one prompt: stacked alone under the "
-                f"question it takes {alone} tokens, more than the {max_tokens} allowed. Split it into smaller chunks.",
-                prompt_tokens=alone,
-                window=max_tokens,
-                passages_that_fit=0,
-                passages=len(passages),
-            )
+            name = first.id or first.title or "(no id)"
+            raise PromptTooLongError(alone, max_tokens, 0, len(passages), part="passage", subject=f"passage {name}")
         yield prompt
         remaining = prompt.dropped
 
@@ -264,21 +247,7 @@ def build_prompt(
     fit = len(prompt.passages)
     if not prompt.dropped or (truncate == "drop_last" and fit > 0):
         return prompt
-    if fit:
-        advice = (
-            f"{fit} of {len(passages)} passages would fit. Retrieve at most {fit} passages (top_k={fit}), use a "
-            "longer-context model, or pass truncate='drop_last' to keep the passages that fit."
-        )
-    else:
-        advice = "not even the first passage fits. Split passages into smaller chunks, or use a longer-context model."
-    raise PromptTooLongError(
-        f"the stacked prompt is {'' if exact else 'over '}{longest_tokens} tokens but only {max_tokens} fit "
-        f"(context window minus room for the answer); {advice}",
-        prompt_tokens=longest_tokens,
-        window=max_tokens,
-        passages_that_fit=fit,
-        passages=len(passages),
-    )
+    raise PromptTooLongError(longest_tokens, max_tokens, fit, len(passages), exact=exact)
 
 
 def chat_prompt(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> StackedPrompt:
@@ -293,15 +262,7 @@ def chat_prompt(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> S
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     if len(ids) > max_tokens:
-        raise PromptTooLongError(
-            f"the conversation is {len(ids)} tokens but only {max_tokens} fit (context window minus room for the "
-            "answer); drop or shorten earlier messages.",
-            prompt_tokens=len(ids),
-            window=max_tokens,
-            passages_that_fit=0,
-            passages=0,
-            part="question",
-        )
+        raise PromptTooLongError(len(ids), max_tokens, part="conversation")
     last = (messages[-1].get("content") or "").strip()
     start = text.rfind(last) if last else -1
     if start < 0:

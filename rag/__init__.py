@@ -1,2 +1,2 @@
 """The pipeline layer: retrieve -> stack -> generate (`rag.pipeline.Pipeline`), the options every shell shares
-(`rag.options`), and the LlamaIndex integration (`rag.llamaindex`). Above `retrievers` and `generators`."""
+and the LlamaIndex integration (`rag.llamaindex`). Above `retrievers` and `generators`."""

@@ -40,14 +40,16 @@ def check_top_k(top_k: int) -> int:
 class Pipeline:
     def __init__(
         self,
-        retriever: Retriever,
+        retriever: Retriever | None,
         generator: Generator,
         top_k: int = DEFAULT_TOP_K,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         truncate: Literal["error", "drop_last"] = "error",
         prompt_style: str = DEFAULT_STYLE,
     ):
-        """`prompt_style`: the instruction above the passages (generators.prompt.STYLES)."""
+        """`prompt_style`: the instruction above the passages (generators.prompt.STYLES). `retriever=None`: a
+        pipeline that answers over passages its caller retrieved (`answer`, `answer_stream`), as a LlamaIndex engine
+        does with its own retriever."""
         self.retriever = retriever
         self.generator = generator
         self.top_k = check_top_k(top_k)
@@ -69,6 +71,7 @@ class Pipeline:
         dtype: str = "auto",
         prompt_style: str = DEFAULT_STYLE,
         retrieval: Retrieval = DEFAULT_RETRIEVAL,
+        truncate: Literal["error", "drop_last"] = "error",
         **method_options,
     ) -> Pipeline:
         """`method` is a registry name or spec; `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU;
@@ -81,7 +84,7 @@ class Pipeline:
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
         generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype)
-        return cls(retriever, generator, top_k=top_k, prompt_style=prompt_style)
+        return cls(retriever, generator, top_k=top_k, truncate=truncate, prompt_style=prompt_style)
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:
         """The same retriever and loaded model, another method (weights are shared, not reloaded)."""
@@ -91,6 +94,10 @@ class Pipeline:
         return Pipeline(self.retriever, generator, self.top_k, self.max_new_tokens, self.truncate, self.prompt_style)
 
     def retrieve(self, question: str, top_k: int | None = None) -> list[Passage]:
+        if self.retriever is None:
+            raise InvalidArgumentError(
+                "this pipeline has no retriever: pass the passages to answer() or answer_stream() instead."
+            )
         # `top_k or self.top_k` would turn an explicit 0 into the default: only None means "the default".
         return self.retriever.search(question, self.top_k if top_k is None else check_top_k(top_k))
 
@@ -133,8 +140,11 @@ class Pipeline:
             answer.timings = {"retrieve_s": seconds, **answer.timings}
         return answers
 
-    def ask_stream(self, question: str, top_k: int | None = None, **generate_kwargs) -> GenerationStream:
-        passages = self.retrieve(question, top_k)
+    def answer_stream(self, question: str, passages: list[Passage], **generate_kwargs) -> GenerationStream:
+        """`answer` as text deltas; the prompt is built (and a too-long one refused) now, not on the first delta."""
         max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
         prompt = self.prompt(question, passages, max_new)
         return self.generator.stream(prompt, max_new_tokens=max_new, **generate_kwargs)
+
+    def ask_stream(self, question: str, top_k: int | None = None, **generate_kwargs) -> GenerationStream:
+        return self.answer_stream(question, self.retrieve(question, top_k), **generate_kwargs)

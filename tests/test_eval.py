@@ -177,7 +177,9 @@ def test_attention_sort_and_sweep_row(generator, loaded):
     assert row["gold_prompt_position"] == 2 and 1 <= row["gold_rank"] <= 4 and 1 <= row["gold_rank_raw"] <= 4
     assert 0 < row["gold_share"] < 1 and row["logprob"] < 0
     assert row["em"] == best_subspan_em(row["prediction"], ["pelican"])
-    row = PositionSweep({"attn-sort": generator}, k=4, max_new_tokens=4, logprob=False)(ex, 1, "attn-sort")
+    row = PositionSweep(
+        {"attn-sort": generator}, k=4, max_new_tokens=4, logprob=False, orderings={"attn-sort": "attn-sort"}
+    )(ex, 1, "attn-sort")
     assert (
         "logprob" not in row
         and row["gold_prompt_position"]
@@ -190,10 +192,10 @@ def test_sweep_reuses_an_identical_prompt_and_the_reuse_is_exact(generator):
     from midlens.eval.sweep import PositionSweep
 
     ex = _planted_example(4)
-    sweep = PositionSweep({"lcr": generator}, k=4, max_new_tokens=4)
+    sweep = PositionSweep({"lcr": generator}, k=4, max_new_tokens=4, orderings={"lcr": "lcr"})
     first, moved = sweep(ex, 1, "lcr"), sweep(ex, 3, "lcr")
     assert "reused_from_position" not in first and moved["reused_from_position"] == 1
-    fresh = PositionSweep({"lcr": generator}, k=4, max_new_tokens=4)(ex, 3, "lcr")
+    fresh = PositionSweep({"lcr": generator}, k=4, max_new_tokens=4, orderings={"lcr": "lcr"})(ex, 3, "lcr")
     volatile = {"seconds", "reused_from_position"}
     assert {k: v for k, v in moved.items() if k not in volatile} == {k: v for k, v in fresh.items() if k != "seconds"}
     baseline = PositionSweep({"baseline": generator}, k=4, max_new_tokens=4)
@@ -526,7 +528,7 @@ def test_batched_sweep_rows_equal_batch_one_and_resume_at_another_size(tmp_path,
     from midlens.cli import main
     from midlens.eval.runner import read_rows
 
-    methods = ["--methods", "baseline,lcr", "--n", "3"]
+    methods = ["--methods", "baseline", "--orderings", "lcr", "--n", "3"]
     assert main(_sweep_args(tmp_path / "one", *methods)) == 0
     assert main(_sweep_args(tmp_path / "four", *methods, "--batch-size", "4")) == 0
     assert main(_sweep_args(tmp_path / "part", *methods, "--batch-size", "4", "--limit", "5")) == 0
@@ -545,7 +547,7 @@ def test_batched_sweep_rows_equal_batch_one_and_resume_at_another_size(tmp_path,
 
 
 def _ray_args(out, *extra):
-    return _sweep_args(out, "--methods", "baseline,lcr", "--n", "3", *extra)
+    return _sweep_args(out, "--methods", "baseline", "--orderings", "lcr", "--n", "3", *extra)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from tests.conftest import planted_passages
 
 
 def test_scoring_without_generating_says_so_instead_of_an_empty_answer(generator, capsys):
-    from midlens.cli import print_answer
+    from midlens.cli.ask import print_answer
 
     answer = generator.score(generator.prompt("What is the secret code word?", planted_passages(3, 2)))
     print_answer(answer, max_new_tokens=0)
@@ -44,9 +44,9 @@ def test_a_malformed_jsonl_line_is_named_without_stutter(tmp_path):
 def test_methods_listing_starts_every_summary_in_one_column(capsys):
     import argparse
 
-    from midlens.cli import cmd_methods
+    from midlens.cli.methods import run as list_methods
 
-    cmd_methods(argparse.Namespace())
+    list_methods(argparse.Namespace())
     lines = capsys.readouterr().out.splitlines()
     names, options = lines[0::2], lines[1::2]
     columns = {len(line) - len(line.split(maxsplit=1)[1]) for line in names}

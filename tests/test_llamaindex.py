@@ -16,7 +16,7 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
 
-from midlens.core.errors import PromptTooLongError
+from midlens.core.errors import InvalidArgumentError, PromptTooLongError
 from midlens.generators.evidence import EvidenceConfig
 from midlens.rag.llamaindex import AttentionReranker, MidlensLLM, MidlensQueryEngine, MidlensRetriever, to_passage
 from tests.conftest import PLANTED_FACT, planted_passages
@@ -142,6 +142,10 @@ def test_llm_streaming_matches_completion_and_carries_evidence(llm):
     assert all(row["calibrated"] is not None for row in evidence)
     with pytest.raises(TypeError, match="unexpected option"):
         llm.complete(QUESTION, max_tokens=3)
+    # The LLM answers its passages with the Pipeline every shell uses; retrieval stays with its caller.
+    assert llm.pipeline.answer(QUESTION, [to_passage(n) for n in passages]).text == completion.text
+    with pytest.raises(InvalidArgumentError, match="no retriever"):
+        llm.pipeline.retrieve(QUESTION)
 
 
 def test_chat_uses_the_models_chat_template_not_the_rag_prompt(llm):
@@ -220,6 +224,53 @@ def test_query_engine_over_faiss_sync_async_and_streaming(llm, faiss_index):
     assert [s.score for s in stream.source_nodes] == list(retrieved.values())  # retrieval scores until consumed
     assert "".join(stream.response_gen) == response.response
     assert [(s.node_id, s.score) for s in stream.source_nodes] == [(s.node_id, s.score) for s in response.source_nodes]
+
+
+def test_async_streaming_query_lets_the_event_loop_run_between_tokens(llm, faiss_index):
+    """While an async streaming query generates, the event loop stays free: between every two tokens it runs another
+    coroutine. Counted as events in order, not timed: each token waits until the loop has run one."""
+    engine = MidlensQueryEngine.from_index(faiss_index, llm=llm, similarity_top_k=3, streaming=True)
+    expected = engine.query(QUESTION)
+    expected_text = "".join(expected.response_gen)
+    log: list[str] = []
+    real_stream = llm.generator.stream
+
+    async def other_coroutine() -> None:
+        log.append("loop")
+
+    async def consume() -> tuple[str, list]:
+        loop, loop_thread = asyncio.get_running_loop(), threading.get_ident()
+
+        class WaitsForTheLoop:
+            def __init__(self, stream):
+                self.stream = stream
+
+            @property
+            def answer(self):
+                return self.stream.answer
+
+            def __iter__(self):
+                for piece in self.stream:
+                    log.append("token")
+                    assert threading.get_ident() != loop_thread, "tokens are generated on the event loop's thread"
+                    # The generating thread waits for the loop to run another coroutine (the timeout only turns a
+                    # blocked loop into a failure instead of a hang).
+                    asyncio.run_coroutine_threadsafe(other_coroutine(), loop).result(timeout=120)
+                    yield piece
+
+        llm.generator.stream = lambda *args, **kwargs: WaitsForTheLoop(real_stream(*args, **kwargs))
+        response = await engine.aquery(QUESTION)
+        text = "".join([delta async for delta in response.async_response_gen()])
+        return text, [(s.node_id, s.score) for s in response.source_nodes]
+
+    try:
+        text, sources = asyncio.run(consume())
+    finally:
+        del llm.generator.stream  # the instance attribute goes; the class's method is back
+    assert text == expected_text
+    assert sources == [(s.node_id, s.score) for s in expected.source_nodes]  # evidence once the stream is consumed
+    tokens = log.count("token")
+    assert tokens >= 2 and log == ["token", "loop"] * tokens
 
 
 def test_query_engine_without_nodes_answers_empty_response(llm, faiss_index):

@@ -207,14 +207,14 @@ def test_a_nan_weight_in_a_plain_folder_says_what_happened(tmp_path, monkeypatch
 def test_a_deleted_manifest_does_not_launder_damage(cached_tiny):
     """Defect: with MANIFEST.json deleted, a damaged cache was re-recorded as it was, and `cache verify` then said ok.
     Without a manifest nothing vouches for the files: refused (here its GGUF is not installed to rebuild from)."""
-    from midlens.rag.cache_cli import cmd_cache_verify
+    from midlens.cli.cache import run_verify
 
     overwrite(cached_tiny / "model.safetensors", 1000, b"\x00\x01")
     (cached_tiny / "MANIFEST.json").unlink()
     with pytest.raises(ModelError, match=rf"has no MANIFEST.json, so nothing vouches for its files.*{REBUILD}"):
         resolve_model_dir(TINY)
     assert not (cached_tiny / "MANIFEST.json").exists()  # nothing was recorded from the damaged files
-    assert cmd_cache_verify(argparse.Namespace(model=TINY)) == 1
+    assert run_verify(argparse.Namespace(model=TINY)) == 1
 
 
 @pytest.mark.slow

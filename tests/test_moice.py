@@ -214,9 +214,10 @@ def test_trained_routers_save_as_a_verified_artefact_and_load_by_spec(loaded, ti
     # Router usage: every (token, head) picks top_k=3 experts, so per layer the shares sum to 1.
     from midlens.cli import main
 
-    assert main(["moice", "usage", "--method", f"moice(artefact='{out}')", "--n", "2", "--max-words", "12",
-                 "--json", str(tmp_path / "usage.json"), "--device", "cpu"]) == 0  # fmt: skip
-    usage = json.loads((tmp_path / "usage.json").read_text())
+    assert main(["methods", f"moice(artefact='{out}')", "--model", "smollm2-135m", "--n", "2", "--max-words", "12",
+                 "--out", str(tmp_path / "inspect"), "--device", "cpu"]) == 0  # fmt: skip
+    usage = json.loads((tmp_path / "inspect" / "moice-usage.json").read_text())
+    assert (tmp_path / "inspect" / "moice-bases.png").stat().st_size > 0
     assert usage["bases"] == SMOL_BASES and len(usage["per_layer"]) == 30
     assert all(abs(sum(row) - 1.0) < 1e-5 for row in usage["per_layer"])
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
+import sys
 
 import pytest
 
@@ -133,14 +133,38 @@ def test_bad_corpus_inputs_get_clear_errors(tmp_path):
         read_documents(tmp_path / "x.pdf")
 
 
+def lines_run(function, *args):
+    """`function(*args)` and how many of its source lines ran: a count of the work it did, the same on every run."""
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        count += event == "line"
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        result = function(*args)
+    finally:
+        sys.settrace(previous)
+    return result, count
+
+
 def test_five_megabyte_document_is_chunked_linearly():
     # A single 5 MB document with no paragraph breaks: LlamaIndex's punkt-based splitter times out here.
-    text = " ".join(f"Sentence {i} talks about topic {i % 97}." for i in range(170_000))
+    def document(sentences: int) -> str:
+        return " ".join(f"Sentence {i} talks about topic {i % 97}." for i in range(sentences))
+
+    text = document(170_000)
     assert len(text) > 5_000_000
-    t0 = time.perf_counter()
-    chunks = chunk_text(text, chunk_words=160, overlap_words=24)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 10, f"chunking took {elapsed:.1f}s"  # generous: ~1 s here; guards against quadratic work
+    chunks, steps = lines_run(chunk_text, text, 160, 24)
+    # Linear work: twice the document takes twice the steps (5% slack for the windows' rounding; quadratic work
+    # would take four times), and the chunks hold each word at most 160 / (160 - 24) times over (the overlap).
+    _, half_steps = lines_run(chunk_text, document(85_000), 160, 24)
+    assert steps <= 2.05 * half_steps
+    words = len(text.split())
+    assert sum(len(c.split()) for c in chunks) <= words * 160 / (160 - 24) + 160
     assert all(len(c.split()) <= 160 for c in chunks)
     assert chunks[0].split()[-24:] == chunks[1].split()[:24]  # overlap kept
     assert chunks[-1].split()[-1] == text.split()[-1]  # nothing lost at the end

@@ -169,3 +169,49 @@ def training_record(log: dict, config: LoopConfig, device, dtype) -> dict:
         "parts_first_10": mean_parts(log["parts"][:10]),
         "parts_last_10": mean_parts(log["parts"][-10:]),
     }
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """Where one training run's budget comes from and where it goes: the loop, the artefact folder, the data record."""
+
+    loop: LoopConfig
+    out: str | Path
+    data: dict
+    progress: bool = True
+    max_seconds: float | None = None
+
+
+def train_artefact(
+    method: str,
+    config,
+    loaded,
+    params: dict[str, torch.nn.Parameter],
+    examples: Sequence,
+    loss_of: Callable[[object], tuple[torch.Tensor, dict[str, float]]],
+    run: TrainingRun,
+    describe: Callable[[], dict],
+    state: Callable[[], dict[str, torch.Tensor]],
+) -> dict:
+    """Train `params` and save them as a `method` artefact folder at `run.out` (checkpoints beside it, in
+    `<out>.checkpoint`, so a cut run resumes).
+
+    `config` is the method's training config (a dataclass, recorded in the checkpoint's fingerprint and the meta);
+    `describe()` gives the method's own meta fields and `state()` the tensors to save, both read after training."""
+    from midlens.generators.artefacts import save_artefact
+
+    out_path = Path(run.out)
+    fingerprint = {method: asdict(config), "data": run.data, "model": loaded.sha256}
+    checkpoint = out_path.with_name(out_path.name + ".checkpoint")
+    log = train(params, examples, loss_of, run.loop, checkpoint, fingerprint, run.progress, run.max_seconds)
+    meta = {
+        "method": method,
+        "base_model": loaded.name,
+        "base_model_sha256": loaded.sha256,
+        **describe(),
+        "parameters": sum(p.numel() for p in params.values()),
+        "training": {**asdict(config), **training_record(log, run.loop, loaded.device, loaded.dtype)},
+        "data": run.data,
+    }
+    save_artefact(out_path, state(), meta)
+    return {"log": log, "meta": meta}

@@ -10,18 +10,16 @@ it has in the paper's per-layer loss whatever the model's depth.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from midlens.generators.artefacts import save_artefact
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.moice import MoiceScheme, new_schemes, router_state
 from midlens.training.data import TrainExample
-from midlens.training.loop import LoopConfig, train, training_record
+from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
 
 
 @dataclass(frozen=True)
@@ -48,25 +46,6 @@ class MoiceObjective:
         return loss, {"nll": nll.item(), "balance": balance.item()}
 
 
-def usage_heatmap(per_layer: torch.Tensor, bases: list[float], path) -> None:
-    """PNG: layers x experts, the share of (token, head) routes each expert got."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 0.22 * per_layer.shape[0] + 1.5))
-    image = ax.imshow(per_layer.numpy(), aspect="auto", cmap="viridis", vmin=0)
-    ax.set_xticks(range(len(bases)), [f"{b:g}" for b in bases], rotation=45, ha="right")
-    ax.set_xlabel("expert (RoPE base)")
-    ax.set_ylabel("layer")
-    ax.set_title("MoICE router usage (share of token-head routes)")
-    fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def train_moice(
     loaded: LoadedModel,
     examples: list[TrainExample],
@@ -83,19 +62,14 @@ def train_moice(
         s.to(loaded.device)
     objective = MoiceObjective(loaded, schemes, config)
     params = {f"layers.{i}.{n}": p for i, s in enumerate(schemes) for n, p in s.router.named_parameters()}
-    out_path = Path(out)
-    run = {"moice": asdict(config), "data": data, "model": loaded.sha256}
-    checkpoint = out_path.with_name(out_path.name + ".checkpoint")
-    log = train(params, examples, objective, loop, checkpoint, run, progress, max_seconds)
-    meta = {
-        "method": "moice",
-        "base_model": loaded.name,
-        "base_model_sha256": loaded.sha256,
-        "options": {},
-        "experts": {"bases": list(config.bases), "top_k": config.top_k, "per_head": config.per_head},
-        "parameters": sum(p.numel() for p in params.values()),
-        "training": {**asdict(config), **training_record(log, loop, loaded.device, loaded.dtype)},
-        "data": data,
-    }
-    save_artefact(out_path, router_state(schemes), meta)
-    return {"log": log, "meta": meta}
+
+    def describe() -> dict:  # the method's own meta fields
+        return {
+            "options": {},
+            "experts": {"bases": list(config.bases), "top_k": config.top_k, "per_head": config.per_head},
+        }
+
+    run = TrainingRun(loop, out, data, progress, max_seconds)
+    return train_artefact(
+        "moice", config, loaded, params, examples, objective, run, describe, lambda: router_state(schemes)
+    )

@@ -15,18 +15,17 @@ passage in separate short forwards), so the heads are trained on the keys they s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from midlens.generators.artefacts import save_artefact
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.delta import LoRADelta
 from midlens.generators.loading import LoadedModel
 from midlens.generators.rope import baseline_schemes
 from midlens.training.data import TrainExample
-from midlens.training.loop import LoopConfig, train, training_record
+from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
 
 
 @dataclass(frozen=True)
@@ -123,34 +122,26 @@ def train_mudaf(
     max_seconds: float | None = None,
 ) -> dict:
     """Train a delta and save it as a `mudaf` artefact folder at `out` (checkpoints in `out`.checkpoint)."""
-    from pathlib import Path
-
     loaded.model.requires_grad_(False)
     delta = new_delta(loaded, config)
     parts = MethodParts(baseline_schemes(loaded.model), delta)
     objective = MudafObjective(loaded, parts, config)
     params = dict(delta.named_parameters())
-    out_path = Path(out)
-    run = {"mudaf": asdict(config), "data": data, "model": loaded.sha256}
-    checkpoint = out_path.with_name(out_path.name + ".checkpoint")
-    log = train(params, examples, objective, loop, checkpoint, run, progress, max_seconds)
-    meta = {
-        "method": "mudaf",
-        "base_model": loaded.name,
-        "base_model_sha256": loaded.sha256,
-        "options": {"alpha": config.alpha},
-        "delta": {
-            "kind": "lora",
-            "rank": config.rank,
-            "lora_alpha": config.lora_alpha,
-            "projections": list(config.projections),
-            "layers": delta.layers,
-            "parameters": delta.num_parameters(),
-        },
-        "heads": [list(h) for h in config.heads],
-        "training": {**asdict(config), **training_record(log, loop, loaded.device, loaded.dtype)},
-        "data": data,
-        "head_scores": {k: head_scores[k] for k in ("eps", "n", "model_sha256")} if head_scores else None,
-    }
-    save_artefact(out_path, delta.state_dict(), meta)
-    return {"log": log, "meta": meta}
+
+    def describe() -> dict:  # the method's own meta fields
+        return {
+            "options": {"alpha": config.alpha},
+            "delta": {
+                "kind": "lora",
+                "rank": config.rank,
+                "lora_alpha": config.lora_alpha,
+                "projections": list(config.projections),
+                "layers": delta.layers,
+                "parameters": delta.num_parameters(),
+            },
+            "heads": [list(h) for h in config.heads],
+            "head_scores": {k: head_scores[k] for k in ("eps", "n", "model_sha256")} if head_scores else None,
+        }
+
+    run = TrainingRun(loop, out, data, progress, max_seconds)
+    return train_artefact("mudaf", config, loaded, params, examples, objective, run, describe, delta.state_dict)

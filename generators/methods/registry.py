@@ -34,6 +34,9 @@ class Method:
     # `midlens bench NAME`: the specs timed against the baseline, and the default prompt sizes (tokens).
     bench_variants: tuple[str, ...] = ()
     bench_tokens: tuple[int, ...] = (2048,)
+    # `midlens methods NAME`: what the method shows of itself on a loaded model, (Generator, prompts, out folder or
+    # None) -> lines to print; it may write figures into the folder. None: its options say all there is.
+    inspect: Callable[[Any, list, Any], list[str]] | None = None
 
 
 REGISTRY: dict[str, Method] = {}
@@ -122,7 +125,12 @@ class MethodConfig:
 
 
 def method_config(spec: str | MethodConfig = "baseline", options: dict | None = None) -> MethodConfig:
-    """A method name or spec (+ keyword options, which win) -> a validated MethodConfig with defaults filled in."""
+    """A method name or spec (+ keyword options, which win) -> a validated MethodConfig with defaults filled in.
+
+    Only this function makes MethodConfigs, so one passed back without options is returned as it is: a spec is
+    validated once, where the shell first turns it into a config, however many layers it then passes through."""
+    if isinstance(spec, MethodConfig) and not options:
+        return spec
     if isinstance(spec, MethodConfig):
         name, given = spec.name, dict(spec.options)
     else:
@@ -192,6 +200,7 @@ def _register_builtins() -> None:
                 shipped_name=shipped,
                 bench_variants=bench,
                 bench_tokens=tokens,
+                inspect=getattr(module, "inspect", None),
             )
         )
 

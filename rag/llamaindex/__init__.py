@@ -2,11 +2,12 @@
 
     MidlensLLM          a CustomLLM: complete / stream_complete / chat / acomplete; evidence in additional_kwargs
     AttentionReranker   a BaseNodePostprocessor: nodes scored by the attention the model gives them in one stacked pass
-    MidlensQueryEngine  a CustomQueryEngine: retrieve -> stack -> generate; source_nodes carry evidence scores
+    MidlensQueryEngine  a CustomQueryEngine: LlamaIndex retrieval -> the LLM's Pipeline; source_nodes carry evidence
     MidlensRetriever    a BaseRetriever over the repo's own retriever (dense, hybrid, +links)
 
-Every class is a shell over `Generator.prompt` + `Generator.generate/stream/score`: prompting, evidence and
-calibration have one implementation, the same one the CLI and the pipeline use.
+Every class is a shell: passages are stacked and answered by `Pipeline.answer/answer_stream` (MidlensLLM.pipeline,
+which MidlensQueryEngine answers through) and scored by `Generator.score_batch` (AttentionReranker), so prompting,
+evidence and calibration have one implementation, the one the CLI uses.
 
     index = VectorStoreIndex(nodes, storage_context=..., embed_model=...)
     engine = MidlensQueryEngine.from_index(index, method="ms-poe")

@@ -10,12 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.loading import LoadedModel
+from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import Passage
 
 logger = logging.getLogger(__name__)
@@ -29,25 +31,49 @@ PassageLike = Passage | NodeWithScore | BaseNode | str
 _RERANK_KEYS = ("rerank_pass", "rerank_passes")
 
 
-def _make_generator(
-    model: str | LoadedModel,
-    method: str,
-    method_options: dict | None,
-    evidence: EvidenceConfig | None,
-    device: str = "auto",
-    dtype: str = "auto",
-) -> tuple[Generator, dict[str, Any]]:
-    """The generator both classes wrap, and the pydantic fields that describe it (what it resolved to: the model's
-    name, the device and dtype it loaded on)."""
-    generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {}))
-    fields = {
-        "model": generator.loaded.name,
-        "method": method,
-        "method_options": dict(method_options or {}),
-        "device": str(generator.device),
-        "dtype": str(generator.loaded.dtype).removeprefix("torch."),
-    }
-    return generator, fields
+class GeneratorBacked(BaseModel):
+    """The fields and constructor MidlensLLM and AttentionReranker share: a midlens Generator built from a model,
+    a method spec and evidence settings, described by what it resolved to (the model's name, the device and dtype
+    it loaded on). Mixed in before the LlamaIndex base class, whose fields come first."""
+
+    model: str = Field(default=DEFAULT_MODEL, description="Registry name (e.g. smollm2-135m) or model folder.")
+    method: str = Field(default="baseline", description="Method spec: a registry name or NAME(option=value, ...).")
+    method_options: dict[str, Any] = Field(default_factory=dict, description="Options of the method.")
+    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present).")
+    dtype: str = Field(default="auto", description="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA).")
+    _generator: Generator = PrivateAttr()
+
+    def __init__(
+        self,
+        model: str | LoadedModel = DEFAULT_MODEL,
+        method: str = "baseline",
+        method_options: dict[str, Any] | None = None,
+        evidence: EvidenceConfig | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        **kwargs: Any,
+    ) -> None:
+        generator = Generator(
+            model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {})
+        )
+        super().__init__(
+            model=generator.loaded.name,
+            method=method,
+            method_options=dict(method_options or {}),
+            device=str(generator.device),
+            dtype=str(generator.loaded.dtype).removeprefix("torch."),
+            **kwargs,
+        )
+        self._generator = generator
+        self._on_generator()
+
+    def _on_generator(self) -> None:
+        """What a class does once its generator is loaded (the LLM shares its model, the reranker checks whether
+        it does)."""
+
+    @property
+    def generator(self) -> Generator:
+        return self._generator
 
 
 def to_passage(item: PassageLike) -> Passage:

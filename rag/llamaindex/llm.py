@@ -16,41 +16,65 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
-from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.generator import Generator
-from midlens.generators.loading import LoadedModel
-from midlens.generators.packaged_models import DEFAULT_MODEL
-from midlens.generators.prompt import StackedPrompt, chat_prompt
+from midlens.generators.evidence import Answer
+from midlens.generators.generator import GenerationStream, Generator
+from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
 from midlens.rag.llamaindex.common import (
     _LLM_MODELS,
     GENERATE_OPTIONS,
+    GeneratorBacked,
     _drain_in_thread,
-    _make_generator,
     _response_kwargs,
     to_passage,
 )
+from midlens.rag.pipeline import Pipeline
 
 
-class MidlensLLM(CustomLLM):
+def _completion(answer: Answer, delta: str | None = None) -> CompletionResponse:
+    return CompletionResponse(
+        text=answer.text, delta=delta, additional_kwargs=_response_kwargs(answer), raw=answer.to_dict()
+    )
+
+
+def _chunks(stream: GenerationStream) -> CompletionResponseGen:
+    """Token deltas, then a last chunk (its delta may be empty) that carries the evidence in additional_kwargs."""
+    # Deltas track the stripped text so that ''.join(deltas) == the non-streaming answer exactly.
+    raw, shown = "", ""
+    for piece in stream:
+        raw += piece
+        text = raw.strip()
+        if len(text) > len(shown) and text.startswith(shown):
+            yield CompletionResponse(text=text, delta=text[len(shown) :])
+            shown = text
+    answer = stream.answer
+    yield _completion(answer, delta=answer.text[len(shown) :] if answer.text.startswith(shown) else "")
+
+
+def _as_chat(completion: CompletionResponse) -> ChatResponse:
+    return ChatResponse(
+        message=ChatMessage(role=MessageRole.ASSISTANT, content=completion.text),
+        delta=completion.delta,
+        additional_kwargs=completion.additional_kwargs,
+        raw=completion.raw,
+    )
+
+
+class MidlensLLM(GeneratorBacked, CustomLLM):
     """A midlens generator as a LlamaIndex LLM.
 
     `complete(question, passages=[nodes...])` stacks the passages into the lost-in-the-middle prompt and
     returns the answer with per-passage evidence in `additional_kwargs["evidence"]` (and the full
     `Answer` in `additional_kwargs["answer"]`). Without `passages` the prompt is the question of a stacked
     prompt with no documents: a stock LlamaIndex synthesizer's context then reaches the model as plain text
-    and gets no per-passage evidence (use MidlensQueryEngine for that).
+    and gets no per-passage evidence (use MidlensQueryEngine for that). Passages are answered by `pipeline`,
+    the same Pipeline.answer the CLI and the demo use.
     """
 
-    model: str = Field(default=DEFAULT_MODEL, description="Registry name (e.g. smollm2-135m) or model folder.")
-    method: str = Field(default="baseline", description="Method spec: a registry name or NAME(option=value, ...).")
-    method_options: dict[str, Any] = Field(default_factory=dict, description="Options of the method.")
-    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present).")
-    dtype: str = Field(default="auto", description="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA).")
     max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=0, description="Most tokens generated per call.")
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -62,23 +86,10 @@ class MidlensLLM(CustomLLM):
     prompt_style: Literal["litm", "short"] = Field(
         default="litm", description="Instruction above the passages: Liu et al.'s, or 'short' for the bare answer."
     )
-    _generator: Generator = PrivateAttr()
 
-    def __init__(
-        self,
-        model: str | LoadedModel = DEFAULT_MODEL,
-        method: str = "baseline",
-        method_options: dict[str, Any] | None = None,
-        evidence: EvidenceConfig | None = None,
-        device: str = "auto",
-        dtype: str = "auto",
-        **kwargs: Any,
-    ) -> None:
-        generator, fields = _make_generator(model, method, method_options, evidence, device, dtype)
-        super().__init__(**fields, **kwargs)
-        self._generator = generator
-        if all(m is not generator.loaded for m in _LLM_MODELS):
-            _LLM_MODELS.append(generator.loaded)
+    def _on_generator(self) -> None:
+        if all(m is not self._generator.loaded for m in _LLM_MODELS):
+            _LLM_MODELS.append(self._generator.loaded)
 
     @classmethod
     def from_generator(cls, generator: Generator, **kwargs: Any) -> MidlensLLM:
@@ -92,8 +103,16 @@ class MidlensLLM(CustomLLM):
         return "MidlensLLM"
 
     @property
-    def generator(self) -> Generator:
-        return self._generator
+    def pipeline(self) -> Pipeline:
+        """The Pipeline that answers this LLM's passages, with its answer length, truncation and instruction style
+        as they are now; retrieval stays with the caller (MidlensQueryEngine's LlamaIndex retriever)."""
+        return Pipeline(
+            None,
+            self._generator,
+            max_new_tokens=self.max_new_tokens,
+            truncate=self.truncate,
+            prompt_style=self.prompt_style,
+        )
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -122,19 +141,13 @@ class MidlensLLM(CustomLLM):
         }
         return passages, options
 
-    def _prepare(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> tuple[StackedPrompt, dict[str, Any]]:
+    def _request(
+        self, prompt: str, formatted: bool, kwargs: dict[str, Any]
+    ) -> tuple[str, list[Passage], dict[str, Any]]:
+        """The question, the passages and the generation options of a completion call."""
         passages, options = self._options(kwargs)
         question = prompt if formatted else self.completion_to_prompt(prompt)
-        stacked = self._generator.prompt(
-            question,
-            [to_passage(p) for p in passages or []],
-            max_new_tokens=options["max_new_tokens"],
-            truncate=self.truncate,
-            style=self.prompt_style,
-        )
-        if not stacked.passages:
-            options["calibrate"] = False  # no passage to calibrate evidence for
-        return stacked, options
+        return question, [to_passage(p) for p in passages or []], options
 
     def _prepare_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[StackedPrompt, dict]:
         passages, options = self._options(kwargs)
@@ -146,60 +159,26 @@ class MidlensLLM(CustomLLM):
         return chat_prompt(self._generator.tokenizer, turns, window), options
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        stacked, options = self._prepare(prompt, formatted, kwargs)
-        answer = self._generator.generate(stacked, **options)
-        return CompletionResponse(text=answer.text, additional_kwargs=_response_kwargs(answer), raw=answer.to_dict())
+        question, passages, options = self._request(prompt, formatted, kwargs)
+        return _completion(self.pipeline.answer(question, passages, **options))
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         # Prompt errors (empty question, too long) raise here, at call time, not on the first next().
-        stacked, options = self._prepare(prompt, formatted, kwargs)
-        return self._chunks(stacked, options)
-
-    def _chunks(self, stacked: StackedPrompt, options: dict[str, Any]) -> CompletionResponseGen:
-        stream = self._generator.stream(stacked, **options)
-
-        def chunks() -> CompletionResponseGen:
-            # Deltas track the stripped text so that ''.join(deltas) == the non-streaming answer exactly.
-            raw, shown = "", ""
-            for piece in stream:
-                raw += piece
-                text = raw.strip()
-                if len(text) > len(shown) and text.startswith(shown):
-                    yield CompletionResponse(text=text, delta=text[len(shown) :])
-                    shown = text
-            answer = stream.answer
-            tail = answer.text[len(shown) :] if answer.text.startswith(shown) else ""
-            yield CompletionResponse(
-                text=answer.text, delta=tail, additional_kwargs=_response_kwargs(answer), raw=answer.to_dict()
-            )
-
-        return chunks()
+        question, passages, options = self._request(prompt, formatted, kwargs)
+        return _chunks(self.pipeline.answer_stream(question, passages, **options))
 
     # Chat goes through the model's own chat template, not the RAG prompt: chat engines and agents that use
     # this class as Settings.llm send whole conversations (system turns included).
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         stacked, options = self._prepare_chat(messages, kwargs)
-        answer = self._generator.generate(stacked, **options)
-        return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=answer.text),
-            additional_kwargs=_response_kwargs(answer),
-            raw=answer.to_dict(),
-        )
+        return _as_chat(_completion(self._generator.generate(stacked, **options)))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         stacked, options = self._prepare_chat(messages, kwargs)
-        chunks = self._chunks(stacked, options)
-
-        def gen() -> ChatResponseGen:
-            for chunk in chunks:
-                message = ChatMessage(role=MessageRole.ASSISTANT, content=chunk.text)
-                yield ChatResponse(
-                    message=message, delta=chunk.delta, additional_kwargs=chunk.additional_kwargs, raw=chunk.raw
-                )
-
-        return gen()
+        # A generator, not a map: LlamaIndex's callback tells a stream from a response by that type.
+        return (_as_chat(chunk) for chunk in _chunks(self._generator.stream(stacked, **options)))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -221,5 +200,4 @@ class MidlensLLM(CustomLLM):
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
-        sync = self._stream(prompt, formatted, **kwargs)
-        return _drain_in_thread(sync)
+        return _drain_in_thread(self._stream(prompt, formatted, **kwargs))

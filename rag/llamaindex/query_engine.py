@@ -1,11 +1,12 @@
-"""MidlensQueryEngine: a LlamaIndex CustomQueryEngine, retrieve -> stack -> generate, sources with evidence."""
+"""MidlensQueryEngine: a LlamaIndex CustomQueryEngine, retrieve -> Pipeline (stack, generate), sources with evidence."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.base.response.schema import (
     AsyncStreamingResponse,
     Response,
@@ -28,8 +29,16 @@ from midlens.rag.llamaindex.common import (
 from midlens.rag.llamaindex.llm import MidlensLLM
 
 
+def _empty() -> Response:
+    return Response("Empty Response", source_nodes=[], metadata={})
+
+
 class MidlensQueryEngine(CustomQueryEngine):
     """retrieve -> (postprocess) -> stack -> generate, with evidence-scored sources.
+
+    Retrieval and postprocessing are LlamaIndex's; stacking and generation are the `llm`'s Pipeline
+    (`MidlensLLM.pipeline`, the one `midlens ask` answers with), reached through the LLM's complete calls so that
+    LlamaIndex's LLM events and callbacks fire as for any other engine.
 
     `response.source_nodes` are the stacked nodes, strongest evidence first, `score` = calibrated evidence
     (raw when calibration is off); `response.metadata[node_id]` holds the breakdown (prompt position,
@@ -73,14 +82,9 @@ class MidlensQueryEngine(CustomQueryEngine):
         """Over any LlamaIndex index (VectorStoreIndex on Faiss, Qdrant, ...): only its retriever is used."""
         return cls(retriever=index.as_retriever(similarity_top_k=similarity_top_k), **kwargs)
 
-    def _postprocess(self, nodes: list[NodeWithScore], query_str: str) -> list[NodeWithScore]:
-        bundle = QueryBundle(query_str)
-        for postprocessor in self.node_postprocessors:
-            nodes = postprocessor.postprocess_nodes(nodes, query_bundle=bundle)
-        return nodes
-
     @staticmethod
     def _scored(nodes: list[NodeWithScore], answer: Answer) -> tuple[list[NodeWithScore], dict[str, Any]]:
+        """The one place an Answer becomes LlamaIndex sources (strongest evidence first) and response metadata."""
         by_id = {n.node.node_id: n for n in nodes}
         sources, metadata = [], {}
         for row, pe in zip(evidence_rows(answer), answer.passages, strict=True):
@@ -94,56 +98,60 @@ class MidlensQueryEngine(CustomQueryEngine):
         metadata["midlens"] = {**kwargs, "evidence_config": answer.to_dict()["evidence_config"]}
         return [n for _, n in sorted(sources, key=lambda s: s[0])], metadata
 
-    def _generate(self, query_str: str, nodes: list[NodeWithScore]) -> Response | StreamingResponse:
+    def _respond(self, nodes: list[NodeWithScore], completion: CompletionResponse) -> Response:
+        sources, metadata = self._scored(nodes, completion.additional_kwargs["answer"])
+        return Response(completion.text, source_nodes=sources, metadata=metadata)
+
+    def _delta(
+        self,
+        response: StreamingResponse | AsyncStreamingResponse,
+        nodes: list[NodeWithScore],
+        chunk: CompletionResponse,
+    ) -> str:
+        """A streamed chunk's text delta; the last chunk also swaps the response's sources for evidence-scored ones."""
+        if "answer" in chunk.additional_kwargs:
+            sources, metadata = self._scored(nodes, chunk.additional_kwargs["answer"])
+            response.source_nodes[:] = sources
+            response.metadata.clear()
+            response.metadata.update(metadata)
+        return chunk.delta or ""
+
+    def custom_query(self, query_str: str) -> Response | StreamingResponse:
+        bundle = QueryBundle(query_str)
+        nodes = self.retriever.retrieve(bundle)
+        for postprocessor in self.node_postprocessors:
+            nodes = postprocessor.postprocess_nodes(nodes, query_bundle=bundle)
         if not nodes:
-            return Response("Empty Response", source_nodes=[], metadata={})
+            return _empty()
         if not self.streaming:
-            completion = self.llm.complete(query_str, passages=nodes)
-            sources, metadata = self._scored(nodes, completion.additional_kwargs["answer"])
-            return Response(completion.text, source_nodes=sources, metadata=metadata)
+            return self._respond(nodes, self.llm.complete(query_str, passages=nodes))
         chunks = self.llm.stream_complete(query_str, passages=nodes)
         response = StreamingResponse(response_gen=None, source_nodes=list(nodes), metadata={})
 
         def tokens() -> Iterator[str]:
             for chunk in chunks:
-                if "answer" in chunk.additional_kwargs:
-                    self._finish(response, nodes, chunk.additional_kwargs["answer"])
-                if chunk.delta:
-                    yield chunk.delta
+                if delta := self._delta(response, nodes, chunk):
+                    yield delta
 
         response.response_gen = tokens()
         return response
 
-    def _finish(self, response: StreamingResponse | AsyncStreamingResponse, nodes, answer: Answer) -> None:
-        sources, metadata = self._scored(nodes, answer)
-        response.source_nodes[:] = sources
-        response.metadata.clear()
-        response.metadata.update(metadata)
-
-    def custom_query(self, query_str: str) -> Response | StreamingResponse:
-        nodes = self._postprocess(self.retriever.retrieve(query_str), query_str)
-        return self._generate(query_str, nodes)
-
     async def acustom_query(self, query_str: str) -> Response | AsyncStreamingResponse:
-        nodes = await self.retriever.aretrieve(query_str)
         bundle = QueryBundle(query_str)
+        nodes = await self.retriever.aretrieve(bundle)
         for postprocessor in self.node_postprocessors:
             nodes = await postprocessor.apostprocess_nodes(nodes, query_bundle=bundle)
         if not nodes:
-            return Response("Empty Response", source_nodes=[], metadata={})
+            return _empty()
         if not self.streaming:
-            completion = await self.llm.acomplete(query_str, passages=nodes)
-            sources, metadata = self._scored(nodes, completion.additional_kwargs["answer"])
-            return Response(completion.text, source_nodes=sources, metadata=metadata)
+            return self._respond(nodes, await self.llm.acomplete(query_str, passages=nodes))
         chunks = await self.llm.astream_complete(query_str, passages=nodes)
         response = AsyncStreamingResponse(response_gen=None, source_nodes=list(nodes), metadata={})
 
-        async def tokens():
+        async def tokens() -> AsyncIterator[str]:
             async for chunk in chunks:
-                if "answer" in chunk.additional_kwargs:
-                    self._finish(response, nodes, chunk.additional_kwargs["answer"])
-                if chunk.delta:
-                    yield chunk.delta
+                if delta := self._delta(response, nodes, chunk):
+                    yield delta
 
         response.response_gen = tokens()
         return response

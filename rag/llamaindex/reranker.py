@@ -4,29 +4,27 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from midlens.core.errors import PromptTooLongError
-from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.generator import Generator
 from midlens.generators.loading import LoadedModel
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import Passage, StackedPrompt, fit_windows
 from midlens.rag.llamaindex.common import (
     _LLM_MODELS,
     _RERANK_KEYS,
-    _make_generator,
+    GeneratorBacked,
     dispatcher,
     logger,
     to_passage,
 )
 
 
-class AttentionReranker(BaseNodePostprocessor):
+class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     """Rerank retrieved nodes by the attention a midlens generator gives them in one stacked forward pass.
 
     All nodes are stacked (in the given order) under the query; the score of a node is its calibrated
@@ -42,41 +40,28 @@ class AttentionReranker(BaseNodePostprocessor):
         default=DEFAULT_MODEL,
         description="Registry name or folder of the scoring model (default: the MidlensLLM's, else the default model).",
     )
-    method: str = Field(default="baseline", description="Method spec: a registry name or NAME(option=value, ...).")
-    method_options: dict[str, Any] = Field(default_factory=dict)
-    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present).")
-    dtype: str = Field(default="auto", description="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA).")
     score_by: Literal["calibrated", "evidence"] = Field(default="calibrated", description="Which evidence to rank by.")
     keep_retrieval_score: bool = Field(default=False, description="Whether to keep the retrieval score in metadata.")
     max_tokens_per_pass: int | None = Field(
         default=None, ge=16, description="Cap on one stacked prompt (default: the model's context window)."
     )
-    _generator: Generator = PrivateAttr()
 
-    def __init__(
-        self,
-        top_n: int = 2,
-        model: str | LoadedModel | None = None,
-        method: str = "baseline",
-        method_options: dict[str, Any] | None = None,
-        evidence: EvidenceConfig | None = None,
-        device: str = "auto",
-        dtype: str = "auto",
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, top_n: int = 2, model: str | LoadedModel | None = None, **kwargs: Any) -> None:
+        """`kwargs`: the fields above, and method, method_options, evidence, device and dtype as in MidlensLLM."""
         # No model named: score with the model a MidlensLLM in this process already holds (one copy in memory, the
         # reader's own attention), else the default model.
         if model is None:
             model = _LLM_MODELS[-1] if _LLM_MODELS else DEFAULT_MODEL
-        generator, fields = _make_generator(model, method, method_options, evidence, device, dtype)
-        super().__init__(top_n=top_n, **fields, **kwargs)
-        self._generator = generator
-        others = sorted({m.name for m in _LLM_MODELS if m is not generator.loaded})
-        if others and all(m is not generator.loaded for m in _LLM_MODELS):
+        super().__init__(model, top_n=top_n, **kwargs)
+
+    def _on_generator(self) -> None:
+        loaded = self._generator.loaded
+        others = sorted({m.name for m in _LLM_MODELS if m is not loaded})
+        if others and all(m is not loaded for m in _LLM_MODELS):
             logger.warning(
                 "AttentionReranker scores with %s while a MidlensLLM holds %s: two models in memory, and the "
                 "reranker reads another model's attention than the one answering. Pass model=%r to share one.",
-                generator.loaded.name,
+                loaded.name,
                 ", ".join(others),
                 others[-1],
             )
@@ -84,10 +69,6 @@ class AttentionReranker(BaseNodePostprocessor):
     @classmethod
     def class_name(cls) -> str:
         return "AttentionReranker"
-
-    @property
-    def generator(self) -> Generator:
-        return self._generator
 
     def _passes(self, query: str, passages: list[Passage]) -> list[StackedPrompt]:
         """Consecutive groups of passages, each stacked into the fullest prompt that fits (the prompt builder's

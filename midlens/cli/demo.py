@@ -5,14 +5,20 @@ from __future__ import annotations
 import argparse
 import os
 
+from midlens.cli.options import add_model_args
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.demo.backend import DEFAULT_MAX_UPLOAD_MB, HOST, MAX_NEW_TOKENS, MAX_TOP_K
 
+EXAMPLES = """examples:
+  midlens demo
+  midlens demo --corpus docs/ --method ms-poe --port 7861
+"""
 
-def add_demo_parser(sub) -> None:
-    from midlens.rag.options import add_model_args
 
-    demo = sub.add_parser("demo", help="Gradio demo on 127.0.0.1: ask, see per-passage evidence, compare methods")
+def add_parser(sub) -> None:
+    demo = sub.add_parser(
+        "demo", help="Gradio demo on 127.0.0.1: ask, see per-passage evidence, compare methods", epilog=EXAMPLES
+    )
     demo.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
     demo.add_argument("--top-k", type=int, default=5)
     demo.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
@@ -24,12 +30,12 @@ def add_demo_parser(sub) -> None:
     )
     demo.add_argument("--max-upload-mb", type=float, default=DEFAULT_MAX_UPLOAD_MB, help="corpus upload size limit")
     add_model_args(demo)
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=run)
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    from midlens.cli.options import check_device, chosen_model, evidence_config, method_spec
     from midlens.core.errors import MidlensError
-    from midlens.rag.options import check_device, chosen_model, evidence_config, method_spec
 
     model = chosen_model(args, method_spec(args))  # refuse a bad method spec or device before starting a server
     check_device(args)

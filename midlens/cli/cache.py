@@ -1,14 +1,11 @@
-"""`midlens cache` and `midlens index`: see, verify and clear what midlens keeps on disk.
+"""`midlens cache`: see, verify and clear what midlens keeps on disk (converted models, retrieval indexes).
 
     midlens cache info                                  models and indexes, sizes, paths, leftover temp folders
     midlens cache verify [--model NAME]                 every file against its recorded sha256
     midlens cache clear (--model NAME | --indexes | --all)
-    midlens index build [--corpus PATH] [--index-type flat|ivf|hnsw]
-    midlens index info
-    midlens index clear
 
 Listing and clearing read only the folders (no torch, no faiss), so they answer at once; verifying hashes
-every byte, and building an index loads the embedding model.
+every byte. The folder helpers here serve `midlens index` too.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ def human(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _entries(parent: Path, hidden: bool) -> list[Path]:
+def entries(parent: Path, hidden: bool) -> list[Path]:
     if not parent.is_dir():
         return []
     return sorted(p for p in parent.iterdir() if p.is_dir() and not p.is_symlink() and p.name.startswith(".") == hidden)
@@ -60,7 +57,7 @@ def _index_meta(folder: Path) -> dict:
         return {}
 
 
-def _index_line(folder: Path, detail: bool) -> str:
+def index_line(folder: Path, detail: bool) -> str:
     meta = _index_meta(folder)
     if not meta:
         return f"  {folder.name}  {human(folder_size(folder))}  meta.json missing or unreadable (clear and rebuild)"
@@ -82,24 +79,24 @@ def _leftover_state(folder: Path) -> str:
     return "in use by a running conversion or build"
 
 
-def _print_leftovers(folders: list[Path]) -> None:
+def print_leftovers(folders: list[Path]) -> None:
     if folders:
         print("unfinished work (temp folders):")
         for f in folders:
             print(f"  {f}  {human(folder_size(f))}  {_leftover_state(f)}")
 
 
-def cmd_cache_info(args: argparse.Namespace) -> int:
-    models, indexes = _entries(models_dir(), False), _entries(indexes_dir(), False)
-    leftovers = _entries(models_dir(), True) + _entries(indexes_dir(), True)
+def run_info(args: argparse.Namespace) -> int:
+    models, indexes = entries(models_dir(), False), entries(indexes_dir(), False)
+    leftovers = entries(models_dir(), True) + entries(indexes_dir(), True)
     print(f"midlens cache: {models_dir().parent} (set MIDLENS_CACHE to move it)")
     print(f"models ({len(models)}):" if models else "models: none converted yet")
     for folder in models:
         print(f"  {folder.name}  {human(folder_size(folder))}  {_model_state(folder)}\n      {folder}")
     print(f"retrieval indexes ({len(indexes)}):" if indexes else "retrieval indexes: none built yet")
     for folder in indexes:
-        print(_index_line(folder, detail=False))
-    _print_leftovers(leftovers)
+        print(index_line(folder, detail=False))
+    print_leftovers(leftovers)
     total = sum(folder_size(f) for f in models + indexes + leftovers)
     print(f"total {human(total)}")
     return 0
@@ -117,7 +114,7 @@ def _verify_index(folder: Path) -> str | None:
     return None
 
 
-def cmd_cache_verify(args: argparse.Namespace) -> int:
+def run_verify(args: argparse.Namespace) -> int:
     from midlens.core.errors import ModelError
     from midlens.generators.model_cache import check_model_folder
 
@@ -127,7 +124,7 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
             raise ModelError(f"no cached model '{args.model}' in {models_dir()}; {_cached_models_hint()}")
         models, indexes = [folder], []
     else:
-        models, indexes = _entries(models_dir(), False), _entries(indexes_dir(), False)
+        models, indexes = entries(models_dir(), False), entries(indexes_dir(), False)
     bad = 0
     for folder in models:
         try:
@@ -157,7 +154,7 @@ def _plain_name(name: str) -> str:
 
 
 def _cached_models_hint() -> str:
-    names = [f.name for f in _entries(models_dir(), False)]
+    names = [f.name for f in entries(models_dir(), False)]
     return f"cached models: {', '.join(names)}." if names else "no model is cached."
 
 
@@ -174,7 +171,7 @@ def _clear(folders: list[Path], what: str) -> int:
 def _clear_leftovers(parent: Path, prefix: str = ".") -> int:
     """Temp folders are removed unless a live process is still writing them."""
     freed = 0
-    for folder in _entries(parent, True):
+    for folder in entries(parent, True):
         if not folder.name.startswith(prefix):
             continue
         if ".embeddings-" not in folder.name and not is_stale(folder):
@@ -186,11 +183,11 @@ def _clear_leftovers(parent: Path, prefix: str = ".") -> int:
     return freed
 
 
-def _clear_indexes() -> int:
-    return _clear(_entries(indexes_dir(), False), "index") + _clear_leftovers(indexes_dir())
+def clear_indexes() -> int:
+    return _clear(entries(indexes_dir(), False), "index") + _clear_leftovers(indexes_dir())
 
 
-def cmd_cache_clear(args: argparse.Namespace) -> int:
+def run_clear(args: argparse.Namespace) -> int:
     freed = 0
     if args.model:
         folder = models_dir() / _plain_name(args.model)
@@ -201,65 +198,24 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
             print(f"nothing to clear: no cached model '{args.model}' in {models_dir()}; {_cached_models_hint()}")
         freed += _clear_leftovers(models_dir(), f".{args.model}-")
     if args.indexes or args.all:
-        freed += _clear_indexes()
+        freed += clear_indexes()
     if args.all:
-        freed += _clear(_entries(models_dir(), False), "model") + _clear_leftovers(models_dir())
+        freed += _clear(entries(models_dir(), False), "model") + _clear_leftovers(models_dir())
     print(f"freed {human(freed)}")
     return 0
 
 
-def cmd_index_build(args: argparse.Namespace) -> int:
-    from midlens.retrievers.corpus import default_corpus_path
-    from midlens.retrievers.dense import DenseRetriever
-
-    corpus = args.corpus or default_corpus_path()
-    retriever = DenseRetriever.build(corpus, index_type=args.index_type)
-    folder = indexes_dir() / retriever.meta["fingerprint"][:20]
-    print(
-        f"index ready: {len(retriever)} passages from {corpus}, {args.index_type}, {human(folder_size(folder))}\n"
-        f"  {folder}\n`midlens ask --corpus {corpus}` (same --index-type) reuses it."
-    )
-    return 0
-
-
-def cmd_index_info(args: argparse.Namespace) -> int:
-    indexes = _entries(indexes_dir(), False)
-    print(f"retrieval indexes in {indexes_dir()}: {len(indexes) or 'none built yet'}")
-    for folder in indexes:
-        print(_index_line(folder, detail=True))
-    _print_leftovers(_entries(indexes_dir(), True))
-    return 0
-
-
-def cmd_index_clear(args: argparse.Namespace) -> int:
-    print(f"freed {human(_clear_indexes())}")
-    return 0
-
-
-def add_cache_parser(sub) -> None:
+def add_parser(sub) -> None:
     cache = sub.add_parser("cache", help="converted models and retrieval indexes on disk: info, verify, clear")
     actions = cache.add_subparsers(dest="cache_command", required=True)
     info = actions.add_parser("info", help="list cached models and indexes with their sizes and paths")
-    info.set_defaults(func=cmd_cache_info)
+    info.set_defaults(func=run_info)
     verify = actions.add_parser("verify", help="check every cached file against its recorded sha256")
     verify.add_argument("--model", help="verify only this cached model (default: every model and index)")
-    verify.set_defaults(func=cmd_cache_verify)
+    verify.set_defaults(func=run_verify)
     clear = actions.add_parser("clear", help="delete a cached model (converted again on next use) or the indexes")
     which = clear.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", help="the cached model to delete, e.g. smollm2-135m")
     which.add_argument("--indexes", action="store_true", help="delete every retrieval index")
     which.add_argument("--all", action="store_true", help="delete every cached model and index")
-    clear.set_defaults(func=cmd_cache_clear)
-
-
-def add_index_parser(sub) -> None:
-    index = sub.add_parser("index", help="retrieval indexes: build one ahead of time, list, clear")
-    actions = index.add_subparsers(dest="index_command", required=True)
-    build = actions.add_parser("build", help="embed and index a corpus now, so the first question does not wait")
-    build.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
-    build.add_argument("--index-type", default="flat", choices=["flat", "ivf", "hnsw"])
-    build.set_defaults(func=cmd_index_build)
-    info = actions.add_parser("info", help="list the retrieval indexes with their corpus, size and path")
-    info.set_defaults(func=cmd_index_info)
-    clear = actions.add_parser("clear", help="delete every retrieval index (rebuilt on next use)")
-    clear.set_defaults(func=cmd_index_clear)
+    clear.set_defaults(func=run_clear)

@@ -1,14 +1,15 @@
-"""Command-line options every shell shares (ask, demo, eval, bench): model, method spec, device, dtype, evidence.
+"""Options the commands share (model, method spec, device, dtype, evidence), the parser class, and the
+command line's spelling of errors raised below.
 
 Argparse only at import time (so `--help` stays fast); the parsed strings are validated by the layers below
-(`generators.registry.method_config`, `core.device`) before any model loads.
+(`generators.methods.registry.method_config`, `core.device`) before any model loads.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from midlens.core.errors import MidlensError
+from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_MODEL
 
 RETRIEVAL_HELP = (
@@ -92,18 +93,13 @@ def chosen_model(args: argparse.Namespace, method) -> str:
 
 
 def evidence_config(args: argparse.Namespace):
+    """--evidence-layers/-query/-heads as an EvidenceConfig (checked by EvidenceConfig.from_text)."""
     from midlens.generators.evidence import EvidenceConfig
 
-    layers = args.evidence_layers
-    if layers not in ("all", "upper", "lower"):
-        try:
-            layers = [int(x) for x in layers.split(",")]
-        except ValueError:
-            raise MidlensError(f"--evidence-layers {layers!r}: use all, upper, lower or e.g. 20,21,22.") from None
-    heads = getattr(args, "evidence_heads", "all")
-    if heads not in ("all", "retrieval"):
-        raise MidlensError(f"--evidence-heads {heads!r}: use all or retrieval.")
-    return EvidenceConfig(query=args.evidence_query, layers=layers, heads=heads)
+    try:
+        return EvidenceConfig.from_text(args.evidence_layers, args.evidence_query, args.evidence_heads)
+    except InvalidArgumentError as err:  # the same check; on the command line, name the option
+        raise InvalidArgumentError("--evidence-" + str(err).removeprefix("evidence ")) from None
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -142,3 +138,18 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not allowed: use 1 or more")
     return value
+
+
+def prompt_error_for_cli(err, args: argparse.Namespace) -> str:
+    """A PromptTooLongError in the command line's words: its options, not the Python API's keywords."""
+    from midlens.core.errors import Remedies
+
+    return err.describe(
+        Remedies(
+            room=f"the context window of {args.model} minus --max-new-tokens {args.max_new_tokens}",
+            fewer="use --top-k {n}",
+            drop="use --truncate drop_last to keep the passages that fit",
+            longer="use a --model with a longer context window",
+            split="use a --corpus with shorter passages or a lower --max-new-tokens",
+        )
+    )

@@ -1,0 +1,5 @@
+import sys
+
+from midlens.cli import main
+
+sys.exit(main())

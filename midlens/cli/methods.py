@@ -1,0 +1,69 @@
+"""`midlens methods`: the registered methods, their options and defaults (from the registry, never a list here);
+`midlens methods SPEC`: one method on a model, with what its registry entry shows of itself (e.g. the RoPE bases
+MoICE's routers mix and how often each is chosen)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from midlens.cli.options import METHOD_HELP, add_device_args, check_device, chosen_model
+
+EXAMPLES = """examples:
+  midlens methods
+  midlens methods moice --n 20 --out runs/moice-inspect
+  midlens ask "Who directed Wings of Desire?" --method "ms-poe(ratio_min=1.0, ratio_max=1.3)"
+"""
+
+
+def add_parser(sub) -> None:
+    methods = sub.add_parser(
+        "methods", help="list the registered methods and their options, or inspect one", epilog=EXAMPLES
+    )
+    methods.add_argument("spec", nargs="?", help=f"inspect this method on --model; {METHOD_HELP}")
+    methods.add_argument(
+        "--model", help="model to inspect it on (default: the default model, or the one its artefact ships for)"
+    )
+    methods.add_argument("--n", type=int, default=20, help="prompts (HotpotQA evaluation split) a method measures on")
+    methods.add_argument("--max-words", type=int, default=60, help="clip those prompts' paragraphs to ~N words")
+    methods.add_argument("--out", type=Path, help="folder for the figures and data the method writes")
+    add_device_args(methods)
+    methods.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from midlens.generators.methods.registry import REGISTRY
+
+    if getattr(args, "spec", None):
+        return _inspect(args)
+    width = max(len(name) for name in REGISTRY) + 2  # every summary starts in one column, the longest name's too
+    for method in REGISTRY.values():
+        options = ", ".join(f"{k}={v!r}" for k, v in method.defaults.items()) or "no options"
+        print(f"{method.name:<{width}}{method.summary}\n{'':<{width}}{options}")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from midlens.cli.options import method_spec
+    from midlens.core.errors import InvalidArgumentError
+    from midlens.generators.methods.registry import REGISTRY
+
+    if args.n < 0:
+        raise InvalidArgumentError(f"--n {args.n}: the number of prompts, 0 or more.")
+    args.method = args.spec
+    config = method_spec(args)
+    entry = REGISTRY[config.name]
+    print(f"{entry.name}: {entry.summary}\noptions: {config.to_dict()}")
+    if entry.inspect is None:
+        print(f"{entry.name} shows nothing beyond its options.")
+        return 0
+    args.model = chosen_model(args, config)
+    check_device(args)
+    from midlens.generators import Generator, load_model
+    from midlens.training.data import training_examples
+
+    loaded = load_model(args.model, args.device, args.dtype)
+    examples = training_examples(loaded.tokenizer, args.n, 0, args.max_words, split="eval") if args.n else []
+    lines = entry.inspect(Generator(loaded, method=config), [ex.prompt for ex in examples], args.out)
+    print("\n".join(lines))
+    return 0
