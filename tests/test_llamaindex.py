@@ -115,7 +115,7 @@ def test_reranker_batches_nodes_that_do_not_fit_one_pass(loaded):
     huge = [NodeWithScore(node=TextNode(id_="huge", text="word " * 400), score=1.0)]
     with pytest.raises(
         PromptTooLongError,
-        match=r"node huge does not fit one reranking pass: stacked alone under the query it takes \d+ tokens",
+        match=r"node huge does not fit one prompt: stacked alone under the question it takes \d+ tokens",
     ):
         reranker.postprocess_nodes(huge, query_str=QUESTION)
 

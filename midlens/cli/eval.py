@@ -124,9 +124,9 @@ def add_parser(sub) -> None:
     _common(sw, "baseline,ms-poe")
     sw.add_argument(
         "--orderings",
-        default=",".join(ORDERINGS),
-        help=f"passage orderings run on the baseline generator, beside the methods: {', '.join(ORDERINGS)} "
-        "(LongContextReorder; attention sorting), or '' for none",
+        default="",
+        help=f"passage orderings to run beside the methods, on the baseline generator: {', '.join(ORDERINGS)} "
+        "(LongContextReorder; attention sorting), comma-separated",
     )
     sw.set_defaults(func=run, mode="sweep")
 

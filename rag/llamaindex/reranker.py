@@ -10,7 +10,7 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from midlens.core.errors import PromptTooLongError
+from midlens.core.errors import PromptTooLongError, Remedies
 from midlens.generators.loading import LoadedModel
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import Passage, StackedPrompt, fit_windows
@@ -80,18 +80,18 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
             for prompt in fit_windows(self._generator.tokenizer, passages, query, limit):
                 prompts.append(prompt)
         except PromptTooLongError as err:
-            if err.part != "passages":  # the query itself is too long: its own message says so
+            if err.part != "passage":  # the query itself is too long: its own message says so
                 raise
             first = passages[sum(len(p.passages) for p in prompts)]
             cap = "max_tokens_per_pass" if limit < window else "the context window"
+            fix = "split documents into smaller nodes (SentenceSplitter(chunk_size=...)) or raise max_tokens_per_pass"
             raise PromptTooLongError(
-                f"node {first.id or '(no id)'} does not fit one reranking pass: stacked alone under the query "
-                f"it takes {err.prompt_tokens} tokens, more than the {limit} allowed ({cap}). Split documents into "
-                "smaller nodes (e.g. SentenceSplitter(chunk_size=...)) or raise max_tokens_per_pass.",
-                prompt_tokens=err.prompt_tokens,
-                window=limit,
-                passages_that_fit=0,
+                err.prompt_tokens,
+                limit,
                 passages=len(passages),
+                part="passage",
+                subject=f"node {first.id or '(no id)'}",
+                remedies=Remedies(room=cap, split=fix),
             ) from None
         return prompts
 
