@@ -11,12 +11,12 @@ CPU, the process's peak RSS growth over the loaded model (VmHWM after a reset, L
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from midlens.eval.memory import peak_kb, reset_peak, rss_kb
 
 DOCUMENTS = 10
 QUESTIONS = (
@@ -41,38 +41,6 @@ def batch_prompts(generator, count: int) -> list:
     return prompts
 
 
-def _peak_reset(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
-
-
-def _peak_mb(device, base_kb: int) -> float:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() / 2**20
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return (int(line.split()[1]) - base_kb) / 1024
-    return float("nan")
-
-
-def _rss_kb() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 def run(
     model: str,
     batch_sizes: list[int],
@@ -92,8 +60,8 @@ def run(
     if random_shape is not None:  # speed depends on shapes only: random weights of a packaged model's shape
         import tempfile
 
-        from midlens.eval.bench import save_random_model
         from midlens.generators.model_cache import resolve_model_dir
+        from midlens.generators.random_models import save_random_model
 
         tokenizer_dir = resolve_model_dir(random_shape)  # the shape's own tokenizer (and so its vocabulary)
         source = str(save_random_model(random_shape, Path(tempfile.mkdtemp()) / random_shape, tokenizer_dir))
@@ -137,17 +105,19 @@ def run(
     times: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
     peaks: dict[tuple[str, int], float] = {}
     generated: dict[tuple[str, int], int] = {}
-    base_kb = _rss_kb()
+    # On a GPU the CUDA allocator's whole peak; on the CPU the peak RSS growth over the loaded model.
+    base_kb = 0 if loaded.device.type == "cuda" else rss_kb()
     midlens_run(min(batch_sizes))  # warm-up: kernels, allocator
     for _ in range(repeats):
         for engine, size in variants:
-            _peak_reset(loaded.device)
+            reset_peak(loaded.device)
             t0 = time.perf_counter()
             generated[(engine, size)] = (midlens_run if engine == "midlens" else hf_run)(size)
             if loaded.device.type == "cuda":
                 torch.cuda.synchronize()
             times[(engine, size)].append(time.perf_counter() - t0)
-            peaks[(engine, size)] = max(peaks.get((engine, size), 0.0), _peak_mb(loaded.device, base_kb))
+            peak_mb = (peak_kb(loaded.device) - base_kb) / 1024
+            peaks[(engine, size)] = max(peaks.get((engine, size), 0.0), peak_mb)
     rows = []
     for engine, size in variants:
         seconds = statistics.median(times[(engine, size)])
@@ -195,28 +165,3 @@ def markdown(report: dict) -> str:
             f"{r['x_hf_same_batch']:.2f} | {r['peak_mb']:.0f} | {r['generated_tokens']} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch-sizes", default="1,4,16,64", help="comma-separated batch sizes")
-    parser.add_argument("--prompts", type=int, default=64, help="prompts answered at every batch size")
-    parser.add_argument(
-        "--random-shape", choices=["smollm2-135m", "qwen2.5-coder-0.5b"], help="random weights, this shape"
-    )
-
-
-def cmd_batch(args: argparse.Namespace) -> int:
-    from midlens.core.device import dtype_name, resolve_device, resolve_dtype
-
-    device = resolve_device(args.device)
-    dtype = dtype_name(resolve_dtype(args.dtype, device))
-    sizes = sorted({int(x) for x in args.batch_sizes.split(",")})
-    report = run(
-        args.model, sizes, args.prompts, args.decode_tokens, args.repeats, str(device), dtype, args.random_shape
-    )
-    print(markdown(report))
-    if args.json:
-        from midlens.core.files import write_atomic
-
-        write_atomic(Path(args.json), json.dumps(report, indent=2) + "\n")
-    return 0

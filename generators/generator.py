@@ -164,6 +164,7 @@ class Generator:
         calibrate: bool,
         references: list[str | None] | None = None,
         stop_at_line_end: bool = False,
+        ignore_eos: bool = False,
     ) -> Iterator[tuple[int, str]]:
         """The generation loop, for a batch: yields (row, text delta); returns one Answer per prompt.
 
@@ -199,7 +200,7 @@ class Generator:
                             if done[b]:
                                 continue
                             token = self._pick(logits[b], temperature, top_p, rngs[b])
-                            if token in self.eos_ids:
+                            if not ignore_eos and token in self.eos_ids:
                                 done[b] = True
                                 continue
                             generated[b].append(token)
@@ -270,6 +271,7 @@ class Generator:
         on_token: Callable[[str], None] | None = None,
         reference: str | None = None,
         stop_at_line_end: bool = False,
+        ignore_eos: bool = False,
     ) -> Answer:
         """Greedy by default (temperature 0); sampled with temperature > 0 (seeded, top-p).
 
@@ -277,9 +279,11 @@ class Generator:
         so evaluation gets its continuous accuracy measure without a second prefill.
         `stop_at_line_end` ends decoding once the answer has a complete non-empty line: metrics that read
         only the first line (eval.metrics.first_line) score the same answer, decoded in fewer steps.
+        `ignore_eos` decodes past end-of-sequence tokens (kept like any other) up to `max_new_tokens`, so
+        benchmarks time the same number of steps whatever the model would answer.
         """
         steps = self._steps(
-            [prompt], max_new_tokens, temperature, top_p, seed, calibrate, [reference], stop_at_line_end
+            [prompt], max_new_tokens, temperature, top_p, seed, calibrate, [reference], stop_at_line_end, ignore_eos
         )
         return _drain(steps, None if on_token is None else (lambda _row, piece: on_token(piece)))[0]
 
@@ -294,11 +298,14 @@ class Generator:
         references: list[str | None] | None = None,
         stop_at_line_end: bool = False,
         on_token: Callable[[int, str], None] | None = None,
+        ignore_eos: bool = False,
     ) -> list[Answer]:
         """`generate` for several prompts in one left-padded batch: each Answer equals the prompt's answer alone
         (same greedy text; evidence and log-probabilities equal up to floating-point summation order).
         `references`: one gold answer (or None) per prompt; `on_token(row, piece)` streams every row."""
-        steps = self._steps(prompts, max_new_tokens, temperature, top_p, seed, calibrate, references, stop_at_line_end)
+        steps = self._steps(
+            prompts, max_new_tokens, temperature, top_p, seed, calibrate, references, stop_at_line_end, ignore_eos
+        )
         return _drain(steps, on_token)
 
     def stream(self, prompt: StackedPrompt, **kwargs) -> GenerationStream:

@@ -34,7 +34,7 @@ def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants):
 def test_memory_processes_run_with_the_fixed_mmap_threshold(loaded, monkeypatch):
     """The allocator setting must reach the measuring process (glibc reads it at start-up), and 0 must
     remove an inherited one."""
-    from midlens.eval.bench import memory_of
+    from midlens.eval.bench_memory import memory_of
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     fixed = memory_of("baseline", "smollm2-135m", 200, repeats=1)

@@ -341,7 +341,7 @@ def test_bootstrap_interval_matches_the_normal_approximation():
 
 
 def test_paired_difference_against_the_baseline_is_narrower_than_unpaired():
-    from midlens.eval.report import sweep_summary
+    from midlens.eval.report.summarise import sweep_summary
 
     # 100 questions; the method answers exactly what the baseline answers plus 10 more, at every position.
     # Unpaired, each method's interval is about +-9 points wide; paired, every difference is 0 or 1/3
@@ -393,7 +393,8 @@ def test_write_atomic_replaces_whole_files_with_the_usual_permissions(tmp_path):
 
 
 def test_report_keeps_e2e_runs_with_different_retrieval_apart_and_pairs_them(tmp_path):
-    from midlens.eval.report import load_runs, markdown
+    from midlens.eval.report.load import load_runs
+    from midlens.eval.report.render import markdown
 
     runs = []
     for retrieval, right in (("dense", 1), (None, 1), ("hybrid", 3)):  # None: a run from before the option
@@ -419,7 +420,7 @@ def test_report_keeps_e2e_runs_with_different_retrieval_apart_and_pairs_them(tmp
 
 
 def test_runs_of_one_method_name_under_different_defaults_stay_apart(tmp_path):
-    from midlens.eval.report import load_runs
+    from midlens.eval.report.load import load_runs
     from midlens.generators.methods.attn_calibration import DEFAULTS
 
     # The same typed name, "attn-calibration", run before and after its default strength changed.
@@ -439,16 +440,17 @@ def test_runs_of_one_method_name_under_different_defaults_stay_apart(tmp_path):
 
 
 def test_groups_that_differ_in_one_evidence_option_are_labelled_by_that_option_alone():
-    from midlens.eval.report import _grouped
+    from midlens.eval.report.groups import grouped
 
     evidence = [{"heads": h, "layers": "upper", "query": "question"} for h in ("all", "retrieval")]
     rows = [{"kind": "rerank", "dataset": "d", "setting": {"evidence": e}} for e in evidence]
-    labels = sorted(suffix for suffix, _ in _grouped(rows, "rerank", lambda r: r["dataset"]).values())
+    labels = sorted(suffix for suffix, _ in grouped(rows, "rerank", lambda r: r["dataset"]).values())
     assert labels == [", evidence heads=all", ", evidence heads=retrieval"]  # short enough for a plot title
 
 
 def test_reranker_differences_are_paired_per_question_over_questions_every_method_ranked():
-    from midlens.eval.report import RANK_METRICS, markdown, rerank_paired
+    from midlens.eval.report.render import markdown
+    from midlens.eval.report.summarise import RANK_METRICS, rerank_paired
 
     def row(q, method, raw, dense, bm25=0.5):
         rankers = {"dense": dense, "bm25": bm25, "evidence_raw": raw, "evidence_calibrated": raw}
@@ -500,7 +502,8 @@ def test_report_against_a_method_the_runs_lack_is_refused_by_name(tmp_path):
 
 
 def test_an_e2e_method_run_in_one_setting_still_names_the_setting_that_tells_it_apart(tmp_path):
-    from midlens.eval.report import load_runs, markdown
+    from midlens.eval.report.load import load_runs
+    from midlens.eval.report.render import markdown
 
     runs = []
     for model, method in (("m1", "baseline"), ("m2", "baseline"), ("m1", "attn-calibration")):

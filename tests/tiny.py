@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import PreTrainedTokenizerFast
+
+from midlens.generators.random_models import random_config, save_random_weights
 
 WORDS = (
     "the a of and in to is was by for on with as at from his her it document title question answer "
@@ -44,24 +45,19 @@ SHAPE = dict(
     num_key_value_heads=2,
     max_position_embeddings=512,
 )
+# The fields each architecture adds to the shape.
 ARCHITECTURES = {
-    "llama": (LlamaConfig, dict(rope_theta=10000.0)),
-    "qwen2": (Qwen2Config, dict(rope_theta=1e6, use_sliding_window=False)),
-    "mistral": (MistralConfig, dict(rope_theta=1e6, sliding_window=None)),
+    "llama": dict(rope_theta=10000.0),
+    "qwen2": dict(rope_theta=1e6, use_sliding_window=False),
+    "mistral": dict(rope_theta=1e6, sliding_window=None),
 }
 
 
 def tiny_config(kind: str, vocab_size: int = VOCAB_SIZE, **overrides):
     """The tiny config of architecture `kind` (llama, qwen2, mistral); `overrides` replace any field."""
-    cls, own = ARCHITECTURES[kind]
-    fields = {**SHAPE, **own, "vocab_size": vocab_size, **overrides}
-    return cls(**fields, architectures=[cls.__name__.replace("Config", "ForCausalLM")])
+    return random_config(kind, **{**SHAPE, **ARCHITECTURES[kind], "vocab_size": vocab_size, **overrides})
 
 
 def save_tiny(kind: str, folder: Path, seed: int = 0) -> Path:
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(kind, bos_token_id=1, eos_token_id=2))
-    model.save_pretrained(folder)
     fast = PreTrainedTokenizerFast(tokenizer_object=_tokenizer(), unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.save_pretrained(folder)
-    return folder
+    return save_random_weights(tiny_config(kind, bos_token_id=1, eos_token_id=2), fast, folder, seed)

@@ -1,0 +1,70 @@
+"""Model folders with random weights: a packaged model's shape for benchmarks, or any config for tests.
+
+Speed and memory depend on shapes only, so a benchmark can run on a machine the packaged weights cannot reach;
+tests build tiny models the same way. A folder loads like any `--model PATH` one.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, MistralConfig, PreTrainedConfig, Qwen2Config
+
+CONFIGS: dict[str, type[PreTrainedConfig]] = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
+
+# Shapes of the packaged models; the tokenizer (and so the vocabulary) comes from the folder given.
+RANDOM_SHAPES = {
+    "smollm2-135m": dict(
+        model_type="llama",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rope_theta=1e5,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-coder-0.5b": dict(
+        model_type="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    ),
+}
+
+
+def random_config(model_type: str, **fields) -> PreTrainedConfig:
+    """The config of architecture `model_type` (llama, qwen2, mistral) with `fields`, naming its causal-LM class."""
+    cls = CONFIGS[model_type]
+    return cls(**fields, architectures=[cls.__name__.replace("Config", "ForCausalLM")])
+
+
+def save_random_weights(config: PreTrainedConfig, tokenizer, folder: str | Path, seed: int = 0) -> Path:
+    """A model folder: `config` with weights drawn from `seed`, and `tokenizer`."""
+    torch.manual_seed(seed)
+    folder = Path(folder)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def save_random_model(shape: str, folder: str | Path, tokenizer_dir: str | Path) -> Path:
+    """A model folder with the architecture of `shape` (a RANDOM_SHAPES name), random weights, and the tokenizer
+    (and chat template) of `tokenizer_dir`."""
+    spec = dict(RANDOM_SHAPES[shape])
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = random_config(spec.pop("model_type"), **spec, vocab_size=len(tokenizer))
+    folder = save_random_weights(config, tokenizer, folder)
+    template = Path(tokenizer_dir) / "chat_template.jinja"
+    if template.exists():
+        shutil.copy(template, folder / template.name)
+    return folder
