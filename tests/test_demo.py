@@ -208,7 +208,8 @@ def test_prompt_over_the_window_is_a_message(pipeline, tmp_path):
     long = [Passage(text=words, title=f"long {i}", id=str(i)) for i in range(3)]
     retriever = DenseRetriever.from_passages(long, tmp_path / "idx")
     backend = DemoBackend(Pipeline(retriever, pipeline.generator, top_k=3))
-    with pytest.raises(UserError, match="The prompt is too long for smollm2-135m: .* lower top-k"):
+    too_long = "The prompt is too long for smollm2-135m: .* not even the first passage fits. To fix it, upload a corpus"
+    with pytest.raises(UserError, match=too_long):
         backend.ask("What is word7?", MODEL, "baseline", False, 3)
 
 
