@@ -18,7 +18,7 @@ import json
 import random
 from pathlib import Path
 
-from midlens.core.hotpotqa import load_rows
+from midlens.retrievers.hotpotqa import load_rows
 
 OUT = Path(__file__).resolve().parent.parent / "retrievers" / "data"
 QUESTIONS = 40

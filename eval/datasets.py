@@ -5,7 +5,7 @@ file and line):
   lost-in-the-middle (Liu et al. 2023), .jsonl or .jsonl.gz:
       {"question": str, "answers": [str, ...], "ctxs": [{"title", "text", "hasanswer", "isgold"}, ...]}
       gold = the ctxs with isgold true; distractors = ctxs with neither isgold nor hasanswer.
-  HotpotQA distractor (dev JSON list in a wheel; by default its "eval" split, see core.hotpotqa):
+  HotpotQA distractor (dev JSON list in a wheel; by default its "eval" split, see retrievers.hotpotqa):
       {"_id", "question", "answer", "supporting_facts": [[title, sentence_index], ...],
        "context": [[title, [sentences]], ...]}
       mode="rerank": the 10 paragraphs as given, gold = the 2 supporting paragraphs.
@@ -42,9 +42,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from midlens.core.errors import CorpusError, invalid_json
-from midlens.core.hotpotqa import Split, clip_sentences, load_rows
 from midlens.core.passage import Passage
 from midlens.eval.metrics import normalize_answer
+from midlens.retrievers.hotpotqa import Split, clip_sentences, load_rows
 
 
 @dataclass
@@ -144,7 +144,7 @@ def load_hotpotqa(
     path: str | Path | None = None,
     split: Split | None = "eval",
 ) -> list[Example]:
-    """HotpotQA dev distractor questions of one split (core.hotpotqa: evaluation reads "eval", which training
+    """HotpotQA dev distractor questions of one split (retrievers.hotpotqa: evaluation reads "eval", which training
     never sees); see the module docstring for the two modes."""
     if mode not in ("mdqa", "rerank"):
         raise ValueError(f"mode={mode!r}: expected 'mdqa' or 'rerank'.")

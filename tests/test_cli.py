@@ -222,8 +222,8 @@ def test_a_split_is_refused_for_a_dataset_without_one_before_anything_loads():
 def test_the_train_split_is_a_dataset_of_its_own():
     import argparse
 
-    from midlens.core.hotpotqa import split_of
     from midlens.eval.plan import _examples
+    from midlens.retrievers.hotpotqa import split_of
 
     args = argparse.Namespace(dataset="hotpotqa", mode="sweep", max_words=60, n=5, seed=0, k=10, split="train")
     name, examples = _examples(args)

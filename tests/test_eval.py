@@ -554,17 +554,17 @@ def _ray_args(out, *extra):
 
 
 @pytest.mark.slow
-def test_ray_engine_rows_equal_in_process_and_survive_a_killed_worker(tmp_path, loaded):
+def test_ray_engine_rows_equal_in_process_and_survive_a_killed_worker(tmp_path, loaded, monkeypatch):
     """Two Ray workers x 1 thread on a local cluster: the same rows as the in-process engine; a run interrupted
     after 2 units resumes; and a worker killed (SIGKILL) mid-run still leaves every unit exactly once."""
     import os
     import signal
     import threading
-    import time
 
     import ray
 
     from midlens.cli import main
+    from midlens.eval import runner
     from midlens.eval.runner import read_rows
 
     assert main(_ray_args(tmp_path / "local")) == 0
@@ -581,13 +581,22 @@ def test_ray_engine_rows_equal_in_process_and_survive_a_killed_worker(tmp_path, 
         assert main(_sweep_args(tmp_path / "local-many", *many)) == 0
         local = _stable(read_rows(tmp_path / "local-many" / "results.jsonl"))
         killed = tmp_path / "killed"
+        written = threading.Event()  # set once the driver has written a row: the worker's pid is on disk
+        write_rows = runner.write_rows
+
+        def signalled(rows):
+            for row in rows:
+                yield row
+                written.set()  # the writer asks for the next row only after writing this one
+
+        monkeypatch.setattr(
+            runner, "write_rows", lambda path, config, rows, *a: write_rows(path, config, signalled(rows), *a)
+        )
         result = {}
         thread = threading.Thread(target=lambda: result.update(rc=main(_sweep_args(killed, *many, *ray_args))))
         thread.start()
         path = killed / "results.jsonl"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not (path.exists() and read_rows(path)):
-            time.sleep(0.2)
+        assert written.wait(timeout=600), "no row was written"  # the timeout only turns a hang into a failure
         rows = read_rows(path)
         assert rows and len(rows) < len(local), "the run ended before a worker could be killed"
         os.kill(rows[0]["worker"], signal.SIGKILL)

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from midlens.core.errors import ArtefactError, MidlensError
-from midlens.core.hotpotqa import load_rows, split_of
 from midlens.generators import Generator
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.retrieval_heads import SHIPPED, load_scores, select_heads, top_heads
 from midlens.generators.rope import baseline_schemes
+from midlens.retrievers.hotpotqa import load_rows, split_of
 from midlens.training.data import data_record, training_examples
 from midlens.training.heads import head_f1_em
 from midlens.training.loop import LoopConfig

@@ -59,7 +59,7 @@ def test_the_wheel_installs_midlens_and_the_llamaindex_paths_only(tmp_path):
     zipfile.ZipFile(wheel).extractall(site)
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "import midlens.retrievers.corpus as c, midlens.core.hotpotqa as h\n"
+        "import midlens.retrievers.corpus as c, midlens.retrievers.hotpotqa as h\n"
         "assert c.default_corpus_path().is_file() and str(c.default_corpus_path()).startswith(sys.argv[1])\n"
         "assert h.split_of('x') in ('train', 'eval')\n"
         "import importlib.util\n"

