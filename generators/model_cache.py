@@ -40,7 +40,7 @@ def rebuild_hint(name: str, folder: Path) -> str:
             f"Rebuild it: `midlens cache clear --model {folder.name}`, then run the command again "
             "(the model is converted again from its installed GGUF)."
         )
-    return f"Restore {folder} from where it came from (re-copy or re-download it), or pass another --model."
+    return f"Restore {folder} from where it came from (re-copy or re-download it), or use another model."
 
 
 def _damaged(name: str, folder: Path, problems: list[FileProblem], cause: str = "") -> ModelError:

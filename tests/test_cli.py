@@ -248,7 +248,7 @@ def test_a_trained_method_runs_on_the_model_it_ships_for_and_is_refused_early_el
     for spec in ("baseline", "attn-calibration", "mudaf(artefact='runs/my-delta')"):  # nothing shipped is read
         args = argparse.Namespace(model=None, method=spec)
         assert chosen_model(args, method_spec(args)) == DEFAULT_MODEL
-    with pytest.raises(ArtefactError, match=r"mudaf.*ships for smollm2-135m \(--model smollm2-135m\)"):
+    with pytest.raises(ArtefactError, match=r"mudaf.*ships for smollm2-135m \(choose that model\)"):
         args = argparse.Namespace(model=DEFAULT_MODEL, method="mudaf(alpha=0)")
         chosen_model(args, method_spec(args))
 

@@ -97,11 +97,11 @@ def model_for(config: MethodConfig, model: str | None, default: str) -> str:
     if model is None and ships:
         return ships[0]
     chosen = model or default
-    where = f"; one ships for {', '.join(ships)} (--model {ships[0]})" if ships else ""
+    where = f"; one ships for {', '.join(ships)} (choose that model)" if ships else ""
     raise ArtefactError(
         f"no trained {config.name} artefact ships for model {chosen!r}{where}. To run {config.name} on {chosen}, train "
-        f"one with `midlens train {config.name} --model {chosen}` and pass its folder: "
-        f'--method "{MethodConfig(config.name, {**config.options, "artefact": "PATH"}).spec()}".'
+        f"one (`midlens train {config.name}` with that model) and pass its folder in the method spec: "
+        f"{MethodConfig(config.name, {**config.options, 'artefact': 'PATH'}).spec()}."
     )
 
 
