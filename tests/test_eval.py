@@ -590,7 +590,7 @@ def test_ray_engine_rows_equal_in_process_and_survive_a_killed_worker(tmp_path, 
                 written.set()  # the writer asks for the next row only after writing this one
 
         monkeypatch.setattr(
-            runner, "write_rows", lambda path, config, rows, *a: write_rows(path, config, signalled(rows), *a)
+            runner, "write_rows", lambda path, config, rows, *a, **k: write_rows(path, config, signalled(rows), *a, **k)
         )
         result = {}
         thread = threading.Thread(target=lambda: result.update(rc=main(_sweep_args(killed, *many, *ray_args))))
