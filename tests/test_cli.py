@@ -259,7 +259,7 @@ def test_a_trained_method_runs_on_the_model_it_ships_for_and_is_refused_early_el
     assert "no trained moice artefact ships" in capsys.readouterr().err
     assert main(["ask", "q?", "--model", DEFAULT_MODEL, "--method", "mudaf(alpha=0)"]) == 2
     err = capsys.readouterr().err
-    assert "--method \"mudaf(alpha=0, artefact='PATH')\"" in err and "alpha0" not in err
+    assert "method spec: mudaf(alpha=0, artefact='PATH')" in err and "alpha0" not in err
 
 
 def test_the_readme_python_example_answers_right_as_written(capsys):

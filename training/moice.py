@@ -15,11 +15,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from midlens.core.errors import MidlensError
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.moice import MoiceScheme, new_schemes, router_state
 from midlens.training.data import TrainExample
 from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
+from midlens.training.recipe import Budget, Option, Recipe, positive
 
 
 @dataclass(frozen=True)
@@ -73,3 +75,48 @@ def train_moice(
     return train_artefact(
         "moice", config, loaded, params, examples, objective, run, describe, lambda: router_state(schemes)
     )
+
+
+def _check(options: dict) -> None:
+    positive(options, "experts", "top_k")
+    if not options["top_k"] < options["experts"]:
+        raise MidlensError(
+            f"top-k {options['top_k']} with experts {options['experts']}: K must be below N, or the balance loss is "
+            "a constant with no gradient."
+        )
+    if options["balance"] < 0:
+        raise MidlensError(f"balance {options['balance']}: a weight, 0 or more.")
+
+
+def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict:
+    """Expert bases derived for the model's RoPE (the native one first), then the routers trained on
+    `budget.examples` train-split prompts with the model frozen."""
+    from midlens.generators.methods.moice import complementary_bases, rope_base
+    from midlens.training.data import data_record, training_examples
+
+    cfg = loaded.model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    bases = complementary_bases(rope_base(cfg), head_dim, options["experts"])
+    print("expert bases: " + ", ".join(f"{b:g}" for b in bases))
+    examples = training_examples(loaded.tokenizer, budget.examples, seed=budget.seed, max_words=budget.max_words)
+    config = MoiceConfig(tuple(bases), options["top_k"], options["per_head"], options["balance"])
+    loop = LoopConfig(len(examples), budget.batch, budget.lr, budget.warmup, seed=budget.seed)
+    max_seconds = None if budget.max_minutes is None else 60 * budget.max_minutes
+    data = data_record(examples, budget.seed, budget.max_words)
+    return train_moice(loaded, examples, config, loop, out, data, budget.progress, max_seconds)
+
+
+RECIPE = Recipe(
+    summary="router-only training of MoICE (the model stays frozen)",
+    options=(
+        Option("experts", 7, "N: RoPE bases (the native one first)"),
+        Option("top_k", 3, "K < N experts per token and head"),
+        Option("per_head", False, "one router per head instead of per layer"),
+        Option("balance", 0.3, "alpha of the load-balancing loss"),
+    ),
+    # Routers are tiny and see few steps on a CPU budget; warm-up 20 % as in the paper.
+    budget={"examples": 600, "lr": 2e-3, "warmup": 0.2, "max_words": 60},
+    train=_train,
+    check=_check,
+    trained="router",
+)

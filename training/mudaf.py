@@ -16,16 +16,19 @@ passage in separate short forwards), so the heads are trained on the keys they s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from midlens.core.errors import MidlensError
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.delta import LoRADelta
 from midlens.generators.loading import LoadedModel
 from midlens.generators.rope import baseline_schemes
 from midlens.training.data import TrainExample
 from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
+from midlens.training.recipe import Budget, Option, Recipe, positive
 
 
 @dataclass(frozen=True)
@@ -145,3 +148,65 @@ def train_mudaf(
 
     run = TrainingRun(loop, out, data, progress, max_seconds)
     return train_artefact("mudaf", config, loaded, params, examples, objective, run, describe, delta.state_dict)
+
+
+def _check(options: dict) -> None:
+    positive(options, "rank", "num_heads", "heads_n", "tau")
+    if not 0 <= options["alpha"] <= 1:
+        raise MidlensError(f"alpha {options['alpha']}: the contrastive weight is in [0, 1].")
+    heads_file = options["heads_file"]
+    if heads_file and not Path(heads_file).is_file():
+        raise MidlensError(f"heads-file {heads_file}: no such file; make it with `midlens heads score`.")
+
+
+def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict:
+    """Retrieval-head scores (read from `heads_file`, or computed on other train-split prompts), the target heads
+    drawn from them, then the delta trained on `budget.examples` train-split prompts."""
+    import json
+
+    from midlens.generators import Generator
+    from midlens.generators.retrieval_heads import select_heads
+    from midlens.training.data import data_record, training_examples
+    from midlens.training.heads import retrieval_head_scores, save_scores
+
+    if options["heads_file"]:
+        scores = json.loads(Path(options["heads_file"]).read_text())
+        if scores.get("model_sha256") != loaded.sha256:
+            raise MidlensError(f"heads-file {options['heads_file']} scores another model than {loaded.name}.")
+    else:
+        probe = training_examples(
+            loaded.tokenizer, options["heads_n"], seed=budget.seed + 1, max_words=budget.max_words
+        )
+        scores = retrieval_head_scores(Generator(loaded), probe, progress=budget.progress)
+        save_scores(scores, Path(out).with_name(Path(out).name + ".heads.json"))
+    heads = select_heads(
+        scores["f1"], options["num_heads"], seed=budget.seed, mode=options["head_selection"], tiebreak=scores.get("em")
+    )
+    examples = training_examples(loaded.tokenizer, budget.examples, seed=budget.seed, max_words=budget.max_words)
+    config = MudafConfig(
+        tuple(heads), options["alpha"], options["tau"], options["rank"], 2.0 * options["rank"],
+        lora_layers=options["lora_layers"],
+    )  # fmt: skip
+    loop = LoopConfig(len(examples), budget.batch, budget.lr, budget.warmup, seed=budget.seed)
+    max_seconds = None if budget.max_minutes is None else 60 * budget.max_minutes
+    data = data_record(examples, budget.seed, budget.max_words)
+    return train_mudaf(loaded, examples, config, loop, out, data, scores, budget.progress, max_seconds)
+
+
+RECIPE = Recipe(
+    summary="contrastive tuning of retrieval heads as a LoRA delta (alpha=0: plain fine-tuning)",
+    options=(
+        Option("alpha", 0.7, "weight of the contrastive loss (0 = plain SFT)"),
+        Option("tau", 0.05, "InfoNCE temperature"),
+        Option("rank", 16, "LoRA rank (its alpha is twice the rank)"),
+        Option("lora_layers", "all", "layers the delta adapts", choices=("all", "targets")),
+        Option("num_heads", 8, "target heads"),
+        Option("head_selection", "sample", "how target heads are drawn from the scores", choices=("sample", "top")),
+        Option("heads_file", None, "scores from `midlens heads score` (default: computed first)", type=str),
+        Option("heads_n", 200, "prompts for the head scores when computed here"),
+    ),
+    budget={"examples": 4000, "lr": 2e-4, "warmup": 0.05, "max_words": 80},
+    train=_train,
+    check=_check,
+    trained="delta",
+)

@@ -32,6 +32,8 @@ from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
 DEFAULTS = {"top_k": None, "artefact": None}  # top_k None: the K the routers were trained with
 # `midlens bench`: the specs timed against the baseline (an expert runs only on the queries routed to it).
 BENCH_VARIANTS = ("moice(top_k=1)", "moice(top_k=3)", "moice(top_k=7)")
+# Where `midlens train moice` finds its recipe (the training layer, above this one).
+TRAINER = "midlens.training.moice"
 
 
 # ---- expert bases ---------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from midlens.generators.delta import LoRADelta
 from midlens.generators.rope import baseline_schemes
 
 DEFAULTS = {"alpha": 0.7, "artefact": None}
+# Where `midlens train mudaf` finds its recipe (the training layer, above this one).
+TRAINER = "midlens.training.mudaf"
 
 
 def shipped_name(model: str, opts: dict) -> str:

@@ -37,6 +37,9 @@ class Method:
     # `midlens methods NAME`: what the method shows of itself on a loaded model, (Generator, prompts, out folder or
     # None) -> lines to print; it may write figures into the folder. None: its options say all there is.
     inspect: Callable[[Any, list, Any], list[str]] | None = None
+    # `midlens train NAME`: the module holding the method's training recipe (`RECIPE`, midlens.training.recipe),
+    # named, not imported: training sits above this layer. None: the method learns nothing.
+    trainer: str | None = None
 
 
 REGISTRY: dict[str, Method] = {}
@@ -201,6 +204,7 @@ def _register_builtins() -> None:
                 bench_variants=bench,
                 bench_tokens=tokens,
                 inspect=getattr(module, "inspect", None),
+                trainer=getattr(module, "TRAINER", None),
             )
         )
 

@@ -1,0 +1,64 @@
+"""What `midlens train METHOD` runs for a method that learns: the method's own options with their defaults, the
+defaults it wants for the options every training shares, and the function that trains.
+
+A method's registry entry names its recipe's module (`Method.trainer`), so the command line asks the registry
+which methods train and never names one; the options are data here, and the command line turns them into flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from midlens.core.errors import MidlensError
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a recipe: `--name-with-dashes` on the command line, `name` in the dict `Recipe.train` gets."""
+
+    name: str
+    default: Any
+    help: str = ""
+    type: Callable[[str], Any] | None = None  # None: the default's type (a bool default is an on/off flag)
+    choices: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The options every training shares: data, steps and time (the command line fills it)."""
+
+    examples: int
+    batch: int = 8
+    lr: float = 2e-4
+    warmup: float = 0.05
+    max_words: int = 80
+    seed: int = 0
+    max_minutes: float | None = None
+    progress: bool = True
+
+    def check(self) -> None:
+        for name in ("examples", "batch", "lr"):
+            if getattr(self, name) <= 0:
+                raise MidlensError(f"{name} {getattr(self, name)}: must be positive.")
+        if not 0 <= self.warmup < 1:
+            raise MidlensError(f"warmup {self.warmup}: a fraction of the steps, in [0, 1).")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    summary: str
+    options: tuple[Option, ...]
+    budget: dict = field(default_factory=dict)  # this method's defaults for Budget's fields
+    # (LoadedModel, {option name: value}, Budget, artefact folder) -> {"log": ..., "meta": ...}; the meta's
+    # "parameters" counts what was trained.
+    train: Callable[[Any, dict, Budget, str], dict] | None = None
+    check: Callable[[dict], None] | None = None  # refuses bad options before any model loads
+    trained: str = "parameters"  # what the trained parameters are, for the closing line ("delta", "router")
+
+
+def positive(options: dict, *names: str) -> None:
+    for name in names:
+        if options[name] <= 0:
+            raise MidlensError(f"{name.replace('_', '-')} {options[name]}: must be positive.")
