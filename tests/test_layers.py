@@ -67,3 +67,21 @@ def test_lower_layers_never_import_higher_ones():
                     if order[target] > level or (order[target] == level and target != folder and level > 0):
                         offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports midlens.{target}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_shells_reach_a_method_only_through_the_registry():
+    """No shell imports a method's own module (generators/methods/<name>.py); the one exception is the training
+    module its registry entry names as its trainer, which is that method's code."""
+    from midlens.generators.methods.registry import REGISTRY
+
+    trainers = {m.trainer for m in REGISTRY.values() if m.trainer}
+    offenders = []
+    for folder in SHELLS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            module = ".".join(parts if parts[0] == "midlens" else ("midlens", *parts))
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("midlens.generators.methods."):
+                    if node.module != "midlens.generators.methods.registry" and module not in trainers:
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}")
+    assert not offenders, "\n".join(offenders)
