@@ -90,7 +90,7 @@ def run_on_ray(args: argparse.Namespace, shard: tuple[int, int]) -> list[dict]:
     path, mine, done, todo = runner.pending_units(Path(args.out), config, units, shard, args.limit)
     if todo:
         size = _batch_size(options, device)
-        groups = runner.unit_groups(todo, size)  # one method's whole examples per group, as in-process
+        groups = runner.unit_groups(todo, size)  # one method, whole examples per group, as in-process
         dataset = ray.data.from_items([{"group": json.dumps(g, ensure_ascii=False)} for g in groups])
         # One group per block, so the pool spreads groups over actors instead of handing one actor them all.
         dataset = dataset.repartition(len(groups))

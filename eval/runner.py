@@ -168,20 +168,25 @@ def per_method(group: list[dict], evaluate: Callable[[str, list[dict]], list[dic
 
 
 def unit_groups(units: list[dict], size: int) -> list[list[dict]]:
-    """Units in groups of at least `size` (or what is left): one method each, whole examples each, in order."""
+    """Units in groups of at least `size` (or what is left), one method and whole examples each.
+
+    Groups follow the examples: a chunk of consecutive examples holding at least `size` units of every method,
+    then one group per method within it. So a run cut at any point has its finished examples done by every
+    method (paired reports read them), instead of one method far ahead of the others."""
     methods = list(dict.fromkeys(u.get("method") for u in units))
+    examples = list(dict.fromkeys(u["example"] for u in units))
+    by_example: dict = {}
+    for unit in units:
+        by_example.setdefault(unit["example"], []).append(unit)
     groups: list[list[dict]] = []
-    for method in methods:
-        current: list[dict] = []
-        mine = [u for u in units if u.get("method") == method]
-        for j, unit in enumerate(mine):
-            current.append(unit)
-            example_ends = j + 1 == len(mine) or mine[j + 1]["example"] != unit["example"]
-            if len(current) >= size and example_ends:
-                groups.append(current)
-                current = []
-        if current:
-            groups.append(current)
+    chunk: dict = {m: [] for m in methods}
+    for i, example in enumerate(examples):
+        for unit in by_example[example]:
+            chunk[unit.get("method")].append(unit)
+        # A method with no unit here (finished before a resume) does not hold the chunk open.
+        if i + 1 == len(examples) or all(len(us) >= size for us in chunk.values() if us):
+            groups.extend(chunk[m] for m in methods if chunk[m])
+            chunk = {m: [] for m in methods}
     return groups
 
 

@@ -648,3 +648,35 @@ def test_rerank_and_e2e_in_batches_equal_one_at_a_time(generator, pipeline):
     many = evaluate_e2e_many(pipeline, questions, batch_size=3)
     strip = lambda row: {k: v for k, v in row.items() if k != "seconds"}  # noqa: E731
     assert [strip(r) for r in many] == [strip(r) for r in one]
+
+
+def test_unit_groups_follow_the_examples_so_a_cut_run_leaves_whole_examples():
+    """Groups hold one method and whole examples; taken in order, each chunk (one group per method) finishes the
+    same examples for every method, so a run cut anywhere has paired rows, and a method already done for some
+    examples (a resumed run) does not hold the others back."""
+    from midlens.eval.runner import unit_groups
+
+    units = [
+        {"example": e, "method": m, "position": p, "key": f"{e}|{m}|{p}"}
+        for e in range(6)
+        for m in ("baseline", "ms-poe")
+        for p in (1, 5, 10)
+    ]
+    groups = unit_groups(units, 4)
+    assert sorted(u["key"] for g in groups for u in g) == sorted(u["key"] for u in units)
+    assert [(g[0]["method"], sorted({u["example"] for u in g})) for g in groups] == [
+        ("baseline", [0, 1]),
+        ("ms-poe", [0, 1]),
+        ("baseline", [2, 3]),
+        ("ms-poe", [2, 3]),
+        ("baseline", [4, 5]),
+        ("ms-poe", [4, 5]),
+    ]
+    assert all(len({u["method"] for u in g}) == 1 and len(g) == 6 for g in groups)  # whole examples, >= 4 units
+    resumed = [u for u in units if not (u["method"] == "baseline" and u["example"] < 4)]
+    assert [(g[0]["method"], sorted({u["example"] for u in g})) for g in unit_groups(resumed, 4)] == [
+        ("ms-poe", [0, 1]),
+        ("ms-poe", [2, 3]),
+        ("ms-poe", [4, 5]),
+        ("baseline", [4, 5]),
+    ]
