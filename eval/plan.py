@@ -18,8 +18,6 @@ from midlens.core.names import (
     ORDERINGS,
 )
 
-SWEEP_MODES = ("sweep", "rerank", "e2e")
-
 
 def _examples(args: argparse.Namespace):
     from midlens.eval.datasets import kv_retrieval, load_hotpotqa, load_litm, load_squad

@@ -101,9 +101,8 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
     examples = training_examples(loaded.tokenizer, budget.examples, seed=budget.seed, max_words=budget.max_words)
     config = MoiceConfig(tuple(bases), options["top_k"], options["per_head"], options["balance"])
     loop = LoopConfig(len(examples), budget.batch, budget.lr, budget.warmup, seed=budget.seed)
-    max_seconds = None if budget.max_minutes is None else 60 * budget.max_minutes
     data = data_record(examples, budget.seed, budget.max_words)
-    return train_moice(loaded, examples, config, loop, out, data, budget.progress, max_seconds)
+    return train_moice(loaded, examples, config, loop, out, data, budget.progress, budget.max_seconds)
 
 
 RECIPE = Recipe(

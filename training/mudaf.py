@@ -188,9 +188,8 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
         lora_layers=options["lora_layers"],
     )  # fmt: skip
     loop = LoopConfig(len(examples), budget.batch, budget.lr, budget.warmup, seed=budget.seed)
-    max_seconds = None if budget.max_minutes is None else 60 * budget.max_minutes
     data = data_record(examples, budget.seed, budget.max_words)
-    return train_mudaf(loaded, examples, config, loop, out, data, scores, budget.progress, max_seconds)
+    return train_mudaf(loaded, examples, config, loop, out, data, scores, budget.progress, budget.max_seconds)
 
 
 RECIPE = Recipe(

@@ -38,6 +38,10 @@ class Budget:
     max_minutes: float | None = None
     progress: bool = True
 
+    @property
+    def max_seconds(self) -> float | None:
+        return None if self.max_minutes is None else 60 * self.max_minutes
+
     def check(self) -> None:
         for name in ("examples", "batch", "lr"):
             if getattr(self, name) <= 0:
