@@ -247,3 +247,13 @@ def test_shipped_routers_load_by_default(loaded):
     assert [s.top_k for s in gen.parts.schemes] == [3] * 30
     answer = gen.generate(gen.prompt("What is the secret code word?", planted_passages(4, 2)), max_new_tokens=4)
     assert answer.generated_tokens > 0 and len(answer.passages) == 4
+
+
+def test_the_expert_table_is_built_on_the_device_of_the_models_inv_freq():
+    # Training on a GPU once failed here: the extra bases were made on the CPU and concatenated with the
+    # model's CUDA inv_freq. The meta device stands in for CUDA (no GPU in the test suite): mixing it with a CPU
+    # tensor fails the same way.
+    inv_freq = (1e5 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)).float().to("meta")
+    scheme = MoiceScheme(inv_freq, 9, 3, SMOL_BASES, top_k=3)
+    assert scheme.expert_inv_freq.device.type == "meta"
+    assert tuple(scheme.expert_inv_freq.shape) == (7, 32)

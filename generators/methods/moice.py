@@ -143,7 +143,9 @@ class MoiceScheme(RotaryScheme):
         self.bases, self.top_k = [float(b) for b in bases], top_k
         self.num_experts = len(bases)
         steps = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
-        others = torch.stack([b ** (-steps) for b in self.bases[1:]]).float() if len(bases) > 1 else None
+        others = None
+        if len(bases) > 1:  # made where inv_freq lives (CUDA on a GPU), or the concatenation below fails
+            others = torch.stack([b ** (-steps) for b in self.bases[1:]]).float().to(inv_freq.device)
         # Expert 0 is the model's own inv_freq (bit-identical to stock RoPE), the others are computed.
         table = inv_freq.float()[None] if others is None else torch.cat([inv_freq.float()[None], others])
         self.register_buffer("expert_inv_freq", table, persistent=False)
