@@ -10,6 +10,7 @@ file in the canonical unit order.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -46,10 +47,17 @@ def results_name(shard: tuple[int, int]) -> str:
 
 
 def read_rows(path: Path, repair: bool = False) -> list[dict]:
-    """Rows of a results file; a torn last line is dropped (and cut from the file when `repair`)."""
+    """Rows of a results file (or its .gz, as results ship in docs/); a torn last line is dropped (and cut from
+    the file when `repair`)."""
     if not path.exists():
         return []
     data = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as err:
+            raise RunError(f"{path}: not a readable gzip file ({err}); gunzip it to see what is left.") from None
+        repair = False  # a shipped archive is read, never rewritten
     rows, good_end, start = [], 0, 0
     while start < len(data):
         end = data.find(b"\n", start)

@@ -419,6 +419,28 @@ def test_report_keeps_e2e_runs_with_different_retrieval_apart_and_pairs_them(tmp
     assert "| qs, retrieval=hybrid | baseline | 4 | +50.0 [+0.0, +100.0] | +0.0 [+0.0, +0.0] |" in text
 
 
+def test_a_run_whose_results_are_gzipped_reports_the_same_rows(tmp_path):
+    import gzip
+
+    from midlens.eval.report.load import load_runs
+    from midlens.eval.runner import RunError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"kind": "sweep", "model": "m", "methods": {}}))
+    rows = [{"key": f"q{i}|baseline|1", "method": "baseline", "example_id": f"q{i}", "em": i % 2} for i in range(5)]
+    plain = "".join(json.dumps(r) + "\n" for r in rows)
+    (run / "results.jsonl").write_text(plain)
+    _, before = load_runs([run])
+    (run / "results.jsonl").unlink()
+    (run / "results.jsonl.gz").write_bytes(gzip.compress(plain.encode()))  # as committed under docs/results
+    _, after = load_runs([run])
+    assert after == before and len(after) == 5
+    (run / "results.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(RunError, match="results.jsonl.gz: not a readable gzip file"):
+        load_runs([run])
+
+
 def test_runs_of_one_method_name_under_different_defaults_stay_apart(tmp_path):
     from midlens.eval.report.load import load_runs
     from midlens.generators.methods.attn_calibration import DEFAULTS

@@ -27,7 +27,7 @@ def load_runs(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
         if config.get("kind") == "e2e":
             setting["retrieval"] = setting["retrieval"] or "dense"  # e2e runs from before the option were dense
         labels = {m: method_label(m, c) for m, c in config.get("methods", {}).items()}
-        for f in sorted(run.glob("results*.jsonl")):
+        for f in sorted([*run.glob("results*.jsonl"), *run.glob("results*.jsonl.gz")]):
             for row in read_rows(f):
                 label = labels.get(row["method"], row["method"])
                 key = "|".join(label if part == row["method"] else part for part in row["key"].split("|"))
