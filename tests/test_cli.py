@@ -231,9 +231,9 @@ def test_the_train_split_is_a_dataset_of_its_own():
     assert all(split_of(ex.id) == "train" for ex in examples)
 
 
-def test_a_trained_method_runs_on_the_model_it_ships_for_and_is_refused_early_elsewhere(capsys):
-    # `midlens ask --method mudaf` on a fresh checkout used the default model (Qwen), for which no delta ships, and
-    # failed after the model had loaded, listing folder names ("smollm2-135m-alpha0") as if they were models.
+def test_a_trained_method_runs_on_the_default_model_and_is_refused_early_where_none_ships(capsys, tmp_path):
+    # Before the Qwen artefacts shipped, `--method mudaf` switched to SmolLM2 with a note; now every packaged model
+    # has its own. A model folder has none: refused before it loads, listing the models that have one.
     import argparse
 
     from midlens.cli import main
@@ -241,23 +241,24 @@ def test_a_trained_method_runs_on_the_model_it_ships_for_and_is_refused_early_el
     from midlens.core.errors import ArtefactError
     from midlens.core.names import DEFAULT_MODEL, EVAL_MODEL
 
-    for spec in ("mudaf", "mudaf(alpha=0)", "moice"):
-        args = argparse.Namespace(model=None, method=spec)
-        assert chosen_model(args, method_spec(args)) == EVAL_MODEL
-        assert f"note: {spec.split('(')[0]} runs on {EVAL_MODEL}" in capsys.readouterr().err
-    for spec in ("baseline", "attn-calibration", "mudaf(artefact='runs/my-delta')"):  # nothing shipped is read
+    for spec in ("mudaf", "mudaf(alpha=0)", "moice", "baseline", "mudaf(artefact='runs/my-delta')"):
         args = argparse.Namespace(model=None, method=spec)
         assert chosen_model(args, method_spec(args)) == DEFAULT_MODEL
-    with pytest.raises(ArtefactError, match=r"mudaf.*ships for smollm2-135m \(choose that model\)"):
-        args = argparse.Namespace(model=DEFAULT_MODEL, method="mudaf(alpha=0)")
+        args = argparse.Namespace(model=EVAL_MODEL, method=spec)
+        assert chosen_model(args, method_spec(args)) == EVAL_MODEL
+    assert "note:" not in capsys.readouterr().err  # no switch, so nothing to note
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    with pytest.raises(ArtefactError, match=r"mudaf.*ships for smollm2-135m, qwen2.5-coder-0.5b \(choose that model\)"):
+        args = argparse.Namespace(model=str(folder), method="mudaf(alpha=0)")
         chosen_model(args, method_spec(args))
 
-    out = run_cli("ask", "q?", "--model", DEFAULT_MODEL, "--method", "moice")
-    assert out.returncode == 2 and "no trained moice artefact ships for model 'qwen2.5-coder-0.5b'" in out.stderr
+    out = run_cli("ask", "q?", "--model", str(folder), "--method", "moice")
+    assert out.returncode == 2 and f"no trained moice artefact ships for model '{folder}'" in out.stderr
     assert "Loading weights" not in out.stderr and "Traceback" not in out.stderr  # before the model loads
-    assert main(["demo", "--model", DEFAULT_MODEL, "--method", "moice"]) == 2  # before a server starts
+    assert main(["demo", "--model", str(folder), "--method", "moice"]) == 2  # before a server starts
     assert "no trained moice artefact ships" in capsys.readouterr().err
-    assert main(["ask", "q?", "--model", DEFAULT_MODEL, "--method", "mudaf(alpha=0)"]) == 2
+    assert main(["ask", "q?", "--model", str(folder), "--method", "mudaf(alpha=0)"]) == 2
     err = capsys.readouterr().err
     assert "method spec: mudaf(alpha=0, artefact='PATH')" in err and "alpha0" not in err
 

@@ -121,11 +121,11 @@ def test_specs_validate_before_any_model_loads():
 def test_methods_trained_per_model_are_listed_only_where_their_artefact_ships(tmp_path):
     everything = available()
     assert {"baseline", "ms-poe", "attn-calibration", "mudaf", "moice"} <= set(everything)
-    # Artefacts ship for SmolLM2 only (generators/trained/): another model is offered the training-free methods.
-    assert available("smollm2-135m") == everything
+    # Artefacts ship for both packaged models (generators/trained/); a model folder is offered the training-free
+    # methods only.
+    assert available("smollm2-135m") == everything == available("qwen2.5-coder-0.5b")
     (tmp_path / "meta.json").write_text("{}")  # a model folder that happens to hold a meta.json ships nothing
-    for other in ("qwen2.5-coder-0.5b", str(tmp_path)):
-        assert available(other) == [m for m in everything if m not in ("mudaf", "moice")]
+    assert available(str(tmp_path)) == [m for m in everything if m not in ("mudaf", "moice")]
 
 
 def test_a_registered_user_method_runs_through_the_same_module(tiny):
