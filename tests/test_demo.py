@@ -217,12 +217,8 @@ def test_unknown_model_or_method_is_a_message(pipeline):
     backend = DemoBackend(pipeline)
     with pytest.raises(UserError, match="method 'no-such' is not available with smollm2-135m; choose one of baseline"):
         backend.ask("Who founded Torrid?", MODEL, "no-such", False, 3)
-    # No MuDAF delta ships for Qwen: the menu does not offer it, and a request for it is refused before loading.
-    assert "mudaf" in backend.methods_of(MODEL) and "mudaf" not in backend.methods_of("qwen2.5-coder-0.5b")
-    with pytest.raises(
-        UserError, match="method 'mudaf' is not available with qwen2.5-coder-0.5b; choose one of baseline"
-    ):
-        backend.ask("Who founded Torrid?", "qwen2.5-coder-0.5b", "mudaf", False, 3)
+    # Trained methods are offered per model where their artefact ships: for both packaged models now.
+    assert {"mudaf", "moice"} <= set(backend.methods_of(MODEL)) & set(backend.methods_of("qwen2.5-coder-0.5b"))
     with pytest.raises(UserError, match="model 'gpt-9' is not offered here"):
         backend.ask("Who founded Torrid?", "gpt-9", "baseline", False, 3)
 
