@@ -231,3 +231,37 @@ def test_train_command_runs_the_recipe_each_trainable_method_s_entry_names(loade
     meta = json.loads((out / "meta.json").read_text())
     assert meta["method"] == "moice" and len(meta["experts"]["bases"]) == 3 and meta["training"]["steps_done"] == 1
     Generator(loaded, method=f"moice(artefact='{out}')")
+
+
+@pytest.mark.model
+def test_the_default_models_shipped_artefacts_load_verified_and_act_only_while_installed():
+    # The Qwen artefacts were trained on a GPU; here they load on the CPU, pass their hash and base-model checks,
+    # change the logits while installed and leave the shared weights as they were afterwards.
+    from midlens.generators.artefacts import shipped_path
+    from midlens.generators.loading import load_model
+    from midlens.generators.packaged_models import DEFAULT_MODEL
+
+    qwen = load_model(DEFAULT_MODEL)
+    base = Generator(qwen)
+    ids = base.prompt(QUESTION, planted_passages(4, gold_at=2), max_new_tokens=4).input_ids
+
+    def logits(gen):
+        with gen.running():
+            return qwen.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].clone()
+
+    before = logits(base)
+    for spec, folder in (
+        ("mudaf", "mudaf/qwen2.5-coder-0.5b"),
+        ("mudaf(alpha=0)", "mudaf/qwen2.5-coder-0.5b-alpha0"),
+        ("moice", "moice/qwen2.5-coder-0.5b"),
+    ):
+        meta = json.loads((shipped_path(*folder.split("/")) / "meta.json").read_text())
+        assert meta["base_model"] == DEFAULT_MODEL and meta["data"]["split"].startswith("train")
+        tuned = Generator(qwen, method=spec)
+        # fp32 logits of a 0.5B model move by far more than 1e-3 under a trained delta; rounding noise does not.
+        assert (logits(tuned) - before).abs().max().item() > 1e-3, spec
+        assert torch.equal(logits(base), before), spec  # uninstalled: the base model is untouched
+    assert (
+        json.loads((shipped_path("mudaf", DEFAULT_MODEL) / "meta.json").read_text())["training"]["examples_seen"]
+        >= 1100
+    )  # at least what the SmolLM2 deltas saw
