@@ -92,16 +92,13 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
     """Expert bases derived for the model's RoPE (the native one first), then the routers trained on
     `budget.examples` train-split prompts with the model frozen."""
     from midlens.generators.methods.moice import complementary_bases, rope_base
-    from midlens.training.data import data_record, training_examples
 
     cfg = loaded.model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     bases = complementary_bases(rope_base(cfg), head_dim, options["experts"])
     print("expert bases: " + ", ".join(f"{b:g}" for b in bases))
-    examples = training_examples(loaded.tokenizer, budget.examples, seed=budget.seed, max_words=budget.max_words)
+    examples, loop, data = budget.plan(loaded.tokenizer)
     config = MoiceConfig(tuple(bases), options["top_k"], options["per_head"], options["balance"])
-    loop = LoopConfig(len(examples), budget.batch, budget.lr, budget.warmup, seed=budget.seed)
-    data = data_record(examples, budget.seed, budget.max_words)
     return train_moice(loaded, examples, config, loop, out, data, budget.progress, budget.max_seconds)
 
 

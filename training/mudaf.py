@@ -166,7 +166,7 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
 
     from midlens.generators import Generator
     from midlens.generators.retrieval_heads import select_heads
-    from midlens.training.data import data_record, training_examples
+    from midlens.training.data import training_examples
     from midlens.training.heads import retrieval_head_scores, save_scores
 
     if options["heads_file"]:
@@ -182,13 +182,11 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
     heads = select_heads(
         scores["f1"], options["num_heads"], seed=budget.seed, mode=options["head_selection"], tiebreak=scores.get("em")
     )
-    examples = training_examples(loaded.tokenizer, budget.examples, seed=budget.seed, max_words=budget.max_words)
+    examples, loop, data = budget.plan(loaded.tokenizer)
     config = MudafConfig(
         tuple(heads), options["alpha"], options["tau"], options["rank"], 2.0 * options["rank"],
         lora_layers=options["lora_layers"],
     )  # fmt: skip
-    loop = LoopConfig(len(examples), budget.batch, budget.lr, budget.warmup, seed=budget.seed)
-    data = data_record(examples, budget.seed, budget.max_words)
     return train_mudaf(loaded, examples, config, loop, out, data, scores, budget.progress, budget.max_seconds)
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from midlens.core.errors import MidlensError
+from midlens.training.data import data_record, training_examples
+from midlens.training.loop import LoopConfig
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,12 @@ class Budget:
     @property
     def max_seconds(self) -> float | None:
         return None if self.max_minutes is None else 60 * self.max_minutes
+
+    def plan(self, tokenizer) -> tuple[list, LoopConfig, dict]:
+        """The train-split examples this budget buys, the loop over them and the data record the artefact keeps."""
+        examples = training_examples(tokenizer, self.examples, seed=self.seed, max_words=self.max_words)
+        loop = LoopConfig(len(examples), self.batch, self.lr, self.warmup, seed=self.seed)
+        return examples, loop, data_record(examples, self.seed, self.max_words)
 
     def check(self) -> None:
         for name in ("examples", "batch", "lr"):
