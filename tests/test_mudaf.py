@@ -257,11 +257,9 @@ def test_the_default_models_shipped_artefacts_load_verified_and_act_only_while_i
     ):
         meta = json.loads((shipped_path(*folder.split("/")) / "meta.json").read_text())
         assert meta["base_model"] == DEFAULT_MODEL and meta["data"]["split"].startswith("train")
+        if spec.startswith("mudaf"):  # each delta saw at least what the SmolLM2 deltas saw
+            assert meta["training"]["examples_seen"] >= 1100, spec
         tuned = Generator(qwen, method=spec)
         # fp32 logits of a 0.5B model move by far more than 1e-3 under a trained delta; rounding noise does not.
         assert (logits(tuned) - before).abs().max().item() > 1e-3, spec
         assert torch.equal(logits(base), before), spec  # uninstalled: the base model is untouched
-    assert (
-        json.loads((shipped_path("mudaf", DEFAULT_MODEL) / "meta.json").read_text())["training"]["examples_seen"]
-        >= 1100
-    )  # at least what the SmolLM2 deltas saw
