@@ -354,3 +354,32 @@ def test_a_reranker_given_no_model_shares_the_llm_s_and_a_different_one_is_said(
     with caplog.at_level("WARNING", logger="midlens.rag.llamaindex"):
         AttentionReranker(top_n=2, model=other)
     assert "two models in memory" in caplog.text and "Pass model='smollm2-135m' to share one" in caplog.text
+
+
+def test_a_reranker_built_before_the_engine_shares_its_model_and_loads_no_other(loaded, faiss_index, monkeypatch):
+    """Defect: in `MidlensQueryEngine.from_index(index, model="smollm2-135m", node_postprocessors=[AttentionReranker(
+    top_n=3)])` the reranker is built first, so it loaded the default Qwen model as well and reranked with Qwen's
+    attention while SmolLM2 answered. Now it loads nothing until the engine hands it the answering model."""
+    import midlens.generators.generator as generator_module
+    from midlens.generators import loading
+
+    requested: list[str] = []
+    real_load = generator_module.load_model
+
+    def recording_load(name, *args, **kwargs):
+        requested.append(name)
+        return real_load(name, *args, **kwargs)
+
+    monkeypatch.setattr(generator_module, "load_model", recording_load)
+    in_memory = set(loading._LOADED)
+    reranker = AttentionReranker(top_n=2, evidence=EVIDENCE)
+    assert reranker.model is None and requested == []  # nothing loaded yet
+    engine = MidlensQueryEngine.from_index(
+        faiss_index, model="smollm2-135m", similarity_top_k=3, max_new_tokens=4, node_postprocessors=[reranker]
+    )
+    assert reranker.generator.loaded is engine.llm.generator.loaded is loaded
+    assert reranker.model == "smollm2-135m"
+    response = engine.query(QUESTION)
+    assert len(response.source_nodes) == 2
+    # One model asked for (the engine's), and nothing new in the process' loaded-model cache: no Qwen load.
+    assert requested == ["smollm2-135m"] and set(loading._LOADED) == in_memory

@@ -17,12 +17,15 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.loading import LoadedModel
+from midlens.generators.methods.registry import method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import Passage
 
 logger = logging.getLogger(__name__)
 # Models the MidlensLLMs of this process hold, latest last: an AttentionReranker given no model shares one.
 _LLM_MODELS: list[LoadedModel] = []
+# Held while a deferred generator loads: two threads reranking at once load it once.
+_DEFERRED_LOAD = threading.RLock()
 dispatcher = get_dispatcher(__name__)
 
 GENERATE_OPTIONS = ("max_new_tokens", "temperature", "top_p", "seed", "calibrate")
@@ -34,18 +37,22 @@ _RERANK_KEYS = ("rerank_pass", "rerank_passes")
 class GeneratorBacked(BaseModel):
     """The fields and constructor MidlensLLM and AttentionReranker share: a midlens Generator built from a model,
     a method spec and evidence settings, described by what it resolved to (the model's name, the device and dtype
-    it loaded on). Mixed in before the LlamaIndex base class, whose fields come first."""
+    it loaded on). Mixed in before the LlamaIndex base class, whose fields come first.
+
+    `model=None` defers the choice to first use (`_default_model`): a reranker built before the LLM it should
+    share a model with must not load one of its own in the meantime."""
 
     model: str = Field(default=DEFAULT_MODEL, description="Registry name (e.g. smollm2-135m) or model folder.")
     method: str = Field(default="baseline", description="Method spec: a registry name or NAME(option=value, ...).")
     method_options: dict[str, Any] = Field(default_factory=dict, description="Options of the method.")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present).")
     dtype: str = Field(default="auto", description="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA).")
-    _generator: Generator = PrivateAttr()
+    _generator: Generator | None = PrivateAttr(default=None)
+    _evidence: EvidenceConfig | None = PrivateAttr(default=None)
 
     def __init__(
         self,
-        model: str | LoadedModel = DEFAULT_MODEL,
+        model: str | LoadedModel | None = DEFAULT_MODEL,
         method: str = "baseline",
         method_options: dict[str, Any] | None = None,
         evidence: EvidenceConfig | None = None,
@@ -53,19 +60,46 @@ class GeneratorBacked(BaseModel):
         dtype: str = "auto",
         **kwargs: Any,
     ) -> None:
-        generator = Generator(
-            model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {})
-        )
+        generator = None
+        if model is not None:
+            generator = Generator(
+                model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {})
+            )
+        else:  # resolved at first use; a bad method spec still fails now
+            method_config(method, method_options or {})
         super().__init__(
-            model=generator.loaded.name,
+            model=None if generator is None else generator.loaded.name,
             method=method,
             method_options=dict(method_options or {}),
-            device=str(generator.device),
-            dtype=str(generator.loaded.dtype).removeprefix("torch."),
+            device=device,
+            dtype=dtype,
             **kwargs,
         )
+        self._evidence = evidence
+        if generator is not None:
+            self._set_generator(generator)
+
+    def _set_generator(self, generator: Generator) -> None:
         self._generator = generator
+        self.model = generator.loaded.name
+        self.device = str(generator.device)
+        self.dtype = str(generator.loaded.dtype).removeprefix("torch.")
         self._on_generator()
+
+    def _build_generator(self, model: str | LoadedModel) -> Generator:
+        """A Generator on `model` with this object's method and evidence settings."""
+        return Generator(
+            model,
+            method=self.method,
+            evidence=self._evidence,
+            device=self.device,
+            dtype=self.dtype,
+            **self.method_options,
+        )
+
+    def _default_model(self) -> str | LoadedModel:
+        """The model a deferred generator loads at first use."""
+        return DEFAULT_MODEL
 
     def _on_generator(self) -> None:
         """What a class does once its generator is loaded (the LLM shares its model, the reranker checks whether
@@ -73,6 +107,11 @@ class GeneratorBacked(BaseModel):
 
     @property
     def generator(self) -> Generator:
+        if self._generator is None:
+            with _DEFERRED_LOAD:
+                if self._generator is None:
+                    self._set_generator(self._build_generator(self._default_model()))
+        assert self._generator is not None
         return self._generator
 
 

@@ -27,6 +27,7 @@ from midlens.rag.llamaindex.common import (
     evidence_rows,
 )
 from midlens.rag.llamaindex.llm import MidlensLLM
+from midlens.rag.llamaindex.reranker import AttentionReranker
 
 
 def _empty() -> Response:
@@ -36,7 +37,8 @@ def _empty() -> Response:
 class MidlensQueryEngine(CustomQueryEngine):
     """retrieve -> (postprocess) -> stack -> generate, with evidence-scored sources.
 
-    Retrieval and postprocessing are LlamaIndex's; stacking and generation are the `llm`'s Pipeline
+    Retrieval and postprocessing are LlamaIndex's (an AttentionReranker given no model of its own scores with the
+    engine's model, `AttentionReranker.share_model`); stacking and generation are the `llm`'s Pipeline
     (`MidlensLLM.pipeline`, the one `midlens ask` answers with), reached through the LLM's complete calls so that
     LlamaIndex's LLM events and callbacks fire as for any other engine.
 
@@ -69,6 +71,10 @@ class MidlensQueryEngine(CustomQueryEngine):
             llm = MidlensLLM(model, method=method, method_options=method_options, evidence=evidence, **llm_kwargs)
         elif llm_kwargs or method_options or method != "baseline":
             raise ValueError("pass either llm=MidlensLLM(...) or model/method options, not both.")
+        # The rerankers read the answering model's attention whichever was built first (one model in memory).
+        for postprocessor in node_postprocessors:
+            if isinstance(postprocessor, AttentionReranker):
+                postprocessor.share_model(llm.generator.loaded)
         super().__init__(
             retriever=retriever,
             llm=llm,

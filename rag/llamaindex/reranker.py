@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from llama_index.core.bridge.pydantic import Field
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -15,6 +15,7 @@ from midlens.generators.loading import LoadedModel
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import Passage, StackedPrompt, fit_windows
 from midlens.rag.llamaindex.common import (
+    _DEFERRED_LOAD,
     _LLM_MODELS,
     _RERANK_KEYS,
     GeneratorBacked,
@@ -22,6 +23,16 @@ from midlens.rag.llamaindex.common import (
     logger,
     to_passage,
 )
+
+
+def _warn_two_models(scoring: str, answering: list[str]) -> None:
+    logger.warning(
+        "AttentionReranker scores with %s while a MidlensLLM holds %s: two models in memory, and the "
+        "reranker reads another model's attention than the one answering. Pass model=%r to share one.",
+        scoring,
+        ", ".join(answering),
+        answering[-1],
+    )
 
 
 class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
@@ -36,35 +47,46 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     """
 
     top_n: int = Field(default=2, ge=1, description="Number of nodes to return sorted by score.")
-    model: str = Field(
-        default=DEFAULT_MODEL,
-        description="Registry name or folder of the scoring model (default: the MidlensLLM's, else the default model).",
+    model: str | None = Field(
+        default=None,
+        description="Registry name or folder of the scoring model. Not named, it is the answering model's: the one "
+        "MidlensQueryEngine hands over, else at first use the latest MidlensLLM's, else the default model.",
     )
     score_by: Literal["calibrated", "evidence"] = Field(default="calibrated", description="Which evidence to rank by.")
     keep_retrieval_score: bool = Field(default=False, description="Whether to keep the retrieval score in metadata.")
     max_tokens_per_pass: int | None = Field(
         default=None, ge=16, description="Cap on one stacked prompt (default: the model's context window)."
     )
+    _named: bool = PrivateAttr(default=False)
 
     def __init__(self, top_n: int = 2, model: str | LoadedModel | None = None, **kwargs: Any) -> None:
-        """`kwargs`: the fields above, and method, method_options, evidence, device and dtype as in MidlensLLM."""
-        # No model named: score with the model a MidlensLLM in this process already holds (one copy in memory, the
-        # reader's own attention), else the default model.
-        if model is None:
-            model = _LLM_MODELS[-1] if _LLM_MODELS else DEFAULT_MODEL
+        """`kwargs`: the fields above, and method, method_options, evidence, device and dtype as in MidlensLLM.
+
+        A named model loads now; without one nothing loads until the first rerank (or `share_model`), so a reranker
+        built before its query engine's LLM ends up reading that LLM's attention, with one model in memory."""
         super().__init__(model, top_n=top_n, **kwargs)
+        self._named = model is not None
+
+    def _default_model(self) -> str | LoadedModel:
+        return _LLM_MODELS[-1] if _LLM_MODELS else DEFAULT_MODEL
+
+    def share_model(self, loaded: LoadedModel) -> bool:
+        """Score with `loaded`, the answering LLM's model, unless this reranker was given a model of its own (then a
+        different one is logged). Returns whether the reranker now reads `loaded`."""
+        if self._named:
+            if self.generator.loaded is not loaded:
+                _warn_two_models(self.generator.loaded.name, [loaded.name])
+            return self.generator.loaded is loaded
+        with _DEFERRED_LOAD:
+            if self._generator is None or self._generator.loaded is not loaded:
+                self._set_generator(self._build_generator(loaded))
+        return True
 
     def _on_generator(self) -> None:
-        loaded = self._generator.loaded
+        loaded = self.generator.loaded
         others = sorted({m.name for m in _LLM_MODELS if m is not loaded})
         if others and all(m is not loaded for m in _LLM_MODELS):
-            logger.warning(
-                "AttentionReranker scores with %s while a MidlensLLM holds %s: two models in memory, and the "
-                "reranker reads another model's attention than the one answering. Pass model=%r to share one.",
-                loaded.name,
-                ", ".join(others),
-                others[-1],
-            )
+            _warn_two_models(loaded.name, others)
 
     @classmethod
     def class_name(cls) -> str:
@@ -73,11 +95,11 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     def _passes(self, query: str, passages: list[Passage]) -> list[StackedPrompt]:
         """Consecutive groups of passages, each stacked into the fullest prompt that fits (the prompt builder's
         own fitting, so a pass holds exactly what `truncate='drop_last'` would keep)."""
-        window = self._generator.context_window
+        window = self.generator.context_window
         limit = min(window, self.max_tokens_per_pass or window)
         prompts: list[StackedPrompt] = []
         try:
-            for prompt in fit_windows(self._generator.tokenizer, passages, query, limit):
+            for prompt in fit_windows(self.generator.tokenizer, passages, query, limit):
                 prompts.append(prompt)
         except PromptTooLongError as err:
             if err.part != "passage":  # the query itself is too long: its own message says so
@@ -105,6 +127,7 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
             raise ValueError("Missing query bundle in extra info.")
         if len(nodes) == 0:
             return []
+        generator = self.generator  # a deferred model loads here, before its name is reported
         model_name = f"{self.model}/{self.method}"
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self.top_n, model_name=model_name))
         with self.callback_manager.event(
@@ -120,7 +143,7 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
             prompts = self._passes(query_bundle.query_str, passages)
             scores: list[float] = []
             # Every window in one batch: each scores as it would alone (generators.batch), in one pass of the model.
-            for answer in self._generator.score_batch(prompts, calibrate=self.score_by == "calibrated"):
+            for answer in generator.score_batch(prompts, calibrate=self.score_by == "calibrated"):
                 scores += [pe.evidence if self.score_by == "evidence" else pe.score for pe in answer.passages]
             assert len(scores) == len(nodes)
             if len(prompts) > 1:
