@@ -1,14 +1,15 @@
 """Attention evidence read inside the forward pass, without eager attention.
 
 For a handful of scoring queries s (the last prompt token, the question's tokens, generated tokens) a
-`PassageProbe` computes softmax(q_s K^T * scale + mask) from the rotated q and the cached K that the
-attention module already holds, mixes experts with the scheme's weights, and keeps only each passage's
+`PassageProbe` computes softmax(q_s K^T * scale + mask) from the rotated q, the cached K and the score mask
+that the attention module already holds, through the function the module's own output is defined by
+(`generators.scores`), mixes experts with the scheme's weights, and keeps only each passage's
 attention mass: one product with a 0/1 [keys x passages] span matrix. Cost per layer is O(S * T * d) per
 head, against O(T^2 * d) for the forward; nothing of size T x T is ever built. All of it runs in fp32,
 whatever the model's dtype.
 
 Decode steps are deferred: a step only keeps a reference to its query row (and mixing weights), and `take`
-scores every stored row at once against the final keys with a causal mask. Per-step work is then a list
+scores every stored row at once against the final keys, each under its step's own mask row. Per-step work is then a list
 append instead of a handful of small kernels per layer, which is what made decoding with evidence slow
 on a GPU (launch-bound), and the result is the same: row t sees exactly the keys it saw at step t.
 """
@@ -16,6 +17,8 @@ on a GPU (launch-bound), and the result is the same: row t sees exactly the keys
 from __future__ import annotations
 
 import torch
+
+from midlens.generators.scores import attention_probs, mask_rows
 
 
 class PassageProbe:
@@ -44,7 +47,7 @@ class PassageProbe:
         self.rows: list[int] | torch.Tensor = []  # scoring queries within the current forward's chunk
         self._rows_on: torch.Tensor | None = None  # `rows` as a tensor on the model's device, made once per call
         self.collected: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
-        self.deferred: list[list[tuple]] = [[] for _ in range(num_layers)]  # decode rows: (q, weights, allowed)
+        self.deferred: list[list[tuple]] = [[] for _ in range(num_layers)]  # decode rows: (q, weights, mask row)
         self.final_keys: list[torch.Tensor | None] = [None] * num_layers
         self._spans_on: torch.Tensor | None = None
 
@@ -78,7 +81,7 @@ class PassageProbe:
         keys: torch.Tensor,  # [B, E, Hk, T, d]
         weights: torch.Tensor | None,  # [E, B, H, L, 1]
         past: int,
-        mask: torch.Tensor | None,  # [B or 1, 1, L, T] bool/float, or None for plain causal
+        mask: torch.Tensor | None,  # the forward's `generators.scores.score_mask`
         scale: float,
     ) -> None:
         if not self._has_rows() or layer not in self.layers:
@@ -86,12 +89,12 @@ class PassageProbe:
         self.scale = scale
         experts, batch, heads, length, dim = q_rot.shape
         total = keys.shape[3]
-        plain = mask is None or mask.dtype == torch.bool  # an additive bias (a method's) is scored at once
-        if length == 1 and plain and not isinstance(self.rows, torch.Tensor) and self.rows == [0]:
-            # A decode step: defer (see module doc), keeping the step's key mask, if any, for its row.
-            allowed = None if mask is None else mask[..., :1, :].detach()
+        if length == 1 and not isinstance(self.rows, torch.Tensor) and self.rows == [0]:
+            # A decode step: defer (see module doc), keeping the step's own mask row (bias included).
+            zero = torch.zeros(batch, 1, dtype=torch.long, device=q_rot.device)
+            allowed = mask_rows(mask, zero, past, total).detach()
             w = None if weights is None else weights.detach()
-            self.deferred[layer].append((q_rot.detach(), w, past, allowed))
+            self.deferred[layer].append((q_rot.detach(), w, allowed))
             self.final_keys[layer] = keys.detach()
             return
         with torch.no_grad():
@@ -100,38 +103,23 @@ class PassageProbe:
                 self._rows_on = rows.to(q_rot.device, torch.long)
             rows = self._rows_on.expand(batch, -1)  # [B, S]
             count = rows.shape[1]
-            q_sel = q_rot.gather(3, rows[None, :, None, :, None].expand(experts, batch, heads, count, dim))
-            w_sel = (
-                None
-                if weights is None
-                else weights.gather(3, rows[None, :, None, :, None].expand(experts, batch, heads, count, 1))
-            )
-            if mask is not None:
-                full = mask.expand(batch, mask.shape[1], length, mask.shape[-1])
-                row_mask = full.gather(2, rows[:, None, :, None].expand(batch, mask.shape[1], count, mask.shape[-1]))
-                allowed = row_mask if row_mask.dtype == torch.bool else row_mask.float()  # [B, 1, S, T]
-            else:  # causal: hide the keys after each row
-                key_idx = torch.arange(total, device=q_rot.device)
-                allowed = key_idx <= (past + rows)[:, None, :, None]  # [B, 1, S, T]
-            self.collected[layer].append(self._mass(q_sel, keys, w_sel, allowed))
+            index = rows[None, :, None, :, None]
+            q_sel = q_rot.gather(3, index.expand(experts, batch, heads, count, dim))
+            w_sel = None if weights is None else weights.gather(3, index.expand(experts, batch, heads, count, 1))
+            self.collected[layer].append(self._mass(q_sel, keys, w_sel, mask_rows(mask, rows, past, total)))
 
     def _mass(
-        self, q_sel: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | None, allowed: torch.Tensor | None
+        self, q_sel: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | None, allowed: torch.Tensor
     ) -> torch.Tensor:
-        """q_sel [E, B, H, S, d] against keys [B, E, Hk, T, d] -> passage mass [B, H, S, P] (fp32)."""
-        experts, batch, heads, rows, dim = q_sel.shape
-        key_heads, total = keys.shape[2], keys.shape[3]
-        # Group the query heads that share a key head instead of copying K per query head (GQA).
-        q_g = q_sel.float().reshape(experts, batch, key_heads, -1, dim)
-        k_all = keys.transpose(0, 1).float()  # [E, B, Hk, T, d]
-        logits = (q_g @ k_all.transpose(-1, -2) * self.scale).view(experts, batch, heads, rows, total)
-        if allowed is not None:
-            if allowed.dtype == torch.bool:
-                logits = logits.masked_fill(~allowed, float("-inf"))
-            else:
-                logits = logits + allowed
-        probs = torch.softmax(logits, dim=-1)
-        probs = probs[0] if weights is None else (weights.float() * probs).sum(0)
+        """q_sel [E, B, H, S, d] against keys [B, E, Hk, T, d] -> passage mass [B, H, S, P] (fp32).
+
+        The experts' rows are mixed with the weights the module mixed their outputs with: sum_e p_e softmax_e
+        is the attention the mixed output applied to the (shared) values."""
+        probs = None
+        for e in range(q_sel.shape[0]):
+            p = attention_probs(q_sel[e], keys[:, e], allowed, self.scale)
+            p = p if weights is None else weights[e].float() * p
+            probs = p if probs is None else probs + p
         spans = self._span_matrix(probs.device)  # [1 or B, span_end, P]
         return probs[..., : self.span_end] @ spans[:, None]  # [B, H, S, P]
 
@@ -141,19 +129,26 @@ class PassageProbe:
             if not steps:
                 continue
             keys = self.final_keys[layer]
-            total = keys.shape[3]
-            q_sel = torch.cat([q for q, _, _, _ in steps], dim=3)  # [E, B, H, S, d]
-            weights = None if steps[0][1] is None else torch.cat([w for _, w, _, _ in steps], dim=3)
-            positions = torch.tensor([p for _, _, p, _ in steps], device=keys.device)
-            allowed = torch.arange(total, device=keys.device)[None, :] <= positions[:, None]  # [S, T]
-            if any(m is not None for _, _, _, m in steps):  # padded rows: each step's own key mask, widened to T
-                rows = []
-                for i, (_, _, _, m) in enumerate(steps):
-                    row = allowed[i].expand(keys.shape[0], 1, 1, total).clone()
-                    if m is not None:
-                        row[..., : m.shape[-1]] &= m
-                    rows.append(row)
-                allowed = torch.cat(rows, dim=2)  # [B, 1, S, T]
+            q_sel = torch.cat([q for q, _, _ in steps], dim=3)  # [E, B, H, S, d]
+            weights = None if steps[0][1] is None else torch.cat([w for _, w, _ in steps], dim=3)
+            allowed = widened_rows([m for _, _, m in steps], keys.shape[3])
             self.collected[layer].append(self._mass(q_sel, keys, weights, allowed))
             self.deferred[layer] = []
             self.final_keys[layer] = None
+
+
+def widened_rows(rows: list[torch.Tensor], total: int) -> torch.Tensor:
+    """Decode steps' mask rows [B, 1|H, 1, T_t] -> one [B, 1|H, S, T] mask: the keys a step had not seen yet
+    hidden, so each row is scored exactly as it was at its step."""
+    additive = any(r.dtype != torch.bool for r in rows)
+    heads = max(r.shape[1] for r in rows)
+    first = rows[0]
+    if additive:
+        out = torch.full((first.shape[0], heads, len(rows), total), float("-inf"), device=first.device)
+    else:
+        out = torch.zeros(first.shape[0], heads, len(rows), total, dtype=torch.bool, device=first.device)
+    for i, row in enumerate(rows):
+        if additive and row.dtype == torch.bool:
+            row = torch.zeros(row.shape, device=row.device).masked_fill(~row, float("-inf"))
+        out[:, :, i : i + 1, : row.shape[-1]] = row
+    return out

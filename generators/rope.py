@@ -9,13 +9,16 @@ where Hk is the number of key heads stored per expert (kv heads, or every query 
 rotated per query head); `mixing_weights` reads the PRE-RoPE query [B, H, L, d] (and the layer's hidden
 states), as a trained router must, and returns [E, B, H, L, 1] or None for a single expert; `aux_loss` is a
 training term the scheme accumulated during the last forward (MoICE's load balancing), or None; `key_bias` is
-an additive logit bias over the keys for the queries of this forward (attn-calibration), or None.
+an additive logit bias over the keys for the queries of this forward (attn-calibration), or None; `attend`
+turns rotated q, cached keys and values into the attention output (one expert here; MoICE mixes several).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from midlens.generators.scores import attend
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -75,6 +78,19 @@ class RotaryScheme(nn.Module):
 
     def aux_loss(self) -> torch.Tensor | None:
         return None
+
+    def attend(
+        self,
+        q_rot: torch.Tensor,  # [E, B, H, L, d]
+        keys: torch.Tensor,  # [B, E, Hk, T, d]
+        values: torch.Tensor,  # [B, Hk, T, d]
+        weights: torch.Tensor | None,  # [E, B, H, L, 1] from `mixing_weights`
+        mask: torch.Tensor | None,  # from `generators.scores.score_mask`
+        past: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """The attention output [B, H, L, d] of one expert (`weights` is None for a single expert)."""
+        return attend(q_rot[0], keys[:, 0], values, mask, scale)
 
     def key_bias(self, past: int, length: int, total: int) -> torch.Tensor | None:
         """Additive logits [1 or B, H or 1, length, total] for the queries at positions past..past+length-1, added

@@ -28,6 +28,7 @@ from torch import nn
 from midlens.core.errors import MethodConfigError
 from midlens.generators.context import MethodParts
 from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
+from midlens.generators.scores import attend, mask_rows
 
 DEFAULTS = {"top_k": None, "artefact": None}  # top_k None: the K the routers were trained with
 # `midlens bench`: the specs timed against the baseline (an expert runs only on the queries routed to it).
@@ -186,6 +187,52 @@ class MoiceScheme(RotaryScheme):
 
     def aux_loss(self) -> torch.Tensor | None:
         return self._aux
+
+    def attend(self, q_rot, keys, values, weights, mask, past, scale):
+        """sum_j p_j * attention_j over the experts any query or head was routed to (one host sync per layer,
+        not one per expert); at prefill an expert runs on its routed queries only where that is cheaper."""
+        active = weights.flatten(1).ne(0).any(1).tolist()
+        out = None
+        for e, used in enumerate(active):
+            if not used:
+                continue
+            o = routed_attention(q_rot[e], keys[:, e], values, weights[e], mask, past, scale)
+            if o is None:
+                o = weights[e] * attend(q_rot[e], keys[:, e], values, mask, scale)
+            out = o if out is None else out + o
+        return out
+
+
+ROUTED_SHARE = 0.75  # an expert runs on its routed queries only when no head routes more than this share to it
+
+
+def routed_attention(
+    q: torch.Tensor,  # [B, H, L, d], rotated for this expert
+    keys: torch.Tensor,  # [B, Hk, T, d]
+    values: torch.Tensor,  # [B, Hk, T, d]
+    weight: torch.Tensor,  # [B, H, L, 1], zero where a query was not routed to this expert
+    mask: torch.Tensor | None,  # from `generators.scores.score_mask`
+    past: int,
+    scale: float,
+) -> torch.Tensor | None:
+    """weight * attention of one expert, computed for the queries routed to it only (top-K of N routing leaves
+    each expert ~K/N of them); None when that would not be cheaper than running every query.
+
+    Per (batch, head) the routed queries are gathered in prompt order and padded to the longest list with
+    unrouted ones, whose weight is 0; each gathered row keeps its own mask row (`mask_rows`), so the result,
+    scattered back, equals the dense computation row for row."""
+    length, dim = q.shape[2], q.shape[3]
+    if length == 1:
+        return None
+    chosen = weight[..., 0] != 0  # [B, H, L]
+    rows = int(chosen.sum(-1).max())
+    if rows > ROUTED_SHARE * length:
+        return None
+    order = torch.sort(chosen.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :rows]  # [B, H, m]
+    q_sel = q.gather(2, order[..., None].expand(-1, -1, -1, dim))
+    o = attend(q_sel, keys, values, mask_rows(mask, order, past, keys.shape[2]), scale)
+    o = o * weight.gather(2, order[..., None])
+    return torch.zeros_like(q).scatter_add(2, order[..., None].expand(-1, -1, -1, dim), o.to(q.dtype))
 
 
 # ---- the registry entry ---------------------------------------------------------------------------------------

@@ -20,9 +20,9 @@ from typing import Literal
 import torch
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.attention import expand_heads
 from midlens.generators.context import MethodParts
 from midlens.generators.rope import RotaryScheme, apply_rotary
+from midlens.generators.scores import attention_probs, expand_heads
 
 HeadOrder = Literal["awareness", "sequential", "fixed"]
 GQAMode = Literal["group", "per_query_head"]
@@ -56,15 +56,12 @@ def position_awareness(
     The last query sees every key of its row, so only one row of the attention is built; `key_mask` [B, L]
     (False = padding of a left-padded batch) leaves a row's padding out of the softmax and out of its length L.
     """
-    heads = q.shape[1]
-    last = q[:, :, -1:].float()  # [B, H, 1, d]
-    logits = last @ expand_heads(k, heads).float().transpose(-1, -2) / q.shape[-1] ** 0.5
+    last = q[:, :, -1:]  # [B, H, 1, d]
+    visible = None if key_mask is None else key_mask[:, None, None, :]
+    probs = attention_probs(last, k, visible, q.shape[-1] ** -0.5)[:, :, 0]  # [B, H, L]
     if key_mask is None:
-        probs = torch.softmax(logits, dim=-1)[:, :, 0]  # [B, H, L]
         return (probs >= alpha / k.shape[2]).float().mean(-1)
-    valid = key_mask[:, None, None, :]
-    probs = torch.softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)[:, :, 0]
-    length = key_mask.sum(-1, keepdim=True).float()[:, None, :][..., 0]  # [B, 1]
+    length = key_mask.sum(-1, keepdim=True).float()  # [B, 1]
     return ((probs >= alpha / length[..., None]) & key_mask[:, None, :]).float().sum(-1) / length
 
 
