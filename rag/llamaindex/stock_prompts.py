@@ -1,0 +1,147 @@
+"""LlamaIndex's own question-answering prompts, read back into a question and separate passages.
+
+A stock query engine (`index.as_query_engine(llm=MidlensLLM(...))`) formats its context into one of LlamaIndex's
+default templates (text QA, tree summarize, refine; completion or chat variant, the ones the default prompt
+selectors pick) and hands the LLM a single string. Answered as it comes, that whole string becomes the question of
+an empty midlens prompt: the model reads LlamaIndex's instruction inside midlens' one, gets no passage spans and
+hence no evidence. Read back, the context chunks become the documents of midlens' own prompt, exactly as
+MidlensQueryEngine stacks them.
+
+The patterns are built from the installed llama-index-core's template strings, so a wording change upstream is
+followed, not silently missed. A prompt that matches none of them is left alone.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from llama_index.core.prompts.chat_prompts import (
+    CHAT_REFINE_PROMPT_TMPL_MSGS,
+    TEXT_QA_PROMPT_TMPL_MSGS,
+    TREE_SUMMARIZE_PROMPT_TMPL_MSGS,
+)
+from llama_index.core.prompts.default_prompts import (
+    DEFAULT_REFINE_PROMPT_TMPL,
+    DEFAULT_TEXT_QA_PROMPT_TMPL,
+    DEFAULT_TREE_SUMMARIZE_TMPL,
+)
+
+from midlens.core.passage import Passage
+
+# Title of the passage that carries a refine step's earlier answer, stacked first so the model can keep it.
+EARLIER_ANSWER_TITLE = "Earlier answer"
+# Metadata keys, in order of preference, that name a chunk the way `to_passage` names a node.
+_TITLE_KEYS = ("title", "file_name", "file_path")
+# One line of LlamaIndex's default metadata header ("{key}: {value}", MetadataMode.LLM).
+_HEADER_LINE = re.compile(r"([A-Za-z_][\w.-]{0,63}): (.*\S.*)")
+
+
+@dataclass(frozen=True)
+class StockRequest:
+    """What a recognised stock prompt asks: the template's name, the query and the context chunks as passages."""
+
+    template: str
+    question: str
+    passages: list[Passage]
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    """A template string -> a regex that captures its variables from the formatted text.
+
+    Searched, not matched in full: an LLM's `system_prompt`, `query_wrapper_prompt` or `messages_to_prompt` may
+    wrap the template. The last variable is greedy so that it runs to the last occurrence of the closing words
+    (the query may itself hold a newline); the trailing space LlamaIndex leaves after "Answer:" is optional because
+    chat templates and wrappers strip it.
+    """
+    parts: list[str] = []
+    fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]
+    for literal, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            literal = literal.rstrip()
+        parts.append(re.escape(literal))
+        if field is not None:
+            greedy = field == fields[-1]
+            parts.append(f"(?P<{field}>.*)" if greedy else f"(?P<{field}>.*?)")
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def _user_text(messages: list) -> str:
+    return next(m.content for m in messages if m.role.value == "user")
+
+
+# template -> (name, pattern); the completion and chat variants of text QA and tree summarize share their text.
+_TEMPLATES: dict[str, tuple[str, re.Pattern[str]]] = {}
+for _name, _template in (
+    ("text_qa", DEFAULT_TEXT_QA_PROMPT_TMPL),
+    ("text_qa", _user_text(TEXT_QA_PROMPT_TMPL_MSGS)),
+    ("tree_summarize", DEFAULT_TREE_SUMMARIZE_TMPL),
+    ("tree_summarize", _user_text(TREE_SUMMARIZE_PROMPT_TMPL_MSGS)),
+    ("refine", DEFAULT_REFINE_PROMPT_TMPL),
+    ("refine", _user_text(CHAT_REFINE_PROMPT_TMPL_MSGS)),
+):
+    _TEMPLATES.setdefault(_template, (_name, _pattern(_template)))
+
+# The system turn LlamaIndex's chat QA templates put before the user turn: dropped with the template's own words.
+STOCK_SYSTEM_PROMPTS = frozenset(
+    m.content for m in (*TEXT_QA_PROMPT_TMPL_MSGS, *TREE_SUMMARIZE_PROMPT_TMPL_MSGS) if m.role.value == "system"
+)
+
+
+def _header(block: str) -> dict[str, str] | None:
+    """The key: value pairs of a metadata header block, or None when some line is not one."""
+    pairs = [_HEADER_LINE.fullmatch(line.strip()) for line in block.splitlines()]
+    if not pairs or not all(pairs):
+        return None
+    return {m.group(1): m.group(2).strip() for m in pairs if m}
+
+
+def _title(header: dict[str, str]) -> str:
+    for key in _TITLE_KEYS:
+        if header.get(key):
+            return header[key] if key == "title" else PurePath(header[key]).stem
+    return ""
+
+
+def split_context(context: str) -> list[Passage]:
+    """A stock synthesizer's context string -> one Passage per node it holds.
+
+    The synthesizer joins each node's `get_content(MetadataMode.LLM)` with blank lines, and a node's content is
+    "{metadata header}\\n\\n{text}" when it has metadata the LLM may see. When the context opens with such a
+    header, every later block that shares one of its keys starts the next node and the blocks between belong to
+    the node before (its paragraphs); the header names the passage (title, else the file's stem, as `to_passage`
+    does) and stays out of its text. Without a header there is no node boundary to find: each block is a passage.
+    """
+    blocks = [b.strip() for b in re.split(r"\n[ \t]*\n", context) if b.strip()]
+    first = _header(blocks[0]) if len(blocks) > 1 else None
+    if first is None:
+        return [Passage(text=block) for block in blocks]
+    groups: list[tuple[dict[str, str], list[str]]] = []
+    for block in blocks:
+        header = _header(block)
+        if header is not None and set(header) & set(first):
+            groups.append((header, []))
+        else:
+            groups[-1][1].append(block)
+    return [Passage(text="\n\n".join(texts), title=_title(header)) for header, texts in groups if texts]
+
+
+def read_stock_prompt(prompt: str) -> StockRequest | None:
+    """The question and passages of a prompt formatted from one of LlamaIndex's default QA / refine templates;
+    None for any other prompt (it is then answered as it is)."""
+    for name, pattern in _TEMPLATES.values():
+        found = pattern.search(prompt)
+        if found is None:
+            continue
+        values = found.groupdict()
+        question = values["query_str"].strip()
+        context = values.get("context_str", values.get("context_msg", ""))
+        passages = split_context(context)
+        if not question or not passages:
+            return None
+        if name == "refine" and values["existing_answer"].strip():
+            passages.insert(0, Passage(text=values["existing_answer"].strip(), title=EARLIER_ANSWER_TITLE))
+        return StockRequest(name, question, passages)
+    return None
