@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from midlens import __version__
-from midlens.cli import ask, bench, cache, demo, heads, index, methods, train
+from midlens.cli import ask, bench, cache, demo, heads, index, methods, serve, train
 from midlens.cli import eval as eval_command
 from midlens.cli.options import Parser
 from midlens.core.errors import MidlensError
@@ -24,8 +24,9 @@ EXAMPLES = """examples:
   midlens methods
   midlens eval sweep --dataset hotpotqa --n 50 --out runs/h
   midlens demo
+  midlens serve --port 8000
 """
-COMMANDS = (ask, methods, bench, eval_command, demo, heads, train, cache, index)
+COMMANDS = (ask, methods, bench, eval_command, demo, heads, train, cache, index, serve)
 
 
 def build_parser() -> Parser:

@@ -1,0 +1,102 @@
+"""`midlens serve`: the generator as an HTTP service (Ray Serve), OpenAI-compatible, with evidence per passage."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from midlens.cli.options import add_model_args, positive_int
+from midlens.core.errors import InvalidArgumentError
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT_STYLE, PROMPT_STYLES
+
+EXAMPLES = """examples:
+  midlens serve --model smollm2-135m                      # local Ray cluster, http://127.0.0.1:8000
+  midlens serve --method ms-poe --replicas 2 --max-batch-size 16 --batch-wait-timeout 0.02
+  midlens serve --address auto --num-gpus 1 --host 0.0.0.0 --port 8080   # an existing cluster, every interface
+  curl -s 127.0.0.1:8000/v1/chat/completions -H 'content-type: application/json' \\
+       -d '{"messages": [{"role": "user", "content": "Who wrote X?"}], "max_tokens": 16}'
+"""
+
+
+def add_parser(sub) -> None:
+    serve = sub.add_parser(
+        "serve", help="serve answers with evidence over HTTP (OpenAI-compatible, Ray Serve)", epilog=EXAMPLES
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--address", help="Ray cluster to deploy on (e.g. auto, ray://host:10001); default: a local one")
+    serve.add_argument("--replicas", type=positive_int, default=1, help="model replicas (each loads the model)")
+    serve.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica (with --device auto: CUDA)")
+    serve.add_argument("--num-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica")
+    serve.add_argument("--threads", type=int, help="torch threads per replica (default: Ray's, one per CPU)")
+    serve.add_argument("--max-batch-size", type=positive_int, default=8, help="most requests answered in one batch")
+    serve.add_argument(
+        "--batch-wait-timeout", type=float, default=0.01, help="seconds a batch waits for more requests to join"
+    )
+    serve.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is answered 504")
+    serve.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="larger bodies are answered 413")
+    serve.add_argument(
+        "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="answer length when a request sets none"
+    )
+    serve.add_argument("--prompt-style", default=DEFAULT_PROMPT_STYLE, choices=PROMPT_STYLES)
+    add_model_args(serve)
+    serve.set_defaults(func=run)
+
+
+def options_of(args: argparse.Namespace):
+    """The parsed command line as ServeOptions, checked before Ray or the model start."""
+    from midlens.cli.options import check_device, chosen_model, evidence_config, method_spec
+
+    if args.batch_wait_timeout < 0 or args.request_timeout <= 0:
+        raise InvalidArgumentError("--batch-wait-timeout must be >= 0 and --request-timeout > 0 (seconds).")
+    if not 0 < args.port < 65536:
+        raise InvalidArgumentError(f"--port {args.port}: use 1 to 65535.")
+    method = method_spec(args)
+    args.model = chosen_model(args, method)
+    check_device(args)
+    evidence_config(args)
+    from midlens.serve.app import ServeOptions
+
+    return ServeOptions(
+        model=args.model,
+        method=method.spec(),
+        device=args.device,
+        dtype=args.dtype,
+        evidence_layers=args.evidence_layers,
+        evidence_query=args.evidence_query,
+        evidence_heads=args.evidence_heads,
+        prompt_style=args.prompt_style,
+        max_new_tokens=args.max_new_tokens,
+        replicas=args.replicas,
+        num_cpus=args.num_cpus,
+        num_gpus=args.num_gpus,
+        threads=args.threads,
+        max_batch_size=args.max_batch_size,
+        batch_wait_timeout_s=args.batch_wait_timeout,
+        request_timeout_s=args.request_timeout,
+        max_body_bytes=args.max_body_bytes,
+        host=args.host,
+        port=args.port,
+        address=args.address,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_of(args)
+    from midlens.serve.app import start, stop
+
+    url = start(options)
+    print(f"midlens serve: {options.model} / {options.method} at {url} (OpenAPI: {url}/docs); Ctrl-C stops it.")
+    sys.stdout.flush()
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        while not stopped.wait(1.0):  # a timed wait, so Ctrl-C is seen promptly
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop()
+    return 0

@@ -1,0 +1,420 @@
+"""The Ray Serve application: one deployment whose replicas each hold the model, behind a FastAPI ingress.
+
+    POST /v1/chat/completions    OpenAI chat completions (JSON or server-sent events) + a `midlens` extension
+    POST /v1/midlens/answer      answer over passages given with ids, evidence per passage
+    POST /v1/midlens/score       evidence without generating
+    GET  /v1/midlens/spec        model, method, limits;  GET /v1/midlens/stats  batches this replica formed
+    GET  /v1/models, /healthz, /readyz, /docs (OpenAPI)
+
+Requests reach `_batch`, a `@serve.batch` method: Ray Serve gathers those that arrive within `batch_wait_timeout_s`
+(at most `max_batch_size`) and the engine answers them in one `generate_batch` per group of equal decoding options,
+on one worker thread, so the event loop keeps streaming tokens and answering health checks meanwhile.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' body types from their annotations, and the
+# class reaches a replica pickled by value, where string annotations would name globals it does not carry.
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+
+from midlens.core.errors import MidlensError
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.generators.packaged_models import DEFAULT_MODEL
+from midlens.generators.prompt import DEFAULT_STYLE
+from midlens.serve.engine import Engine, Job, Outcome, result_of
+from midlens.serve.errors import BodyTooLarge, RequestTimeout, describe, error_response, on_error, on_invalid
+from midlens.serve.schemas import (
+    AnswerRequest,
+    AnswerResponse,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ErrorResponse,
+    MidlensResult,
+    ModelList,
+    ScoreRequest,
+    Spec,
+    Stats,
+)
+
+APP_NAME = "midlens"
+DEFAULT_PORT = 8000
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: hundreds of passages; anything larger is far over any window here
+
+
+@dataclass
+class ServeOptions:
+    """Everything `midlens serve` decides; a replica receives it as a dict."""
+
+    model: str = DEFAULT_MODEL
+    method: str = "baseline"
+    device: str = "auto"
+    dtype: str = "auto"
+    evidence_layers: str = "upper"
+    evidence_query: str = "question"
+    evidence_heads: str = "all"
+    prompt_style: str = DEFAULT_STYLE
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    replicas: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    threads: int | None = None
+    max_batch_size: int = 8
+    batch_wait_timeout_s: float = 0.01
+    request_timeout_s: float = 120.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    address: str | None = None
+
+
+class BodyLimit:
+    """Refuse a body over the limit (413) before it is parsed: by its Content-Length when sent, else as it arrives."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = _LIMITS["max_body_bytes"]
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await self._refuse(int(length), limit, scope, receive, send)
+            return
+        # Without a Content-Length (chunked), read the body here, counting, and hand it on.
+        messages, total = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            total += len(message.get("body", b""))
+            if total > limit:
+                await self._refuse(total, limit, scope, receive, send, at_least=True)
+                return
+            if not message.get("more_body"):
+                break
+
+        async def replay() -> dict:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(size: int, limit: int, scope, receive, send, at_least: bool = False) -> None:
+        err = BodyTooLarge(
+            f"the request body is {'over ' if at_least else ''}{size} bytes, more than this server's limit of "
+            f"{limit} bytes (midlens serve --max-body-bytes); send fewer or shorter passages."
+        )
+        status, message, kind, code = describe(err)
+        await error_response(status, message, kind, code)(scope, receive, send)
+
+
+# Set by the replica from its options; read by BodyLimit, which the ASGI stack builds without arguments.
+_LIMITS = {"max_body_bytes": DEFAULT_MAX_BODY_BYTES}
+
+api = FastAPI(
+    title="midlens",
+    description="Answers over stacked passages with per-passage evidence read from the model's own attention. "
+    "OpenAI-compatible chat completions carry it in a `midlens` extension.",
+    responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 504: {"model": ErrorResponse}},
+)
+api.add_middleware(BodyLimit)
+api.add_exception_handler(RequestValidationError, on_invalid)
+# The library's refusals as 4xx; anything else as a 500 with its message (Starlette's last-resort handler).
+for _refused in (MidlensError, ValueError, TypeError):
+    api.add_exception_handler(_refused, on_error)
+api.add_exception_handler(Exception, on_error)
+
+_DONE = object()
+
+
+def _result_json(result: MidlensResult) -> dict[str, Any]:
+    data = result.model_dump()
+    if data.get("citations") is None:  # left out until Answer carries citations
+        data.pop("citations", None)
+    return data
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+# Above the class: the deployment decorator pickles the class, with the functions it names, as it is defined.
+def _error_body(err: BaseException) -> dict[str, Any]:
+    _status, message, kind, code = describe(err)
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+def _finish_reason(generated: int, max_new_tokens: int) -> str:
+    return "length" if generated >= max_new_tokens else "stop"
+
+
+def _usage(answer) -> dict[str, int]:
+    return {
+        "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": answer.generated_tokens,
+        "total_tokens": answer.prompt_tokens + answer.generated_tokens,
+    }
+
+
+def _in_serve() -> bool:
+    try:
+        serve.get_replica_context()
+    except Exception:  # noqa: BLE001 (outside a replica Ray raises; the class is then used directly)
+        return False
+    return True
+
+
+@serve.deployment(name="MidlensServer")
+@serve.ingress(api)
+class MidlensServer:
+    def __init__(self, options: dict[str, Any]) -> None:
+        from midlens.generators.evidence import EvidenceConfig
+        from midlens.serve import app as this_module
+
+        self.options = ServeOptions(**options)
+        # The module's own dict (the class reaches the replica pickled, with copies of the globals it names).
+        this_module._LIMITS["max_body_bytes"] = self.options.max_body_bytes
+        self.engine = Engine(
+            self.options.model,
+            self.options.method,
+            self.options.device,
+            self.options.dtype,
+            EvidenceConfig.from_text(
+                self.options.evidence_layers, self.options.evidence_query, self.options.evidence_heads
+            ),
+            self.options.prompt_style,
+            self.options.max_new_tokens,
+            self.options.threads,
+        )
+        # One thread runs the model: a batch at a time, while the event loop stays free.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="midlens-generate")
+        self._batch.set_max_batch_size(self.options.max_batch_size)
+        self._batch.set_batch_wait_timeout_s(self.options.batch_wait_timeout_s)
+        self.replica = serve.get_replica_context().replica_tag if _in_serve() else "local"
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
+    async def _batch(self, jobs: list[Job]) -> list[Outcome]:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.engine.run, jobs)
+
+    async def _answer(self, job: Job) -> Outcome:
+        timeout = self.options.request_timeout_s
+        try:
+            outcome = await asyncio.wait_for(self._batch(job), timeout)
+        except asyncio.TimeoutError:
+            raise RequestTimeout(self._timeout_message()) from None
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome
+
+    def _timeout_message(self) -> str:
+        return (
+            f"the request took more than {self.options.request_timeout_s:g} s, this server's request timeout "
+            "(midlens serve --request-timeout); ask for fewer tokens or fewer passages."
+        )
+
+    # ---- midlens's own endpoints ----
+
+    @api.post("/v1/midlens/answer", response_model=AnswerResponse)
+    async def answer(self, body: AnswerRequest) -> JSONResponse:
+        """Answer the question over the passages, in the order given; evidence per passage, by id."""
+        outcome = await self._answer(self.engine.answer_job(body))
+        answer = outcome.answer
+        return JSONResponse(
+            {"question": answer.question, "text": answer.text, **_result_json(result_of(answer, outcome.batch_size))}
+        )
+
+    @api.post("/v1/midlens/score", response_model=MidlensResult)
+    async def score(self, body: ScoreRequest) -> JSONResponse:
+        """Evidence for the passages without generating (one prefill, plus the calibration suffix)."""
+        outcome = await self._answer(self.engine.score_job(body))
+        return JSONResponse(_result_json(result_of(outcome.answer, outcome.batch_size)))
+
+    @api.get("/v1/midlens/spec", response_model=Spec)
+    async def spec(self) -> Spec:
+        o = self.options
+        return Spec(
+            **self.engine.spec(),
+            max_batch_size=o.max_batch_size,
+            batch_wait_timeout_s=o.batch_wait_timeout_s,
+            request_timeout_s=o.request_timeout_s,
+            max_body_bytes=o.max_body_bytes,
+        )
+
+    @api.get("/v1/midlens/stats", response_model=Stats)
+    async def stats(self) -> Stats:
+        return Stats(replica=self.replica, **self.engine.stats())
+
+    @api.get("/healthz")
+    async def healthz(self) -> dict[str, bool]:
+        return {"ok": True}
+
+    @api.get("/readyz")
+    async def readyz(self) -> dict[str, Any]:
+        # A replica answers only once its constructor (the model load) has finished: answering is being ready.
+        return {"ready": True, "model": self.engine.model_name, "replica": self.replica}
+
+    def check_health(self) -> None:
+        """Ray Serve's periodic probe: a replica whose generation thread has died is restarted."""
+        if self._pool._shutdown:  # noqa: SLF001 (the executor exposes no public flag)
+            raise RuntimeError("the generation thread pool is shut down")
+
+    # ---- OpenAI ----
+
+    @api.get("/v1/models", response_model=ModelList)
+    async def models(self) -> ModelList:
+        return ModelList(data=[{"id": self.engine.model_name}])
+
+    @api.post("/v1/chat/completions", response_model=ChatCompletion)
+    async def chat_completions(self, body: ChatCompletionRequest):
+        """OpenAI chat completions. Passages in `midlens.passages` are stacked under the last user message and
+        scored; the response's `midlens` object holds the evidence (on the last streamed chunk when streaming)."""
+        job = self.engine.chat_job(body)  # a bad request is refused here, before any event is sent
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        model = body.model or self.engine.model_name
+        created = int(time.time())
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(
+                self._events(job, completion_id, model, created, include_usage), media_type="text/event-stream"
+            )
+        outcome = await self._answer(job)
+        answer = outcome.answer
+        max_new = job.decoding.max_new_tokens
+        return JSONResponse(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": answer.text},
+                        "finish_reason": _finish_reason(answer.generated_tokens, max_new),
+                        "logprobs": None,
+                    }
+                ],
+                "usage": _usage(answer),
+                "midlens": _result_json(result_of(answer, outcome.batch_size)),
+            }
+        )
+
+    async def _events(
+        self, job: Job, completion_id: str, model: str, created: int, include_usage: bool
+    ) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        job.on_token = lambda piece: loop.call_soon_threadsafe(queue.put_nowait, piece)
+        task = asyncio.ensure_future(self._batch(job))
+        # Deltas were queued from the generation thread before the batch returned, so they are read first.
+        task.add_done_callback(lambda _task: queue.put_nowait(_DONE))
+        head = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
+
+        def chunk(delta: dict, finish: str | None = None, **extra: Any) -> str:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            return _sse(ChatCompletionChunk(**head, choices=[choice], **extra).model_dump(exclude_none=True))
+
+        yield chunk({"role": "assistant", "content": ""})
+        deadline = loop.time() + self.options.request_timeout_s
+        raw, shown = "", ""  # deltas follow the stripped text, so they join to the non-streamed answer exactly
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                yield _sse(ErrorResponse(**_error_body(RequestTimeout(self._timeout_message()))).model_dump())
+                yield _sse("[DONE]")
+                return
+            if item is _DONE:
+                break
+            raw += item
+            text = raw.strip()
+            if len(text) > len(shown) and text.startswith(shown):
+                yield chunk({"content": text[len(shown) :]})
+                shown = text
+        try:
+            outcome = task.result()
+            if outcome.error is not None:
+                raise outcome.error
+        except Exception as err:  # noqa: BLE001 (sent as an error event: the status line has gone out already)
+            yield _sse(ErrorResponse(**_error_body(err)).model_dump())
+            yield _sse("[DONE]")
+            return
+        answer = outcome.answer
+        rest = answer.text[len(shown) :] if answer.text.startswith(shown) else ""
+        finish = _finish_reason(answer.generated_tokens, job.decoding.max_new_tokens)
+        last = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": {"content": rest}, "finish_reason": finish, "logprobs": None}],
+            "midlens": _result_json(result_of(answer, outcome.batch_size)),
+        }
+        yield _sse(last)
+        if include_usage:
+            yield _sse({**head, "choices": [], "usage": _usage(answer)})
+        yield _sse("[DONE]")
+
+
+def application(options: ServeOptions) -> serve.Application:
+    """The deployment bound to its options: replicas, CPUs and GPUs per replica, concurrency for batching."""
+    return MidlensServer.options(
+        num_replicas=options.replicas,
+        ray_actor_options={"num_cpus": options.num_cpus, "num_gpus": options.num_gpus},
+        # Enough requests in flight per replica to fill a batch while another is generating.
+        max_ongoing_requests=max(2 * options.max_batch_size, 16),
+    ).bind(dataclasses.asdict(options))
+
+
+def start(options: ServeOptions) -> str:
+    """Deploy on the cluster at `options.address`, else on a local one started here (bound to loopback); returns
+    the base URL. Returns once every replica has loaded the model."""
+    import ray
+
+    if not ray.is_initialized():
+        if options.address:
+            ray.init(address=options.address, log_to_driver=False)
+        else:
+            # Ray's own ports on loopback too: this machine's cluster is for this process alone.
+            ray.init(
+                num_cpus=max(options.replicas * options.num_cpus, 1) + 1,
+                include_dashboard=False,
+                log_to_driver=False,
+                object_store_memory=256 * 2**20,
+                _node_ip_address="127.0.0.1",
+            )
+    serve.start(
+        http_options={
+            "host": options.host,
+            "port": options.port,
+            # The proxy's own limit is a backstop past the replica's, which answers with its own message first.
+            "request_timeout_s": options.request_timeout_s + 30,
+        }
+    )
+    serve.run(application(options), name=APP_NAME, route_prefix="/", blocking=False)
+    host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
+    return f"http://{host}:{options.port}"
+
+
+def stop() -> None:
+    """Tear the application down and, when this process started it, the local cluster."""
+    import ray
+
+    serve.shutdown()
+    ray.shutdown()

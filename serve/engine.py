@@ -1,0 +1,303 @@
+"""Requests -> stacked prompts -> `Generator.generate_batch`, with no Ray in sight (the deployment and the benchmark
+both drive it).
+
+A request becomes a `Job` in the request's own path: its prompt is built and checked there, so a bad request is
+refused alone with the library's message and never fails the batch it would have joined. A batch of jobs is split
+into groups that share a method and decoding options (what one `generate_batch` call shares); each group is one
+left-padded batch in which every row is answered as it would be alone (text, evidence, sampling stream).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from midlens.core.errors import InvalidArgumentError, MidlensError, Remedies
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.core.passage import Passage
+from midlens.generators.evidence import Answer, EvidenceConfig
+from midlens.generators.generator import Generator
+from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
+from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style
+from midlens.serve.schemas import (
+    AnswerRequest,
+    ChatCompletionRequest,
+    EvidenceRow,
+    MidlensResult,
+    PassageIn,
+    ScoreRequest,
+)
+
+# How a prompt over the window is fixed through this API (PromptTooLongError.describe spells it per interface).
+HTTP_REMEDIES = Remedies(
+    room="the model's context window minus max_new_tokens",
+    fewer="send at most {n} passages",
+    drop='send "truncate": "drop_last" to keep the passages that fit',
+    longer="serve a model with a longer context window",
+    split="send shorter passages",
+)
+# Generators of other methods share the loaded weights; a few are kept so a method asked for again is not rebuilt.
+MAX_METHODS = 4
+
+
+class ModelNotServed(MidlensError):
+    """A request named a model this server does not run."""
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What the rows of one `generate_batch` call share."""
+
+    method: str
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    calibrate: bool
+
+
+@dataclass
+class Job:
+    """One request, ready to generate: its prompt, its decoding, and where its text deltas go (streaming)."""
+
+    prompt: StackedPrompt
+    decoding: Decoding
+    on_token: Callable[[str], None] | None = None
+
+
+@dataclass
+class Outcome:
+    """A job's answer (or the error that its group raised) and how many rows its batch had."""
+
+    answer: Answer | None
+    error: BaseException | None
+    batch_size: int
+
+
+class Engine:
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        method: str = "baseline",
+        device: str = "auto",
+        dtype: str = "auto",
+        evidence: EvidenceConfig | None = None,
+        prompt_style: str = DEFAULT_STYLE,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        threads: int | None = None,
+    ):
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.prompt_style = check_style(prompt_style)
+        self.max_new_tokens = max_new_tokens
+        self.default = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype)
+        self._generators: dict[str, Generator] = {self.default.method.spec(): self.default}
+        self._lock = threading.Lock()
+        self.batches: Counter[int] = Counter()  # size of every batch `run` was handed
+        self.requests = 0
+
+    @property
+    def model_name(self) -> str:
+        return self.default.loaded.name
+
+    def spec(self) -> dict[str, Any]:
+        loaded = self.default.loaded
+        return {
+            "model": loaded.name,
+            "method": self.default.method.to_dict(),
+            "method_spec": self.default.method.spec(),
+            "methods": list(REGISTRY),
+            "context_window": self.default.context_window,
+            "evidence_config": dataclasses.asdict(self.default.evidence_config),
+            "device": str(self.default.device),
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "max_new_tokens": self.max_new_tokens,
+            "prompt_style": self.prompt_style,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "batches": dict(sorted(self.batches.items())), "requests": self.requests}
+
+    # ---- requests -> jobs (in the request's path: errors are the request's own) ----
+
+    def method_spec(self, method: str | None) -> str:
+        """The canonical spec of a request's method (default: the server's); an unknown name or option raises the
+        registry's error."""
+        if method is None:
+            return self.default.method.spec()
+        return method_config(method).spec()
+
+    def method_of_model(self, model: str | None) -> str | None:
+        """OpenAI's `model` field: the served model's name, or NAME/METHOD-SPEC for another method on its weights."""
+        if not model:
+            return None
+        name, _, spec = model.partition("/")
+        if name != self.model_name:
+            raise ModelNotServed(
+                f"model {model!r} is not served here: this server runs {self.model_name!r} (ask for "
+                f"{self.model_name!r}, or {self.model_name + '/METHOD-SPEC'!r} for another method on its weights)."
+            )
+        return spec or None
+
+    def _decoding(self, method: str | None, options: dict[str, Any]) -> Decoding:
+        max_new = options.get("max_new_tokens")
+        return Decoding(
+            method=self.method_spec(method),
+            max_new_tokens=self.max_new_tokens if max_new is None else max_new,
+            temperature=options.get("temperature", 0.0),
+            top_p=options.get("top_p", 1.0),
+            seed=options.get("seed", 0),
+            calibrate=options.get("calibrate", True),
+        )
+
+    def _stacked(
+        self, question: str, passages: Sequence[PassageIn], decoding: Decoding, truncate: str, style: str | None
+    ) -> StackedPrompt:
+        return self.default.prompt(
+            question,
+            [Passage(text=p.text, title=p.title, id=p.id, score=p.score) for p in passages],
+            max_new_tokens=decoding.max_new_tokens,
+            truncate=truncate,  # type: ignore[arg-type]
+            style=check_style(style or self.prompt_style),
+        )
+
+    def answer_job(self, request: AnswerRequest) -> Job:
+        decoding = self._decoding(request.method, request.model_dump())
+        return Job(
+            self._stacked(request.question, request.passages, decoding, request.truncate, request.prompt_style),
+            decoding,
+        )
+
+    def score_job(self, request: ScoreRequest) -> Job:
+        decoding = self._decoding(request.method, {"max_new_tokens": 0, "calibrate": request.calibrate})
+        return Job(
+            self._stacked(request.question, request.passages, decoding, request.truncate, request.prompt_style),
+            decoding,
+        )
+
+    def chat_job(self, request: ChatCompletionRequest) -> Job:
+        """Passages in the `midlens` extension: the RAG prompt over the last user message (evidence per passage).
+        None: the conversation in the model's chat template, as MidlensLLM.chat does (no passages to score)."""
+        if request.stop is not None:
+            raise InvalidArgumentError("stop sequences are not supported: leave out `stop`.")
+        ext = request.midlens
+        method = (ext.method if ext and ext.method else None) or self.method_of_model(request.model)
+        max_new = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+        options: dict[str, Any] = {"max_new_tokens": max_new}
+        for name in ("temperature", "top_p", "seed"):
+            if getattr(request, name) is not None:
+                options[name] = getattr(request, name)
+        if ext is not None and ext.passages is not None:
+            if ext.calibrate is not None:
+                options["calibrate"] = ext.calibrate
+            decoding = self._decoding(method, options)
+            users = [m.text() for m in request.messages if m.role == "user"]
+            if not users:
+                raise InvalidArgumentError("the conversation has no user message: the last one is the question.")
+            return Job(self._stacked(users[-1], ext.passages, decoding, ext.truncate, ext.prompt_style), decoding)
+        options["calibrate"] = False  # a chat has no passages to calibrate
+        decoding = self._decoding(method, options)
+        turns = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in request.messages
+            if m.role in ("system", "developer", "user", "assistant")
+        ]
+        window = self.default.context_window - decoding.max_new_tokens
+        return Job(chat_prompt(self.default.tokenizer, turns, window), decoding)
+
+    # ---- jobs -> answers (one thread: the model is installed for one method at a time) ----
+
+    def _generator(self, spec: str) -> Generator:
+        if spec not in self._generators:
+            if len(self._generators) >= MAX_METHODS:  # the oldest other method goes; the default stays
+                del self._generators[next(k for k in self._generators if k != self.default.method.spec())]
+            config: MethodConfig = method_config(spec)
+            evidence = self.default.evidence_config
+            self._generators[spec] = Generator(self.default.loaded, method=config, evidence=evidence)
+        return self._generators[spec]
+
+    def run(self, jobs: Sequence[Job]) -> list[Outcome]:
+        """Answer a batch of jobs: one `generate_batch` per group of equal decoding. A group's error is handed to
+        each of its jobs (never raised), so the other groups' answers still go out."""
+        with self._lock:
+            self.batches[len(jobs)] += 1
+            self.requests += len(jobs)
+            groups: dict[Decoding, list[int]] = {}
+            for i, job in enumerate(jobs):
+                groups.setdefault(job.decoding, []).append(i)
+            outcomes: list[Outcome | None] = [None] * len(jobs)
+            for decoding, rows in groups.items():
+                try:
+                    answers = self._generate(decoding, [jobs[i] for i in rows])
+                except Exception as err:  # noqa: BLE001 (handed to each request of the group)
+                    for i in rows:
+                        outcomes[i] = Outcome(None, err, len(rows))
+                    continue
+                for i, answer in zip(rows, answers, strict=True):
+                    outcomes[i] = Outcome(answer, None, len(rows))
+            return [o for o in outcomes if o is not None]
+
+    def _generate(self, decoding: Decoding, jobs: list[Job]) -> list[Answer]:
+        generator = self._generator(decoding.method)
+        sinks = [job.on_token for job in jobs]
+
+        def on_token(row: int, piece: str) -> None:
+            if sinks[row] is not None:
+                sinks[row](piece)
+
+        return generator.generate_batch(
+            [job.prompt for job in jobs],
+            max_new_tokens=decoding.max_new_tokens,
+            temperature=decoding.temperature,
+            top_p=decoding.top_p,
+            seed=decoding.seed,
+            calibrate=decoding.calibrate,
+            on_token=on_token if any(sinks) else None,
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def result_of(answer: Answer, batch_size: int) -> MidlensResult:
+    """An Answer as the `midlens` object of a response."""
+    rows = [
+        EvidenceRow(
+            id=pe.passage.id,
+            title=pe.passage.title,
+            position=pe.position,
+            retrieval_score=pe.retrieval_score,
+            evidence=pe.evidence,
+            calibrated=pe.calibrated,
+            answer_attribution=pe.answer_attribution,
+            rank=pe.rank,
+            score=pe.score,
+        )
+        for pe in answer.passages
+    ]
+    citations = getattr(answer, "citations", None)  # per-sentence citations, where Answer has them
+    return MidlensResult(
+        model=answer.model,
+        method=answer.method,
+        evidence_config=dataclasses.asdict(answer.evidence_config),
+        passages=rows,
+        evidence=[row.score for row in rows],
+        dropped=[p.id for p in answer.dropped],
+        prompt_tokens=answer.prompt_tokens,
+        generated_tokens=answer.generated_tokens,
+        timings=answer.timings,
+        batch_size=batch_size,
+        citations=None if citations is None else _jsonable(citations),
+    )

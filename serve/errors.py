@@ -1,0 +1,82 @@
+"""Errors as HTTP answers: a status, OpenAI's error shape, and the library's own message (never a traceback).
+
+A request the library refuses (an empty question, an unknown method, a prompt over the window) is a 400 with the
+message the library gives in-process; a prompt over the window is worded for this API by
+`PromptTooLongError.describe(HTTP_REMEDIES)`, as the CLI words it for its options.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from midlens.core.errors import MidlensError, PromptTooLongError
+from midlens.serve.engine import HTTP_REMEDIES, ModelNotServed
+from midlens.serve.schemas import ErrorDetail, ErrorResponse
+
+logger = logging.getLogger("midlens.serve")
+
+
+class RequestTimeout(MidlensError):
+    """A request outlived the server's request timeout."""
+
+
+class BodyTooLarge(MidlensError):
+    """A request body is over the server's size limit."""
+
+
+def error_response(status: int, message: str, kind: str, code: str | None = None, param: str | None = None):
+    body = ErrorResponse(error=ErrorDetail(message=message, type=kind, code=code, param=param))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def describe(err: BaseException) -> tuple[int, str, str, str | None]:
+    """(status, message, OpenAI error type, code) for an exception raised while answering a request."""
+    if isinstance(err, PromptTooLongError):
+        return 400, err.describe(HTTP_REMEDIES), "invalid_request_error", "context_length_exceeded"
+    if isinstance(err, ModelNotServed):
+        return 404, str(err), "invalid_request_error", "model_not_found"
+    if isinstance(err, RequestTimeout):
+        return 504, str(err), "timeout", "request_timeout"
+    if isinstance(err, BodyTooLarge):
+        return 413, str(err), "invalid_request_error", "body_too_large"
+    if isinstance(err, MidlensError | ValueError | TypeError):
+        return 400, str(err), "invalid_request_error", type(err).__name__
+    logger.exception("internal error", exc_info=err)
+    return 500, f"internal error: {type(err).__name__}: {err}", "server_error", None
+
+
+async def on_error(request: Request, err: Exception) -> JSONResponse:
+    status, message, kind, code = describe(err)
+    return error_response(status, message, kind, code)
+
+
+def _location(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc if part != "body") or "body"
+
+
+async def on_invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+    """FastAPI's validation errors in one sentence: a body that is not JSON says where it breaks; a field says which
+    field and what is wrong with it."""
+    errors = err.errors()
+    for item in errors:
+        if item.get("type") == "json_invalid":
+            where = item.get("ctx", {}).get("error", "")
+            return error_response(
+                400, f"the request body is not valid JSON: {where}.", "invalid_request_error", "json_invalid"
+            )
+    parts = []
+    for item in errors:
+        where = _location(tuple(item.get("loc", ())))
+        parts.append(f"{where}: {item.get('msg', 'invalid')}")
+    first = errors[0] if errors else {}
+    return error_response(
+        400,
+        "invalid request: " + "; ".join(parts) + ".",
+        "invalid_request_error",
+        "invalid_request",
+        _location(tuple(first.get("loc", ()))) if first else None,
+    )
