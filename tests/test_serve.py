@@ -1,0 +1,298 @@
+"""`midlens serve` end to end: real Ray Serve on a local cluster, the real SmolLM2-135M, real HTTP on loopback.
+
+One server for the module (Ray and the replica take ~45 s to start on two cores); the last two tests leave it
+busy (a runaway request) and then kill its replica, so they run last, in file order.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from midlens.core.errors import MidlensError, PromptTooLongError
+from midlens.core.passage import Passage
+from tests.conftest import PLANTED_FACT
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+
+MAX_NEW = 8
+TIMEOUT_S = 10.0
+MAX_BODY = 256 * 1024
+ROOT = Path(__file__).resolve().parent.parent
+PASSAGES = [
+    {"id": "p1", "title": "Brea", "text": "Torrid opened its first store in Brea, California, in 1987."},
+    {"id": "gold", "title": "Zorbland expedition", "text": PLANTED_FACT},
+    {"id": "p3", "title": "Canal", "text": "The Whitewater Canal was built between 1836 and 1847 in Indiana."},
+]
+QUESTIONS = [
+    "What is the secret code word of the Zorbland expedition?",
+    "Where did Torrid open its first store?",
+    "When was the Whitewater Canal built?",
+    "Which state is the Whitewater Canal in?",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from midlens.serve.app import ServeOptions, start, stop
+
+    options = ServeOptions(
+        model="smollm2-135m",
+        port=_free_port(),
+        max_new_tokens=MAX_NEW,
+        threads=1,
+        max_batch_size=8,
+        batch_wait_timeout_s=0.05,
+        request_timeout_s=TIMEOUT_S,
+        max_body_bytes=MAX_BODY,
+    )
+    url = start(options)
+    try:
+        yield url
+    finally:
+        stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from midlens.serve.client import MidlensClient
+
+    with MidlensClient(server, timeout=60, retries=4) as c:
+        yield c
+
+
+def _local(generator, question: str, passages=PASSAGES, max_new: int = MAX_NEW):
+    prompt = generator.prompt(question, [Passage(p["text"], p["title"], p["id"]) for p in passages], max_new)
+    return generator.generate(prompt, max_new_tokens=max_new)
+
+
+def _same_evidence(rows: list[dict], answer) -> None:
+    assert [r["id"] for r in rows] == [pe.passage.id for pe in answer.passages]
+    for row, pe in zip(rows, answer.passages, strict=True):
+        assert row["evidence"] == pytest.approx(pe.evidence, abs=1e-4)
+        assert row["calibrated"] == pytest.approx(pe.calibrated, abs=1e-4)
+        assert row["rank"] == pe.rank or abs(row["score"] - pe.score) < 1e-4
+
+
+def test_concurrent_requests_are_batched_and_each_equals_its_answer_alone(client, generator):
+    with ThreadPoolExecutor(4) as pool:
+        served = list(pool.map(lambda q: client.answer(q, PASSAGES, max_new_tokens=MAX_NEW), QUESTIONS))
+    for question, out in zip(QUESTIONS, served, strict=True):
+        alone = _local(generator, question)
+        assert out["text"] == alone.text
+        _same_evidence(out["passages"], alone)
+        assert out["evidence"] == [r["score"] for r in out["passages"]]
+        assert "citations" not in out  # Answer has no citations yet: the field is left out, not null
+    assert max(out["batch_size"] for out in served) > 1, "four concurrent requests never shared a batch"
+    stats = client.stats()
+    assert sum(size * n for size, n in ((int(k), v) for k, v in stats["batches"].items())) == stats["requests"]
+
+
+def test_openai_client_non_streaming_and_streaming(server, generator):
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+    question = QUESTIONS[0]
+    alone = _local(generator, question)
+    messages = [{"role": "user", "content": question}]
+    extra = {"midlens": {"passages": PASSAGES}}
+    done = oai.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=MAX_NEW, extra_body=extra)
+    assert done.choices[0].message.content == alone.text
+    assert done.usage.completion_tokens == alone.generated_tokens
+    _same_evidence(done.midlens["passages"], alone)
+
+    stream = oai.chat.completions.create(
+        model="smollm2-135m", messages=messages, max_tokens=MAX_NEW, extra_body=extra, stream=True
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == alone.text
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    _same_evidence(chunks[-1].midlens["passages"], alone)
+
+
+def test_openai_like_llm_chats_as_in_process(server, generator):
+    from llama_index.core.base.llms.types import ChatMessage
+    from llama_index.llms.openai_like import OpenAILike
+
+    from midlens.generators.prompt import chat_prompt
+
+    llm = OpenAILike(
+        model="smollm2-135m",
+        api_base=server + "/v1",
+        api_key="unused",
+        is_chat_model=True,
+        max_tokens=MAX_NEW,
+        temperature=0.0,
+        max_retries=0,
+    )
+    reply = llm.chat([ChatMessage(role="user", content="Name a colour.")])
+    turns = [{"role": "user", "content": "Name a colour."}]
+    prompt = chat_prompt(generator.tokenizer, turns, generator.context_window - MAX_NEW)
+    alone = generator.generate(prompt, max_new_tokens=MAX_NEW, calibrate=False)
+    assert reply.message.content == alone.text
+    assert reply.raw.midlens["passages"] == []  # the extension reaches LlamaIndex's raw response (no passages)
+
+
+def test_midlens_llm_with_a_base_url_answers_as_in_process(server, loaded):
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from midlens.rag.llamaindex import MidlensLLM
+
+    nodes = [
+        NodeWithScore(node=TextNode(id_=p["id"], text=p["text"], metadata={"title": p["title"]}), score=0.5)
+        for p in PASSAGES
+    ]
+    remote = MidlensLLM(base_url=server, max_new_tokens=MAX_NEW)
+    local = MidlensLLM(loaded, max_new_tokens=MAX_NEW)
+    assert isinstance(remote, MidlensLLM) and remote.model == "smollm2-135m"
+    with ThreadPoolExecutor(4) as pool:
+        served = list(pool.map(lambda q: remote.complete(q, passages=nodes), QUESTIONS))
+    for question, out in zip(QUESTIONS, served, strict=True):
+        mine = local.complete(question, passages=nodes)
+        assert out.text == mine.text
+        for a, b in zip(out.additional_kwargs["evidence"], mine.additional_kwargs["evidence"], strict=True):
+            assert a["id"] == b["id"] and a["calibrated"] == pytest.approx(b["calibrated"], abs=1e-4)
+    chunks = list(remote.stream_complete(QUESTIONS[0], passages=nodes))
+    assert "".join(c.delta or "" for c in chunks) == served[0].text
+    assert chunks[-1].additional_kwargs["answer"].passages[1].passage.id == "gold"
+
+
+def test_score_spec_health_and_openapi(server, client, generator):
+    question = QUESTIONS[0]
+    scored = client.score(question, PASSAGES)
+    prompt = generator.prompt(question, [Passage(p["text"], p["title"], p["id"]) for p in PASSAGES], MAX_NEW)
+    _same_evidence(scored["passages"], generator.score(prompt))
+    assert scored["generated_tokens"] == 0
+    spec = client.spec()
+    assert spec["model"] == "smollm2-135m" and spec["method_spec"] == "baseline"
+    assert spec["max_body_bytes"] == MAX_BODY and spec["request_timeout_s"] == TIMEOUT_S
+    assert httpx.get(server + "/healthz").json() == {"ok": True}
+    assert httpx.get(server + "/readyz").json()["ready"] is True
+    paths = httpx.get(server + "/openapi.json").json()["paths"]
+    assert {"/v1/chat/completions", "/v1/midlens/answer", "/v1/midlens/score", "/v1/midlens/spec"} <= set(paths)
+    assert httpx.get(server + "/docs").status_code == 200
+
+
+def _post(server: str, path: str, content: bytes | str) -> httpx.Response:
+    return httpx.post(server + path, content=content, headers={"content-type": "application/json"}, timeout=60)
+
+
+def test_bad_requests_are_4xx_with_the_library_s_message(server, generator):
+    from midlens.generators.methods.registry import method_config
+    from midlens.serve.engine import HTTP_REMEDIES
+
+    def refused(response: httpx.Response, status: int) -> str:
+        assert response.status_code == status, response.text
+        assert "Traceback" not in response.text
+        return response.json()["error"]["message"]
+
+    chat = "/v1/chat/completions"
+    assert "not valid JSON" in refused(_post(server, chat, '{"messages": ['), 400)
+    assert refused(_post(server, chat, '{"messages": []}'), 400) == (
+        "the conversation is empty: pass at least one message with text."
+    )
+    with pytest.raises(MidlensError) as unknown:
+        method_config("no-such-method")
+    body = {"messages": [{"role": "user", "content": "hi"}], "model": "smollm2-135m/no-such-method"}
+    assert refused(_post(server, chat, json.dumps(body)), 400) == str(unknown.value)
+    body = {"question": "hi", "passages": [], "method": "no-such-method"}
+    assert refused(_post(server, "/v1/midlens/answer", json.dumps(body)), 400) == str(unknown.value)
+    assert "not served here" in refused(
+        _post(server, chat, json.dumps({**body, "model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]})),
+        404,
+    )
+
+    long = [{"id": "long", "text": "lorem ipsum " * 5000}]  # ~10k tokens, over the 8k window, under the body limit
+    with pytest.raises(PromptTooLongError) as too_long:
+        generator.prompt("What is it?", [Passage(long[0]["text"], "", "long")], MAX_NEW)
+    response = _post(server, "/v1/midlens/answer", json.dumps({"question": "What is it?", "passages": long}))
+    assert refused(response, 400) == too_long.value.describe(HTTP_REMEDIES)
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+
+    huge = json.dumps({"question": "hi", "passages": [{"id": "x", "text": "a" * (MAX_BODY + 1)}]})
+    assert f"limit of {MAX_BODY} bytes" in refused(_post(server, "/v1/midlens/answer", huge), 413)
+    assert "question" in refused(_post(server, "/v1/midlens/answer", "{}"), 400)
+    assert refused(_post(server, "/v1/midlens/answer", json.dumps({"question": " "})), 400) == (
+        "question is empty: pass the text to answer."
+    )
+
+
+def test_the_server_listens_on_loopback_only(server):
+    import psutil
+
+    port = int(server.rsplit(":", 1)[1])
+    listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port}
+    assert listening == {"127.0.0.1"}
+
+
+def test_the_library_does_not_import_the_service():
+    """midlens.serve is a shell: no layer below imports it, but MidlensLLM's base_url, which loads its client."""
+    offenders = []
+    for folder in ("core", "generators", "retrievers", "rag", "training", "eval", "demo"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                module = node.module if isinstance(node, ast.ImportFrom) else None
+                if module and module.startswith("midlens.serve"):
+                    where = f"{path.relative_to(ROOT)}:{module}"
+                    if where != "rag/llamaindex/llm.py:midlens.serve.llamaindex":
+                        offenders.append(where)
+    assert not offenders
+    for light in ("client.py", "llamaindex.py", "schemas.py", "engine.py"):
+        source = (ROOT / "serve" / light).read_text(encoding="utf-8")
+        assert "import ray" not in source and "from ray" not in source and "fastapi" not in source
+
+
+def test_a_request_over_the_timeout_is_answered_504(server):
+    # Sampled at a high temperature the answer rarely ends early: far more tokens than the timeout allows.
+    body = {"question": "Write a long story.", "passages": [], "max_new_tokens": 4000, "temperature": 2.0, "seed": 1}
+    t0 = time.monotonic()
+    response = _post(server, "/v1/midlens/answer", json.dumps(body))
+    assert response.status_code == 504, response.text
+    assert "request timeout" in response.json()["error"]["message"]
+    assert time.monotonic() - t0 < TIMEOUT_S + 5
+
+
+def test_a_replica_killed_mid_request_does_not_hang_the_client(server, client):
+    """The replica (still busy with the previous test's runaway request) is killed while a request waits on it:
+    the client gets its answer from the restarted replica, or a clear error, within a bounded time."""
+    from midlens.serve.client import ServerError
+
+    pid = client.stats()["pid"]
+    outcome: dict = {}
+
+    def ask() -> None:
+        try:
+            outcome["answer"] = client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW)
+        except (ServerError, httpx.HTTPError) as err:
+            outcome["error"] = err
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    time.sleep(1.0)
+    os.kill(pid, signal.SIGKILL)
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the client hung on a killed replica"
+    if "error" in outcome:
+        assert str(outcome["error"])  # a message, not a hang
+    else:
+        assert outcome["answer"]["text"]
+    deadline = time.monotonic() + 90
+    while not client.ready() and time.monotonic() < deadline:  # Serve restarts the replica
+        time.sleep(1.0)
+    assert client.stats()["pid"] != pid
