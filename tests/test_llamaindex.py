@@ -497,3 +497,39 @@ def test_stock_query_engine_answers_the_notes_as_midlens_query_engine_does(llm, 
         ]
         assert not any("file_path" in pe.passage.text for pe in answer.passages)
         assert response.response == engine.query(row["question"]).response, row["question"]
+
+
+def test_stock_prompt_reader_covers_refine_tree_summarize_wrappers_and_leaves_other_prompts():
+    from llama_index.core.prompts.chat_prompts import CHAT_REFINE_PROMPT
+    from llama_index.core.prompts.default_prompts import (
+        DEFAULT_REFINE_PROMPT,
+        DEFAULT_SUMMARY_PROMPT,
+        DEFAULT_TREE_SUMMARIZE_PROMPT,
+    )
+
+    from midlens.rag.llamaindex.stock_prompts import EARLIER_ANSWER_TITLE, read_stock_prompt
+
+    # Two nodes as SimpleDirectoryReader shows them to an LLM; the first has two paragraphs, one "key: value"-like.
+    context = (
+        "file_path: /notes/bridge.txt\n\nThe Kessler Bridge opened in 1931.\n\nColour: dark green.\n\n"
+        "file_path: /notes/choir.txt\n\nThe Vantmoor Choir has 36 singers."
+    )
+    texts = ["The Kessler Bridge opened in 1931.\n\nColour: dark green.", "The Vantmoor Choir has 36 singers."]
+    question = "When did the Kessler Bridge open?"
+    tree = read_stock_prompt(
+        "You are terse.\n\n" + DEFAULT_TREE_SUMMARIZE_PROMPT.format(context_str=context, query_str=question)
+    )
+    assert tree is not None and tree.template == "tree_summarize" and tree.question == question
+    assert [(p.title, p.text) for p in tree.passages] == list(zip(["bridge", "choir"], texts, strict=True))
+    for template in (DEFAULT_REFINE_PROMPT, CHAT_REFINE_PROMPT):
+        refine = read_stock_prompt(template.format(context_msg=context, query_str=question, existing_answer="1931"))
+        assert refine is not None and refine.template == "refine" and refine.question == question
+        assert [(p.title, p.text) for p in refine.passages] == [
+            (EARLIER_ANSWER_TITLE, "1931"),
+            *zip(["bridge", "choir"], texts, strict=True),
+        ]
+    # Without metadata headers every block is a passage; other templates and plain questions are not read.
+    plain = read_stock_prompt(DEFAULT_TREE_SUMMARIZE_PROMPT.format(context_str="One.\n\nTwo.", query_str="Q?"))
+    assert plain is not None and [p.text for p in plain.passages] == ["One.", "Two."]
+    assert read_stock_prompt(DEFAULT_SUMMARY_PROMPT.format(context_str=context)) is None
+    assert read_stock_prompt(question) is None
