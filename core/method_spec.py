@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import ast
 import re
+from importlib import metadata
 
 from midlens.core.errors import MethodConfigError
 from midlens.core.names import METHODS
+
+# Where other packages declare their methods: `[project.entry-points."midlens.methods"] NAME = "module:METHOD"`.
+PLUGIN_GROUP = "midlens.methods"
 
 _SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
 
@@ -50,13 +54,19 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def check_method_names(specs: list[str], also: tuple[str, ...] = ()) -> None:
-    """Refuse a spec whose name is not a built-in method (or one of `also`), before anything heavy is imported.
+def entry_points(group: str = PLUGIN_GROUP) -> list[metadata.EntryPoint]:
+    """The installed entry points of `group`, read from package metadata (nothing is imported)."""
+    return sorted(metadata.entry_points(group=group), key=lambda e: e.name)
 
-    Shells call this first; the registry's own check (method_config) also knows methods a user registered
-    in Python, which no command line can name.
-    """
-    known = METHODS + also
+
+def method_names() -> tuple[str, ...]:
+    """Every method a shell may name: the built-ins, then those installed packages declare (no torch import)."""
+    return METHODS + tuple(e.name for e in entry_points() if e.name not in METHODS)
+
+
+def check_method_names(specs: list[str], also: tuple[str, ...] = ()) -> None:
+    """Refuse a spec whose name is no registered method (or one of `also`), before anything heavy is imported."""
+    known = method_names() + also
     for spec in specs:
         name, _ = parse_method_spec(spec)
         if name not in known:

@@ -32,6 +32,7 @@ import torch
 from midlens.core.errors import MethodConfigError
 from midlens.core.passage import Passage
 from midlens.generators.context import MethodParts
+from midlens.generators.methods.method import Method
 from midlens.generators.prompt import StackedPrompt, render, render_document
 from midlens.generators.rope import RotaryScheme, baseline_schemes
 
@@ -215,3 +216,13 @@ def build(loaded, opts: dict) -> MethodParts:
         opts["calibration"] == "dummy",
     )
     return MethodParts(schemes, answering=hook)
+
+
+METHOD = Method(
+    "attn-calibration",
+    "training-free: answer-time attention moved toward position-calibrated relevance (Hsieh et al. 2024)",
+    build=build,
+    defaults=DEFAULTS,
+    check=check_options,
+    bench_variants=BENCH_VARIANTS,
+)

@@ -27,6 +27,7 @@ from torch import nn
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators.context import MethodParts
+from midlens.generators.methods.method import Method
 from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
 from midlens.generators.scores import attend, mask_rows
 
@@ -356,3 +357,15 @@ def inspect(gen, prompts: list, out: Path | None = None) -> list[str]:
         usage_heatmap(per_layer, bases, out / "moice-usage.png")
         lines.append(f"router usage in {out / 'moice-usage.json'}, heatmap {out / 'moice-usage.png'}")
     return lines
+
+
+METHOD = Method(
+    "moice",
+    "trained routers mix attention over several RoPE bases per token and head (Lin et al. 2024)",
+    build=build,
+    defaults=DEFAULTS,
+    check=check_options,
+    bench_variants=BENCH_VARIANTS,
+    inspect=inspect,
+    trainer=TRAINER,
+)

@@ -21,6 +21,7 @@ import torch
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators.context import MethodParts
+from midlens.generators.methods.method import Method
 from midlens.generators.rope import RotaryScheme, apply_rotary
 from midlens.generators.scores import attention_probs, expand_heads
 
@@ -201,3 +202,14 @@ def build(loaded, opts: dict) -> MethodParts:
         else:
             schemes.append(RotaryScheme(inv_freq, heads, kv_heads))
     return MethodParts(schemes)
+
+
+METHOD = Method(
+    "ms-poe",
+    "training-free per-head position rescaling (Zhang et al. 2024)",
+    build=build,
+    defaults=DEFAULTS,
+    check=check_options,
+    bench_variants=BENCH_VARIANTS,
+    bench_tokens=BENCH_TOKENS,
+)

@@ -14,6 +14,7 @@ from midlens.core.errors import MethodConfigError
 from midlens.generators.artefacts import load_artefact, resolve_artefact
 from midlens.generators.context import MethodParts
 from midlens.generators.delta import LoRADelta
+from midlens.generators.methods.method import Method
 from midlens.generators.rope import baseline_schemes
 
 DEFAULTS = {"alpha": 0.7, "artefact": None}
@@ -54,3 +55,14 @@ def build(loaded, opts: dict) -> MethodParts:
     delta.load_state_dict(artefact.tensors)
     delta.requires_grad_(False)
     return MethodParts(baseline_schemes(loaded.model), delta.to(loaded.dtype))
+
+
+METHOD = Method(
+    "mudaf",
+    "contrastively tuned retrieval heads, a trained LoRA delta (Liu et al. 2025); alpha=0: plain fine-tuning",
+    build=build,
+    defaults=DEFAULTS,
+    check=check_options,
+    shipped_name=shipped_name,
+    trainer=TRAINER,
+)

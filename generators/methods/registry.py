@@ -1,46 +1,25 @@
 """Methods by name: one registry entry per method, the way transformers registers attention functions.
 
-An entry says what a method is called, its options and their defaults, how to check them, and how to build
-the parts it puts into the one attention module (`MethodParts`: a scheme per layer, an optional weight
-delta). Shells never test a method's name: they pass specs such as `ms-poe(ratio_min=1.0, ratio_max=1.3)`
-to `method_config` and get a validated `MethodConfig` back, before any model is loaded.
+An entry is a method module's `METHOD` (`generators.methods.method.Method`): what a method is called, its options
+and their defaults, how to check them, and how to build the parts it puts into the one attention module. The
+built-ins are listed below; other packages add theirs through the entry point group `midlens.methods`, which the
+command line reads too. Shells never test a method's name: they pass specs such as
+`ms-poe(ratio_min=1.0, ratio_max=1.3)` to `method_config` and get a validated `MethodConfig` back, before any
+model is loaded.
 
-    register(Method("my-method", "what it does", defaults={...}, build=my_build))   # a user's own method
+    register(Method("my-method", "what it does", defaults={...}, build=my_build))   # in this process only
 """
 
 from __future__ import annotations
 
+import importlib
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from midlens.core.errors import MethodConfigError
-from midlens.core.method_spec import parse_method_spec, split_top_level
+from midlens.core.method_spec import PLUGIN_GROUP, entry_points, parse_method_spec, split_top_level
 from midlens.generators.context import MethodParts
-from midlens.generators.rope import baseline_schemes
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str
-    summary: str
-    build: Callable[[Any, dict], MethodParts]  # (LoadedModel, merged options) -> parts
-    defaults: dict = field(default_factory=dict)
-    check: Callable[[dict], None] | None = None  # raises MethodConfigError on a bad combination of options
-    # Methods with an `artefact` option: the folder under generators/trained/<name>/ that (model name, options)
-    # reads when no artefact is given. None: the model's name (MuDAF keeps one folder per alpha).
-    shipped_name: Callable[[str, dict], str] | None = None
-    # `midlens bench NAME`: the specs timed against the baseline, and the default prompt sizes (tokens).
-    bench_variants: tuple[str, ...] = ()
-    bench_tokens: tuple[int, ...] = (2048,)
-    # `midlens methods NAME`: what the method shows of itself on a loaded model, (Generator, prompts, out folder or
-    # None) -> lines to print; it may write figures into the folder. None: its options say all there is.
-    inspect: Callable[[Any, list, Any], list[str]] | None = None
-    # `midlens train NAME`: the module holding the method's training recipe (`RECIPE`, midlens.training.recipe),
-    # named, not imported: training sits above this layer. None: the method learns nothing.
-    trainer: str | None = None
-
+from midlens.generators.methods.method import Method
 
 REGISTRY: dict[str, Method] = {}
 __all__ = ["REGISTRY", "Method", "MethodConfig", "method_config", "parse_method_spec", "split_top_level"]
@@ -163,50 +142,45 @@ def build_parts(config: MethodConfig, loaded) -> MethodParts:
     return parts
 
 
-def _build_baseline(loaded, options: dict) -> MethodParts:
-    return MethodParts(baseline_schemes(loaded.model))
+# The built-in methods, in the order shells list them (core.names.METHODS spells the same names without torch).
+BUILTIN_MODULES = (
+    "midlens.generators.methods.baseline",
+    "midlens.generators.methods.ms_poe",
+    "midlens.generators.methods.mudaf",
+    "midlens.generators.methods.moice",
+    "midlens.generators.methods.attn_calibration",
+)
 
 
 def _register_builtins() -> None:
-    from midlens.generators.methods import attn_calibration, moice, ms_poe, mudaf
+    for module in BUILTIN_MODULES:
+        register(_method_of(importlib.import_module(module).METHOD, module))
 
-    register(Method("baseline", "the model's own RoPE, nothing changed", build=_build_baseline))
-    # Each method module holds its DEFAULTS, check_options and build; the summaries are what `midlens methods` shows.
-    for name, module, summary in (
-        ("ms-poe", ms_poe, "training-free per-head position rescaling (Zhang et al. 2024)"),
-        (
-            "mudaf",
-            mudaf,
-            "contrastively tuned retrieval heads, a trained LoRA delta (Liu et al. 2025); alpha=0: plain fine-tuning",
-        ),
-        (
-            "moice",
-            moice,
-            "trained routers mix attention over several RoPE bases per token and head (Lin et al. 2024)",
-        ),
-        (
-            "attn-calibration",
-            attn_calibration,
-            "training-free: answer-time attention moved toward position-calibrated relevance (Hsieh et al. 2024)",
-        ),
-    ):
-        shipped = getattr(module, "shipped_name", None)
-        bench = getattr(module, "BENCH_VARIANTS", ())
-        tokens = getattr(module, "BENCH_TOKENS", (2048,))
-        register(
-            Method(
-                name,
-                summary,
-                module.build,
-                module.DEFAULTS,
-                module.check_options,
-                shipped_name=shipped,
-                bench_variants=bench,
-                bench_tokens=tokens,
-                inspect=getattr(module, "inspect", None),
-                trainer=getattr(module, "TRAINER", None),
-            )
+
+def _method_of(value: object, source: str) -> Method:
+    if not isinstance(value, Method):
+        raise MethodConfigError(
+            f"{source} does not name a midlens Method (got {type(value).__name__}); a method module exports "
+            "METHOD = Method(...) from midlens.generators.methods.method."
         )
+    return value
+
+
+def _register_plugins() -> None:
+    """Methods other packages declare in the entry point group `midlens.methods` (NAME = "module:METHOD")."""
+    for entry in entry_points(group=PLUGIN_GROUP):
+        where = f"entry point {entry.name!r} = {entry.value!r} (group {PLUGIN_GROUP})"
+        try:
+            value = entry.load()
+        except Exception as err:  # a broken plugin is named, not a traceback from inside it
+            raise MethodConfigError(f"{where} could not be loaded: {type(err).__name__}: {err}") from err
+        method = _method_of(value, where)
+        if method.name != entry.name:
+            raise MethodConfigError(f"{where} holds a method named {method.name!r}; name the entry point after it.")
+        if method.name in REGISTRY:
+            raise MethodConfigError(f"{where}: a method named {method.name!r} is already registered.")
+        register(method)
 
 
 _register_builtins()
+_register_plugins()

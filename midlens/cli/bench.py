@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from midlens.cli.options import add_device_args
-from midlens.core.names import EVAL_MODEL, METHODS
+from midlens.core.method_spec import method_names
+from midlens.core.names import EVAL_MODEL
 from midlens.eval.bench_memory import MMAP_THRESHOLD
 
 BENCH_EXAMPLES = """examples:
@@ -28,7 +29,7 @@ def add_parser(sub) -> None:
         help="benchmarks: evidence overhead; ms-poe, moice and attn-calibration cost against the baseline",
         epilog=BENCH_EXAMPLES,
     )
-    bench.add_argument("kind", choices=["evidence", "batch", *(m for m in METHODS if m != "baseline")])
+    bench.add_argument("kind", choices=["evidence", "batch", *(m for m in method_names() if m != "baseline")])
     bench.add_argument("--model", default=EVAL_MODEL)
     bench.add_argument(
         "--tokens",

@@ -1,0 +1,14 @@
+"""The baseline: the model's own RoPE, nothing changed (the identity case every method extends)."""
+
+from __future__ import annotations
+
+from midlens.generators.context import MethodParts
+from midlens.generators.methods.method import Method, Options
+from midlens.generators.rope import baseline_schemes
+
+
+def build(loaded, options: Options) -> MethodParts:
+    return MethodParts(baseline_schemes(loaded.model))
+
+
+METHOD = Method("baseline", "the model's own RoPE, nothing changed", build=build)

@@ -1,0 +1,50 @@
+"""What a method is: the one value each method module exports (`METHOD = Method(...)`).
+
+A method changes attention through the parts it builds for the one attention module (`MethodParts`: a
+`RotaryScheme` per layer, whose `rotate`, `key_bias`, `mixing_weights` and `attend` are the seams, an optional
+weight delta, an optional answering hook). Everything else a shell needs to offer it is declared here, typed,
+so nothing about a method is read from a module by attribute name:
+
+    METHOD = Method(
+        name="my-method", summary="what it does, in one line",
+        defaults={"strength": 1.0}, check=check_options, build=build,
+    )
+
+Built-in methods are listed in `generators.methods.registry`; a method in another package registers through
+the entry point group `midlens.methods` (`my-method = "my_package.module:METHOD"`) and is then offered by
+`ask`, `eval`, `methods` and the demo like a built-in one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from midlens.generators.context import MethodParts
+    from midlens.generators.loading import LoadedModel
+
+Options = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    summary: str
+    build: Callable[[LoadedModel, Options], MethodParts]  # (loaded model, merged options) -> parts
+    defaults: Options = field(default_factory=dict)
+    check: Callable[[Options], None] | None = None  # raises MethodConfigError on a bad combination of options
+    # Methods with an `artefact` option: the folder under generators/trained/<name>/ that (model name, options)
+    # reads when no artefact is given. None: the model's name (MuDAF keeps one folder per alpha).
+    shipped_name: Callable[[str, Options], str] | None = None
+    # `midlens bench NAME`: the specs timed against the baseline, and the default prompt sizes (tokens).
+    bench_variants: tuple[str, ...] = ()
+    bench_tokens: tuple[int, ...] = (2048,)
+    # `midlens methods NAME`: what the method shows of itself on a loaded model, (Generator, prompts, out folder or
+    # None) -> lines to print; it may write figures into the folder. None: its options say all there is.
+    inspect: Callable[[Any, list, Path | None], list[str]] | None = None
+    # `midlens train NAME`: the module holding the method's training recipe (`RECIPE`, midlens.training.recipe),
+    # named, not imported: training sits above this layer. None: the method learns nothing.
+    trainer: str | None = None
