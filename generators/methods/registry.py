@@ -41,7 +41,9 @@ def available(model: str | None = None) -> list[str]:
     is listed for `model` only when an artefact ships for that model, so a menu never offers a certain error.
     """
     from midlens.generators.artefacts import shipped_artefact
+    from midlens.generators.packaged_models import canonical_name
 
+    model = None if model is None else canonical_name(model)
     return [
         name
         for name, method in REGISTRY.items()
@@ -72,7 +74,10 @@ def model_for(config: MethodConfig, model: str | None, default: str) -> str:
     ships nothing for `default`, the packaged model its artefact was trained for (`midlens ask --method mudaf`
     works on a fresh checkout). A chosen model the method has nothing for is refused here, before it loads."""
     from midlens.core.errors import ArtefactError
+    from midlens.generators.packaged_models import canonical_name
 
+    # An old model name is compared as the name it stands for, or its artefacts would not be found.
+    model = None if model is None else canonical_name(model)
     ships = shipped_models(config)
     if ships is None or (model or default) in ships:
         return model or default
