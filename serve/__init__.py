@@ -7,6 +7,7 @@
     app         the Ray Serve deployment: one model per replica, `@serve.batch` dynamic batching onto the engine
     client      a plain HTTP client (no Ray, no FastAPI): answers, scores, chats, streams, with bounded retries
     llamaindex  MidlensLLM answered by a server (`MidlensLLM(base_url=...)`)
+    bench       throughput and latency against in-process batching (`python -m midlens.serve.bench`)
 
 A shell over the library: it imports `midlens.generators` and `midlens.rag`; the library does not import it, but
 for `MidlensLLM(base_url=...)`, which loads `midlens.serve.llamaindex` when (and only when) a URL is given.
