@@ -43,11 +43,22 @@ def rebuild_hint(name: str, folder: Path) -> str:
     return f"Restore {folder} from where it came from (re-copy or re-download it), or use another model."
 
 
-def _damaged(name: str, folder: Path, problems: list[FileProblem], cause: str = "") -> ModelError:
+class DamagedModelError(ModelError):
+    """A model folder whose files differ from its manifest, or that has none to vouch for them. `damage` says what
+    is wrong without what to do about it: midlens repairs a cached conversion itself, and its note must not tell
+    the user to clear the cache while the repair is already running."""
+
+    def __init__(self, message: str, damage: str):
+        super().__init__(message)
+        self.damage = damage
+
+
+def _damaged(name: str, folder: Path, problems: list[FileProblem], cause: str = "") -> DamagedModelError:
     listed = "\n".join(f"  {p}" for p in problems)
-    return ModelError(
+    return DamagedModelError(
         f"model '{name}': the files in {folder} do not match its manifest{cause}:\n{listed}\n"
-        f"The folder is damaged (a partial copy, a full disk, or bytes changed on disk). {rebuild_hint(name, folder)}"
+        f"The folder is damaged (a partial copy, a full disk, or bytes changed on disk). {rebuild_hint(name, folder)}",
+        f"{folder} does not match its manifest ({'; '.join(map(str, problems))})",
     )
 
 
@@ -61,13 +72,14 @@ def check_model_folder(name: str, folder: Path, hashes: bool = False, cause: str
     try:
         manifest = read_manifest(folder)
     except ValueError as err:
-        raise ModelError(f"model '{name}': {err}. {rebuild_hint(name, folder)}") from None
+        raise DamagedModelError(f"model '{name}': {err}. {rebuild_hint(name, folder)}", str(err)) from None
     if manifest is None:
         if _in_cache(folder):
-            raise ModelError(
-                f"model '{name}': {folder} has no MANIFEST.json, so nothing vouches for its files (the manifest was "
-                f"deleted, or an older midlens converted it). {rebuild_hint(name, folder)}"
+            damage = (
+                f"{folder} has no MANIFEST.json, so nothing vouches for its files (the manifest was deleted, or an "
+                "older midlens converted it)"
             )
+            raise DamagedModelError(f"model '{name}': {damage}. {rebuild_hint(name, folder)}", damage)
         return
     problems = manifest_problems(folder, manifest, hashes, progress=f"verifying {name}" if hashes else None)
     if problems:
@@ -90,15 +102,19 @@ def resolve_model_dir(name_or_path: str) -> Path:
                 convert_gguf(name_or_path, source, target)
             try:
                 check_model_folder(name_or_path, target)
-            except ModelError as damage:
+            except DamagedModelError as damage:
                 if converted:
                     raise
                 try:  # damaged or unverified: convert again from the GGUF (verified by hash) when it is installed
                     source.locate()
                 except ModelError:
                     raise damage from None
-                first = str(damage).splitlines()[0]
-                print(f"note: {first}\n  converting {name_or_path} again from its installed GGUF", file=sys.stderr)
+                print(
+                    f"note: model '{name_or_path}': {damage.damage}.\n  converting {name_or_path} again from its "
+                    "installed GGUF (nothing to do: the damaged folder is replaced when the conversion finishes).",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 convert_gguf(name_or_path, source, target)
                 check_model_folder(name_or_path, target)
         return target

@@ -115,7 +115,8 @@ def convert_gguf(name: str, source: GGUFSource, target: Path) -> None:
                 for p in tqdm(parts, desc=f"joining {name}"):
                     with p.open("rb") as f:
                         shutil.copyfileobj(f, out, 1 << 22)
-        print(f"converting {name} from GGUF (once; cached under {target.parent})")
+        # A note, not output: stdout holds only what the command was asked for (`ask --json > answer.json`).
+        print(f"converting {name} from GGUF (once; cached under {target.parent})", file=sys.stderr, flush=True)
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
         # The GGUF loader leaves a quantizer attached that refuses save_pretrained; the weights are

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from midlens.core.errors import CorpusError
-from tests.conftest import planted_passages
+from tests.conftest import PLANTED_FACT, planted_passages
 
 
 def test_scoring_without_generating_says_so_instead_of_an_empty_answer(generator, capsys):
@@ -88,3 +88,44 @@ def test_a_binary_upload_names_the_chosen_file_not_the_server_s_temp_path(pipeli
     with pytest.raises(UserError) as err:
         DemoBackend(pipeline).retriever(str(upload))
     assert "my notes.txt" in str(err.value) and "gradio-temp-3f9a" not in str(err.value)
+
+
+# -- round three ------------------------------------------------------------------------------------------------
+
+
+def _corpus(folder):
+    folder.mkdir()
+    (folder / "zorbland.txt").write_text("Zorbland expedition\n\n" + PLANTED_FACT + "\n")
+    (folder / "rivers.txt").write_text("Rivers\n\nThe longest river of the valley is the Amberflow.\n")
+    return folder
+
+
+@pytest.mark.slow
+def test_ask_json_is_json_on_first_use_and_after_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch, capfd):
+    """The first run converts the packaged GGUF, a damaged cache is converted again: both notes go to stderr, so
+    `ask --json > out.json` holds only the answer. The repair's note names the damaged file and does not ask the
+    user to clear a cache that midlens is already replacing."""
+    from midlens.cli import main
+    from midlens.generators import loading
+    from tests.damage import overwrite
+
+    monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loading, "_LOADED", {})  # a fresh process: nothing converted, nothing in memory
+    corpus = _corpus(tmp_path / "docs")
+    ask = ["ask", "What is the secret code word?", "--corpus", str(corpus), "--model", "smollm2-135m"]
+    ask += ["--json", "--device", "cpu", "--max-new-tokens", "2", "--top-k", "2"]
+
+    assert main(ask) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out)["question"] == "What is the secret code word?"
+    assert "converting smollm2-135m from GGUF" in err
+
+    weights = tmp_path / "cache" / "models" / "smollm2-135m" / "model.safetensors"
+    overwrite(weights, weights.stat().st_size // 2, b"\x7f\x7f\x7f\x7f")
+    monkeypatch.setattr(loading, "_LOADED", {})
+    assert main(ask) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out)["question"] == "What is the secret code word?"
+    note = err[err.index("note: model 'smollm2-135m'") :].split("\n\n")[0]
+    assert f"{weights}: sha256 " in note and "the manifest records" in note
+    assert "cache clear" not in note and not note.splitlines()[0].endswith(":")

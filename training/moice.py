@@ -10,6 +10,7 @@ it has in the paper's per-layer loss whatever the model's depth.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -96,7 +97,7 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
     cfg = loaded.model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     bases = complementary_bases(rope_base(cfg), head_dim, options["experts"])
-    print("expert bases: " + ", ".join(f"{b:g}" for b in bases))
+    print("expert bases: " + ", ".join(f"{b:g}" for b in bases), file=sys.stderr)
     examples, loop, data = budget.plan(loaded.tokenizer)
     config = MoiceConfig(tuple(bases), options["top_k"], options["per_head"], options["balance"])
     return train_moice(loaded, examples, config, loop, out, data, budget.progress, budget.max_seconds)
