@@ -150,7 +150,9 @@ def write_rows(path: Path, config: dict, rows: Iterable[dict], total: int, done:
     config_hash = sha256_json(comparable(config))
     seen = set(done)
     desc = path.parent.name
-    bar = tqdm(total=total, initial=len(seen), desc=desc, unit="ex", disable=not progress, dynamic_ncols=True)
+    # It counts units (one example under one method and position, or one e2e question under one method), not
+    # examples: a rate in examples would overstate the speed by the methods x positions.
+    bar = tqdm(total=total, initial=len(seen), desc=desc, unit="unit", disable=not progress, dynamic_ncols=True)
     written = 0
     with path.open("a", encoding="utf-8") as handle:
         for row in rows:

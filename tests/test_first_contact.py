@@ -129,3 +129,34 @@ def test_ask_json_is_json_on_first_use_and_after_a_damaged_cache_is_rebuilt(tmp_
     note = err[err.index("note: model 'smollm2-135m'") :].split("\n\n")[0]
     assert f"{weights}: sha256 " in note and "the manifest records" in note
     assert "cache clear" not in note and not note.splitlines()[0].endswith(":")
+
+
+def _e2e_run(tmp_path, loaded_name: str):
+    from midlens.cli import main
+
+    questions = tmp_path / "q.jsonl"  # the user's own questions: no "gold_titles" (optional)
+    rows = [
+        {"question": "What is the secret code word of the Zorbland expedition?", "answers": ["pelican"]},
+        {"question": "What is the longest river of the valley?", "answers": ["Amberflow"]},
+    ]
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    args = ["eval", "e2e", "--questions", str(questions), "--corpus", str(_corpus(tmp_path / "docs")), "--top-k", "2"]
+    args += ["--methods", "baseline,mudaf", "--model", loaded_name, "--max-new-tokens", "4", "--out", str(run)]
+    assert main(args) == 0
+    return run
+
+
+def test_report_of_an_e2e_run_without_gold_titles_says_recall_is_unavailable(loaded, tmp_path, capsys):
+    from midlens.cli import main
+
+    run = _e2e_run(tmp_path, loaded.name)
+    bar = capsys.readouterr().err
+    assert main(["eval", "report", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    assert "| baseline | 2 |" in text and "| mudaf | 2 |" in text
+    assert "Paired on the same questions" in text
+    assert text.count("n/a (no gold_titles)") >= 5  # recall and evidence R@2 of both methods, the paired recall
+    assert 'add `"gold_titles": [title, ...]` to each question' in text
+    # The progress bar counts units (2 questions x 2 methods), and says so.
+    assert " 4/4 " in bar and "unit" in bar and "ex/s" not in bar and "s/ex" not in bar

@@ -12,9 +12,15 @@ from midlens.eval.report.summarise import (
     sweep_summary,
 )
 
+UNGRADED = "n/a (no gold_titles)"
+NO_GOLD_NOTE = (
+    "Retrieval recall and evidence R@2 are unavailable (n/a) where the questions file gives no `gold_titles`: "
+    'they count the gold passages found, so add `"gold_titles": [title, ...]` to each question to measure them.'
+)
 
-def _pct(x: float) -> str:
-    return "-" if x != x else f"{100 * x:.1f}"
+
+def _pct(x: float, missing: str = "-") -> str:
+    return missing if x != x else f"{100 * x:.1f}"
 
 
 def _points_ci(x: float, ci: tuple[float, float]) -> str:
@@ -90,14 +96,19 @@ def markdown(configs: list[dict], rows: list[dict], against: str = "baseline") -
         for (ds, m), s in e2e.items():
             lines.append(
                 f"| {ds} | {m} | {s['n']} | {_pct_ci(s['em'], s['em_ci'])} | {_pct(s['f1'])} | "
-                f"{_pct(s['retrieval_recall'])} | {_pct(s['evidence_recall@2'])} | {s['seconds']:.2f} |"
+                f"{_pct(s['retrieval_recall'], UNGRADED)} | {_pct(s['evidence_recall@2'], UNGRADED)} | "
+                f"{s['seconds']:.2f} |"
             )
+        if any(s["retrieval_recall"] != s["retrieval_recall"] for s in e2e.values()):
+            lines += ["", NO_GOLD_NOTE]
         paired = e2e_paired(rows)
         for ref in dict.fromkeys(d["against"] for d in paired.values()):
             lines += ["", f"Paired on the same questions, minus **{ref[0]} / {ref[1]}** (points):", ""]
             lines += ["| dataset | method | n | EM | F1 | retrieval recall |", "|" + "---|" * 6]
             for (ds, m), d in paired.items():
                 if d["against"] == ref:
-                    cells = [_points_ci(*d[k]) for k in ("em", "f1", "retrieval_recall")]
+                    cells = [_points_ci(*d[k]) for k in ("em", "f1")]
+                    recall = d["retrieval_recall"]
+                    cells.append(UNGRADED if recall is None else _points_ci(*recall))
                     lines.append(f"| {ds} | {m} | {d['n']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -168,7 +168,8 @@ def _e2e_groups(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
 
 
 def e2e_summary(rows: list[dict]) -> dict:
-    """{(dataset label, method): {"n", metric: mean, ..., "em_ci"}} for the end-to-end rows."""
+    """{(dataset label, method): {"n", metric: mean, ..., "em_ci"}} for the end-to-end rows; a metric no row has (the
+    recalls without "gold_titles") is NaN."""
     by = _e2e_groups(rows)
     keys = ("em", "f1", "retrieval_recall", "evidence_recall@2", "seconds")
     return {
@@ -192,6 +193,16 @@ def e2e_paired(rows: list[dict]) -> dict[tuple[str, str], dict]:
         if ref is None:
             continue
         (ref_key, base), common = ref, sorted(this)
-        diffs = {m: [this[e][m] - base[e][m] for e in common] for m in ("em", "f1", "retrieval_recall")}
-        out[key] = {"against": ref_key, "n": len(common), **{m: (_mean(d), bootstrap_ci(d)) for m, d in diffs.items()}}
+        diffs = {m: [this[e][m] - base[e][m] for e in common] for m in ("em", "f1")}
+        # Retrieval recall exists only for questions that name their gold passages ("gold_titles" is optional):
+        # paired over those, None when no question does.
+        graded = [e for e in common if "retrieval_recall" in this[e] and "retrieval_recall" in base[e]]
+        recall = [this[e]["retrieval_recall"] - base[e]["retrieval_recall"] for e in graded]
+        out[key] = {
+            "against": ref_key,
+            "n": len(common),
+            **{m: (_mean(d), bootstrap_ci(d)) for m, d in diffs.items()},
+            "retrieval_recall": (_mean(recall), bootstrap_ci(recall)) if graded else None,
+            "n_retrieval": len(graded),
+        }
     return out
