@@ -19,6 +19,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 from tqdm.auto import tqdm
 
+from midlens.core.errors import InvalidArgumentError
+
 
 def cache_dir() -> Path:
     """Root of midlens' caches; `MIDLENS_CACHE` overrides it."""
@@ -36,6 +38,20 @@ def indexes_dir() -> Path:
     return cache_dir() / "indexes"
 
 
+def make_folder(folder: Path) -> Path:
+    """`folder` made (with its parents) to write into. A file where a folder must be (`--out results.txt`, or a
+    parent that is a file) is refused by name, not by mkdir's FileExistsError traceback."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)
+        raise InvalidArgumentError(
+            f"cannot write into {folder}: {blocking} is a file, and a folder is needed there. Give a folder path "
+            f"(an output folder such as --out is created when missing), or move {blocking} out of the way."
+        ) from None
+    return folder
+
+
 @contextmanager
 def build_lock(target: Path) -> Iterator[None]:
     """Held while this process builds `target` (a model conversion, an index).
@@ -44,7 +60,7 @@ def build_lock(target: Path) -> Iterator[None]:
     and the first to finish removes the working files the second is still writing. With the lock the second
     waits, then finds the folder built and reuses it. The lock file stays (hidden, empty): deleting it on
     release would let a third process lock a different file of the same name."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(target.parent)
     lock = FileLock(target.with_name(f".{target.name}.lock"))
     try:
         lock.acquire(timeout=0)
@@ -90,7 +106,7 @@ def _umask() -> int:
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results and reports are meant to be shared
@@ -214,7 +230,7 @@ def _process_start(pid: int) -> str | None:
 def make_temp_dir(parent: Path, prefix: str) -> Path:
     """A fresh hidden temp folder in `parent` that records its owner (pid, host, start time), so a later run
     can tell a folder left by a killed process from one still being written."""
-    parent.mkdir(parents=True, exist_ok=True)
+    make_folder(parent)
     work = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "start": _process_start(os.getpid())}
     (work / OWNER).write_text(json.dumps(owner))

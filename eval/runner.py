@@ -18,7 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from midlens.core.errors import MidlensError
-from midlens.core.files import sha256_json, write_atomic
+from midlens.core.files import make_folder, sha256_json, write_atomic
 
 RESULTS = "results.jsonl"
 CONFIG = "config.json"
@@ -223,7 +223,7 @@ def merge(sources: Iterable[Path], out: Path) -> tuple[int, int]:
             raise RunError(f"{src} and {first_src} are different runs (configs differ); merge only shards of one run.")
     merged = sorted(rows.values(), key=lambda r: r["order"])
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     if (out / CONFIG).resolve() != (Path(first_src) / CONFIG).resolve():
         write_atomic(out / CONFIG, json.dumps({**first, "shard": "merged"}, indent=2, sort_keys=True) + "\n")
     write_atomic(out / RESULTS, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged))

@@ -160,3 +160,25 @@ def test_report_of_an_e2e_run_without_gold_titles_says_recall_is_unavailable(loa
     assert 'add `"gold_titles": [title, ...]` to each question' in text
     # The progress bar counts units (2 questions x 2 methods), and says so.
     assert " 4/4 " in bar and "unit" in bar and "ex/s" not in bar and "s/ex" not in bar
+
+
+def test_an_out_path_that_is_a_file_is_named_with_what_to_do(tmp_path, capsys):
+    from midlens.cli import main
+    from midlens.core.errors import InvalidArgumentError
+    from midlens.core.files import write_atomic
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"kind": "e2e", "model": "m", "top_k": 5, "max_new_tokens": 16}))
+    row = dict(key="q0|baseline", example_id="q0", kind="e2e", dataset="qs", method="baseline", em=1.0, f1=1.0)
+    (run / "results.jsonl").write_text(json.dumps({**row, "seconds": 1.0}) + "\n")
+    taken = tmp_path / "results.txt"
+    taken.write_text("someone's notes\n")
+
+    assert main(["eval", "report", str(run), "--out", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write into {taken}: {taken} is a file" in err and "Give a folder path" in err
+    assert "Traceback" not in err and "FileExistsError" not in err
+    with pytest.raises(InvalidArgumentError, match=f"{taken} is a file"):  # a parent that is a file, too
+        write_atomic(taken / "sub" / "report.md", "x")
+    assert taken.read_text() == "someone's notes\n"

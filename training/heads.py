@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from midlens.core.files import write_atomic
+from midlens.core.files import make_folder, write_atomic
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.training.data import TrainExample
@@ -81,7 +81,7 @@ def heatmap(scores: dict, path: Path, key: str = "f1") -> None:
     ax.set_title(f"{scores['model']}: retrieval score ({key.upper()}, eps {scores['eps']}, n = {scores['n']})")
     fig.colorbar(im, ax=ax, label=key.upper())
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
