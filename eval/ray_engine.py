@@ -60,12 +60,65 @@ def _describe(options: dict) -> tuple[dict, list[dict], str]:
     return run.config, run.units, run.device
 
 
+# How long the head node gets to accept a plain TCP connection before --address is called unreachable. Ray itself
+# retries an unreachable GCS for minutes (about 40 s per attempt, ~20 attempts in Ray 2.60), printing only its own
+# "Failed to connect to GCS" warnings; a live head accepts within milliseconds, a slow network within seconds.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    """The host and port Ray would dial for `address` (HOST:PORT or ray://HOST:PORT)."""
+    client = address.startswith("ray://")
+    target = address.removeprefix("ray://")
+    if not client:
+        try:  # Ray dials a loopback name at this node's own IP: probe what it will dial
+            from ray._private.services import canonicalize_bootstrap_address
+
+            target = canonicalize_bootstrap_address(address) or target
+        except Exception:  # an address Ray cannot parse either: the check below names it
+            pass
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise MidlensError(
+            f"--address {address}: expected HOST:PORT of the Ray head node (e.g. 10.0.0.5:6379, the address "
+            "`ray start --head` printed), ray://HOST:PORT for Ray Client, or leave it out to start a local cluster."
+        )
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse `address` with an error that names it when nothing accepts a TCP connection there within `timeout_s`
+    (before ray.init, which would otherwise retry for minutes). "auto" and "local" are Ray's to resolve."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    host, port = _host_port(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as err:
+        why = "timed out" if isinstance(err, TimeoutError) else (err.strerror or type(err).__name__)
+        dialled = "" if f"{host}:{port}" in address else f" (Ray dials it as {host}:{port})"
+        if address.startswith("ray://"):
+            service = "the head node's Ray Client server (port 10001 unless `ray start --ray-client-server-port`)"
+        else:
+            service = "the GCS address `ray start --head` printed (port 6379 unless `--port`)"
+        raise MidlensError(
+            f"--address {address}: no Ray cluster answers there{dialled}: connecting to {host}:{port} failed "
+            f"({why}, within {timeout_s:g} s). Check that the head node is running (`ray status` on it; `ray start "
+            f"--head` starts one), that the address is {service}, and that no firewall blocks that port from this "
+            "machine; or leave out --address to start a local cluster."
+        ) from None
+
+
 def _connect(address: str | None, workers: int, threads: int) -> None:
     import ray
 
     if ray.is_initialized():
         return
     if address:
+        check_reachable(address)
         ray.init(address=address, log_to_driver=False)
         return
     # A local cluster sized for the pool: Ray schedules by the CPUs an actor asks for, not by the cores there are.

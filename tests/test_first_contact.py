@@ -182,3 +182,20 @@ def test_an_out_path_that_is_a_file_is_named_with_what_to_do(tmp_path, capsys):
     with pytest.raises(InvalidArgumentError, match=f"{taken} is a file"):  # a parent that is a file, too
         write_atomic(taken / "sub" / "report.md", "x")
     assert taken.read_text() == "someone's notes\n"
+
+
+@pytest.mark.slow
+def test_an_unreachable_ray_address_fails_fast_and_names_it(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "midlens.cli", "eval", "sweep", "--dataset", "kv", "--n", "1", "--k", "2"]
+    command += ["--methods", "baseline", "--engine", "ray", "--address", "127.0.0.1:1", "--out", str(tmp_path / "r")]
+    t0 = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    seconds = time.perf_counter() - t0
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--address 127.0.0.1:1: no Ray cluster answers there" in done.stderr
+    assert "ray start --head" in done.stderr and "firewall" in done.stderr
+    assert "Failed to connect to GCS" not in done.stderr and seconds < 60
