@@ -14,6 +14,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from midlens.core.errors import ArtefactError
+
 PROJECTIONS = ("q", "k", "v", "o")
 
 
@@ -35,6 +37,21 @@ def projection_shapes(model: nn.Module) -> dict[tuple[int, str], tuple[int, int]
     return shapes
 
 
+def _check_layers(model: nn.Module, layers: list[int]) -> None:
+    """Refuse a delta for layers the model does not have: the delta was described (in a trained artefact's
+    meta.json) for a deeper model, and building it would fail on the first missing layer's shape lookup."""
+    count = len(model.model.layers)
+    beyond = [i for i in layers if not 0 <= i < count]
+    if beyond:
+        name = getattr(model.config, "name_or_path", "") or type(model).__name__
+        raise ArtefactError(
+            f"a LoRA delta for layers {layers[0]}-{layers[-1]} ({len(layers)} layers) does not fit model {name}: it "
+            f"has {count} layers (0-{count - 1}), so layers {beyond[0]}-{beyond[-1]} do not exist. The delta (a "
+            "MuDAF artefact's meta.json, delta.layers) was trained for another model: use an artefact trained for "
+            "this one (`midlens train mudaf --model MODEL --out FOLDER`, then artefact='FOLDER')."
+        )
+
+
 class LoRADelta(WeightDelta):
     """Low-rank factors A [r, in], B [out, r] per targeted (layer, projection); trainable parameters."""
 
@@ -51,6 +68,7 @@ class LoRADelta(WeightDelta):
         shapes = projection_shapes(model)
         device = model.get_input_embeddings().weight.device
         self.layers = sorted(set(int(i) for i in layers))
+        _check_layers(model, self.layers)
         self.projections = tuple(p for p in PROJECTIONS if p in set(projections))
         self.rank = int(rank)
         self.alpha = float(alpha)

@@ -199,3 +199,18 @@ def test_an_unreachable_ray_address_fails_fast_and_names_it(tmp_path):
     assert "--address 127.0.0.1:1: no Ray cluster answers there" in done.stderr
     assert "ray start --head" in done.stderr and "firewall" in done.stderr
     assert "Failed to connect to GCS" not in done.stderr and seconds < 60
+
+
+def test_another_model_s_mudaf_artefact_on_a_model_folder_names_the_layer_counts(tmp_path):
+    from midlens.core.errors import ArtefactError
+    from midlens.generators import Generator
+    from midlens.generators.artefacts import SHIPPED
+    from tests.tiny import save_tiny
+
+    folder = save_tiny("llama", tmp_path / "tiny")  # 4 layers; the shipped SmolLM2 delta adapts 30
+    artefact = SHIPPED / "mudaf" / "smollm2-135m"
+    with pytest.raises(ArtefactError) as err:
+        Generator(str(folder), method=f"mudaf(artefact='{artefact}')", device="cpu", dtype="float32")
+    message = str(err.value)
+    assert "layers 0-29 (30 layers)" in message and "it has 4 layers (0-3)" in message
+    assert "trained for another model" in message
