@@ -38,6 +38,7 @@ import json
 import random
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -84,6 +85,23 @@ def data_sha256(examples: list[Example]) -> str:
 
 def _open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+def _text_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a UTF-8 file, plain or gzipped. Lines are decoded one at a time, so a byte that is
+    not UTF-8 is named by file and line, not by a decoder position in a buffer the user never saw."""
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as handle:
+            for lineno, raw in enumerate(handle, start=1):
+                try:
+                    yield lineno, raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise CorpusError(
+                        f"{path}:{lineno}: not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1}); "
+                        "save the file as UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8`)."
+                    ) from None
+    except (OSError, EOFError) as err:
+        raise CorpusError(f"{path}: cannot read ({err}); expected UTF-8 JSONL, optionally gzipped.") from None
 
 
 def _str_list(value, what: str, where: str) -> list[str]:
@@ -305,24 +323,23 @@ def load_questions(path: str | Path, n: int | None = None, seed: int = 0) -> lis
     if not path.is_file():
         raise CorpusError(f"questions file not found: {path}")
     rows = []
-    with _open_text(path) as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise invalid_json(where, err) from None
-            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not row["question"].strip():
-                raise CorpusError(f'{where}: expected an object with a non-empty "question" string and "answers".')
-            answers = _str_list(row.get("answers"), '"answers"', where)
-            gold = row.get("gold_titles", [])
-            if not isinstance(gold, list) or not all(isinstance(t, str) for t in gold):
-                raise CorpusError(f'{where}: "gold_titles" must be a list of strings when given.')
-            rows.append(
-                {"id": str(row.get("id", lineno)), "question": row["question"], "answers": answers, "gold_titles": gold}
-            )
+    for lineno, line in _text_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise invalid_json(where, err) from None
+        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not row["question"].strip():
+            raise CorpusError(f'{where}: expected an object with a non-empty "question" string and "answers".')
+        answers = _str_list(row.get("answers"), '"answers"', where)
+        gold = row.get("gold_titles", [])
+        if not isinstance(gold, list) or not all(isinstance(t, str) for t in gold):
+            raise CorpusError(f'{where}: "gold_titles" must be a list of strings when given.')
+        rows.append(
+            {"id": str(row.get("id", lineno)), "question": row["question"], "answers": answers, "gold_titles": gold}
+        )
     if not rows:
         raise CorpusError(f"{path} holds no questions.")
     return [rows[i] for i in subsample_indices(len(rows), n, seed)]

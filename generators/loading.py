@@ -88,6 +88,7 @@ def load_model(
                 f"model '{name_or_path}' uses sliding-window attention ({sliding} of {window} positions); "
                 "midlens' attention module implements full causal attention only."
             )
+        _check_tokenizer_files(name_or_path, model_dir)
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
@@ -101,6 +102,22 @@ def load_model(
         )
         _LOADED[key] = loaded
         return loaded
+
+
+# The files a Hugging Face tokenizer is read from: one of these sets must be in the folder. Without any, transformers
+# says to install sentencepiece or tiktoken, which would not help.
+TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",))
+
+
+def _check_tokenizer_files(name: str, folder: Path) -> None:
+    if any(all((folder / f).is_file() for f in files) for files in TOKENIZER_FILES) or any(folder.glob("*.tiktoken")):
+        return
+    expected = ", ".join(" + ".join(files) for files in TOKENIZER_FILES)
+    raise ModelError(
+        f"model '{name}': {folder} has no tokenizer files (expected one of: {expected}, or a *.tiktoken file). Copy "
+        "the tokenizer files from where the model came from into the folder (save_pretrained writes them for both "
+        "the model and its tokenizer)."
+    )
 
 
 def _load_failure(name: str, folder: Path, err: Exception) -> ModelError:

@@ -37,6 +37,17 @@ def check_top_k(top_k: int) -> int:
     return top_k
 
 
+def check_max_new_tokens(max_new_tokens: int) -> int:
+    """The public spelling's check: a string or float from a config file would otherwise fail as a TypeError deep in
+    generation, after retrieval and the prompt were built."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
+        raise InvalidArgumentError(
+            f"max_new_tokens={max_new_tokens!r}: the longest answer, in tokens, must be an integer of at least 0 "
+            "(0 scores the passages without generating), e.g. max_new_tokens=32."
+        )
+    return int(max_new_tokens)
+
+
 class Pipeline:
     def __init__(
         self,
@@ -53,7 +64,7 @@ class Pipeline:
         self.retriever = retriever
         self.generator = generator
         self.top_k = check_top_k(top_k)
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens = check_max_new_tokens(max_new_tokens)
         self.truncate = truncate
         self.prompt_style = check_style(prompt_style)
 
@@ -109,11 +120,12 @@ class Pipeline:
 
     def answer(self, question: str, passages: list[Passage], calibrate: bool = True, **generate_kwargs) -> Answer:
         """Generate over given passages (in the given prompt order), skipping retrieval."""
-        max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
+        max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
         prompt = self.prompt(question, passages, max_new)
         return self.generator.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
 
     def ask(self, question: str, top_k: int | None = None, calibrate: bool = True, **generate_kwargs) -> Answer:
+        check_max_new_tokens(generate_kwargs.get("max_new_tokens", self.max_new_tokens))  # before retrieval
         t0 = time.perf_counter()
         passages = self.retrieve(question, top_k)
         retrieve_s = time.perf_counter() - t0
@@ -126,7 +138,7 @@ class Pipeline:
     ) -> list[Answer]:
         """`ask` for many questions, their prompts generated `batch_size` at a time (`auto`: the largest batch that
         fits on a GPU, 1 on the CPU); each Answer equals the question asked alone."""
-        max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
+        max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
         prompts, retrieve_s = [], []
         for question in questions:
             t0 = time.perf_counter()
@@ -142,7 +154,7 @@ class Pipeline:
 
     def answer_stream(self, question: str, passages: list[Passage], **generate_kwargs) -> GenerationStream:
         """`answer` as text deltas; the prompt is built (and a too-long one refused) now, not on the first delta."""
-        max_new = generate_kwargs.pop("max_new_tokens", self.max_new_tokens)
+        max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
         prompt = self.prompt(question, passages, max_new)
         return self.generator.stream(prompt, max_new_tokens=max_new, **generate_kwargs)
 

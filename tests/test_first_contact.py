@@ -214,3 +214,49 @@ def test_another_model_s_mudaf_artefact_on_a_model_folder_names_the_layer_counts
     message = str(err.value)
     assert "layers 0-29 (30 layers)" in message and "it has 4 layers (0-3)" in message
     assert "trained for another model" in message
+
+
+def test_a_model_folder_without_tokenizer_files_says_so(tmp_path):
+    from midlens.core.errors import ModelError
+    from midlens.generators.loading import load_model
+    from tests.tiny import save_tiny
+
+    folder = save_tiny("llama", tmp_path / "weights-only")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    with pytest.raises(ModelError) as err:
+        load_model(str(folder), device="cpu")
+    message = str(err.value)
+    assert f"{folder} has no tokenizer files" in message and "tokenizer.json" in message
+    assert "sentencepiece" not in message and "tiktoken installed" not in message
+
+
+def test_a_questions_file_that_is_not_utf8_is_named_by_line(tmp_path):
+    from midlens.eval.datasets import load_questions
+
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(b'{"question": "fine?", "answers": ["yes"]}\n{"question": "caf\xe9?", "answers": ["x"]}\n')
+    with pytest.raises(CorpusError) as err:
+        load_questions(path)
+    assert f"{path}:2: not UTF-8 text (byte 0xe9 at column 18)" in str(err.value)
+
+
+def test_a_max_new_tokens_of_the_wrong_type_is_named_at_the_pipeline(pipeline):
+    from midlens.core.errors import InvalidArgumentError
+
+    for bad in ("5", 2.5, -1, None):
+        with pytest.raises(InvalidArgumentError, match=f"max_new_tokens={bad!r}: the longest answer"):
+            pipeline.ask("What is the secret code word?", max_new_tokens=bad)
+
+
+def test_train_max_minutes_counts_the_preparation_before_the_loop():
+    import time
+
+    from midlens.training.recipe import Budget
+
+    budget = Budget(examples=8, max_minutes=0.01)  # 0.6 s in all
+    time.sleep(0.4)  # the retrieval-head scoring MuDAF runs before its loop
+    assert budget.max_seconds == pytest.approx(0.2, abs=0.1)
+    time.sleep(0.3)
+    assert budget.max_seconds == 0.0  # the loop runs one step, checkpointed, and stops
+    assert Budget(examples=8).max_seconds is None

@@ -179,6 +179,7 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
         )
         scores = retrieval_head_scores(Generator(loaded), probe, progress=budget.progress)
         save_scores(scores, Path(out).with_name(Path(out).name + ".heads.json"))
+        budget.note_spent(f"retrieval-head scoring ({len(probe)} prompts)")
     heads = select_heads(
         scores["f1"], options["num_heads"], seed=budget.seed, mode=options["head_selection"], tiebreak=scores.get("em")
     )

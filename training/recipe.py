@@ -7,6 +7,8 @@ which methods train and never names one; the options are data here, and the comm
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,10 +41,28 @@ class Budget:
     seed: int = 0
     max_minutes: float | None = None
     progress: bool = True
+    # When the budget's clock started: what a recipe does before its training loop (MuDAF scores retrieval heads
+    # first, minutes on a CPU) is spent from the same --max-minutes, so the run's wall time is what was asked.
+    started: float = field(default_factory=time.perf_counter, compare=False, repr=False)
 
     @property
     def max_seconds(self) -> float | None:
-        return None if self.max_minutes is None else 60 * self.max_minutes
+        """The seconds left for the training loop (0 when preparation used them all), None without a limit."""
+        if self.max_minutes is None:
+            return None
+        return max(0.0, 60 * self.max_minutes - (time.perf_counter() - self.started))
+
+    def note_spent(self, what: str) -> None:
+        """Say on stderr how much of --max-minutes `what` took, and what is left for training."""
+        if self.max_minutes is None:
+            return
+        spent, left = time.perf_counter() - self.started, self.max_seconds
+        tail = "training runs one step and stops" if not left else f"{left / 60:.1f} min left for training"
+        print(
+            f"note: {what} took {spent / 60:.1f} of the {self.max_minutes:g} min of --max-minutes; {tail}.",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def plan(self, tokenizer) -> tuple[list, LoopConfig, dict]:
         """The train-split examples this budget buys, the loop over them and the data record the artefact keeps."""

@@ -50,7 +50,12 @@ def recipe_parser(method: str, recipe) -> Parser:
     p.add_argument("--warmup", type=float, default=defaults["warmup"], help="fraction of steps")
     p.add_argument("--max-words", type=int, default=defaults["max_words"], help="clip paragraphs to ~N words")
     p.add_argument("--seed", type=int, default=defaults["seed"])
-    p.add_argument("--max-minutes", type=float, help="stop (checkpointed, artefact saved) after this much training")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        help="wall-clock budget from the model load on, preparation included (mudaf's retrieval-head scoring): "
+        "training stops after the step that crosses it (at least one step; checkpointed, artefact saved)",
+    )
     p.add_argument("--no-progress", action="store_true")
     add_device_args(p)
     for option in recipe.options:
