@@ -129,9 +129,15 @@ def _progress_for(path: Path, progress: str | None) -> str | None:
 
 
 def _stat_of(path: Path) -> dict:
-    """What changes when a file's bytes are written: size, modification time (ns) and inode (a replaced file)."""
+    """What changes when a file's bytes are written: size, modification time (ns), inode (a replaced file) and
+    change time (ns). The mtime can be set back after a write (`touch -r`, `os.utime`, a copy tool keeping
+    times); the ctime cannot (setting the mtime sets it), so an edit that keeps size and mtime still shows.
+    What no stat shows is bytes changed beneath the file system (bit rot, a raw block write)."""
     st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "ctime_ns": st.st_ctime_ns}
+
+
+STAT_KEYS = ("mtime_ns", "inode", "ctime_ns")
 
 
 def write_manifest(folder: Path, extra: dict | None = None, progress: str | None = None) -> dict:
@@ -176,11 +182,18 @@ class FileProblem:
         return f"{self.path}: {self.what}"
 
 
-def manifest_problems(folder: Path, manifest: dict, hashes: bool, progress: str | None = None) -> list[FileProblem]:
+def manifest_problems(
+    folder: Path,
+    manifest: dict,
+    hashes: bool,
+    progress: str | None = None,
+    always_hash: tuple[str, ...] = (),
+) -> list[FileProblem]:
     """Files under `folder` that differ from `manifest`. Sizes always; sha256 of every file when `hashes`, else of
-    the files whose stat (mtime_ns, inode) differs from the recorded one, so an unchanged folder costs one stat per
-    file and any write, even one that keeps the size, is caught. A file whose bytes still match gets its new stat
-    recorded (the manifest is rewritten atomically), so it is hashed once, not at every load."""
+    the files named in `always_hash` and of those whose stat (mtime_ns, inode, ctime_ns) differs from the recorded
+    one, so an unchanged folder costs one stat per file and any write through the file system, even one that keeps
+    the size and sets the mtime back, is caught. A file whose bytes still match gets its new stat recorded (the
+    manifest is rewritten atomically), so it is hashed once, not at every load."""
     problems = []
     refreshed = False
     for rel, entry in manifest["files"].items():
@@ -192,8 +205,8 @@ def manifest_problems(folder: Path, manifest: dict, hashes: bool, progress: str 
         if stat["size"] != entry["size"]:
             problems.append(FileProblem(path, f"{stat['size']} bytes, the manifest records {entry['size']}"))
             continue
-        touched = (entry.get("mtime_ns"), entry.get("inode")) != (stat["mtime_ns"], stat["inode"])
-        if hashes or touched:
+        touched = any(entry.get(key) != stat[key] for key in STAT_KEYS)
+        if hashes or touched or rel in always_hash:
             actual = sha256_of([path], progress=_progress_for(path, progress))
             if actual != entry["sha256"]:
                 problems.append(FileProblem(path, f"sha256 {actual}, the manifest records {entry['sha256']}"))

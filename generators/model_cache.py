@@ -1,9 +1,11 @@
 """Where a model's files are: the verified cache of converted registry models, or a user's own folder.
 
-Each load checks the files' sizes against MANIFEST.json (cheap); the hashes are checked by `midlens cache
-verify` and whenever loading fails or the first forward pass gives non-finite logits (`loading`), so a
-damaged file is named instead of surfacing as an empty answer. Temp folders left by killed conversions are
-swept on the next run.
+Each load checks every file's size and stat (mtime, inode, ctime) against MANIFEST.json, one stat per file, and
+hashes a file whose stat changed; hashing the weights at every load would add 1 s (SmolLM2) to 4.5 s (Qwen) to
+each load (docs/guide.md, "What a load checks"). Every hash is checked by `midlens cache verify` and whenever
+loading fails or the first forward pass gives non-finite logits (`loading`), so damage no stat shows (bit rot)
+is named instead of surfacing as an empty answer. Temp folders left by killed conversions are swept on the next
+run.
 """
 
 from __future__ import annotations

@@ -86,6 +86,19 @@ def embed(texts: list[str], show_progress: bool = False) -> np.ndarray:
     return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
+def _ivf_lists(n: int) -> int:
+    """Inverted lists for an IVF index over n vectors; an error when n is too few to train one, known before any
+    passage is embedded."""
+    nlist = max(1, int(4 * math.sqrt(n)))
+    if n < 39 * nlist:  # faiss wants ~39 training points per list
+        nlist = max(1, n // 39)
+    if nlist < 2:
+        raise RetrievalIndexError(
+            f"index_type='ivf' needs at least 78 passages to train; this corpus has {n}. Use 'flat'."
+        )
+    return nlist
+
+
 def _make_index(vectors: np.ndarray, index_type: IndexType) -> faiss.Index:
     n, dim = vectors.shape
     if index_type == "flat":
@@ -93,13 +106,7 @@ def _make_index(vectors: np.ndarray, index_type: IndexType) -> faiss.Index:
     elif index_type == "hnsw":
         index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
     elif index_type == "ivf":
-        nlist = max(1, int(4 * math.sqrt(n)))
-        if n < 39 * nlist:  # faiss wants ~39 training points per list
-            nlist = max(1, n // 39)
-        if nlist < 2:
-            raise RetrievalIndexError(
-                f"index_type='ivf' needs at least 78 passages to train; this corpus has {n}. Use 'flat'."
-            )
+        nlist = _ivf_lists(n)
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
         index.train(vectors)
         index.nprobe = min(nlist, 8)
@@ -139,24 +146,40 @@ def checked_top_k(query: str, top_k: int, size: int) -> int:
     return min(top_k, size)
 
 
+# Read whole at every load anyway and small beside the vectors: hashed at every load too, so the text that goes
+# into a prompt is the text the index was built from even when something beneath the file system changed it.
+ALWAYS_HASHED = ("passages.jsonl", "meta.json")
+
+
+class DamagedIndexError(RetrievalIndexError):
+    """An index folder that does not match its manifest, or has none. `damage` says what is wrong without what to
+    do: a build that finds it rebuilds the index itself, and its note must not tell the user to."""
+
+    def __init__(self, damage: str, remedy: str):
+        super().__init__(f"{damage}{remedy}")
+        self.damage = damage
+
+
 def verify_index(index_dir: Path, hashes: bool = False) -> None:
-    """Refuse an index folder whose files differ from its MANIFEST.json (a cheap stat per file; a changed file is
-    re-hashed; every file when `hashes`), or that has none: nothing then vouches for its passages."""
+    """Refuse an index folder whose files differ from its MANIFEST.json, or that has none: nothing then vouches for
+    its passages. The passages and meta are hashed at every load; index.faiss gets a stat (a changed stat: a hash),
+    every file a hash when `hashes`."""
     try:
         manifest = read_manifest(index_dir)
     except ValueError as err:
-        raise RetrievalIndexError(f"{err}; rebuild the index ({REBUILD_INDEX}).") from None
+        raise DamagedIndexError(str(err), f"; rebuild the index ({REBUILD_INDEX}).") from None
     if manifest is None:
-        raise RetrievalIndexError(
+        raise DamagedIndexError(
             f"index folder {index_dir} has no MANIFEST.json, so its passages and vectors cannot be verified (deleted, "
-            f"or built by an older midlens); rebuild it ({REBUILD_INDEX})."
+            "or built by an older midlens)",
+            f"; rebuild it ({REBUILD_INDEX}).",
         )
-    problems = manifest_problems(index_dir, manifest, hashes)
+    problems = manifest_problems(index_dir, manifest, hashes, always_hash=ALWAYS_HASHED)
     if problems:
         listed = "\n".join(f"  {p}" for p in problems)
-        raise RetrievalIndexError(
-            f"index folder {index_dir} does not match its manifest (edited or damaged):\n{listed}\n"
-            f"Rebuild it ({REBUILD_INDEX})."
+        raise DamagedIndexError(
+            f"index folder {index_dir} does not match its manifest (edited or damaged):\n{listed}",
+            f"\nRebuild it ({REBUILD_INDEX}).",
         )
 
 
@@ -197,11 +220,22 @@ class DenseRetriever:
                     if saved.meta.get("fingerprint") == fp:
                         return saved
                 except RetrievalIndexError as err:  # damaged or unverified: rebuilt below from the passages at hand
-                    logger.warning("%s\nRebuilding the index from the corpus.", err)
+                    # The error's own remedy (clear the index) is what happens now: the note says only what was wrong.
+                    what = err.damage if isinstance(err, DamagedIndexError) else str(err)
+                    logger.warning("%s\nRebuilding the index from the corpus now (nothing to do).", what)
+            if index_type == "ivf":
+                _ivf_lists(len(passages))  # too few passages: refused before any is embedded
             work = index_dir.parent / f".{index_dir.name}.embeddings-{fp[:12]}"
             vectors = _embed_resumable(passages, work)
             described = {"source": source} if source else {}
-            retriever = cls(passages, _make_index(vectors, index_type), {"fingerprint": fp, **settings, **described})
+            try:
+                index = _make_index(vectors, index_type)
+            except BaseException:
+                # The shards wait for a rerun of an interrupted embedding; a failed index build would fail again
+                # on them, so keeping them would only show as a resumable build that is not one.
+                shutil.rmtree(work, ignore_errors=True)
+                raise
+            retriever = cls(passages, index, {"fingerprint": fp, **settings, **described})
             retriever.save(index_dir)
             shutil.rmtree(work, ignore_errors=True)
         return retriever

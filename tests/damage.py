@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from midlens.core.files import OWNER
+from midlens.core.files import MANIFEST, OWNER
 
 
 def overwrite(path: Path, offset: int, data: bytes) -> None:
@@ -31,6 +31,17 @@ def tensor_offset(path: Path, name: str) -> int:
 def poison(path: Path, tensor: str) -> None:
     """Set the first float32 of `tensor` to NaN."""
     overwrite(path, tensor_offset(path, tensor), struct.pack("<f", float("nan")))
+
+
+def rot(path: Path, tensor: str) -> None:
+    """`poison` as bit rot does it: the bytes change beneath the file system, so no stat shows it. A write through
+    the file system always changes the ctime, so the manifest's recorded stat is made to match the file's new one."""
+    poison(path, tensor)
+    manifest_path = path.parent / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    st = path.stat()
+    manifest["files"][path.name].update(mtime_ns=st.st_mtime_ns, inode=st.st_ino, ctime_ns=st.st_ctime_ns)
+    manifest_path.write_text(json.dumps(manifest))
 
 
 def dead_owner(folder: Path) -> None:

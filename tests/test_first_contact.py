@@ -260,3 +260,38 @@ def test_train_max_minutes_counts_the_preparation_before_the_loop():
     time.sleep(0.3)
     assert budget.max_seconds == 0.0  # the loop runs one step, checkpointed, and stops
     assert Budget(examples=8).max_seconds is None
+
+
+def test_a_failed_ivf_build_leaves_no_shards_that_look_resumable(tmp_path):
+    from midlens.core.errors import RetrievalIndexError
+    from midlens.retrievers.dense import DenseRetriever
+
+    passages = planted_passages(8, 3)
+    with pytest.raises(RetrievalIndexError, match="ivf' needs at least 78 passages"):
+        DenseRetriever.from_passages(passages, tmp_path / "idx", index_type="ivf")
+    assert not [p.name for p in tmp_path.iterdir() if ".embeddings-" in p.name]
+
+
+def test_a_same_size_edit_of_the_passages_with_the_mtime_kept_is_refused_at_load(tmp_path, caplog):
+    import os
+
+    from midlens.core.errors import RetrievalIndexError
+    from midlens.retrievers.dense import DenseRetriever
+
+    passages = planted_passages(4, 2)
+    index_dir = tmp_path / "idx"
+    DenseRetriever.from_passages(passages, index_dir)
+    path = index_dir / "passages.jsonl"
+    kept = path.stat()
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace("'pelican'", "'penguin'"), encoding="utf-8")  # same size, other answer
+    os.utime(path, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    assert path.stat().st_size == kept.st_size and path.stat().st_mtime_ns == kept.st_mtime_ns
+    with pytest.raises(RetrievalIndexError) as err:
+        DenseRetriever.load(index_dir)
+    assert f"{path}: sha256 " in str(err.value) and "the manifest records" in str(err.value)
+    # Built again from the passages at hand: the note says what was wrong, not to clear what is being rebuilt.
+    rebuilt = DenseRetriever.from_passages(passages, index_dir)
+    assert any("'pelican'" in p.text for p in rebuilt.passages)
+    note = next(r.getMessage() for r in caplog.records if "passages.jsonl" in r.getMessage())
+    assert "Rebuilding the index from the corpus now" in note and "index clear" not in note

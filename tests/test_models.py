@@ -17,7 +17,7 @@ from midlens.generators import loading, packaged_models
 from midlens.generators.loading import load_model
 from midlens.generators.model_cache import resolve_model_dir
 from midlens.generators.packaged_models import GGUFSource, record_conversion
-from tests.damage import age, dead_owner, overwrite, poison
+from tests.damage import age, dead_owner, overwrite, poison, rot
 from tests.tiny import save_tiny
 
 
@@ -163,6 +163,24 @@ def test_a_flipped_byte_in_the_weights_is_refused_at_load(cached_tiny):
     assert entry["mtime_ns"] == weights.stat().st_mtime_ns  # so the next load is one stat, not a hash
 
 
+def test_a_flipped_byte_with_the_mtime_set_back_is_refused_at_load(cached_tiny):
+    """Defect: a same-size edit whose mtime was restored (`touch -r`, a copy tool keeping times) kept size, mtime
+    and inode, so the stat check passed and the edited weights were loaded. The ctime still changes."""
+    weights = cached_tiny / "model.safetensors"
+    kept = weights.stat()
+    middle = kept.st_size // 2
+    overwrite(weights, middle, bytes([weights.read_bytes()[middle] ^ 0xFF]))
+    os.utime(weights, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns, weights.stat().st_ino) == (
+        kept.st_size,
+        kept.st_mtime_ns,
+        kept.st_ino,
+    )
+    with pytest.raises(ModelError) as err:
+        load_model(TINY, device="cpu")
+    assert f"{weights}: sha256 " in str(err.value) and REBUILD in str(err.value)
+
+
 def test_an_unchanged_cache_is_checked_without_hashing(cached_tiny, monkeypatch):
     import midlens.core.files as files
 
@@ -176,11 +194,9 @@ def test_a_nan_weight_is_named_at_the_first_forward_pass(cached_tiny):
     from midlens.generators import Generator
 
     weights = cached_tiny / "model.safetensors"
-    # One float of the final norm set to NaN, as bit rot does: the bytes change, the stat does not (the write's
-    # mtime is set back), so the load-time check, one stat per file, passes; every logit becomes NaN.
-    recorded = weights.stat()
-    poison(weights, "model.norm.weight")
-    os.utime(weights, ns=(recorded.st_atime_ns, recorded.st_mtime_ns))
+    # One float of the final norm set to NaN, as bit rot does: the bytes change, the stat does not, so the
+    # load-time check, one stat per file, passes; every logit becomes NaN.
+    rot(weights, "model.norm.weight")
     gen = Generator(TINY, device="cpu", dtype="float32")
     prompt = gen.prompt("what is the code word ?", [Passage(text="the code word is pelican", title="city")], 8)
     with pytest.raises(ModelError) as err:
