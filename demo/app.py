@@ -11,6 +11,7 @@ shows comes from `Pipeline.retrieve` / `Pipeline.answer`; one model is loaded on
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from midlens.demo.backend import (
@@ -20,13 +21,13 @@ from midlens.demo.backend import (
     MAX_TOP_K,
     UPLOAD_SUFFIXES,
     DemoBackend,
-    UserError,
     _size,
 )
 
 if TYPE_CHECKING:  # gradio and torch load slowly: only the demo itself imports them
     import gradio as gr
 
+    from midlens.demo.handlers import Handlers
     from midlens.rag.pipeline import Pipeline
 
 CSS = """
@@ -38,35 +39,25 @@ CSS = """
 #examples { gap: 6px; }
 #examples button.example { white-space: normal; text-align: left; justify-content: flex-start; height: auto; }
 #scores-table th .header { word-break: normal; overflow-wrap: normal; hyphens: none; }
+#answer, #baseline-answer {
+  border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 4px 14px;
+  background: var(--block-background-fill);
+}
+.heat-legend { display: flex; align-items: flex-start; gap: 10px; flex-wrap: wrap; font-size: 0.92em; }
+.heat-legend .legend-title { font-weight: 600; margin-right: 6px; }
+.heat-legend .legend-end { display: inline-flex; flex-direction: column; align-items: center; }
+.heat-legend .legend-end small { color: var(--body-text-color-subdued); font-size: 0.8em; }
+.heat-legend .legend-bar { width: 180px; height: 14px; margin-top: 3px; border: 1px solid #ccc; border-radius: 3px; }
 """
 POSITIONS = [str(i) for i in range(1, MAX_TOP_K + 1)]  # explicit order: "10" must not sort before "2"
-
-
-def render(result: dict | None, view: str) -> tuple:
-    """A request's result -> the values of the page's result components, in OUTPUT order."""
-    import gradio as gr
-
-    from midlens.demo import views
-
-    if not result:
-        return tuple(gr.skip() for _ in range(8))
-    answers, gold = result["answers"], result["gold"]
-    main = answers[0]
-    base = answers[1] if result["compared"] else None
-    return (
-        views.answer_markdown(main),
-        views.highlighted(main, view, gold),
-        "" if base is None else views.answer_markdown(base),
-        None if base is None else views.highlighted(base, view, gold),
-        views.comparison_markdown(answers, view, gold),
-        gr.Dataframe(views.evidence_table(answers, view), column_widths=views.table_column_widths(len(answers))),
-        gr.LinePlot(
-            views.position_frame(answers, view),
-            y_lim=views.evidence_limits(answers, view),
-            y_title=views.EVIDENCE_AXIS_TITLES[view],
-        ),
-        gr.BarPlot(views.attribution_frame(main), y_lim=views.share_limits(main)),
-    )
+INTRO = (
+    "# What did the model read, and can you trust its answer?\n"
+    "Ask a question about the corpus. midlens finds the passages that match it, gives them all to a small "
+    "language model in one prompt, and shows which passages the model actually read while answering: the darker "
+    "the shading, the more it read. Each answer says whether the passage read most contains the answer. "
+    "Small models tend to overlook passages in the middle of a long prompt; **side by side** compares a method "
+    "built against this with the plain model (baseline) on the very same passages."
+)
 
 
 def create_demo(pipeline: Pipeline | None = None, **backend_options: Any) -> gr.Blocks:
@@ -74,153 +65,180 @@ def create_demo(pipeline: Pipeline | None = None, **backend_options: Any) -> gr.
     return build_blocks(DemoBackend(pipeline, **backend_options))
 
 
+@dataclass
+class Controls:
+    """What a visitor sets: the question and how it is answered (Handlers.ask takes them in `_wire`'s order)."""
+
+    question: gr.Textbox
+    ask: gr.Button
+    model: gr.Dropdown
+    method: gr.Dropdown
+    compare: gr.Checkbox
+    top_k: gr.Slider
+    corpus: gr.File
+    max_new: gr.Slider
+
+
+@dataclass
+class Results:
+    """What a question shows, hidden until the first answer so no empty table or plot greets a visitor."""
+
+    shown: gr.Column
+    base_cols: list[gr.Column]  # the baseline's answer and passages, shown when comparing
+    view: gr.Radio
+    outputs: list[gr.components.Component]  # in handlers.render()'s order
+
+
 def build_blocks(backend: DemoBackend) -> gr.Blocks:
+    """The page over `backend`: intro, controls, status line, then the results (hidden until an answer)."""
     import gradio as gr
 
-    from midlens.demo import views
+    from midlens.demo.handlers import Handlers
 
-    # Gradio spots progress-reporting handlers by a gr.Progress default and gives each call its own tracker.
-    tracked = gr.Progress(track_tqdm=True)
-
-    def user_error(err: UserError) -> gr.Error:
-        return gr.Error(str(err), title="Cannot answer", print_exception=False)
-
-    def on_load(progress: gr.Progress = tracked) -> str:
-        try:
-            return backend.prepare(progress)
-        except UserError as err:
-            raise user_error(err) from None
-        except Exception as err:  # model or index missing on this machine: say so in the page
-            raise gr.Error(f"Startup failed: {err}", title="Cannot start", print_exception=False) from None
-
-    def on_model(model: str, method: str) -> gr.Dropdown:
-        offered = backend.methods_of(model)
-        return gr.Dropdown(choices=offered, value=method if method in offered else "baseline")
-
-    def on_upload(corpus_file: str | None, progress: gr.Progress = tracked) -> str:
-        try:
-            retriever, label = backend.retriever(corpus_file, progress)
-        except UserError as err:
-            raise user_error(err) from None
-        except Exception as err:  # CorpusError, RetrievalIndexError: a message about the file
-            raise gr.Error(str(err), title="Cannot use this corpus", print_exception=False) from None
-        return f"Corpus: {label} ({len(retriever)} passages). Questions now retrieve from it."
-
-    def on_ask(
-        question: str,
-        model: str,
-        method: str,
-        compare: bool,
-        top_k: float,
-        view: str,
-        corpus_file: str | None,
-        max_new_tokens: float,
-        progress: gr.Progress = tracked,
-    ) -> tuple:
-        if compare and method == "baseline":
-            gr.Warning("Side by side compares baseline with another method: pick any method but baseline to see both.")
-        try:
-            result = backend.ask(question, model, method, compare, top_k, corpus_file, max_new_tokens, progress)
-            return (*render(result, view), result)
-        except UserError as err:
-            raise user_error(err) from None
-
-    def on_view(result: dict | None, view: str) -> tuple:
-        return render(result, view)
-
-    examples = views.example_questions()
     with gr.Blocks(title="midlens demo") as demo:
-        gr.Markdown(
-            "# midlens: what did the model read?\n"
-            "Ask a question: midlens retrieves passages, stacks them into one prompt and answers. Each passage "
-            "below is shaded by the attention it received (red = more than a content-free question gives it, "
-            "purple = less, per query). Small models lose passages in the middle of the prompt; "
-            "**side by side** runs a position-aware method against baseline on the very same passages."
-        )
-        with gr.Row():
-            with gr.Column(scale=3):
-                question = gr.Textbox(
-                    label="Question", lines=2, placeholder="Ask about the corpus...", elem_id="question"
-                )
-                # Buttons, not gr.Examples: its textbox samples are cut at 60 characters, and a question
-                # that cannot be read whole is no example.
-                with gr.Column(elem_id="examples"):
-                    gr.Markdown("Example questions (embedded HotpotQA):")
-                    for q, note in examples:
-                        button = gr.Button(f"{q} — {note}", size="sm", variant="secondary", elem_classes="example")
-                        button.click(lambda q=q: q, None, question, api_visibility="private", queue=False)
-                ask = gr.Button("Ask", variant="primary", elem_id="ask")
-            with gr.Column(scale=2):
-                with gr.Row():
-                    model = gr.Dropdown(backend.models, value=backend.model, label="Model")
-                    method = gr.Dropdown(backend.methods_of(backend.model), value=backend.method, label="Method")
-                compare = gr.Checkbox(label="Side by side: baseline vs this method, same passages", value=False)
-                top_k = gr.Slider(1, MAX_TOP_K, value=backend.top_k, step=1, label="Passages (top-k)")
-                view = gr.Radio(list(views.SCORE_VIEWS), value="calibrated", label="Evidence scores")
-                with gr.Accordion("Corpus and answer length", open=False):
-                    corpus = gr.File(
-                        label=f"Corpus (.txt, .md or .jsonl, up to {_size(backend.max_upload_bytes)})",
-                        file_types=list(UPLOAD_SUFFIXES),
-                        type="filepath",
-                    )
-                    max_new = gr.Slider(1, MAX_NEW_TOKENS, value=backend.max_new_tokens, step=1, label="Max new tokens")
+        gr.Markdown(INTRO)
+        controls = _controls(backend)
         status = gr.Markdown(f"Loading model {backend.model} and the retrieval index...", elem_id="status")
-        with gr.Row():
-            with gr.Column():
-                main_md = gr.Markdown(label="Answer", elem_id="answer")
-                main_ht = gr.HighlightedText(
-                    label="Passages in prompt order, shaded by evidence (normalised per query)",
-                    show_legend=True,
-                    elem_id="passages",
-                )
-            with gr.Column(visible=False) as base_col:
-                base_md = gr.Markdown(label="Baseline answer", elem_id="baseline-answer")
-                base_ht = gr.HighlightedText(
-                    label="Baseline on the same passages", show_legend=True, elem_id="baseline-passages"
-                )
-        compare_md = gr.Markdown(label="Gold or top passage rank", elem_id="ranks")
-        # No fixed plot heights: a fixed one is shared by the label, the axes and the legend, and cuts off
-        # whatever comes last (the method legend, the position labels). Sized to content, nothing is clipped.
-        with gr.Row(equal_height=True):
-            position_plot = gr.LinePlot(
-                x="position",
-                y="evidence",
-                color="method",
-                sort=POSITIONS,
-                x_title="prompt position",
-                y_title=views.EVIDENCE_AXIS_TITLES["calibrated"],
-                color_title="method",
-                label="Evidence by prompt position",
-                elem_id="position-plot",
-            )
-            attribution_plot = gr.BarPlot(
-                x="position",
-                y="share",
-                sort=POSITIONS,
-                tooltip=["position", "passage", "share"],
-                y_lim=[0, None],  # bars start at zero to compare by length (render sets the top)
-                x_title="prompt position",
-                y_title="share of the answer's attention",
-                label="Answer attribution: share of the answer tokens' attention per passage",
-                elem_id="attribution-plot",
-            )
-        table = gr.Dataframe(label="Scores per passage", interactive=False, wrap=True, elem_id="scores-table")
-        state = gr.State(None)
-
-        outputs = [main_md, main_ht, base_md, base_ht, compare_md, table, position_plot, attribution_plot]
-        inputs = [question, model, method, compare, top_k, view, corpus, max_new]
-        ask.click(on_ask, inputs, [*outputs, state], api_name="ask")
-        question.submit(on_ask, inputs, [*outputs, state], api_visibility="private")
-        view.change(on_view, [state, view], outputs, api_visibility="private", queue=False)
-        model.change(on_model, [model, method], method, api_visibility="private", queue=False)
-        compare.change(lambda c: gr.Column(visible=c), compare, base_col, api_visibility="private", queue=False)
-        corpus.upload(on_upload, corpus, status, api_visibility="private")
-        corpus.clear(lambda: f"Corpus: {backend.corpus_label()}.", None, status, api_visibility="private")
-        demo.load(on_load, None, status, api_visibility="private")
+        results = _results()
+        _wire(demo, Handlers(backend), controls, results, status)
     # Generation is serialised per model by its lock; two workers let a second visitor's retrieval,
     # rendering and queue position proceed meanwhile, each with its own result.
     demo.queue(default_concurrency_limit=2, max_size=32)
     return demo
+
+
+def _controls(backend: DemoBackend) -> Controls:
+    """The question with its example buttons on the left, the settings on the right."""
+    import gradio as gr
+
+    from midlens.demo import views
+
+    with gr.Row():
+        with gr.Column(scale=3):
+            question = gr.Textbox(label="Question", lines=2, placeholder="Ask about the corpus...", elem_id="question")
+            # Buttons, not gr.Examples: its textbox samples are cut at 60 characters, and a question
+            # that cannot be read whole is no example.
+            with gr.Column(elem_id="examples"):
+                gr.Markdown("Example questions (from HotpotQA, whose answers are known):")
+                for q, note in views.example_questions():
+                    button = gr.Button(f"{q} — {note}", size="sm", variant="secondary", elem_classes="example")
+                    button.click(lambda q=q: q, None, question, api_visibility="private", queue=False)
+            ask = gr.Button("Ask", variant="primary", elem_id="ask")
+        with gr.Column(scale=2):
+            with gr.Row():
+                model = gr.Dropdown(backend.models, value=backend.model, label="Model")
+                method = gr.Dropdown(backend.methods_of(backend.model), value=backend.method, label="Method")
+            compare = gr.Checkbox(label="Side by side: compare with the plain model (baseline), same passages")
+            top_k = gr.Slider(1, MAX_TOP_K, value=backend.top_k, step=1, label="How many passages to give the model")
+            with gr.Accordion("Corpus and answer length", open=False):
+                corpus = gr.File(
+                    label=f"Your own corpus (.txt, .md or .jsonl, up to {_size(backend.max_upload_bytes)})",
+                    file_types=list(UPLOAD_SUFFIXES),
+                    type="filepath",
+                )
+                max_new = gr.Slider(
+                    1, MAX_NEW_TOKENS, value=backend.max_new_tokens, step=1, label="Longest answer (tokens)"
+                )
+    return Controls(question, ask, model, method, compare, top_k, corpus, max_new)
+
+
+def _results() -> Results:
+    """Answers (one column per method), the shading's legend, the passages, and the numbers under Details."""
+    import gradio as gr
+
+    with gr.Column(visible=False, elem_id="results") as shown:
+        with gr.Row():
+            main_md = gr.Markdown(elem_id="answer")
+            with gr.Column(visible=False) as base_answer:
+                base_md = gr.Markdown(elem_id="baseline-answer")
+        legend = gr.HTML(elem_id="heat-legend")
+        with gr.Row():
+            main_ht = gr.HighlightedText(
+                label="Passages, in the order the model was given them", show_legend=False, elem_id="passages"
+            )
+            with gr.Column(visible=False) as base_passages:
+                base_ht = gr.HighlightedText(
+                    label="Baseline: the same passages", show_legend=False, elem_id="baseline-passages"
+                )
+        with gr.Accordion("Details (scores)", open=False, elem_id="details"):
+            view, details = _details_header()
+            compare_md, table, position_plot, attribution_plot = _details_numbers()
+    outputs = [main_md, main_ht, base_md, base_ht, compare_md, table, position_plot, attribution_plot, legend, details]
+    return Results(shown, [base_answer, base_passages], view, outputs)
+
+
+def _details_header() -> tuple[gr.Radio, gr.Markdown]:
+    """Which score the shading, plots and table use, and what each number means."""
+    import gradio as gr
+
+    from midlens.demo import views
+
+    view = gr.Radio(views.SCORE_VIEW_CHOICES, value="calibrated", label="Evidence scores", elem_id="score-view")
+    return view, gr.Markdown(elem_id="details-text")
+
+
+def _details_numbers() -> tuple[gr.Markdown, gr.Dataframe, gr.LinePlot, gr.BarPlot]:
+    """The ranks of the tracked passage, evidence and attribution by prompt position, and every score."""
+    import gradio as gr
+
+    from midlens.demo import views
+
+    compare_md = gr.Markdown(elem_id="ranks")
+    # No fixed plot heights: a fixed one is shared by the label, the axes and the legend, and cuts off
+    # whatever comes last (the method legend, the position labels). Sized to content, nothing is clipped.
+    with gr.Row(equal_height=True):
+        position_plot = gr.LinePlot(
+            x="position",
+            y="evidence",
+            color="method",
+            sort=POSITIONS,
+            x_title="prompt position",
+            y_title=views.EVIDENCE_AXIS_TITLES["calibrated"],
+            color_title="method",
+            label="Evidence by prompt position",
+            elem_id="position-plot",
+        )
+        attribution_plot = gr.BarPlot(
+            x="position",
+            y="share",
+            sort=POSITIONS,
+            tooltip=["position", "passage", "share"],
+            y_lim=[0, None],  # bars start at zero to compare by length (render sets the top)
+            x_title="prompt position",
+            y_title="share of the answer's attention",
+            label="Answer attribution: share of the answer tokens' attention per passage",
+            elem_id="attribution-plot",
+        )
+    table = gr.Dataframe(label="Scores per passage", interactive=False, wrap=True, elem_id="scores-table")
+    return compare_md, table, position_plot, attribution_plot
+
+
+def _wire(demo: gr.Blocks, on: Handlers, controls: Controls, results: Results, status: gr.Markdown) -> None:
+    """Events: asking (button or Enter) fills and reveals the results; the rest re-render or update settings."""
+    import gradio as gr
+
+    c = controls
+    inputs = [c.question, c.model, c.method, c.compare, c.top_k, results.view, c.corpus, c.max_new]
+    state = gr.State(None)
+    outputs = [*results.outputs, state]
+    asked = [
+        c.ask.click(on.ask, inputs, outputs, api_name="ask"),
+        c.question.submit(on.ask, inputs, outputs, api_visibility="private"),  # Enter: same call, one API name
+    ]
+    for event in asked:  # revealed only on success: a refused question leaves the page as it was
+        event.success(lambda: gr.Column(visible=True), None, results.shown, api_visibility="private", queue=False)
+    results.view.change(on.view, [state, results.view], results.outputs, api_visibility="private", queue=False)
+    c.model.change(on.model, [c.model, c.method], c.method, api_visibility="private", queue=False)
+    c.compare.change(
+        lambda shown: [gr.Column(visible=shown)] * len(results.base_cols),
+        c.compare,
+        results.base_cols,
+        api_visibility="private",
+        queue=False,
+    )
+    c.corpus.upload(on.upload, c.corpus, status, api_visibility="private")
+    c.corpus.clear(on.cleared, None, status, api_visibility="private")
+    demo.load(on.load, None, status, api_visibility="private")
 
 
 def launch(

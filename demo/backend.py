@@ -166,12 +166,8 @@ class DemoBackend:
     def prepare(self, progress: Any = None) -> str:
         """Load the startup model and index (on page load, so the first question does not wait)."""
         pipe = self.pipeline(self.model, self.method, None, progress)
-        cfg = pipe.generator.evidence_config
-        layers = cfg.layers if isinstance(cfg.layers, str) else ",".join(map(str, cfg.layers))
-        return (
-            f"Ready: model **{self.model}**, corpus: {self.corpus_label()} ({len(pipe.retriever)} passages). "
-            f"Evidence = attention mass a passage receives (query: {cfg.query} tokens, layers: {layers})."
-        )
+        # What evidence means in numbers is under the page's Details; the first screen stays in plain words.
+        return f"Ready: model **{self.model}**, corpus: {self.corpus_label()} ({len(pipe.retriever)} passages)."
 
     # -- one request ---------------------------------------------------------------------------
 
@@ -188,7 +184,7 @@ class DemoBackend:
     ) -> dict:
         """Retrieve once, answer with `method` (and with baseline on the same passages when comparing)."""
         from midlens.core.errors import MidlensError, PromptTooLongError
-        from midlens.demo.views import gold_titles
+        from midlens.demo.views import gold_titles, known_answers
 
         question = (question or "").strip()
         if not question:
@@ -209,10 +205,12 @@ class DemoBackend:
             raise UserError(f"The prompt is too long for {model}: {err.describe(REMEDIES)}") from None
         except (MidlensError, ValueError) as err:
             raise UserError(str(err)) from None
+        embedded = not corpus_file and self.corpus is None  # HotpotQA's labels hold only for its own corpus
         return {
             "question": question,
             "answers": answers,
-            "gold": gold_titles(question) if not corpus_file and self.corpus is None else [],
+            "gold": gold_titles(question) if embedded else [],
+            "known": known_answers(question) if embedded else [],
             "compared": len(answers) > 1,
         }
 

@@ -16,7 +16,9 @@ from midlens.demo.app import create_demo, launch
 from midlens.demo.backend import DemoBackend, UserError
 from midlens.demo.views import (
     EXAMPLE_IDS,
+    KEY_MARK,
     LINKED_EXAMPLE_ID,
+    MAX_SHADE,
     MID_PROMPT_EXAMPLE_ID,
     _questions,
     example_questions,
@@ -26,6 +28,10 @@ from midlens.rag.pipeline import Pipeline
 
 MODEL = "smollm2-135m"
 UPLOAD_LIMIT_MB = 0.01  # ~10 KB, so the too-large case needs no big file
+# Words a first-time reader does not know; the first screen keeps them (and their numbers) under Details.
+JARGON = ("calibrated", "prefill", "attribution", "retrieval")
+TRUST = re.compile(r"(✓|⚠) \*\*(Backed by a passage|Check this answer|No answer):\*\* ")
+LEGEND_NUMBERS = re.compile(r'class="legend-lo">score ([-+]\d\.\d{4})<.*class="legend-hi">score ([-+]\d\.\d{4})<')
 
 
 def free_port() -> int:
@@ -76,6 +82,16 @@ def heat(highlighted: list[dict]) -> list[float]:
     return [seg["class_or_confidence"] for seg in highlighted if seg["class_or_confidence"] is not None]
 
 
+def column(table: dict, header: str) -> list:
+    return [row[table["headers"].index(header)] for row in table["data"]]
+
+
+def legend_range(legend: str) -> tuple[float, float]:
+    match = LEGEND_NUMBERS.search(legend)
+    assert match, legend
+    return float(match[1]), float(match[2])
+
+
 def test_example_notes_hold_for_the_default_retrieval():
     from midlens.retrievers.build import build_retriever
     from midlens.retrievers.corpus import default_corpus_path
@@ -101,18 +117,28 @@ def test_example_notes_hold_for_the_default_retrieval():
 
 def test_ask_returns_answer_and_evidence_in_prompt_order(client, pipeline):
     question = example_questions()[0][0]
-    answer_md, passages, base_md, base_passages, ranks_md, table, plot, attribution = ask(client, question)
-    assert answer_md.startswith(f"**baseline** ({MODEL}):")
-    assert re.search(r"\n\n\d+ prompt tokens, [0-4] generated; prefill", answer_md)
+    outputs = ask(client, question)
+    answer_md, passages, base_md, base_passages, ranks_md, table, plot, attribution, legend, details = outputs
+    assert answer_md.startswith(f"**Answer** (baseline, {MODEL}):")
+    assert TRUST.search(answer_md) and "The dataset's answer to this example: *Brea, California*" in answer_md
+    # The numbers are one click away, under Details.
+    assert re.search(r"\*\*baseline\*\* \(smollm2-135m\): \d+ prompt tokens, [0-4] generated; prefill", details)
     expected = pipeline.retrieve(question, 3)
     heads = headers(passages)
     assert len(heads) == 3 and len(heat(passages)) == 3
+    evidence = column(table, "baseline evidence")
+    labels = {1: "read most", 2: "read 2nd most", 3: "read least"}
     for i, (head, p) in enumerate(zip(heads, expected, strict=True), start=1):
-        assert head["token"].startswith(f"[{i}] {p.title}  ·  retrieval {p.score:.3f}")
+        assert head["token"].startswith(f"[{i}] {p.title}  ·  {labels[column(table, 'baseline rank')[i - 1]]}")
+    # The shading spans the scores shown: none for the lowest, MAX_SHADE for the highest, as the legend says.
     values = heat(passages)
-    assert all(-1.0 <= v <= 1.0 for v in values) and max(abs(v) for v in values) == pytest.approx(1.0)
+    assert min(values) == 0.0 and max(values) == pytest.approx(MAX_SHADE)
+    assert values.index(max(values)) == evidence.index(max(evidence))
+    assert legend_range(legend) == pytest.approx((min(evidence), max(evidence)), abs=1e-4)
+    assert "read less" in legend and "read more" in legend
+    assert not any(word in (answer_md + legend + str(heads)).lower() for word in JARGON)
     # The gold passage (Torrid) is at prompt position 3 and the rank table tracks it.
-    assert "Torrid (clothing retailer)" in heads[2]["token"] and "★ gold" in heads[2]["token"]
+    assert "Torrid (clothing retailer)" in heads[2]["token"] and KEY_MARK in heads[2]["token"]
     assert "| Torrid (clothing retailer) | 3 |" in ranks_md
     assert base_md == "" and base_passages is None
     assert table["headers"][:4] == ["position", "title", "retrieval", "baseline evidence"]
@@ -126,11 +152,11 @@ def test_ask_returns_answer_and_evidence_in_prompt_order(client, pipeline):
 
 def test_method_switch_runs_side_by_side_on_the_same_passages(client):
     question = example_questions()[1][0]
-    answer_md, passages, base_md, base_passages, ranks_md, table, plot, _ = ask(
+    answer_md, passages, base_md, base_passages, ranks_md, table, plot, _, legend, _ = ask(
         client, question, method="ms-poe", compare=True
     )
-    assert answer_md.startswith(f"**ms-poe** ({MODEL}):")
-    assert base_md.startswith(f"**baseline** ({MODEL}):")
+    assert answer_md.startswith(f"**Answer** (ms-poe, {MODEL}):") and TRUST.search(answer_md)
+    assert base_md.startswith(f"**Answer** (baseline, {MODEL}):") and TRUST.search(base_md)
     titles = [h["token"].split("  ·  ")[0] for h in headers(passages)]
     assert titles == [h["token"].split("  ·  ")[0] for h in headers(base_passages)]
     assert "rank under ms-poe | rank under baseline" in ranks_md
@@ -140,13 +166,18 @@ def test_method_switch_runs_side_by_side_on_the_same_passages(client):
     # Ms-PoE rescales positions in most layers, so the attention the passages receive must change.
     assert ms_poe != baseline
     assert sorted({row[2] for row in plot["data"]}) == ["baseline", "ms-poe"]
+    # One scale for both columns: the same colour is the same score, and the legend spans both.
+    assert max(heat(passages) + heat(base_passages)) == pytest.approx(MAX_SHADE)
+    assert min(heat(passages) + heat(base_passages)) == 0.0
+    assert legend_range(legend) == pytest.approx((min(ms_poe + baseline), max(ms_poe + baseline)), abs=1e-4)
 
 
 def test_raw_scores_view(client):
-    _, passages, *_, table, _, _ = ask(client, example_questions()[3][0], top_k=2, view="raw")
-    raw = [row[table["headers"].index("baseline evidence")] for row in table["data"]]
+    _, passages, *_, table, _, _, legend, _ = ask(client, example_questions()[3][0], top_k=2, view="raw")
+    raw = column(table, "baseline evidence")
     assert all(v > 0 for v in raw)  # raw attention mass is positive; calibrated scores need not be
-    assert max(heat(passages)) == pytest.approx(1.0)
+    assert max(heat(passages)) == pytest.approx(MAX_SHADE)
+    assert legend_range(legend) == pytest.approx((min(raw), max(raw)), abs=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -165,9 +196,12 @@ def test_bad_input_returns_the_message(client, question, top_k, message):
 def test_uploaded_corpus_is_used_and_oversized_upload_is_refused(client, tmp_path):
     small = tmp_path / "zorbland_notes.md"
     small.write_text("The Zorbland expedition's secret code word is 'pelican'.\n\nIt sailed in 1911.\n")
-    answer_md, passages, *_ = ask(client, "What is the Zorbland code word?", top_k=1, corpus=handle_file(str(small)))
-    assert headers(passages)[0]["token"].startswith("[1] zorbland notes  ·  retrieval")
+    answer_md, passages, *_, legend, _ = ask(
+        client, "What is the Zorbland code word?", top_k=1, corpus=handle_file(str(small))
+    )
+    assert headers(passages)[0]["token"].startswith("[1] zorbland notes  ·  the only passage")
     assert "pelican" in heat_text(passages)
+    assert "nothing to compare" in legend and "dataset's answer" not in answer_md  # HotpotQA's labels do not apply
     big = tmp_path / "big.txt"
     big.write_text("lorem ipsum dolor sit amet\n" * 1000)  # ~26 KB > the 10 KB limit set for this server
     with pytest.raises(AppError, match=r"corpus upload big.txt is 26\.\d KB; the demo indexes at most 10\.\d KB"):
@@ -233,5 +267,77 @@ def test_a_passage_stacked_by_a_link_says_which_passage_named_it(pipeline, defau
     result = backend.ask(question, MODEL, "baseline", False, 3, max_new_tokens=4)
     heads = [seg[0] for seg in views.highlighted(result["answers"][0], "raw", result["gold"]) if seg[1] is None]
     assert len(heads) == 3
-    assert heads[2].startswith("[3] Candice Swanepoel  ·  named by Victoria's Secret Fashion Show 2009  ·  retrieval")
-    assert "★ gold" in heads[2] and "named by" not in heads[0] + heads[1]
+    assert heads[2].startswith("[3] Candice Swanepoel  ·  named by Victoria's Secret Fashion Show 2009  ·  read")
+    assert KEY_MARK in heads[2] and "named by" not in heads[0] + heads[1]
+
+
+def fake_answer(text: str, texts: list[str], scores: list[float], question: str = "Where did it open?"):
+    """An Answer over passages with the given texts and (raw = calibrated) scores, as the generator returns it."""
+    from midlens.demo.views import ranks
+    from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
+
+    passages = [
+        PassageEvidence(i + 1, Passage(text=t, title=f"P{i + 1}", id=str(i)), None, s, s, None, r)
+        for i, (t, s, r) in enumerate(zip(texts, scores, ranks(scores), strict=True))
+    ]
+    return Answer(question, text, passages, MODEL, {"name": "baseline"}, EvidenceConfig(), 10, 2, {})
+
+
+@pytest.mark.parametrize(
+    "text, scores, verdict",
+    [
+        ("Brea", [0.02, 0.06, 0.02], "✓ **Backed by a passage:** the answer's words are in passage 2, *P2*"),
+        # a lead of 0.001 over the runner-up, under 0.2 x the average 0.04
+        (
+            "Brea",
+            [0.040, 0.041, 0.039],
+            "it read passage 2, *P2*, about as much as passage 1, *P1*.",
+        ),
+        ("Brea", [0.06, 0.02, 0.02], "read most (passage 1, *P1*) lacks the answer's words; they are in passage 2"),
+        ("Anaheim", [0.06, 0.02, 0.02], "lacks the answer's words; no passage has them."),
+        ("Yes", [0.06, 0.02, 0.02], "a yes/no answer has no words to find in a passage; read passage 1"),
+        ("It did open.", [0.06, 0.02, 0.02], "it only repeats the question"),
+        ("", [0.06, 0.02, 0.02], "⚠ **No answer:** the model wrote nothing"),
+    ],
+)
+def test_trust_line_says_in_plain_words_whether_a_passage_backs_the_answer(text, scores, verdict):
+    from midlens.demo import views
+
+    answer = fake_answer(text, ["It opened in Torrance.", "The first store opened in Brea, California.", "Gr."], scores)
+    got = views.trust(answer, "calibrated")
+    assert verdict in got.text
+    assert got.backed == verdict.startswith("✓")
+
+
+def test_shading_and_legend_follow_the_scores_shown():
+    from midlens.demo import views
+
+    answer = fake_answer("Brea", ["a", "b", "c"], [0.012, 0.048, 0.03])
+    scale = views.heat_scale([answer], "calibrated")
+    assert [seg[1] for seg in views.highlighted(answer, "calibrated", scale=scale)[1::2]] == [0.0, MAX_SHADE, 0.3]
+    legend = views.legend_html(scale, 3)
+    assert legend_range(legend) == (0.012, 0.048)
+    assert legend.index("read less") < legend.index("legend-bar") < legend.index("read more")
+    assert "nothing to compare" in views.legend_html(views.heat_scale([fake_answer("x", ["a"], [0.5])], "raw"), 1)
+
+
+def test_first_screen_words_for_a_real_answer(pipeline):
+    """A real answer from the backend: what the first screen says is plain, names the passage it shades
+    darkest, and leaves every number and technical word to Details."""
+    from midlens.demo import views
+
+    question = example_questions()[0][0]
+    result = DemoBackend(pipeline).ask(question, MODEL, "baseline", False, 5, max_new_tokens=8)
+    answer = result["answers"][0]
+    scale = views.heat_scale([answer], "calibrated")
+    segments = views.highlighted(answer, "calibrated", result["gold"], scale)
+    md = views.answer_markdown(answer, "calibrated", result["known"])
+    darkest = max(range(5), key=lambda i: segments[2 * i + 1][1])
+    assert segments[2 * darkest][0].endswith("read most\n") or KEY_MARK in segments[2 * darkest][0]
+    assert f"It read passage {darkest + 1}, *{answer.passages[darkest].passage.title}*, the most." in md
+    assert TRUST.search(md) and result["known"] == ["Brea, California"]
+    first_screen = (md + views.legend_html(scale, 5) + " ".join(seg[0] for seg in segments[::2])).lower()
+    assert not any(word in first_screen for word in JARGON)
+    assert not re.search(r"\d\.\d{3}", md + " ".join(seg[0] for seg in segments[::2]))  # no scores in the words
+    details = views.details_markdown([answer])
+    assert all(word in details for word in ("calibrated", "attribution", "retrieval", "prompt tokens"))
