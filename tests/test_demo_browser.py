@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from midlens.demo.views import example_questions
-from tests.test_demo import served
+from midlens.demo.views import KEY_MARK, MAX_SHADE, example_questions
+from tests.test_demo import JARGON, served
 
 pytestmark = pytest.mark.browser
 
@@ -27,6 +27,7 @@ CHROME_FLAGS = (
     "--window-size=1280,2600",  # the width the side-by-side view must be readable at
 )
 PAGE_WIDTH = 1280
+REVIEW_DIR = Path("/tmp/demo_shots")  # copies of every screenshot, kept after pytest's tmp dirs are gone
 
 
 def _browser_paths() -> tuple[str, str]:
@@ -116,13 +117,54 @@ return broken;
 """
 
 
+# The scores table as the reader sees it (Gradio draws its body as ARIA grid rows of divs, not <td>s).
+TABLE = """
+const table = document.getElementById('scores-table');
+const texts = (nodes) => [...nodes].map(c => c.innerText.trim());
+const rows = [...table.querySelectorAll('[role="row"][data-index]')];
+return {headers: texts(table.querySelectorAll('th[role="columnheader"]')),
+        data: rows.map(r => texts(r.querySelectorAll('[role="gridcell"]')))};
+"""
+
+# The passages' shading: the alpha of each text span's background, in prompt order.
+SHADES = """
+return [...document.querySelectorAll(arguments[0] + ' [style*="background-color"]')]
+  .filter(e => e.innerText.trim())
+  .map(e => { const m = getComputedStyle(e).backgroundColor.match(/rgba?\\(([^)]*)\\)/)[1].split(',');
+              return m.length === 4 ? parseFloat(m[3]) : 1; });
+"""
+
+
+def _shot(driver, tmp_path: Path, name: str) -> Path:
+    """A screenshot under pytest's tmp dir, and a copy in REVIEW_DIR to look at."""
+    path = tmp_path / f"{name}.png"
+    _save_screenshot(driver, path)
+    REVIEW_DIR.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, REVIEW_DIR / path.name)
+    return path
+
+
+def _visible_text(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def _open_details(driver, wait) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.XPATH, "//*[@id='details']//button[contains(., 'Details (scores)')]").click()
+    wait.until(lambda d: d.find_element(By.ID, "scores-table").is_displayed())
+
+
 def _full_page(driver) -> None:
     """Grow the window to the page's height, so the screenshot holds everything from the question to the table."""
+    driver.set_window_size(PAGE_WIDTH, 900)  # measured from a short window: the page stretches to a tall one
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(PAGE_WIDTH, height + 120)
 
 
-def test_page_answers_and_highlights_passages(browser, pipeline):
+def test_page_answers_and_highlights_passages(browser, pipeline, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -152,12 +194,12 @@ def test_page_answers_and_highlights_passages(browser, pipeline):
         browser.find_element(By.CSS_SELECTOR, "#ask").click()
 
         wait.until(ec.text_to_be_present_in_element((By.ID, "baseline-passages"), f"[{len(expected)}] "))
-        wait.until(ec.text_to_be_present_in_element((By.ID, "ranks"), "rank under baseline"))
         passages = browser.find_element(By.ID, "passages").text
         for i, title in enumerate(expected, start=1):
             assert f"[{i}] {title}" in passages
-        assert "★ gold" in passages
-        assert browser.find_element(By.ID, "answer").text.startswith("ms-poe (smollm2-135m):")
+        assert KEY_MARK in passages
+        assert browser.find_element(By.ID, "answer").text.startswith("Answer (ms-poe, smollm2-135m):")
+        assert browser.find_element(By.ID, "baseline-answer").text.startswith("Answer (baseline, smollm2-135m):")
         # The heat scale: each passage's text carries a background colour from its score; headers do not.
         shaded = browser.execute_script(
             "return [...document.querySelectorAll('#passages [style*=\"background-color\"]')]"
@@ -165,7 +207,10 @@ def test_page_answers_and_highlights_passages(browser, pipeline):
         )
         assert shaded == len(expected), f"{shaded} shaded spans for {len(expected)} passages"
 
-        # Both plots: legends and axis labels drawn whole, inside their blocks; a shared quantity starts at zero.
+        # Both plots, under Details: legends and axis labels drawn whole, inside their blocks; a shared quantity
+        # starts at zero.
+        _open_details(browser, wait)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "ranks"), "rank under baseline"))
         wait.until(lambda d: len(d.execute_script(PLOT_TEXTS, "position-plot")["legend"]) == 2)
         _full_page(browser)
         position = browser.execute_script(PLOT_TEXTS, "position-plot")
@@ -184,4 +229,57 @@ def test_page_answers_and_highlights_passages(browser, pipeline):
 
         browser.execute_script("window.scrollTo(0, 0)")
         _save_screenshot(browser, SCREENSHOT)
+        _shot(browser, tmp_path, "side_by_side")
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_first_screen_reads_in_plain_words(browser, pipeline, tmp_path):
+    """Before a question: no table, no plot, no jargon. After one: the answer, the passage read most and a trust
+    line in plain words, a legend whose two numbers are the range of the scores in the Details table, and the
+    darkest passage the one the answer names."""
+    import re
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 90)
+    with served(pipeline) as url:
+        browser.get(url)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "Ready"))
+        shown_headers = "return [...document.querySelectorAll('th')].filter(e => e.getClientRects().length).length"
+        assert browser.execute_script(shown_headers) == 0, "a table shows before any question"
+        assert not [e for e in browser.find_elements(By.ID, "results") if e.is_displayed()]  # hidden: not drawn
+        assert not [w for w in JARGON if w in _visible_text(browser).lower()]
+        _shot(browser, tmp_path, "first_screen_before")
+
+        browser.find_elements(By.CSS_SELECTOR, "#examples button.example")[0].click()
+        browser.find_element(By.CSS_SELECTOR, "#ask").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "passages"), "[5] "))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "answer"), "the most."))
+        answer = browser.find_element(By.ID, "answer").text
+        assert answer.startswith("Answer (baseline, smollm2-135m):")
+        assert re.search(r"(✓ Backed by a passage|⚠ Check this answer|⚠ No answer): ", answer), answer
+        assert "The dataset's answer to this example: Brea, California" in answer
+        named = int(re.search(r"It read passage (\d), .+, the most\.", answer)[1])
+        assert not [w for w in JARGON if w in _visible_text(browser).lower()]
+        assert browser.execute_script(shown_headers) == 0  # the table waits, closed, under Details
+
+        # The shading runs from none (least read) to MAX_SHADE (read most): the passage the answer names.
+        shades = browser.execute_script(SHADES, "#passages")
+        assert len(shades) == 5 and min(shades) == 0.0 and max(shades) == pytest.approx(MAX_SHADE, abs=0.01)
+        assert shades.index(max(shades)) == named - 1
+        legend = browser.find_element(By.ID, "heat-legend")
+        assert "read less" in legend.text and "read more" in legend.text
+        lo, hi = (float(legend.find_element(By.CLASS_NAME, c).text.split()[-1]) for c in ("legend-lo", "legend-hi"))
+        _full_page(browser)
+        _shot(browser, tmp_path, "first_screen_answer")
+
+        # One click away: the numbers, and the legend's two ends are their range.
+        _open_details(browser, wait)
+        table = wait.until(lambda d: (t := d.execute_script(TABLE))["data"] and t)
+        evidence = [float(row[table["headers"].index("baseline evidence")]) for row in table["data"]]
+        assert (lo, hi) == (pytest.approx(min(evidence), abs=1e-4), pytest.approx(max(evidence), abs=1e-4))
+        assert "calibrated" in _visible_text(browser).lower()
+        _full_page(browser)
+        _shot(browser, tmp_path, "first_screen_details")
