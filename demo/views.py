@@ -273,7 +273,7 @@ def trust(answer: Answer, view: ScoreView) -> Trust:
             f"{CHECK} the model did not clearly rely on any passage: it read {_named(top)}, about as much as "
             f"{_named(runner_up)}.",
         )
-    if _words(answer.text) & YES_NO:
+    if re.match(r"\W*(yes|no)\b", answer.text.lower()):  # opens with it: "No evidence of X" is no yes/no answer
         return Trust(False, f"{CHECK} a yes/no answer has no words to find in a passage; read {_named(top)}.")
     words = answer_words(answer.text, answer.question)
     if not words:

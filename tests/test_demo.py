@@ -297,6 +297,7 @@ def fake_answer(text: str, texts: list[str], scores: list[float], question: str 
         ("Anaheim", [0.06, 0.02, 0.02], "lacks the answer's words; no passage has them."),
         ("Yes", [0.06, 0.02, 0.02], "a yes/no answer has no words to find in a passage; read passage 1"),
         ("It did open.", [0.06, 0.02, 0.02], "it only repeats the question"),
+        ("Brea, no doubt", [0.02, 0.06, 0.02], "✓ **Backed by a passage:**"),
         ("", [0.06, 0.02, 0.02], "⚠ **No answer:** the model wrote nothing"),
     ],
 )
