@@ -13,19 +13,25 @@ they would have alone, and crops the cache back afterwards: no row ever needs a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import time
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from midlens.generators.context import MethodRun
-from midlens.generators.evidence import EvidenceMaps
+from midlens.generators.context import AnsweringView, MethodRun
+from midlens.generators.evidence import EvidenceMaps, RowMaps
+from midlens.generators.loading import LoadedModel, non_finite_error
 from midlens.generators.probe import PassageProbe
 from midlens.generators.prompt import CONTENT_FREE_QUESTION, StackedPrompt, render, shared_prefix_length
 
-if TYPE_CHECKING:
-    from midlens.generators.generator import Generator
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The token left padding is filled with (never attended to; any valid id would do)."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if candidate is not None:
+            return int(candidate)
+    return 0
 
 
 def block_mask(key_valid: torch.Tensor, length: int) -> torch.Tensor | None:
@@ -72,42 +78,52 @@ def _crop(cache: DynamicCache, columns: int) -> None:
         cache.crop(-extra)
 
 
-@dataclass
-class RowMaps:
-    """(last, question) maps [layers, heads, passages] of one row, read from one pass."""
-
-    last: torch.Tensor
-    question: torch.Tensor
-
-
 class BatchRun:
     """A left-padded batch of prompts, its KV cache, its passage probe and each row's evidence maps.
 
-    Created inside `Generator.running()`; `method_run` is that context's handle (a pass with a probe of its own
-    swaps it in there)."""
+    Created inside a method context on `loaded` (`Generator.running()`); `method_run` is that context's handle (a
+    pass with a probe of its own swaps it in there)."""
 
-    def __init__(self, generator: Generator, prompts: list[StackedPrompt], method_run: MethodRun, layers: list[int]):
+    def __init__(self, loaded: LoadedModel, prompts: list[StackedPrompt], method_run: MethodRun, layers: list[int]):
         if not prompts:
             raise ValueError("a batch needs at least one prompt.")
-        self.generator = generator
+        self.loaded = loaded
         self.prompts = prompts
         self.method_run = method_run
         self.layers = layers
-        self.device = generator.device
+        self.device = loaded.device
+        self.pad_id = pad_token_id(loaded.tokenizer)
         lengths = [p.num_tokens for p in prompts]
         self.width = max(lengths)  # columns of the prompt; the last prompt token of every row is at width - 1
         self.offsets = [self.width - n for n in lengths]
-        ids, positions, valid = padded_block([p.input_ids for p in prompts], [0] * len(prompts), generator.pad_id, True)
+        ids, positions, valid = padded_block([p.input_ids for p in prompts], [0] * len(prompts), self.pad_id, True)
         self.ids, self.positions = ids.to(self.device), positions.to(self.device)
         self.key_valid = valid.to(self.device)  # grows by one column per decode step
         self.next_position = torch.tensor(lengths, device=self.device)
         self.column_spans = [
             [(s + o, e + o) for s, e in p.passage_spans] for p, o in zip(prompts, self.offsets, strict=True)
         ]
-        self.probe = PassageProbe(self.column_spans, generator.num_layers, layers)
-        self.cache = DynamicCache(config=generator.model.config)
+        self.probe = PassageProbe(self.column_spans, len(method_run.modules), layers)
+        self.cache = DynamicCache(config=loaded.model.config)
         self.maps: list[EvidenceMaps] = []
+        self.scratch: list[dict[str, Any]] = [{} for _ in prompts]  # each row's answering-hook state
         self.timings: dict[str, float] = {}  # the batch's, shared by its rows' answers
+        self._content_free_done = False
+
+    def view(self) -> AnsweringView:
+        """What an answering hook may see and do of this batch."""
+        return AnsweringView(
+            prompts=self.prompts,
+            column_spans=self.column_spans,
+            width=self.width,
+            device=self.device,
+            tokenizer=self.loaded.tokenizer,
+            maps=self.maps,
+            scratch=self.scratch,
+            timings=self.timings,
+            content_free_maps=self.content_free_maps,
+            prompt_maps=self.prompt_maps,
+        )
 
     @property
     def batch_size(self) -> int:
@@ -117,7 +133,7 @@ class BatchRun:
         """Logits [B, keep, vocab] for the chunk `ids` [B, L] at `positions`, appended to the cache; `key_valid`
         [B, cached + L] says which columns each row may attend to."""
         mask = block_mask(key_valid, ids.shape[1])
-        out = self.generator.model(
+        out = self.loaded.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
@@ -150,9 +166,7 @@ class BatchRun:
         if not bool(torch.isfinite(logits).all()):
             # Damaged weights surface here as NaN logits; decoding them would give an empty answer and then a
             # bare "cannot convert float NaN to integer", so name the damaged file instead.
-            from midlens.generators.loading import non_finite_error
-
-            raise non_finite_error(self.generator.loaded)
+            raise non_finite_error(self.loaded)
         rows = self._split(self.probe.take(), [len(r) for r in question_rows])
         self.maps = [EvidenceMaps(last=r.last, question=r.question) for r in rows]
         self.probe.score_rows([])
@@ -184,10 +198,20 @@ class BatchRun:
     def content_free_maps(self) -> None:
         """ICR calibration: each row's passages with the content-free question "N/A", read on the cached passages.
 
-        The null question is appended after the cache with the row's own question (and anything generated)
-        hidden, at the positions it would have right after the passages; the cache is cropped back afterwards.
-        Sets `null_last` / `null_question` of every row that has passages."""
-        tokenizer = self.generator.tokenizer
+        The null question is appended after the prompt's columns with the row's own question hidden, at the
+        positions it would have right after the passages; the cache is cropped back to the prompt afterwards (and
+        anything generated is dropped). Sets `null_last` / `null_question` of every row that has passages; once
+        per batch (a method's hook may have asked for them before the generator does)."""
+        if self._content_free_done or not any(p.passages for p in self.prompts):
+            return
+        self._content_free_done = True
+        t0 = time.perf_counter()
+        self.crop(self.width)
+        self._content_free_maps()
+        self.timings["calibrate_s"] = time.perf_counter() - t0
+
+    def _content_free_maps(self) -> None:
+        tokenizer = self.loaded.tokenizer
         cached = self.cache.get_seq_length()
         batch = self.batch_size
         suffixes: list[list[int]] = [[] for _ in range(batch)]  # each row's null tokens after the shared prefix
@@ -206,7 +230,7 @@ class BatchRun:
             question_rows[b] = [i - s for i in range(*null.question_span)]  # within the suffix, shifted below
         appended = [b for b in range(batch) if suffixes[b]]
         if appended:
-            ids, positions, block_valid = padded_block(suffixes, shared, self.generator.pad_id, right_aligned=True)
+            ids, positions, block_valid = padded_block(suffixes, shared, self.pad_id, right_aligned=True)
             width = ids.shape[1]
             prefix_valid = torch.zeros(batch, cached, dtype=torch.bool)
             for b in appended:
@@ -230,7 +254,7 @@ class BatchRun:
 
         Schemes that keep per-sequence state (Ms-PoE's head order) are re-seeded by that prefill: a method that
         reads other prompts must not also rely on such a scheme."""
-        other = BatchRun(self.generator, prompts, self.method_run, self.layers)
+        other = BatchRun(self.loaded, prompts, self.method_run, self.layers)
         with self.method_run.probe(other.probe):
             other.prefill()
         return [RowMaps(m.last, m.question) for m in other.maps]
@@ -250,7 +274,7 @@ class BatchRun:
         # Each reference but its last token, left-aligned: it continues the prompt's last column.
         fed = [ref[:-1] if ref is not None else [] for ref in references]
         starts = [p.num_tokens for p in self.prompts]
-        ids, positions, block_valid = padded_block(fed, starts, self.generator.pad_id, right_aligned=False)
+        ids, positions, block_valid = padded_block(fed, starts, self.pad_id, right_aligned=False)
         key_valid = torch.cat([self.key_valid[:, : self.width], block_valid.to(self.device)], dim=1)
         logits = self.forward(ids.to(self.device), positions.to(self.device), key_valid, keep=width)
         scores = torch.log_softmax(logits.float(), dim=-1)

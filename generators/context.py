@@ -11,17 +11,42 @@ the identity (plain RoPE, no delta, no probe), so the shared model is the stock 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from midlens.generators.attention import PositionalAttention, install_positional_attention
 from midlens.generators.delta import WeightDelta
+from midlens.generators.evidence import EvidenceMaps, RowMaps
+from midlens.generators.prompt import StackedPrompt
 from midlens.generators.rope import RotaryScheme
+
+
+@dataclass(frozen=True)
+class AnsweringView:
+    """What an answering hook sees of the batch it adapts: the prompts and where their passages sit, the
+    prefill's evidence maps, per-row scratch state of its own, and the extra passes it may run.
+
+    `column_spans[b]` are row b's passage key columns in the left-padded batch (`width` columns of prompt);
+    `scratch[b]` is the hook's own state for row b (returned with the answer as `Answer.method_state`);
+    `content_free_maps()` fills every row's `null_last` / `null_question` (once per batch; later calls are free);
+    `prompt_maps(prompts)` reads the (last, question) maps of other prompts, one per row, in a pass of their own.
+    """
+
+    prompts: list[StackedPrompt]
+    column_spans: list[list[tuple[int, int]]]
+    width: int
+    device: torch.device
+    tokenizer: Any
+    maps: list[EvidenceMaps]
+    scratch: list[dict[str, Any]]
+    timings: dict[str, float]
+    content_free_maps: Callable[[], None]
+    prompt_maps: Callable[[list[StackedPrompt]], list[RowMaps]]
 
 
 class AnsweringHook(Protocol):
@@ -29,13 +54,12 @@ class AnsweringHook(Protocol):
     attention to the prompt's own evidence (attn-calibration), as transformers' AttentionInterface is for kernels.
 
     `layers` are the layers whose evidence maps the hook reads (the probe keeps them). Called with the batch's
-    `generators.batch.BatchRun` after the prefill has filled `run.maps`, it returns a context the generator
-    holds while the last prompt token is read again and the answer is decoded; inside, the hook may run the
-    extra passes it needs through `run` (`content_free_maps()`, `prompt_maps(prompts)`)."""
+    `AnsweringView` after the prefill has filled its maps, it returns a context the generator holds while the
+    last prompt token is read again and the answer is decoded."""
 
     layers: tuple[int, ...]
 
-    def __call__(self, run) -> AbstractContextManager: ...
+    def __call__(self, view: AnsweringView) -> AbstractContextManager: ...
 
 
 @dataclass

@@ -91,6 +91,14 @@ def aggregate(maps: torch.Tensor, config: EvidenceConfig) -> list[float]:
 
 
 @dataclass
+class RowMaps:
+    """(last, question) maps [layers, heads, passages] of one row, read from one pass."""
+
+    last: torch.Tensor
+    question: torch.Tensor
+
+
+@dataclass
 class EvidenceMaps:
     """Raw attention mass, each [layers, heads, passages] (batch of one)."""
 
@@ -99,8 +107,6 @@ class EvidenceMaps:
     answer: torch.Tensor | None = None
     null_last: torch.Tensor | None = None
     null_question: torch.Tensor | None = None
-    bias_last: torch.Tensor | None = None  # the same rows on a content-free copy (MethodParts.bias_prompt)
-    bias_question: torch.Tensor | None = None
 
     def scores(self, config: EvidenceConfig) -> list[float]:
         return aggregate(getattr(self, config.query), config)
@@ -148,6 +154,8 @@ class Answer:
     dropped: list[Passage] = field(default_factory=list)
     maps: EvidenceMaps | None = field(default=None, repr=False)
     reference_logprob: float | None = None  # log p(reference answer | prompt), when one was given
+    # What the method's answering hook kept for this row (its scratch state, e.g. attn-calibration's bias maps).
+    method_state: dict = field(default_factory=dict, repr=False)
 
     def ranked(self) -> list[PassageEvidence]:
         return sorted(self.passages, key=lambda p: p.rank)
@@ -155,6 +163,7 @@ class Answer:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("maps")
+        out.pop("method_state")  # tensors a method kept for itself: not part of the record
         return out
 
 

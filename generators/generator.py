@@ -26,7 +26,7 @@ from transformers import DynamicCache
 
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.passage import Passage
-from midlens.generators.batch import BatchRun
+from midlens.generators.batch import BatchRun, pad_token_id
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.evidence import Answer, EvidenceConfig, passage_evidence
 from midlens.generators.loading import LoadedModel, load_model
@@ -126,11 +126,7 @@ class Generator:
     @property
     def pad_id(self) -> int:
         """The token left padding is filled with (never attended to; any valid id would do)."""
-        tok = self.tokenizer
-        for candidate in (tok.pad_token_id, tok.eos_token_id, 0):
-            if candidate is not None:
-                return int(candidate)
-        return 0
+        return pad_token_id(self.tokenizer)
 
     def _pick(self, logits: torch.Tensor, temperature: float, top_p: float, rng: torch.Generator | None) -> int:
         if temperature <= 0:
@@ -185,12 +181,12 @@ class Generator:
         fed = [0] * batch  # decode steps that fed this row's token back (its answer-attention rows)
         reference_logprobs: list[float | None] = [None] * batch
         with self.running() as method_run:
-            run = BatchRun(self, prompts, method_run, self.probe_layers())
+            run = BatchRun(self.loaded, prompts, method_run, self.probe_layers())
             with method_run.probe(run.probe):
                 t0 = time.perf_counter()
                 logits = first_logits = run.prefill()
                 run.timings["prefill_s"] = time.perf_counter() - t0
-                with hook(run) if hook is not None else nullcontext():
+                with hook(run.view()) if hook is not None else nullcontext():
                     t0 = time.perf_counter()
                     if hook is not None:  # the last prompt token's query gives the first answer token: read it
                         logits = first_logits = run.reread_last()  # again, under the method
@@ -226,11 +222,8 @@ class Generator:
                     run.probe.score_rows([])
                     if any(r is not None for r in reference_ids):
                         reference_logprobs = run.reference_logprobs(first_logits, reference_ids)
-                if calibrate and any(p.passages for p in prompts) and any(m.null_last is None for m in run.maps):
-                    t0 = time.perf_counter()
-                    run.crop(run.width)
+                if calibrate:
                     run.content_free_maps()
-                    run.timings["calibrate_s"] = time.perf_counter() - t0
         answers = []
         for b, prompt in enumerate(prompts):
             final = self.tokenizer.decode(generated[b], skip_special_tokens=True)
@@ -250,6 +243,7 @@ class Generator:
                     dropped=prompt.dropped,
                     maps=run.maps[b],
                     reference_logprob=reference_logprobs[b],
+                    method_state=run.scratch[b],
                 )
             )
         return answers

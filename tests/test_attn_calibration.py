@@ -144,17 +144,17 @@ def test_dummy_document_calibration(loaded, prompt):
     assert dummy.question == prompt.question and "Zorbland" not in dummy.text.split("Question:")[0]
 
     answer = gen.generate(prompt, max_new_tokens=4)
-    assert answer.maps.bias_question.shape == answer.maps.question.shape
+    assert answer.method_state["bias_question"].shape == answer.maps.question.shape
     assert "bias_s" in answer.timings
     # The bias maps are positional only: every slot holds the same filler, so no slot may stand out the way the
     # planted fact does in the real prompt (its share of the question's passage mass, upper layers, mean over heads).
     layers = list(gen.parts.answering.layers)
     real = answer.maps.question[layers].mean((0, 1))
-    bias = answer.maps.bias_question[layers].mean((0, 1))
+    bias = answer.method_state["bias_question"][layers].mean((0, 1))
     gold = GOLD_AT - 1
     assert (real[gold] / real.sum()) / (bias[gold] / bias.sum()) > 1.5, (real, bias)
     # Offsets from share-normalised relevance still keep the passages' total mass (1e-5).
-    mass, null = answer.maps.question[layers], answer.maps.bias_question[layers]
+    mass, null = answer.maps.question[layers], answer.method_state["bias_question"][layers]
     b = passage_offsets(mass, null, 1.0, 0.05, shares=True).double()
     m = mass.double()
     moved = (m * b.exp()).sum(-1)

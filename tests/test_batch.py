@@ -16,7 +16,7 @@ from tests.conftest import planted_passages
 from tests.tiny import save_tiny
 
 TOL = 1e-4
-MAP_FIELDS = ("last", "question", "answer", "null_last", "null_question", "bias_last", "bias_question")
+MAP_FIELDS = ("last", "question", "answer", "null_last", "null_question")
 
 
 def assert_rows_equal(singles, batch) -> None:
@@ -30,6 +30,9 @@ def assert_rows_equal(singles, batch) -> None:
             if a is not None:
                 assert a.shape == b.shape, name
                 assert a.numel() == 0 or (a - b).abs().max().item() < TOL, name
+        assert alone.method_state.keys() == row.method_state.keys()
+        for name, a in alone.method_state.items():  # a method's own maps (attn-calibration's bias maps)
+            assert (a - row.method_state[name]).abs().max().item() < TOL, name
         assert (alone.reference_logprob is None) == (row.reference_logprob is None)
         if alone.reference_logprob is not None:
             assert abs(alone.reference_logprob - row.reference_logprob) < TOL

@@ -25,13 +25,15 @@ Relevance comes from the maps the evidence already reads.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
 from midlens.core.errors import MethodConfigError
 from midlens.core.passage import Passage
-from midlens.generators.context import MethodParts
+from midlens.generators.context import AnsweringView, MethodParts
+from midlens.generators.evidence import EvidenceMaps
 from midlens.generators.methods.method import Method
 from midlens.generators.prompt import StackedPrompt, render, render_document
 from midlens.generators.rope import RotaryScheme, baseline_schemes
@@ -136,32 +138,40 @@ class Calibration:
         self.schemes, self.layers, self.head_mask = schemes, tuple(chosen), head_mask
         self.strength, self.temperature, self.query, self.dummy = strength, temperature, query, dummy
 
-    def __call__(self, run):
+    def __call__(self, view: AnsweringView) -> AbstractContextManager:
         if self.dummy:
-            prompts = [p for p in run.prompts if p.passages]
+            prompts = [p for p in view.prompts if p.passages]
             if prompts:
                 t0 = time.perf_counter()
-                maps = iter(run.prompt_maps([dummy_prompt(run.generator.tokenizer, p) for p in prompts]))
-                for row, prompt in zip(run.maps, run.prompts, strict=True):
+                maps = iter(view.prompt_maps([dummy_prompt(view.tokenizer, p) for p in prompts]))
+                for state, prompt in zip(view.scratch, view.prompts, strict=True):
                     if prompt.passages:
                         m = next(maps)
-                        row.bias_last, row.bias_question = m.last, m.question
-                run.timings["bias_s"] = time.perf_counter() - t0
-        elif any(p.passages for p in run.prompts) and any(m.null_last is None for m in run.maps):
-            t0 = time.perf_counter()
-            run.content_free_maps()
-            run.timings["calibrate_s"] = time.perf_counter() - t0
-        return self.applied(run.maps, run.column_spans, run.width, start=run.width - 1, device=run.device)
+                        state["bias_last"], state["bias_question"] = m.last, m.question
+                view.timings["bias_s"] = time.perf_counter() - t0
+        else:
+            view.content_free_maps()
+        return self.applied(view.maps, view.column_spans, view.width, view.width - 1, view.device, view.scratch)
 
     @contextmanager
-    def applied(self, maps: list, spans: list[list[tuple[int, int]]], width: int, start: int, device):
-        """Each calibrated layer's bias [B, H, width] from every row's maps and passage key columns, for the
-        queries from column `start` on; cleared on exit. A row without passages or bias maps gets none."""
+    def applied(
+        self,
+        maps: list[EvidenceMaps],
+        spans: list[list[tuple[int, int]]],
+        width: int,
+        start: int,
+        device: torch.device,
+        scratch: list[dict] | None = None,
+    ) -> Iterator[None]:
+        """Each calibrated layer's bias [B, H, width] from every row's maps (and, with the dummy calibration, the
+        bias maps in its `scratch`) and passage key columns, for the queries from column `start` on; cleared on
+        exit. A row without passages or bias maps gets none."""
         biases = {i: torch.zeros(len(maps), self.head_mask.shape[1], width) for i in self.layers}
+        scratch = scratch if scratch is not None else [{} for _ in maps]
         for b, (row, row_spans) in enumerate(zip(maps, spans, strict=True)):
             mass = row.question if self.query == "question" else row.last
             if self.dummy:
-                null = row.bias_question if self.query == "question" else row.bias_last
+                null = scratch[b].get("bias_question" if self.query == "question" else "bias_last")
             else:
                 null = row.null_question if self.query == "question" else row.null_last
             if null is None or not row_spans:
