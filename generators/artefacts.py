@@ -1,14 +1,22 @@
 """Trained artefacts: one verified folder format for anything a method learns (LoRA factors, routers).
 
     <folder>/weights.safetensors   tensors only (never a pickle)
-    <folder>/meta.json             method, base model + its content sha256, options, layers/heads, training
-                                   config, data split + its sha256, weights sha256, format version
+    <folder>/meta.json             the keys of SCHEMAS[format_version], plus the section of the trained part
+
+One format_version is one schema. Every meta.json of version 1 holds the keys in `SCHEMAS[1]`: method, base
+model and its content sha256, options, training (the run's config and loss record; a value a run did not record
+is null), data (split and the sha256 of its example ids), and what this module derives on save (format_version,
+weights_sha256, shapes, parameters). A kind of trained part adds its own section and declares its fields
+(`Section`: `LoRADelta.SECTION` is "delta", MoICE's routers "experts") and owns its save/load pair, the way a
+sentence-transformers module does (`LoRADelta.save(folder, meta)` / `LoRADelta.load(folder, ...)`).
 
 Artefacts that ship live in `generators/trained/<method>/<model>/` and are found by name; any other folder
-is given by path. Loading checks, in this order, that the files exist and parse, that the method and the
-base model's content hash match, that the weights' sha256 matches the one recorded (a damaged or edited
-file is refused), and that every tensor has the shape the model needs. Each refusal names the folder and
-says what to do. Saving writes a temp folder next to the target and renames it into place.
+is given by path. Reading (`open_artefact`) verifies before anything is parsed, in this order: the files exist,
+meta.json is a JSON object with this version's keys, the method and the base model's content hash match, and the
+weights' sha256 matches the one recorded (a damaged or edited file is refused). Only then does a part read its
+section (`Section.read`) and build itself, and `Artefact.tensors_for` checks every tensor has the shape the model
+needs. Each refusal is an ArtefactError that names the folder or file and says what to do. Saving writes a temp
+folder next to the target and renames it into place.
 """
 
 from __future__ import annotations
@@ -26,6 +34,52 @@ FORMAT_VERSION = 1
 WEIGHTS = "weights.safetensors"
 META = "meta.json"
 SHIPPED = Path(__file__).parent / "trained"
+# What save_artefact derives from the tensors; the caller gives the other keys of the schema.
+DERIVED = ("format_version", "weights_sha256", "shapes", "parameters")
+# format_version -> the top-level keys every meta.json of that version holds (a part's section comes on top).
+SCHEMAS: dict[int, tuple[str, ...]] = {
+    1: ("method", "base_model", "base_model_sha256", "options", "training", "data", *DERIVED),
+}
+OBJECTS = ("options", "training", "data", "shapes")  # keys whose values are JSON objects
+
+
+@dataclass(frozen=True)
+class Section:
+    """The part of meta.json one kind of trained part owns: its key and its fields' types. The part writes it on
+    save and reads it back through `read`, so a missing or mistyped field is an ArtefactError naming meta.json,
+    never a KeyError inside a method."""
+
+    key: str
+    fields: dict[str, type | tuple[type, ...]]
+
+    def read(self, artefact: Artefact) -> dict:
+        section = artefact.meta.get(self.key)
+        if not isinstance(section, dict):
+            raise ArtefactError(
+                f"artefact {artefact.meta_file}: no {self.key!r} object (what the trained part is); "
+                "re-save or retrain the artefact."
+            )
+        wrong = [
+            f"{name} (needs {_type_names(kind)}, has {type(section.get(name)).__name__})"
+            for name, kind in self.fields.items()
+            if not _fits(section.get(name), kind)
+        ]
+        if wrong:
+            raise ArtefactError(
+                f"artefact {artefact.meta_file}: {self.key!r} field(s) missing or of the wrong type: "
+                f"{', '.join(wrong)}; re-save or retrain the artefact."
+            )
+        return section
+
+
+def _fits(value: object, kind: type | tuple[type, ...]) -> bool:
+    # bool is an int to isinstance; a flag written where a count belongs (or the reverse) is still wrong.
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
+
+
+def _type_names(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
 
 
 @dataclass
@@ -34,14 +88,39 @@ class Artefact:
     meta: dict
     tensors: dict[str, torch.Tensor]
 
+    @property
+    def meta_file(self) -> Path:
+        return self.path / META
+
+    def tensors_for(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        """The tensors, once each has the shape the model needs (`shapes`) and none is left over."""
+        tensors = self.tensors
+        wrong = [
+            f"{k}: has {list(tensors[k].shape) if k in tensors else 'nothing'}, needs {list(v)}"
+            for k, v in shapes.items()
+            if k not in tensors or tuple(tensors[k].shape) != tuple(v)
+        ]
+        wrong += [f"{k}: not expected" for k in sorted(set(tensors) - set(shapes))]
+        if wrong:
+            raise ArtefactError(
+                f"artefact {self.path} does not fit this model ({len(wrong)} tensor(s) wrong, e.g. {wrong[0]}); "
+                "it was made for another architecture or configuration."
+            )
+        return tensors
+
 
 def save_artefact(folder: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> Path:
-    """Write `tensors` + `meta` (method, base_model, base_model_sha256, options, ... ) atomically to `folder`."""
+    """Write `tensors` + `meta` atomically to `folder`. `meta` holds the schema's keys that are not derived (method,
+    base_model, base_model_sha256, options, training, data) and the part's own section; format_version,
+    weights_sha256, shapes and parameters are written here."""
     from safetensors.torch import save_file
 
-    missing = [k for k in ("method", "base_model", "base_model_sha256") if k not in meta]
+    missing = [k for k in SCHEMAS[FORMAT_VERSION] if k not in DERIVED and k not in meta]
     if missing:
-        raise ArtefactError(f"artefact metadata lacks {missing}: every artefact records its method and base model.")
+        raise ArtefactError(
+            f"artefact metadata lacks {missing}: format_version {FORMAT_VERSION} records the method, the base model, "
+            "the options, the training run and its data."
+        )
     folder = Path(folder)
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     with replacing_folder(folder) as work:
@@ -51,6 +130,7 @@ def save_artefact(folder: str | Path, tensors: dict[str, torch.Tensor], meta: di
             "format_version": FORMAT_VERSION,
             "weights_sha256": sha256_of([work / WEIGHTS]),
             "shapes": {k: list(v.shape) for k, v in cpu.items()},
+            "parameters": sum(v.numel() for v in cpu.values()),
         }
         (work / META).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
     return folder
@@ -87,13 +167,8 @@ def resolve_artefact(spec: str | None, method: str, model: str) -> Path:
     return path
 
 
-def load_artefact(
-    path: str | Path,
-    method: str,
-    base_model_sha256: str,
-    shapes: dict[str, tuple[int, ...]] | None = None,
-) -> Artefact:
-    """Read and verify an artefact folder (see the module doc); `shapes` are what the model needs."""
+def open_artefact(path: str | Path, method: str, base_model_sha256: str) -> Artefact:
+    """Read and verify an artefact folder (see the module doc) before any of its meta is parsed for a part."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -103,42 +178,54 @@ def load_artefact(
         if not f.is_file():
             raise ArtefactError(f"artefact {path}: {f.name} is missing; an artefact folder holds {WEIGHTS} and {META}.")
     try:
-        meta = json.loads(meta_file.read_text())
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ArtefactError(f"artefact {meta_file}: not valid JSON ({err}); re-save or retrain the artefact.") from None
-    if meta.get("format_version") != FORMAT_VERSION:
+    if not isinstance(meta, dict):
+        raise ArtefactError(f"artefact {meta_file}: not a JSON object; re-save or retrain the artefact.")
+    version = meta.get("format_version")
+    if version not in SCHEMAS:
         raise ArtefactError(
-            f"artefact {path}: format_version {meta.get('format_version')!r}, this midlens reads {FORMAT_VERSION}."
+            f"artefact {meta_file}: format_version {version!r}, this midlens reads {', '.join(map(str, SCHEMAS))}."
         )
-    if meta.get("method") != method:
-        raise ArtefactError(f"artefact {path} was trained for method {meta.get('method')!r}, not {method!r}.")
-    if meta.get("base_model_sha256") != base_model_sha256:
+    missing = [k for k in SCHEMAS[version] if k not in meta]
+    if missing:
         raise ArtefactError(
-            f"artefact {path} was trained on base model {meta.get('base_model')!r} "
-            f"(sha256 {str(meta.get('base_model_sha256'))[:12]}...), not on the model loaded now "
+            f"artefact {meta_file}: format_version {version} holds {missing}, missing here; re-save or retrain it."
+        )
+    not_objects = [k for k in OBJECTS if not isinstance(meta[k], dict)]
+    if not_objects:
+        raise ArtefactError(f"artefact {meta_file}: {not_objects} must be JSON objects; re-save or retrain it.")
+    if meta["method"] != method:
+        raise ArtefactError(f"artefact {path} was trained for method {meta['method']!r}, not {method!r}.")
+    if meta["base_model_sha256"] != base_model_sha256:
+        raise ArtefactError(
+            f"artefact {path} was trained on base model {meta['base_model']!r} "
+            f"(sha256 {str(meta['base_model_sha256'])[:12]}...), not on the model loaded now "
             f"(sha256 {base_model_sha256[:12]}...); use an artefact trained for this model."
         )
     actual = sha256_of([weights_file])
-    if actual != meta.get("weights_sha256"):
+    if actual != meta["weights_sha256"]:
         raise ArtefactError(
             f"artefact {weights_file}: sha256 {actual[:12]}... does not match the "
-            f"{str(meta.get('weights_sha256'))[:12]}... recorded in meta.json (damaged or edited file); "
+            f"{str(meta['weights_sha256'])[:12]}... recorded in meta.json (damaged or edited file); "
             "restore it from the repository or retrain."
         )
     try:
         tensors = load_file(str(weights_file))
     except SafetensorError as err:
         raise ArtefactError(f"artefact {weights_file}: unreadable safetensors file ({err}).") from None
-    if shapes is not None:
-        wrong = [
-            f"{k}: has {list(tensors[k].shape) if k in tensors else 'nothing'}, needs {list(v)}"
-            for k, v in shapes.items()
-            if k not in tensors or tuple(tensors[k].shape) != tuple(v)
-        ]
-        wrong += [f"{k}: not expected" for k in sorted(set(tensors) - set(shapes))]
-        if wrong:
-            raise ArtefactError(
-                f"artefact {path} does not fit this model ({len(wrong)} tensor(s) wrong, e.g. {wrong[0]}); "
-                "it was made for another architecture or configuration."
-            )
     return Artefact(path, meta, tensors)
+
+
+def load_artefact(
+    path: str | Path,
+    method: str,
+    base_model_sha256: str,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+) -> Artefact:
+    """`open_artefact`, then (given `shapes`, what the model needs) the tensors' shapes checked."""
+    artefact = open_artefact(path, method, base_model_sha256)
+    if shapes is not None:
+        artefact.tensors_for(shapes)
+    return artefact

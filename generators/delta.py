@@ -4,17 +4,21 @@ A `WeightDelta` is asked, inside the attention module, for an extra term for eac
 (`q`, `k`, `v`, `o`) of each layer: `out = W x (+ b) + delta(x)`. It is installed per call like a scheme
 or a probe, so a tuned method and the baseline share one loaded model and the shared weights are never
 written. `LoRADelta` is the low-rank case (Hu et al. 2021): delta(x) = (alpha / r) * B A x with B = 0 at
-initialisation, so a fresh delta is exactly the baseline.
+initialisation, so a fresh delta is exactly the baseline. A trained `LoRADelta` is an artefact
+(`generators.artefacts`): it declares its section of meta.json (`LoRADelta.SECTION`, "delta") and saves and loads
+itself (`save(folder, meta)` / `LoRADelta.load(folder, model, method, base_model_sha256)`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from midlens.core.errors import ArtefactError
+from midlens.generators.artefacts import Artefact, Section, open_artefact, save_artefact
 
 PROJECTIONS = ("q", "k", "v", "o")
 
@@ -55,6 +59,19 @@ def _check_layers(model: nn.Module, layers: list[int]) -> None:
 class LoRADelta(WeightDelta):
     """Low-rank factors A [r, in], B [out, r] per targeted (layer, projection); trainable parameters."""
 
+    # What a saved delta records to be rebuilt: meta.json's "delta" object ("parameters" is for people reading it).
+    SECTION = Section(
+        "delta",
+        {
+            "kind": str,
+            "rank": int,
+            "lora_alpha": (int, float),
+            "projections": list,
+            "layers": list,
+            "parameters": int,
+        },
+    )
+
     def __init__(
         self,
         model: nn.Module,
@@ -93,3 +110,35 @@ class LoRADelta(WeightDelta):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def config(self) -> dict:
+        """This delta's section of meta.json: enough to build it again (`LoRADelta.load`)."""
+        return {
+            "kind": "lora",
+            "rank": self.rank,
+            "lora_alpha": self.alpha,
+            "projections": list(self.projections),
+            "layers": list(self.layers),
+            "parameters": self.num_parameters(),
+        }
+
+    def save(self, folder: str | Path, meta: dict) -> Path:
+        """Save the factors as an artefact folder; `meta` gives the schema's other keys (method, base model, ...)."""
+        return save_artefact(folder, self.state_dict(), {**meta, self.SECTION.key: self.config()})
+
+    @classmethod
+    def load(
+        cls, folder: str | Path, model: nn.Module, method: str, base_model_sha256: str
+    ) -> tuple[LoRADelta, Artefact]:
+        """The frozen delta saved in `folder` for `model`, and the verified artefact it came from. The folder is
+        verified (files, schema, method, base model, weights hash) before its "delta" section is read."""
+        artefact = open_artefact(folder, method, base_model_sha256)
+        spec = cls.SECTION.read(artefact)
+        if spec["kind"] != "lora":
+            raise ArtefactError(
+                f"artefact {artefact.meta_file}: delta kind {spec['kind']!r}; this midlens builds 'lora' deltas."
+            )
+        delta = cls(model, spec["layers"], spec["projections"], spec["rank"], spec["lora_alpha"])
+        delta.load_state_dict(artefact.tensors_for({k: tuple(v.shape) for k, v in delta.state_dict().items()}))
+        delta.requires_grad_(False)
+        return delta, artefact

@@ -202,15 +202,29 @@ def test_an_unreachable_ray_address_fails_fast_and_names_it(tmp_path):
 
 
 def test_another_model_s_mudaf_artefact_on_a_model_folder_names_the_layer_counts(tmp_path):
+    import json
+    import shutil
+
     from midlens.core.errors import ArtefactError
-    from midlens.generators import Generator
+    from midlens.generators import Generator, load_model
     from midlens.generators.artefacts import SHIPPED
     from tests.tiny import save_tiny
 
     folder = save_tiny("llama", tmp_path / "tiny")  # 4 layers; the shipped SmolLM2 delta adapts 30
     artefact = SHIPPED / "mudaf" / "smollm2-135m"
+    # Verified before it is parsed: the base model is what is refused first, naming both.
     with pytest.raises(ArtefactError) as err:
         Generator(str(folder), method=f"mudaf(artefact='{artefact}')", device="cpu", dtype="float32")
+    message = str(err.value)
+    assert "trained on base model 'smollm2-135m'" in message and "not on the model loaded now" in message
+    # Relabelled as this model's (its weights hash still holds): the delta's own layers are refused, by count.
+    forged = tmp_path / "forged"
+    shutil.copytree(artefact, forged)
+    meta = json.loads((forged / "meta.json").read_text())
+    meta["base_model_sha256"] = load_model(str(folder), device="cpu", dtype="float32").sha256
+    (forged / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtefactError) as err:
+        Generator(str(folder), method=f"mudaf(artefact='{forged}')", device="cpu", dtype="float32")
     message = str(err.value)
     assert "layers 0-29 (30 layers)" in message and "it has 4 layers (0-3)" in message
     assert "trained for another model" in message

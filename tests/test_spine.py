@@ -65,14 +65,14 @@ def test_device_and_dtype_resolution():
 
 def untrained_routers(loaded, folder) -> str:
     """A MoICE artefact with freshly initialised routers (3 experts, top 2) for a tiny model."""
-    from midlens.generators.artefacts import save_artefact
-    from midlens.generators.methods.moice import complementary_bases, new_schemes, rope_base, router_state
+    from midlens.generators.methods.moice import complementary_bases, rope_base
+    from midlens.generators.methods.moice_routers import MoiceRouters
 
     head_dim = 2 * loaded.model.model.rotary_emb.inv_freq.shape[0]
     bases = complementary_bases(rope_base(loaded.model.config), head_dim, 3)
     meta = {"method": "moice", "base_model": loaded.name, "base_model_sha256": loaded.sha256}
-    meta["experts"] = {"bases": bases, "top_k": 2, "per_head": False}
-    return str(save_artefact(folder, router_state(new_schemes(loaded.model, bases, 2)), meta))
+    meta |= {"options": {}, "training": {}, "data": {}}
+    return str(MoiceRouters.new(loaded.model, bases, 2).save(folder, meta))
 
 
 def test_bf16_model_runs_every_method_with_fp32_evidence(tiny_dir, tmp_path):
@@ -204,8 +204,15 @@ def test_fresh_lora_is_the_baseline_and_the_context_trains_only_the_delta(tiny):
 # -- trained artefacts --------------------------------------------------------------------------------
 
 
-def _meta(tiny):
-    return {"method": "test", "base_model": tiny.name, "base_model_sha256": tiny.sha256, "options": {"rank": 4}}
+def _meta(tiny, method="test"):
+    return {
+        "method": method,
+        "base_model": tiny.name,
+        "base_model_sha256": tiny.sha256,
+        "options": {"rank": 4},
+        "training": {},
+        "data": {},
+    }
 
 
 def test_artefact_round_trip_and_refusals(tiny, tmp_path):
@@ -237,6 +244,68 @@ def test_artefact_round_trip_and_refusals(tiny, tmp_path):
     (folder / "meta.json").unlink()
     with pytest.raises(ArtefactError, match="meta.json is missing"):
         load_artefact(folder, "test", tiny.sha256, shapes)
+
+
+def test_a_delta_saves_and_loads_itself_verified_before_its_section_is_read(tiny, tmp_path):
+    delta = _random_delta(tiny.model)
+    folder = delta.save(tmp_path / "d", {**_meta(tiny, "mudaf"), "options": {"alpha": 0.7}})
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["delta"] == delta.config() and meta["parameters"] == delta.num_parameters()
+    loaded, artefact = LoRADelta.load(folder, tiny.model, "mudaf", tiny.sha256)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in delta.state_dict().items())
+    assert not any(p.requires_grad for p in loaded.parameters()) and artefact.meta["options"] == {"alpha": 0.7}
+
+    # Another base model with a section no delta could be built from: the base model is what is refused.
+    meta["delta"] = {"kind": "lora"}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtefactError, match="not on the model loaded now"):
+        LoRADelta.load(folder, tiny.model, "mudaf", "0" * 64)
+    with pytest.raises(ArtefactError, match=r"meta.json: 'delta' field\(s\) missing .*rank \(needs int"):
+        LoRADelta.load(folder, tiny.model, "mudaf", tiny.sha256)
+    del meta["parameters"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtefactError, match=r"format_version 1 holds \['parameters'\], missing here"):
+        LoRADelta.load(folder, tiny.model, "mudaf", tiny.sha256)
+
+
+def test_a_corrupt_meta_json_is_an_artefact_error_naming_the_file(tiny, tmp_path):
+    # Through the method, as `--method "mudaf(artefact=...)"` reads it: never a bare JSONDecodeError.
+    for spec, save in (
+        ("mudaf", lambda f: _random_delta(tiny.model).save(f, {**_meta(tiny, "mudaf"), "options": {"alpha": 0.7}})),
+        ("moice", lambda f: untrained_routers(tiny, f)),
+    ):
+        folder = tmp_path / spec
+        save(folder)
+        (folder / "meta.json").write_text('{"method": "' + spec + '", "delta": {')
+        with pytest.raises(ArtefactError, match=f"artefact {folder / 'meta.json'}: not valid JSON"):
+            Generator(tiny, method=f"{spec}(artefact='{folder}')")
+
+
+def test_shipped_metas_of_one_format_version_have_one_schema():
+    """Both packaged models' artefacts of a method hold the same keys (top level and each object inside), and
+    each holds every key its format_version's schema and its part's section name."""
+    from midlens.generators.artefacts import SCHEMAS, SHIPPED
+    from midlens.generators.methods.moice_routers import MoiceRouters
+
+    sections = {"mudaf": LoRADelta.SECTION, "moice": MoiceRouters.SECTION}
+
+    def keys(meta: dict) -> dict:
+        return {k: sorted(v) if isinstance(v, dict) and k != "shapes" else None for k, v in meta.items()}
+
+    by_version_and_method: dict[tuple, list] = {}
+    for path in sorted(SHIPPED.glob("*/*/meta.json")):
+        meta = json.loads(path.read_text())
+        version, section = meta["format_version"], sections[meta["method"]]
+        assert set(SCHEMAS[version]) | {section.key} <= set(meta), path
+        assert set(section.fields) <= set(meta[section.key]), path
+        by_version_and_method.setdefault((version, meta["method"]), []).append((path, keys(meta)))
+    assert {m for _, m in by_version_and_method} == {"mudaf", "moice"}
+    for group in by_version_and_method.values():
+        models = {path.parent.name.split("-alpha")[0] for path, _ in group}
+        assert models == {"smollm2-135m", "qwen2.5-coder-0.5b"}, group
+        first_path, first = group[0]
+        for path, other in group[1:]:
+            assert other == first, f"{path} and {first_path} differ in keys"
 
 
 def test_artefact_save_is_atomic(tiny, tmp_path):

@@ -73,8 +73,8 @@ def _load_checkpoint(
     state = json.loads((folder / "state.json").read_text())
     if state.get("fingerprint") != fingerprint:
         raise CheckpointError(
-            f"checkpoint {folder} was made by a training run with other settings; delete it (or use another "
-            "--out) to start over, or rerun with the settings it was made under."
+            f"checkpoint {folder} was made by a training run with other settings; delete it (or write to another "
+            "folder) to start over, or rerun with the settings it was made under."
         )
     tensors = load_file(str(folder / "state.safetensors"))
     with torch.no_grad():
@@ -107,7 +107,7 @@ def train(
     stops after the step that crosses it (checkpointed), for a fixed compute budget; the log says where.
     """
     if not examples:
-        raise MidlensError("no training examples: check the data split and --examples.")
+        raise MidlensError("no training examples: check the data split and the number of examples asked for.")
     fingerprint = sha256_json({"loop": asdict(config), "run": run_fingerprint or {}})
     torch.manual_seed(config.seed)
     opt = torch.optim.AdamW(list(params.values()), lr=config.lr, weight_decay=config.weight_decay)
@@ -191,15 +191,14 @@ def train_artefact(
     loss_of: Callable[[object], tuple[torch.Tensor, dict[str, float]]],
     run: TrainingRun,
     describe: Callable[[], dict],
-    state: Callable[[], dict[str, torch.Tensor]],
+    save: Callable[[Path, dict], Path],
 ) -> dict:
     """Train `params` and save them as a `method` artefact folder at `run.out` (checkpoints beside it, in
     `<out>.checkpoint`, so a cut run resumes).
 
     `config` is the method's training config (a dataclass, recorded in the checkpoint's fingerprint and the meta);
-    `describe()` gives the method's own meta fields and `state()` the tensors to save, both read after training."""
-    from midlens.generators.artefacts import save_artefact
-
+    `describe()` gives the method's own record (options, what it trained on), read after training; `save(folder,
+    meta)` is the trained part's own save (`LoRADelta.save`, `MoiceRouters.save`), which adds its section."""
     out_path = Path(run.out)
     fingerprint = {method: asdict(config), "data": run.data, "model": loaded.sha256}
     checkpoint = out_path.with_name(out_path.name + ".checkpoint")
@@ -213,5 +212,5 @@ def train_artefact(
         "training": {**asdict(config), **training_record(log, run.loop, loaded.device, loaded.dtype)},
         "data": run.data,
     }
-    save_artefact(out_path, state(), meta)
+    save(out_path, meta)
     return {"log": log, "meta": meta}

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from midlens.core.errors import MidlensError
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.loading import LoadedModel
-from midlens.generators.methods.moice import MoiceScheme, new_schemes, router_state
+from midlens.generators.methods.moice import MoiceScheme
+from midlens.generators.methods.moice_routers import MoiceRouters
 from midlens.training.data import TrainExample
 from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
 from midlens.training.recipe import Budget, Option, Recipe, positive
@@ -60,22 +61,18 @@ def train_moice(
     max_seconds: float | None = None,
 ) -> dict:
     """Train routers and save them as a `moice` artefact at `out` (checkpoints in `out`.checkpoint)."""
-    schemes = new_schemes(loaded.model, list(config.bases), config.top_k, config.per_head, seed=loop.seed)
+    routers = MoiceRouters.new(loaded.model, list(config.bases), config.top_k, config.per_head, seed=loop.seed)
+    schemes = routers.schemes
     for s in schemes:
         s.to(loaded.device)
     objective = MoiceObjective(loaded, schemes, config)
     params = {f"layers.{i}.{n}": p for i, s in enumerate(schemes) for n, p in s.router.named_parameters()}
 
-    def describe() -> dict:  # the method's own meta fields
-        return {
-            "options": {},
-            "experts": {"bases": list(config.bases), "top_k": config.top_k, "per_head": config.per_head},
-        }
+    def describe() -> dict:  # MoICE's own record; the routers write their "experts" section themselves
+        return {"options": {}}
 
     run = TrainingRun(loop, out, data, progress, max_seconds)
-    return train_artefact(
-        "moice", config, loaded, params, examples, objective, run, describe, lambda: router_state(schemes)
-    )
+    return train_artefact("moice", config, loaded, params, examples, objective, run, describe, routers.save)
 
 
 def _check(options: dict) -> None:

@@ -131,23 +131,15 @@ def train_mudaf(
     objective = MudafObjective(loaded, parts, config)
     params = dict(delta.named_parameters())
 
-    def describe() -> dict:  # the method's own meta fields
+    def describe() -> dict:  # MuDAF's own record; the delta writes its "delta" section itself
         return {
             "options": {"alpha": config.alpha},
-            "delta": {
-                "kind": "lora",
-                "rank": config.rank,
-                "lora_alpha": config.lora_alpha,
-                "projections": list(config.projections),
-                "layers": delta.layers,
-                "parameters": delta.num_parameters(),
-            },
             "heads": [list(h) for h in config.heads],
             "head_scores": {k: head_scores[k] for k in ("eps", "n", "model_sha256")} if head_scores else None,
         }
 
     run = TrainingRun(loop, out, data, progress, max_seconds)
-    return train_artefact("mudaf", config, loaded, params, examples, objective, run, describe, delta.state_dict)
+    return train_artefact("mudaf", config, loaded, params, examples, objective, run, describe, delta.save)
 
 
 def _check(options: dict) -> None:

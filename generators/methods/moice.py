@@ -276,35 +276,13 @@ def router_state(schemes: list[MoiceScheme]) -> dict[str, torch.Tensor]:
 
 
 def build(loaded, opts: dict) -> MethodParts:
-    import json
-
-    from midlens.generators.artefacts import load_artefact, resolve_artefact
+    from midlens.generators.artefacts import resolve_artefact
+    from midlens.generators.methods.moice_routers import MoiceRouters
 
     path = resolve_artefact(opts["artefact"], "moice", loaded.name)
-    meta = json.loads((path / "meta.json").read_text()) if (path / "meta.json").is_file() else {}
-    experts = meta.get("experts") or {}
-    if not experts.get("bases") or not experts.get("top_k"):
-        raise MethodConfigError(f"moice artefact {path}: meta.json does not record the expert bases and top_k.")
-    top_k = opts["top_k"] or experts["top_k"]
-    if top_k > len(experts["bases"]):
-        raise MethodConfigError(
-            f"moice top_k={top_k}: the routers in {path} choose among {len(experts['bases'])} experts."
-        )
-    native = rope_base(loaded.model.config)
-    if abs(experts["bases"][0] - native) > 1e-6 * native:
-        raise MethodConfigError(
-            f"moice artefact {path}: its first expert base is {experts['bases'][0]:g}, but this model's RoPE base "
-            f"is {native:g}; the routers were trained for another model."
-        )
-    schemes = new_schemes(loaded.model, experts["bases"], top_k, experts.get("per_head", False))
-    shapes = {k: tuple(v.shape) for k, v in router_state(schemes).items()}
-    artefact = load_artefact(path, "moice", loaded.sha256, shapes)  # verifies base model, hash and shapes
-    for i, scheme in enumerate(schemes):
-        prefix = f"layers.{i}."
-        own = {k[len(prefix) :]: v for k, v in artefact.tensors.items() if k.startswith(prefix)}
-        scheme.router.load_state_dict(own)
-        scheme.requires_grad_(False)
-    return MethodParts(schemes)
+    # Verified (base model, hash) before its "experts" section is read; the routers read their own section.
+    routers, _ = MoiceRouters.load(path, loaded.model, "moice", loaded.sha256, opts["top_k"])
+    return MethodParts(routers.schemes)
 
 
 def usage_heatmap(per_layer: torch.Tensor, bases: list[float], path) -> None:

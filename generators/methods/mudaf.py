@@ -11,7 +11,7 @@ Training is in `training.mudaf`.
 from __future__ import annotations
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.artefacts import load_artefact, resolve_artefact
+from midlens.generators.artefacts import resolve_artefact
 from midlens.generators.context import MethodParts
 from midlens.generators.delta import LoRADelta
 from midlens.generators.methods.method import Method
@@ -37,23 +37,14 @@ def check_options(opts: dict) -> None:
 
 
 def build(loaded, opts: dict) -> MethodParts:
-    import json
-
     path = resolve_artefact(opts["artefact"], "mudaf", shipped_name(loaded.name, opts))
-    meta = json.loads((path / "meta.json").read_text()) if (path / "meta.json").is_file() else {}
-    spec = meta.get("delta") or {}
-    if spec.get("kind") != "lora":
-        raise MethodConfigError(f"mudaf artefact {path}: meta.json has no LoRA delta description ('delta.kind').")
-    trained_alpha = (meta.get("options") or {}).get("alpha")
+    # Verified (base model, hash, shapes) before its options are read; the delta reads its own section.
+    delta, artefact = LoRADelta.load(path, loaded.model, "mudaf", loaded.sha256)
+    trained_alpha = artefact.meta["options"].get("alpha")
     if trained_alpha is not None and float(trained_alpha) != float(opts["alpha"]):
         raise MethodConfigError(
             f"mudaf artefact {path} was trained with alpha={trained_alpha}, but alpha={opts['alpha']} was asked."
         )
-    delta = LoRADelta(loaded.model, spec["layers"], spec["projections"], spec["rank"], spec["lora_alpha"])
-    shapes = {k: tuple(v.shape) for k, v in delta.state_dict().items()}
-    artefact = load_artefact(path, "mudaf", loaded.sha256, shapes)  # verifies base model, hash and shapes
-    delta.load_state_dict(artefact.tensors)
-    delta.requires_grad_(False)
     return MethodParts(baseline_schemes(loaded.model), delta.to(loaded.dtype))
 
 
