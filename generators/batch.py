@@ -71,6 +71,16 @@ def padded_block(
     return ids, positions, valid
 
 
+def segment_spans(prompt: StackedPrompt) -> list[tuple[int, int]]:
+    """Token spans tiling each passage in turn: its heading ("Document [i](Title: ...)") then its sentences."""
+    spans = []
+    per_passage = prompt.sentences or [[] for _ in prompt.passage_spans]  # a prompt made by hand: whole passages
+    for (start, end), sentences in zip(prompt.passage_spans, per_passage, strict=True):
+        spans.append((start, sentences[0].tokens[0] if sentences else end))
+        spans += [s.tokens for s in sentences]
+    return spans
+
+
 def _crop(cache: DynamicCache, columns: int) -> None:
     """Keep the first `columns` cached columns (the cache takes the number to remove, as a negative count)."""
     extra = cache.get_seq_length() - columns
@@ -84,7 +94,16 @@ class BatchRun:
     Created inside a method context on `loaded` (`Generator.running()`); `method_run` is that context's handle (a
     pass with a probe of its own swaps it in there)."""
 
-    def __init__(self, loaded: LoadedModel, prompts: list[StackedPrompt], method_run: MethodRun, layers: list[int]):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        prompts: list[StackedPrompt],
+        method_run: MethodRun,
+        layers: list[int],
+        cite: bool = False,
+    ):
+        """`cite`: the answer's own queries also record their mass over each passage's heading and sentences
+        (`segment_spans`), what citations are read from."""
         if not prompts:
             raise ValueError("a batch needs at least one prompt.")
         self.loaded = loaded
@@ -103,7 +122,10 @@ class BatchRun:
         self.column_spans = [
             [(s + o, e + o) for s, e in p.passage_spans] for p, o in zip(prompts, self.offsets, strict=True)
         ]
-        self.probe = PassageProbe(self.column_spans, len(method_run.modules), layers)
+        segments = [[(s + o, e + o) for s, e in segment_spans(p)] for p, o in zip(prompts, self.offsets, strict=True)]
+        self.probe = PassageProbe(
+            self.column_spans, len(method_run.modules), layers, answer_spans=segments if cite else None
+        )
         self.cache = DynamicCache(config=loaded.model.config)
         self.maps: list[EvidenceMaps] = []
         self.scratch: list[dict[str, Any]] = [{} for _ in prompts]  # each row's answering-hook state
@@ -259,15 +281,18 @@ class BatchRun:
             other.prefill()
         return [RowMaps(m.last, m.question) for m in other.maps]
 
-    def reference_logprobs(self, first_logits: torch.Tensor, references: list[list[int] | None]) -> list[float | None]:
-        """log p(reference | prompt) per row: `first_logits` [B, vocab] score each first token, one forward the rest
-        (appended after the prompt's columns; the cache is cropped back to the prompt first)."""
+    def reference_logprobs(
+        self, first_logits: torch.Tensor, references: list[list[int] | None]
+    ) -> list[list[float] | None]:
+        """log p(token | prompt, earlier tokens) of each reference token, per row: `first_logits` [B, vocab] score
+        each first token, one forward the rest (appended after the prompt's columns; the cache is cropped back to
+        the prompt first and after)."""
         self.crop(self.width)
         self.probe.score_rows([])
-        logprobs: list[float | None] = []
         first = torch.log_softmax(first_logits.float(), dim=-1)
-        for b, ids in enumerate(references):
-            logprobs.append(None if ids is None else float(first[b, ids[0]]))
+        logprobs: list[list[float] | None] = [
+            None if ids is None else [float(first[b, ids[0]])] for b, ids in enumerate(references)
+        ]
         width = max((len(ids) - 1 for ids in references if ids is not None), default=0)
         if width <= 0:
             return logprobs
@@ -281,6 +306,6 @@ class BatchRun:
         for b, ref in enumerate(references):
             if ref is not None and len(ref) > 1:
                 rows = torch.arange(len(ref) - 1, device=scores.device)
-                logprobs[b] += float(scores[b, rows, torch.tensor(ref[1:], device=scores.device)].sum())
+                logprobs[b] += scores[b, rows, torch.tensor(ref[1:], device=scores.device)].tolist()
         _crop(self.cache, self.width)
         return logprobs

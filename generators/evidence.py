@@ -156,6 +156,11 @@ class Answer:
     reference_logprob: float | None = None  # log p(reference answer | prompt), when one was given
     # What the method's answering hook kept for this row (its scratch state, e.g. attn-calibration's bias maps).
     method_state: dict = field(default_factory=dict, repr=False)
+    # Per answer sentence: its characters in `text` and the passages (and their sentences) it rests on
+    # (generators.citations.Citation); empty when citations are off or there is nothing to cite.
+    citations: list = field(default_factory=list)
+    reference_token_logprobs: list[float] | None = field(default=None, repr=False)  # per token of the reference
+    answer_ids: list[int] = field(default_factory=list, repr=False)  # the generated tokens, as decoded into `text`
 
     def ranked(self) -> list[PassageEvidence]:
         return sorted(self.passages, key=lambda p: p.rank)
@@ -164,6 +169,8 @@ class Answer:
         out = asdict(self)
         out.pop("maps")
         out.pop("method_state")  # tensors a method kept for itself: not part of the record
+        out.pop("answer_ids")
+        out.pop("reference_token_logprobs")
         return out
 
 

@@ -18,15 +18,19 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Iterator
+from collections.abc import Generator as Generator_
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from transformers import DynamicCache
 
+from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.passage import Passage
-from midlens.generators.batch import BatchRun, pad_token_id
+from midlens.generators.batch import BatchRun, pad_token_id, segment_spans
+from midlens.generators.citations import CitationConfig, cite
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.evidence import Answer, EvidenceConfig, passage_evidence
 from midlens.generators.loading import LoadedModel, load_model
@@ -37,6 +41,7 @@ from midlens.generators.prompt import (
     DEFAULT_STYLE,
     StackedPrompt,
     build_prompt,
+    render,
 )
 from midlens.generators.retrieval_heads import resolve_evidence
 
@@ -49,10 +54,13 @@ class Generator:
         evidence: EvidenceConfig | None = None,
         device: str = "auto",
         dtype: str = "auto",
+        citations: CitationConfig | None = CitationConfig(),  # noqa: B008 (frozen: one shared default is safe)
         **method_options,
     ):
         """`method` is a registry name or spec (`"ms-poe(ratio_max=1.5)"`); keyword options override the spec's.
-        `device`/`dtype` apply when `model` is a name; a LoadedModel keeps the device and dtype it has."""
+        `device`/`dtype` apply when `model` is a name; a LoadedModel keeps the device and dtype it has.
+        `citations`: how each answer sentence's citations are read from its attention (None: no citations)."""
+        self.citations = citations
         self.method: MethodConfig = method_config(method, method_options)  # before loading: fail fast
         self.loaded = load_model(model, device, dtype) if isinstance(model, str) else model
         self.evidence_config = resolve_evidence(evidence or EvidenceConfig(), self.loaded)
@@ -158,30 +166,26 @@ class Generator:
         top_p: float,
         seed: int | None,
         calibrate: bool,
-        references: list[str | None] | None = None,
+        references: list[str | list[int] | None] | None = None,
         stop_at_line_end: bool = False,
         ignore_eos: bool = False,
-    ) -> Iterator[tuple[int, str]]:
+    ) -> Generator_[tuple[int, str], None, list[Answer]]:
         """The generation loop, for a batch: yields (row, text delta); returns one Answer per prompt.
 
         Each row is answered as it would be alone: its own positions and stopping (EOS, line end, max tokens),
-        its own sampling stream (seeded with `seed`, as a lone prompt would be), its evidence read from its
-        own scoring rows."""
+        its own sampling stream (seeded with `seed`, as a lone prompt would be), its evidence and citations read
+        from its own scoring rows."""
         self._check(prompts, max_new_tokens, temperature, top_p)
         references = references or [None] * len(prompts)
         if len(references) != len(prompts):
             raise ValueError(f"{len(references)} references for {len(prompts)} prompts: give one (or None) each.")
         reference_ids = [None if r is None else self._reference_ids(r) for r in references]  # refused before decoding
         sampled = temperature > 0 and seed is not None
-        rngs = [torch.Generator(self.device).manual_seed(seed) if sampled else None for _ in prompts]
+        rows = _Rows.start(len(prompts), max_new_tokens, sampled, seed, self.device)
         hook = self.parts.answering
-        batch = len(prompts)
-        generated: list[list[int]] = [[] for _ in prompts]
-        texts = [""] * batch
-        fed = [0] * batch  # decode steps that fed this row's token back (its answer-attention rows)
-        reference_logprobs: list[float | None] = [None] * batch
+        reference_logprobs: list[list[float] | None] = [None] * len(prompts)
         with self.running() as method_run:
-            run = BatchRun(self.loaded, prompts, method_run, self.probe_layers())
+            run = BatchRun(self.loaded, prompts, method_run, self.probe_layers(), cite=self.citations is not None)
             with method_run.probe(run.probe):
                 t0 = time.perf_counter()
                 logits = first_logits = run.prefill()
@@ -190,66 +194,112 @@ class Generator:
                     t0 = time.perf_counter()
                     if hook is not None:  # the last prompt token's query gives the first answer token: read it
                         logits = first_logits = run.reread_last()  # again, under the method
-                    done = [max_new_tokens == 0] * batch
-                    while not all(done):
-                        for b in range(batch):
-                            if done[b]:
-                                continue
-                            token = self._pick(logits[b], temperature, top_p, rngs[b])
-                            if not ignore_eos and token in self.eos_ids:
-                                done[b] = True
-                                continue
-                            generated[b].append(token)
-                            new_text = self.tokenizer.decode(generated[b], skip_special_tokens=True)
-                            if len(new_text) > len(texts[b]) and not new_text.endswith("\ufffd"):
-                                yield b, new_text[len(texts[b]) :]
-                                texts[b] = new_text
-                            if (stop_at_line_end and "\n" in texts[b].lstrip()) or len(generated[b]) == max_new_tokens:
-                                done[b] = True
-                        if all(done):
-                            break
-                        for b in range(batch):
-                            fed[b] += not done[b]
-                        logits = run.step(
-                            [g[-1] if not d else self.pad_id for g, d in zip(generated, done, strict=True)]
-                        )
+                    yield from self._decode(run, rows, logits, temperature, top_p, stop_at_line_end, ignore_eos)
                     run.timings["decode_s"] = time.perf_counter() - t0
-                    if any(fed):
-                        taken = run.probe.take()
-                        for b, maps in enumerate(run.maps):
-                            if len(generated[b]) > 1:
-                                maps.answer = taken[:, b, :, : fed[b], : len(prompts[b].passages)].mean(2)
-                    run.probe.score_rows([])
+                    segment_mass = self._read_answer_attention(run, rows)
                     if any(r is not None for r in reference_ids):
                         reference_logprobs = run.reference_logprobs(first_logits, reference_ids)
                 if calibrate:
                     run.content_free_maps()
         answers = []
         for b, prompt in enumerate(prompts):
-            final = self.tokenizer.decode(generated[b], skip_special_tokens=True)
-            if len(final) > len(texts[b]):
-                yield b, final[len(texts[b]) :]
-            answers.append(
-                Answer(
-                    question=prompt.question,
-                    text=final.strip(),
-                    passages=passage_evidence(prompt.passages, run.maps[b], self.evidence_config, prompt.passage_spans),
-                    model=self.loaded.name,
-                    method=self.method.to_dict(),
-                    evidence_config=self.evidence_config,
-                    prompt_tokens=prompt.num_tokens,
-                    generated_tokens=len(generated[b]),
-                    timings=dict(run.timings),
-                    dropped=prompt.dropped,
-                    maps=run.maps[b],
-                    reference_logprob=reference_logprobs[b],
-                    method_state=run.scratch[b],
-                )
-            )
+            final = self.tokenizer.decode(rows.generated[b], skip_special_tokens=True)
+            if len(final) > len(rows.texts[b]):
+                yield b, final[len(rows.texts[b]) :]
+            mass = None if segment_mass is None else segment_mass[b]
+            answers.append(self._answer(run, b, prompt, final, rows.generated[b], mass, reference_logprobs[b]))
         return answers
 
-    def _reference_ids(self, text: str) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    def _decode(
+        self,
+        run: BatchRun,
+        rows: _Rows,
+        logits: torch.Tensor,
+        temperature: float,
+        top_p: float,
+        stop_at_line_end: bool,
+        ignore_eos: bool,
+    ) -> Iterator[tuple[int, str]]:
+        """Pick, stream and feed back tokens until every row is done; yields (row, text delta)."""
+        while not all(rows.done):
+            for b in range(len(rows.done)):
+                if rows.done[b]:
+                    continue
+                token = self._pick(logits[b], temperature, top_p, rows.rngs[b])
+                if not ignore_eos and token in self.eos_ids:
+                    rows.done[b] = True
+                    continue
+                rows.generated[b].append(token)
+                new_text = self.tokenizer.decode(rows.generated[b], skip_special_tokens=True)
+                if len(new_text) > len(rows.texts[b]) and not new_text.endswith("\ufffd"):
+                    yield b, new_text[len(rows.texts[b]) :]
+                    rows.texts[b] = new_text
+                if (stop_at_line_end and "\n" in rows.texts[b].lstrip()) or len(rows.generated[b]) == rows.limit:
+                    rows.done[b] = True
+            if all(rows.done):
+                break
+            for b in range(len(rows.done)):
+                rows.fed[b] += not rows.done[b]
+            logits = run.step([g[-1] if not d else self.pad_id for g, d in zip(rows.generated, rows.done, strict=True)])
+
+    def _read_answer_attention(self, run: BatchRun, rows: _Rows) -> list[torch.Tensor | None] | None:
+        """Each row's mean answer maps (`maps.answer`) and, when citations are on, its per-token attention over the
+        passages' headings and sentences [layers, H, fed, segments] (None where no token was fed back)."""
+        if not any(rows.fed):
+            run.probe.score_rows([])
+            return None
+        taken = run.probe.take()
+        segments = run.probe.take_answer_spans()
+        run.probe.score_rows([])
+        per_row: list[torch.Tensor | None] = []
+        for b, maps in enumerate(run.maps):
+            passages = len(run.prompts[b].passages)
+            if len(rows.generated[b]) > 1:
+                maps.answer = taken[:, b, :, : rows.fed[b], :passages].mean(2)
+            fed = rows.fed[b]
+            count = len(segment_spans(run.prompts[b]))
+            per_row.append(None if segments is None or fed == 0 else segments[:, b, :, :fed, :count])
+        return per_row
+
+    def _answer(
+        self,
+        run: BatchRun,
+        b: int,
+        prompt: StackedPrompt,
+        decoded: str,
+        ids: list[int],
+        segment_mass: torch.Tensor | None,
+        reference_logprobs: list[float] | None,
+    ) -> Answer:
+        text = decoded.strip()
+        citations = []
+        if self.citations is not None:
+            t0 = time.perf_counter()
+            citations = cite(
+                prompt, text, decoded, ids, self.tokenizer, segment_mass, self.evidence_config, self.citations
+            )
+            run.timings["cite_s"] = run.timings.get("cite_s", 0.0) + time.perf_counter() - t0
+        return Answer(
+            question=prompt.question,
+            text=text,
+            passages=passage_evidence(prompt.passages, run.maps[b], self.evidence_config, prompt.passage_spans),
+            model=self.loaded.name,
+            method=self.method.to_dict(),
+            evidence_config=self.evidence_config,
+            prompt_tokens=prompt.num_tokens,
+            generated_tokens=len(ids),
+            timings=dict(run.timings),
+            dropped=prompt.dropped,
+            maps=run.maps[b],
+            reference_logprob=None if reference_logprobs is None else sum(reference_logprobs),
+            reference_token_logprobs=reference_logprobs,
+            method_state=run.scratch[b],
+            citations=citations,
+            answer_ids=list(ids),
+        )
+
+    def _reference_ids(self, text: str | list[int]) -> list[int]:
+        ids = list(text) if isinstance(text, list) else self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError("the reference answer is empty: pass a non-empty gold answer, or reference=None.")
         return ids
@@ -302,6 +352,49 @@ class Generator:
         )
         return _drain(steps, on_token)
 
+    def verify(self, prompts: list[StackedPrompt], answers: list[Answer], batch_size: int = 8) -> list[Answer]:
+        """Check every citation against the answer it came with: the same answer tokens are scored teacher-forced
+        with each cited passage removed, in batches, and a source is verified when its answer sentence loses at
+        least `CitationConfig.margin` nats (`logprob_drop` holds the loss). Answers are updated in place and
+        returned. Costs one prefill per cited passage plus one for the full prompt, no decoding."""
+        if self.citations is None:
+            raise InvalidArgumentError("citations are off for this generator (citations=None): nothing to verify.")
+        jobs: list[tuple[int, int | None]] = []  # (answer, removed passage position or None for the full prompt)
+        scored: list[StackedPrompt] = []
+        for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
+            cited = sorted({s.position for c in answer.citations for s in c.sources})
+            if not cited:
+                continue
+            if prompt.num_tokens + len(answer.answer_ids) > self.context_window:
+                raise InvalidArgumentError(
+                    f"cannot verify the citations of answer {i + 1}: its prompt ({prompt.num_tokens} tokens) and "
+                    f"answer ({len(answer.answer_ids)} tokens) no longer fit the {self.context_window}-token window; "
+                    "verify with the prompt the answer was generated from, or with fewer passages."
+                )
+            for position in [None, *cited]:
+                kept = [p for j, p in enumerate(prompt.passages, start=1) if j != position]
+                ablated = None if position is None else render(self.tokenizer, kept, prompt.question, prompt.style)
+                scored.append(prompt if ablated is None else ablated)
+                jobs.append((i, position))
+        logprobs: list[list[float]] = []
+        for start in range(0, len(scored), batch_size):
+            chunk = scored[start : start + batch_size]
+            refs = [answers[i].answer_ids for i, _ in jobs[start : start + batch_size]]
+            results = _drain(self._steps(chunk, 0, 0.0, 1.0, None, False, refs), None)
+            logprobs += [r.reference_token_logprobs for r in results]
+        full: dict[int, list[float]] = {}
+        for (i, position), lp in zip(jobs, logprobs, strict=True):
+            if position is None:
+                full[i] = lp
+                continue
+            for citation in answers[i].citations:
+                a, b = citation.tokens
+                drop = sum(full[i][a:b]) - sum(lp[a:b])
+                for source in citation.sources:
+                    if source.position == position:
+                        source.logprob_drop, source.verified = drop, drop >= self.citations.margin
+        return answers
+
     def stream(self, prompt: StackedPrompt, **kwargs) -> GenerationStream:
         options = {**_STREAM_DEFAULTS, **kwargs}
         reference = options.pop("reference")
@@ -349,3 +442,20 @@ class GenerationStream:
                 self.answer = done.value[0]
                 return
             yield piece
+
+
+@dataclass
+class _Rows:
+    """Per-row decoding state of one batch."""
+
+    generated: list[list[int]]
+    texts: list[str]  # each row's answer as streamed so far
+    done: list[bool]
+    fed: list[int]  # decode steps that fed this row's token back (its answer-attention rows)
+    rngs: list[torch.Generator | None]
+    limit: int
+
+    @classmethod
+    def start(cls, batch: int, limit: int, sampled: bool, seed: int | None, device: torch.device) -> _Rows:
+        rngs = [torch.Generator(device).manual_seed(seed) if sampled else None for _ in range(batch)]
+        return cls([[] for _ in range(batch)], [""] * batch, [limit == 0] * batch, [0] * batch, rngs, limit)

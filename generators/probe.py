@@ -32,14 +32,13 @@ class PassageProbe:
         spans: list[tuple[int, int]] | list[list[tuple[int, int]]],
         num_layers: int,
         layers: list[int] | None = None,
+        answer_spans: list[list[tuple[int, int]]] | None = None,
     ):
-        per_row = [list(r) for r in spans] if spans and isinstance(spans[0], list) else [list(spans)]
-        self.span_end = max((e for row in per_row for _, e in row), default=0)
-        # Passage mass = probs[..., :span_end] @ spans: one matmul instead of a cumsum and two gathers.
-        self.spans = torch.zeros(len(per_row), self.span_end, max((len(r) for r in per_row), default=0))
-        for b, row in enumerate(per_row):
-            for p, (s, e) in enumerate(row):
-                self.spans[b, s:e, p] = 1.0
+        """`answer_spans` (one list per batch row): finer key spans, e.g. the passages' sentences, whose mass the
+        decode rows (the answer's own queries) also record, read with `take_answer_spans` (citations)."""
+        self.spans, self.span_end = _span_matrix(spans)
+        self.answer_spans = None if answer_spans is None else _span_matrix(answer_spans)
+        self.answer_collected: list[torch.Tensor] = []
         self.num_layers = num_layers
         # Layers whose rows are kept (evidence aggregates a subset; the rest cost nothing). Absent layers come
         # back as zeros from `take`, so indices stay the model's.
@@ -68,6 +67,17 @@ class PassageProbe:
         present = next(t for t in per_layer if t is not None)
         self.collected = [[] for _ in range(self.num_layers)]
         return torch.stack([t if t is not None else torch.zeros_like(present) for t in per_layer]).cpu()
+
+    def take_answer_spans(self) -> torch.Tensor | None:
+        """The decode rows' mass over `answer_spans` since the last take, [layers, B, H, S, N] on the CPU (layers
+        the probe does not keep are zeros), or None when there is none; call after `take`."""
+        if not self.answer_collected:
+            return None
+        out = torch.zeros(self.num_layers, *self.answer_collected[0][1].shape)
+        for layer, mass in self.answer_collected:
+            out[layer] = mass.cpu()
+        self.answer_collected = []
+        return out
 
     def _span_matrix(self, device: torch.device) -> torch.Tensor:
         if self._spans_on is None or self._spans_on.device != device:
@@ -108,10 +118,10 @@ class PassageProbe:
             w_sel = None if weights is None else weights.gather(3, index.expand(experts, batch, heads, count, 1))
             self.collected[layer].append(self._mass(q_sel, keys, w_sel, mask_rows(mask, rows, past, total)))
 
-    def _mass(
+    def _probs(
         self, q_sel: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | None, allowed: torch.Tensor
     ) -> torch.Tensor:
-        """q_sel [E, B, H, S, d] against keys [B, E, Hk, T, d] -> passage mass [B, H, S, P] (fp32).
+        """q_sel [E, B, H, S, d] against keys [B, E, Hk, T, d] -> attention rows [B, H, S, T] (fp32).
 
         The experts' rows are mixed with the weights the module mixed their outputs with: sum_e p_e softmax_e
         is the attention the mixed output applied to the (shared) values."""
@@ -120,8 +130,14 @@ class PassageProbe:
             p = attention_probs(q_sel[e], keys[:, e], allowed, self.scale)
             p = p if weights is None else weights[e].float() * p
             probs = p if probs is None else probs + p
-        spans = self._span_matrix(probs.device)  # [1 or B, span_end, P]
-        return probs[..., : self.span_end] @ spans[:, None]  # [B, H, S, P]
+        return probs
+
+    def _mass(
+        self, q_sel: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | None, allowed: torch.Tensor
+    ) -> torch.Tensor:
+        """-> passage mass [B, H, S, P] (fp32)."""
+        probs = self._probs(q_sel, keys, weights, allowed)
+        return probs[..., : self.span_end] @ self._span_matrix(probs.device)[:, None]
 
     @torch.no_grad()
     def _flush_deferred(self) -> None:
@@ -132,7 +148,11 @@ class PassageProbe:
             q_sel = torch.cat([q for q, _, _ in steps], dim=3)  # [E, B, H, S, d]
             weights = None if steps[0][1] is None else torch.cat([w for _, w, _ in steps], dim=3)
             allowed = widened_rows([m for _, _, m in steps], keys.shape[3])
-            self.collected[layer].append(self._mass(q_sel, keys, weights, allowed))
+            probs = self._probs(q_sel, keys, weights, allowed)
+            self.collected[layer].append(probs[..., : self.span_end] @ self._span_matrix(probs.device)[:, None])
+            if self.answer_spans is not None:
+                matrix, end = self.answer_spans
+                self.answer_collected.append((layer, probs[..., :end] @ matrix.to(probs.device)[:, None]))
             self.deferred[layer] = []
             self.final_keys[layer] = None
 
@@ -152,3 +172,16 @@ def widened_rows(rows: list[torch.Tensor], total: int) -> torch.Tensor:
             row = torch.zeros(row.shape, device=row.device).masked_fill(~row, float("-inf"))
         out[:, :, i : i + 1, : row.shape[-1]] = row
     return out
+
+
+def _span_matrix(spans: list[tuple[int, int]] | list[list[tuple[int, int]]]) -> tuple[torch.Tensor, int]:
+    """Key spans (one list for every row, or one per row) -> a 0/1 [rows, last end, spans] matrix and that end:
+    mass = probs[..., :end] @ matrix, one matmul instead of a cumsum and two gathers. Rows with fewer spans get
+    zero mass in the extra columns."""
+    per_row = [list(r) for r in spans] if spans and isinstance(spans[0], list) else [list(spans)]
+    end = max((e for row in per_row for _, e in row), default=0)
+    matrix = torch.zeros(len(per_row), end, max((len(r) for r in per_row), default=0))
+    for b, row in enumerate(per_row):
+        for p, (s, e) in enumerate(row):
+            matrix[b, s:e, p] = 1.0
+    return matrix, end

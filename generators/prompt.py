@@ -16,13 +16,16 @@ whatever the template adds around the user turn.
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from midlens.core.errors import InvalidArgumentError, PromptTooLongError
+from midlens.core.checks import check_prompt_style, check_question
+from midlens.core.errors import PromptTooLongError
 from midlens.core.names import DEFAULT_PROMPT_STYLE
 from midlens.core.passage import Passage
+from midlens.core.sentences import sentence_spans
 
 # The instruction above the documents, by style name.
 #   litm   Liu et al.'s, the default: the sweeps compare with the literature, the shipped artefacts were trained
@@ -48,6 +51,17 @@ DEFAULT_STYLE = DEFAULT_PROMPT_STYLE
 CONTENT_FREE_QUESTION = "N/A"
 
 
+@dataclass(frozen=True)
+class PromptSentence:
+    """One sentence of a passage: where it is in the passage's own text (characters) and in the prompt (tokens).
+
+    The token ranges of a passage's sentences and of its heading ("Document [i](Title: ...)") tile the
+    passage's token span: a token that straddles two sentences belongs to the one it starts."""
+
+    chars: tuple[int, int]  # [start, end) in Passage.text
+    tokens: tuple[int, int]  # [start, end) in StackedPrompt.input_ids
+
+
 @dataclass
 class StackedPrompt:
     text: str
@@ -58,6 +72,7 @@ class StackedPrompt:
     question_span: tuple[int, int]
     dropped: list[Passage] = field(default_factory=list)  # passages cut by truncate="drop_last"
     style: str = DEFAULT_STYLE  # the instruction's name in STYLES; re-renders (calibration) keep it
+    sentences: list[list[PromptSentence]] = field(default_factory=list)  # per passage, in passage order
 
     @property
     def num_tokens(self) -> int:
@@ -69,16 +84,14 @@ def render_document(index: int, passage: Passage) -> str:
     return f"Document [{index}](Title: {passage.title}) {text}"
 
 
-def check_style(style: str) -> str:
-    if style not in STYLES:
-        raise InvalidArgumentError(f"prompt style {style!r}: expected one of {', '.join(STYLES)}.")
-    return style
+# The one check of a style name, under the name the serving layer imports.
+check_style = check_prompt_style
 
 
 def _user_content(
     passages: list[Passage], question: str, style: str
 ) -> tuple[str, list[tuple[int, int]], tuple[int, int]]:
-    instruction = STYLES[check_style(style)]
+    instruction = STYLES[style]  # checked where the prompt is asked for (build_prompt, fit_prompt)
     parts = [instruction, "\n\n"]
     pos = len(instruction) + 2
     char_spans = []
@@ -125,7 +138,40 @@ def render(tokenizer, passages: list[Passage], question: str, style: str = DEFAU
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     *spans, q_span = _chars_to_tokens(offsets, [(base + s, base + e) for s, e in [*char_spans, question_chars]])
-    return StackedPrompt(text, list(enc["input_ids"]), list(passages), spans, question, q_span, style=style)
+    sentences = [
+        _passage_sentences(offsets, p, i, base + chars[0], span)
+        for i, (p, chars, span) in enumerate(zip(passages, char_spans, spans, strict=True), start=1)
+    ]
+    return StackedPrompt(
+        text, list(enc["input_ids"]), list(passages), spans, question, q_span, style=style, sentences=sentences
+    )
+
+
+def _passage_sentences(
+    offsets: list[tuple[int, int]], passage: Passage, index: int, line_start: int, span: tuple[int, int]
+) -> list[PromptSentence]:
+    """The sentences of `passage` (rendered as line `index`, starting at prompt character `line_start`)."""
+    sentences = sentence_spans(passage.text)
+    if not sentences:
+        return []
+    # render_document collapses whitespace: each non-space character of the passage moves to a known place.
+    moved: dict[int, int] = {}
+    rendered = 0
+    for word in re.finditer(r"\S+", passage.text):
+        for j in range(word.start(), word.end()):
+            moved[j] = rendered + j - word.start()
+        rendered += word.end() - word.start() + 1
+    heading = len(render_document(index, Passage(text="", title=passage.title)))  # "Document [i](Title: t) "
+    firsts = []
+    for start, _ in sentences:
+        char = line_start + heading + moved[start]
+        ((token, _),) = _chars_to_tokens(offsets, [(char, char + 1)])
+        firsts.append(min(max(token, span[0]), span[1]))
+    ends = [*firsts[1:], span[1]]
+    return [
+        PromptSentence(chars, (first, max(first, end)))
+        for chars, first, end in zip(sentences, firsts, ends, strict=True)
+    ]
 
 
 # Characters one render may cover per token of the budget. English averages about 4 characters a token; 16
@@ -138,7 +184,7 @@ def fit_passages(
     tokenizer, passages: list[Passage], question: str, max_tokens: int, style: str = DEFAULT_STYLE
 ) -> StackedPrompt:
     """The prompt of the longest prefix of `passages` that fits in `max_tokens`; the rest is in `dropped`."""
-    return _fit(tokenizer, passages, question, max_tokens, style)[0]
+    return _fit(tokenizer, passages, check_question(question), max_tokens, check_prompt_style(style))[0]
 
 
 def _fit(
@@ -153,8 +199,6 @@ def _fit(
     that of a prompt a few times the window, for any number of passages. The kept prompt may hold no passage
     when even the first does not fit; a question that does not fit on its own raises PromptTooLongError.
     """
-    if not question or not question.strip():
-        raise ValueError("question is empty: pass the text to answer.")
     if max_tokens < 1:
         raise ValueError(
             f"max_tokens={max_tokens} leaves no room for the prompt: lower max_new_tokens below the context window."
@@ -213,9 +257,11 @@ def fit_windows(
     Lazy, so a caller knows how many passages the groups before a failure held. A passage that does not fit even
     alone raises PromptTooLongError with `passages_that_fit=0` and the tokens it takes alone in `prompt_tokens`.
     """
+    check_question(question)
+    check_prompt_style(style)
     remaining = passages
     while remaining:
-        prompt = fit_passages(tokenizer, remaining, question, max_tokens, style)
+        prompt = _fit(tokenizer, remaining, question, max_tokens, style)[0]
         if not prompt.passages:
             first = remaining[0]
             alone = render(tokenizer, [first], question, style).num_tokens
@@ -239,8 +285,8 @@ def build_prompt(
     with "drop_last" passages are removed from the end until it fits and listed in `dropped`. A question
     too long on its own raises PromptTooLongError with `part="question"` either way.
     """
-    if not question or not question.strip():
-        raise ValueError("question is empty: pass the text to answer.")
+    check_question(question)
+    check_prompt_style(style)
     if truncate not in ("error", "drop_last"):
         raise ValueError(f"truncate={truncate!r}: expected 'error' or 'drop_last'.")
     prompt, longest_tokens, exact = _fit(tokenizer, passages, question, max_tokens, style)

@@ -1,0 +1,146 @@
+"""Citations: which passages, and which sentence in each, every sentence of the answer rests on.
+
+Read from the answer's own attention in the pass that generated it: the probe records, for every query that
+produced an answer token, its attention mass over each passage's heading and sentences (no extra forward pass,
+nothing L x L). For an answer sentence covering tokens [a, b), the producing queries are the fed-back tokens
+a-1 .. b-2 (token j is produced by the query of token j-1); their mass is averaged, then aggregated over the
+layers and heads of the generator's `EvidenceConfig`, as passage evidence is. A passage's score is its share
+of the answer sentence's attention to passages; it is cited when its share is at least `min_share` of the top
+passage's (`CitationConfig`), and its most-attended sentence is the one cited.
+
+Verification (`Generator.verify`) re-scores the same answer tokens teacher-forced with each cited passage
+removed: a citation is verified when the answer sentence's log-probability drops by at least `margin` nats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from midlens.core.errors import InvalidArgumentError
+from midlens.core.sentences import sentence_spans
+from midlens.generators.evidence import EvidenceConfig, aggregate
+from midlens.generators.prompt import StackedPrompt
+
+
+@dataclass(frozen=True)
+class CitationConfig:
+    """How attention becomes citations. `max_sources`: passages cited per answer sentence at most; `min_share`:
+    a passage is cited when its attention share is at least this fraction of the top passage's; `margin`: nats the
+    answer sentence must lose without a passage for the citation to count as verified."""
+
+    max_sources: int = 2
+    min_share: float = 0.5
+    margin: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_sources, int) or self.max_sources < 1:
+            raise InvalidArgumentError(f"citations max_sources={self.max_sources!r}: a whole number >= 1.")
+        if not 0 <= self.min_share <= 1:
+            raise InvalidArgumentError(f"citations min_share={self.min_share!r}: a fraction between 0 and 1.")
+        if self.margin < 0:
+            raise InvalidArgumentError(f"citations margin={self.margin!r}: nats >= 0.")
+
+
+@dataclass
+class CitedSource:
+    """One passage an answer sentence cites."""
+
+    position: int  # the passage's place in the prompt, 1-based (as PassageEvidence.position and the [n] markers)
+    passage_id: str
+    score: float  # its share of the answer sentence's attention to passages
+    sentence: tuple[int, int] | None  # the cited sentence's characters in Passage.text (None: the passage has none)
+    verified: bool | None = None  # None: not checked (see Generator.verify)
+    logprob_drop: float | None = None  # nats the answer sentence lost with this passage removed
+
+
+@dataclass
+class Citation:
+    """One sentence of the answer and what it rests on."""
+
+    span: tuple[int, int]  # the sentence's characters in Answer.text
+    tokens: tuple[int, int]  # the sentence's answer tokens [start, end)
+    sources: list[CitedSource] = field(default_factory=list)
+
+
+def token_ends(tokenizer, ids: list[int]) -> list[int]:
+    """Character end of each answer token in the decoded answer (special tokens end where the previous did)."""
+    ends, previous = [], ""
+    for i in range(len(ids)):
+        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        previous = text if not text.endswith("\ufffd") else previous  # a byte of a multi-byte character: later
+        ends.append(len(previous))
+    return ends
+
+
+def answer_sentences(text: str, ends: list[int], lead: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(characters in `text`, tokens) of each sentence of the answer; `text` is the decoded answer with `lead`
+    characters of leading whitespace stripped, `ends` the decoded character end of each token."""
+    out = []
+    for start, end in sentence_spans(text):
+        first = next(i for i, e in enumerate(ends) if e > start + lead)
+        last = next((i for i, e in enumerate(ends) if e >= end + lead), len(ends) - 1)
+        out.append(((start, end), (first, last + 1)))
+    return out
+
+
+def cite(
+    prompt: StackedPrompt,
+    text: str,
+    decoded: str,
+    ids: list[int],
+    tokenizer,
+    segment_mass: torch.Tensor | None,
+    evidence: EvidenceConfig,
+    config: CitationConfig,
+) -> list[Citation]:
+    """The citations of one answer. `segment_mass` [layers, heads, fed, segments]: the attention of each fed-back
+    answer token over `batch.segment_spans(prompt)`; `decoded` the answer as decoded, `text` as stripped."""
+    if not text or not prompt.passages:
+        return []
+    ends = token_ends(tokenizer, ids)
+    lead = len(decoded) - len(decoded.lstrip())
+    owner = _segment_owner(prompt)
+    citations = []
+    for chars, (first, last) in answer_sentences(text, ends, lead):
+        citation = Citation(chars, (first, last))
+        rows = list(range(max(first - 1, 0), max(last - 1, 1)))
+        if segment_mass is not None and rows[-1] < segment_mass.shape[2]:
+            scores = aggregate(segment_mass[:, :, rows].mean(2), evidence)
+            citation.sources = _sources(prompt, scores, owner, config)
+        citations.append(citation)
+    return citations
+
+
+def _segment_owner(prompt: StackedPrompt) -> list[tuple[int, int | None]]:
+    """(passage index, sentence index or None for the heading) of each segment, in `segment_spans` order."""
+    owner = []
+    per_passage = prompt.sentences or [[] for _ in prompt.passages]
+    for p, sentences in enumerate(per_passage):
+        owner.append((p, None))
+        owner += [(p, s) for s in range(len(sentences))]
+    return owner
+
+
+def _sources(
+    prompt: StackedPrompt, scores: list[float], owner: list[tuple[int, int | None]], config: CitationConfig
+) -> list[CitedSource]:
+    passages = len(prompt.passages)
+    totals = [0.0] * passages
+    best: list[tuple[float, int | None]] = [(-1.0, None)] * passages
+    for score, (p, s) in zip(scores, owner, strict=True):
+        totals[p] += score
+        if s is not None and score > best[p][0]:
+            best[p] = (score, s)
+    whole = sum(totals) or 1.0
+    shares = [t / whole for t in totals]
+    order = sorted(range(passages), key=lambda p: -shares[p])
+    top = shares[order[0]]
+    chosen = [p for p in order[: config.max_sources] if shares[p] >= config.min_share * top]
+    sources = []
+    for p in chosen:
+        s = best[p][1]
+        sentence = None if s is None else prompt.sentences[p][s].chars
+        sources.append(CitedSource(p + 1, prompt.passages[p].id, shares[p], sentence))
+    return sources

@@ -1,0 +1,119 @@
+"""Citations per answer sentence, read from the answer's own attention and verified against the answer, on the
+real SmolLM2-135M."""
+
+from __future__ import annotations
+
+import pytest
+
+from midlens.core.errors import InvalidArgumentError
+from midlens.core.passage import Passage
+from midlens.core.sentences import sentence_spans
+from midlens.generators import Generator
+from midlens.generators.citations import CitationConfig
+from tests.conftest import PLANTED_FACT, planted_passages
+
+QUESTION = "What is the secret code word of the Zorbland expedition?"
+GOLD_AT = 3
+# Batched rows equal rows alone up to summation order (tests/test_batch.py measures ~1e-5 on evidence maps).
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def planted(generator):
+    prompt = generator.prompt(QUESTION, planted_passages(6, GOLD_AT))
+    return prompt, generator.generate(prompt, max_new_tokens=24)
+
+
+def test_the_answer_cites_the_planted_sentence_and_verification_keeps_it(generator, planted):
+    prompt, answer = planted
+    assert "pelican" in answer.text.lower()
+    assert answer.citations, "an answer with passages gets citations"
+    for citation in answer.citations:
+        start, end = citation.span
+        assert 0 <= start < end <= len(answer.text) and answer.text[start:end].strip()
+    first = answer.citations[0]
+    top = first.sources[0]
+    assert top.position == GOLD_AT and top.passage_id == prompt.passages[GOLD_AT - 1].id
+    gold = prompt.passages[GOLD_AT - 1]
+    assert gold.text[top.sentence[0] : top.sentence[1]] == PLANTED_FACT
+    assert sum(s.score for s in first.sources) <= 1.0 + 1e-6
+    assert all(s.verified is None for c in answer.citations for s in c.sources)  # not checked yet
+
+    generator.verify([prompt], [answer])
+    # Removing the planted fact costs the answer many nats (about 17 measured); the margin is 0.5.
+    assert top.verified is True and top.logprob_drop > 5.0
+    for source in first.sources[1:]:  # a passage the answer does not rest on loses it little
+        assert source.logprob_drop is not None
+        assert source.verified == (source.logprob_drop >= generator.citations.margin)
+    assert answer.to_dict()["citations"][0]["sources"][0]["verified"] is True
+
+
+def test_batched_citations_equal_each_answer_alone(generator):
+    prompts = [
+        generator.prompt(QUESTION, planted_passages(5, 2)),
+        generator.prompt("Who directed the film?", planted_passages(3, 1)),
+    ]
+    batch = generator.generate_batch(prompts, max_new_tokens=12)
+    for prompt, row in zip(prompts, batch, strict=True):
+        alone = generator.generate(prompt, max_new_tokens=12)
+        assert row.text == alone.text
+        assert [c.span for c in row.citations] == [c.span for c in alone.citations]
+        for a, b in zip(alone.citations, row.citations, strict=True):
+            assert [s.position for s in a.sources] == [s.position for s in b.sources]
+            assert [s.sentence for s in a.sources] == [s.sentence for s in b.sources]
+            for x, y in zip(a.sources, b.sources, strict=True):
+                assert abs(x.score - y.score) < TOL
+
+
+def test_nothing_to_cite_and_odd_passages(generator, loaded):
+    prompt = generator.prompt(QUESTION, planted_passages(3, 2))
+    scored = generator.score(prompt)  # max_new_tokens=0: no answer, so no citations, and nothing to verify
+    assert scored.text == "" and scored.citations == []
+    assert generator.verify([prompt], [scored]) == [scored]
+
+    long_sentence = "word " * 300  # one very long sentence, no boundary at all
+    passages = [
+        Passage(text=long_sentence + "the code is pelican", title="Run-on"),
+        Passage(text="我们今天很高兴。秘密代码是鹈鹕。", title="中文"),
+        Passage(text="Короткий текст. Ещё одно предложение!", title="Русский"),
+    ]
+    odd = generator.prompt("What is the code?", passages)
+    answer = generator.generate(odd, max_new_tokens=8)
+    for citation in answer.citations:
+        for source in citation.sources:
+            text = passages[source.position - 1].text
+            start, end = source.sentence
+            assert 0 <= start < end <= len(text) and text[start:end] == text[start:end].strip()
+    assert [len(s) for s in odd.sentences] == [1, 2, 2]
+
+    quiet = Generator(loaded, citations=None)
+    assert quiet.generate(odd, max_new_tokens=4).citations == []
+    with pytest.raises(InvalidArgumentError, match="citations are off"):
+        quiet.verify([odd], [answer])
+
+
+def test_verification_of_a_prompt_that_no_longer_fits_is_refused(generator, planted):
+    prompt, answer = planted
+    tight = Generator(generator.loaded)
+    tight.loaded.context_window, saved = prompt.num_tokens + 2, tight.loaded.context_window
+    try:
+        with pytest.raises(InvalidArgumentError, match="no longer fit"):
+            tight.verify([prompt], [answer])
+    finally:
+        tight.loaded.context_window = saved
+
+
+def test_citation_options_are_checked():
+    bad_options = ({"max_sources": 0}, {"min_share": 2}, {"margin": -1})
+    for bad in bad_options:
+        with pytest.raises(InvalidArgumentError, match=next(iter(bad))):
+            CitationConfig(**bad)
+
+
+def test_sentence_spans_trim_and_keep_abbreviations():
+    text = "Dr. Smith went to Washington.  He arrived at 3 p.m. on Monday! "
+    assert [text[s:e] for s, e in sentence_spans(text)] == [
+        "Dr. Smith went to Washington.",
+        "He arrived at 3 p.m. on Monday!",
+    ]
+    assert sentence_spans("   ") == [] and sentence_spans("no boundary") == [(0, 11)]
