@@ -51,20 +51,37 @@ def run(
     dtype: str,
     random_shape: str | None = None,
 ) -> dict:
+    if random_shape is None:
+        return _measure(model, batch_sizes, prompts_count, new_tokens, repeats, device, dtype, None)
+    # Speed depends on shapes only: random weights of a packaged model's shape, in a folder removed afterwards
+    # (a 135M model is 0.5 GB; one left in the temp directory per run adds up).
+    import tempfile
+
+    from midlens.generators.model_cache import resolve_model_dir
+    from midlens.generators.random_models import save_random_model
+
+    tokenizer_dir = resolve_model_dir(random_shape)  # the shape's own tokenizer (and so its vocabulary)
+    with tempfile.TemporaryDirectory(prefix="midlens-bench-batch-") as scratch:
+        source = str(save_random_model(random_shape, Path(scratch) / random_shape, tokenizer_dir))
+        return _measure(source, batch_sizes, prompts_count, new_tokens, repeats, device, dtype, random_shape)
+
+
+def _measure(
+    source: str,
+    batch_sizes: list[int],
+    prompts_count: int,
+    new_tokens: int,
+    repeats: int,
+    device: str,
+    dtype: str,
+    random_shape: str | None,
+) -> dict:
+    """`run` on the model at `source` (a name, or a random-weights folder of `random_shape`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from midlens.generators import Generator, load_model
 
-    source = model
-    if random_shape is not None:  # speed depends on shapes only: random weights of a packaged model's shape
-        import tempfile
-
-        from midlens.generators.model_cache import resolve_model_dir
-        from midlens.generators.random_models import save_random_model
-
-        tokenizer_dir = resolve_model_dir(random_shape)  # the shape's own tokenizer (and so its vocabulary)
-        source = str(save_random_model(random_shape, Path(tempfile.mkdtemp()) / random_shape, tokenizer_dir))
     loaded = load_model(source, device, dtype)
     gen = Generator(loaded)
     prompts = batch_prompts(gen, prompts_count)

@@ -41,3 +41,33 @@ def test_memory_processes_run_with_the_fixed_mmap_threshold(loaded, monkeypatch)
     default = memory_of("baseline", "smollm2-135m", 200, repeats=1, mmap_threshold=0)
     assert fixed["mmap_threshold"] == "65536" and default["mmap_threshold"] is None
     assert fixed["peak_mb"] > fixed["base_mb"] > 0
+
+
+def test_bench_batch_removes_its_random_weights_folder(monkeypatch, tmp_path):
+    """`midlens bench batch --random-shape` writes a model folder (0.5 GB for SmolLM2's shape) into the temp
+    directory; it is gone after the run, and after a run that fails."""
+    import midlens.eval.bench_batch as bench_batch
+    import midlens.generators.model_cache as model_cache
+    import midlens.generators.random_models as random_models
+
+    def fake_save(shape, folder, tokenizer_dir):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"weights")
+        return folder
+
+    seen = []
+
+    def fake_measure(source, *args):
+        seen.append(source)
+        assert (bench_batch.Path(source) / "model.safetensors").is_file()  # there while measured
+        if len(seen) == 2:
+            raise RuntimeError("interrupted")
+        return {"model": source}
+
+    monkeypatch.setattr(model_cache, "resolve_model_dir", lambda name: tmp_path)
+    monkeypatch.setattr(random_models, "save_random_model", fake_save)
+    monkeypatch.setattr(bench_batch, "_measure", fake_measure)
+    bench_batch.run("smollm2-135m", [1], 1, 1, 1, "cpu", "float32", random_shape="smollm2-135m")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        bench_batch.run("smollm2-135m", [1], 1, 1, 1, "cpu", "float32", random_shape="smollm2-135m")
+    assert len(seen) == 2 and not any(bench_batch.Path(s).parent.exists() for s in seen)
