@@ -7,12 +7,12 @@ for p in answer.ranked(): print(p.rank, p.passage.title, p.calibrated)
 
 from __future__ import annotations
 
-import numbers
 import time
 from pathlib import Path
 from typing import Literal
 
 from midlens.core.batch_size import BatchSize
+from midlens.core.checks import check_max_new_tokens, check_prompt_style, check_question, check_top_k
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K
 from midlens.core.passage import Passage
@@ -21,31 +21,12 @@ from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL
-from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, check_style
+from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt
 from midlens.generators.scheduling import generate_all
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
 from midlens.retrievers.corpus import default_corpus_path
 from midlens.retrievers.dense import IndexType
-
-
-def check_top_k(top_k: int) -> int:
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
-        raise InvalidArgumentError(
-            f"top_k={top_k!r}: the number of passages to retrieve must be an integer of at least 1."
-        )
-    return top_k
-
-
-def check_max_new_tokens(max_new_tokens: int) -> int:
-    """The public spelling's check: a string or float from a config file would otherwise fail as a TypeError deep in
-    generation, after retrieval and the prompt were built."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
-        raise InvalidArgumentError(
-            f"max_new_tokens={max_new_tokens!r}: the longest answer, in tokens, must be an integer of at least 0 "
-            "(0 scores the passages without generating), e.g. max_new_tokens=32."
-        )
-    return int(max_new_tokens)
 
 
 class Pipeline:
@@ -66,7 +47,7 @@ class Pipeline:
         self.top_k = check_top_k(top_k)
         self.max_new_tokens = check_max_new_tokens(max_new_tokens)
         self.truncate = truncate
-        self.prompt_style = check_style(prompt_style)
+        self.prompt_style = check_prompt_style(prompt_style)
 
     @classmethod
     def from_corpus(
@@ -89,7 +70,7 @@ class Pipeline:
         `retrieval`: "dense" (faiss) or "hybrid" (dense + BM25 fused by rank, retrievers.hybrid); "+links" after
         either also stacks the passages whose titles the top 2 mention (retrievers.links)."""
         check_top_k(top_k)  # before the model loads
-        check_style(prompt_style)
+        check_prompt_style(prompt_style)
         check_retrieval(retrieval)
         method = method_config(method, method_options)  # a bad spec fails before the index and the model
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
@@ -125,7 +106,8 @@ class Pipeline:
         return self.generator.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
 
     def ask(self, question: str, top_k: int | None = None, calibrate: bool = True, **generate_kwargs) -> Answer:
-        check_max_new_tokens(generate_kwargs.get("max_new_tokens", self.max_new_tokens))  # before retrieval
+        check_question(question)  # before retrieval, which would call it an empty query
+        check_max_new_tokens(generate_kwargs.get("max_new_tokens", self.max_new_tokens))
         t0 = time.perf_counter()
         passages = self.retrieve(question, top_k)
         retrieve_s = time.perf_counter() - t0
@@ -139,6 +121,8 @@ class Pipeline:
         """`ask` for many questions, their prompts generated `batch_size` at a time (`auto`: the largest batch that
         fits on a GPU, 1 on the CPU); each Answer equals the question asked alone."""
         max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
+        for question in questions:  # all before the first retrieval
+            check_question(question)
         prompts, retrieve_s = [], []
         for question in questions:
             t0 = time.perf_counter()
@@ -159,4 +143,5 @@ class Pipeline:
         return self.generator.stream(prompt, max_new_tokens=max_new, **generate_kwargs)
 
     def ask_stream(self, question: str, top_k: int | None = None, **generate_kwargs) -> GenerationStream:
+        check_question(question)
         return self.answer_stream(question, self.retrieve(question, top_k), **generate_kwargs)

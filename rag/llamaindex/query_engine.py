@@ -18,6 +18,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from midlens.core.checks import check_top_k
 from midlens.core.names import DEFAULT_TOP_K
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.loading import LoadedModel
@@ -86,6 +87,7 @@ class MidlensQueryEngine(CustomQueryEngine):
     @classmethod
     def from_index(cls, index: Any, similarity_top_k: int = DEFAULT_TOP_K, **kwargs: Any) -> MidlensQueryEngine:
         """Over any LlamaIndex index (VectorStoreIndex on Faiss, Qdrant, ...): only its retriever is used."""
+        similarity_top_k = check_top_k(similarity_top_k, "similarity_top_k")  # the index's retriever takes any int
         return cls(retriever=index.as_retriever(similarity_top_k=similarity_top_k), **kwargs)
 
     @staticmethod

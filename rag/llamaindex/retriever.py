@@ -8,6 +8,7 @@ from typing import Any
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
+from midlens.core.checks import check_top_k
 from midlens.core.names import DEFAULT_RETRIEVAL, DEFAULT_TOP_K
 
 
@@ -16,10 +17,8 @@ class MidlensRetriever(BaseRetriever):
     LlamaIndex retriever."""
 
     def __init__(self, retriever: Any, similarity_top_k: int = DEFAULT_TOP_K, **kwargs: Any) -> None:
-        if similarity_top_k < 1:
-            raise ValueError(f"similarity_top_k={similarity_top_k} must be >= 1.")
         self._retriever = retriever
-        self.similarity_top_k = similarity_top_k
+        self.similarity_top_k = check_top_k(similarity_top_k, "similarity_top_k")
         super().__init__(**kwargs)
 
     @classmethod
