@@ -533,3 +533,34 @@ def test_stock_prompt_reader_covers_refine_tree_summarize_wrappers_and_leaves_ot
     assert plain is not None and [p.text for p in plain.passages] == ["One.", "Two."]
     assert read_stock_prompt(DEFAULT_SUMMARY_PROMPT.format(context_str=context)) is None
     assert read_stock_prompt(question) is None
+
+
+def test_from_generator_builds_no_second_generator_and_llm_models_are_weak(tmp_path, monkeypatch):
+    """MidlensLLM.from_generator uses the Generator it is given (building another would build the method's parts
+    again, a trained artefact re-hashed), and the models LLMs noted are not kept in memory by that list."""
+    import gc
+
+    import midlens.generators.generator as generator_module
+    from midlens.generators import Generator, load_model
+    from midlens.generators.loading import LoadedModel
+    from midlens.rag.llamaindex.common import llm_models, note_llm_model
+    from tests.tiny import save_tiny
+
+    tiny = load_model(str(save_tiny("llama", tmp_path / "tiny")), device="cpu", dtype="float32")
+    gen = Generator(tiny, method="ms-poe", evidence=EVIDENCE)
+    built = []
+    init = generator_module.Generator.__init__
+    monkeypatch.setattr(
+        generator_module.Generator, "__init__", lambda self, *a, **k: built.append(1) or init(self, *a, **k)
+    )
+    llm = MidlensLLM.from_generator(gen, max_new_tokens=3)
+    assert built == [] and llm.generator is gen
+    assert (llm.model, llm.method, llm.device, llm.dtype) == (tiny.name, "ms-poe", "cpu", "float32")
+    assert llm_models()[-1] is tiny  # what a reranker given no model shares
+
+    passing = LoadedModel(name="passing", model=tiny.model, tokenizer=tiny.tokenizer, context_window=64)
+    note_llm_model(passing)
+    assert llm_models()[-1] is passing
+    del passing
+    gc.collect()
+    assert all(m.name != "passing" for m in llm_models())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,9 @@ from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import Passage
 
 logger = logging.getLogger(__name__)
-# Models the MidlensLLMs of this process hold, latest last: an AttentionReranker given no model shares one.
-_LLM_MODELS: list[LoadedModel] = []
+# Models the MidlensLLMs of this process use, latest last: an AttentionReranker given no model shares one. Weak
+# references: a model no LLM (nor load_model's own cache) holds any more leaves memory instead of living here.
+_LLM_MODELS: list[weakref.ref[LoadedModel]] = []
 # Held while a deferred generator loads: two threads reranking at once load it once.
 _DEFERRED_LOAD = threading.RLock()
 dispatcher = get_dispatcher(__name__)
@@ -32,6 +34,19 @@ GENERATE_OPTIONS = ("max_new_tokens", "temperature", "top_p", "seed", "calibrate
 PassageLike = Passage | NodeWithScore | BaseNode | str
 # Metadata keys this module writes onto nodes; kept out of the text LLMs and embedders see.
 _RERANK_KEYS = ("rerank_pass", "rerank_passes")
+
+
+def llm_models() -> list[LoadedModel]:
+    """The models MidlensLLMs use that are still in memory, latest last; references to gone ones are dropped."""
+    alive = [m for m in (ref() for ref in _LLM_MODELS) if m is not None]
+    _LLM_MODELS[:] = [weakref.ref(m) for m in alive]
+    return alive
+
+
+def note_llm_model(loaded: LoadedModel) -> None:
+    """Record that a MidlensLLM answers with `loaded` (once per model; the first LLM on it sets its place)."""
+    if all(m is not loaded for m in llm_models()):
+        _LLM_MODELS.append(weakref.ref(loaded))
 
 
 class GeneratorBacked(BaseModel):
@@ -52,7 +67,7 @@ class GeneratorBacked(BaseModel):
 
     def __init__(
         self,
-        model: str | LoadedModel | None = DEFAULT_MODEL,
+        model: str | LoadedModel | Generator | None = DEFAULT_MODEL,
         method: str = "baseline",
         method_options: dict[str, Any] | None = None,
         evidence: EvidenceConfig | None = None,
@@ -61,7 +76,9 @@ class GeneratorBacked(BaseModel):
         **kwargs: Any,
     ) -> None:
         generator = None
-        if model is not None:
+        if isinstance(model, Generator):  # used as it is (`from_generator`): the caller's settings describe it
+            generator = model
+        elif model is not None:
             generator = Generator(
                 model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {})
             )

@@ -25,12 +25,12 @@ from midlens.generators.evidence import Answer
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
 from midlens.rag.llamaindex.common import (
-    _LLM_MODELS,
     GENERATE_OPTIONS,
     GeneratorBacked,
     _drain_in_thread,
     _response_kwargs,
     logger,
+    note_llm_model,
     to_passage,
 )
 from midlens.rag.llamaindex.stock_prompts import STOCK_SYSTEM_PROMPTS, StockRequest, read_stock_prompt
@@ -107,15 +107,13 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     )
 
     def _on_generator(self) -> None:
-        if all(m is not self.generator.loaded for m in _LLM_MODELS):
-            _LLM_MODELS.append(self.generator.loaded)
+        note_llm_model(self.generator.loaded)
 
     @classmethod
     def from_generator(cls, generator: Generator, **kwargs: Any) -> MidlensLLM:
-        """Wrap an existing Generator (shares its loaded model, method and evidence settings)."""
-        llm = cls(generator.loaded, method=generator.method.spec(), evidence=generator.evidence_config, **kwargs)
-        llm._generator = generator
-        return llm
+        """Wrap an existing Generator (shares its loaded model, method and evidence settings). It is the LLM's
+        generator: none is built (building one would load the method's parts again, an artefact re-hashed)."""
+        return cls(generator, method=generator.method.spec(), evidence=generator.evidence_config, **kwargs)
 
     @classmethod
     def class_name(cls) -> str:

@@ -16,10 +16,10 @@ from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import Passage, StackedPrompt, fit_windows
 from midlens.rag.llamaindex.common import (
     _DEFERRED_LOAD,
-    _LLM_MODELS,
     _RERANK_KEYS,
     GeneratorBacked,
     dispatcher,
+    llm_models,
     logger,
     to_passage,
 )
@@ -68,7 +68,8 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
         self._named = model is not None
 
     def _default_model(self) -> str | LoadedModel:
-        return _LLM_MODELS[-1] if _LLM_MODELS else DEFAULT_MODEL
+        models = llm_models()
+        return models[-1] if models else DEFAULT_MODEL
 
     def share_model(self, loaded: LoadedModel) -> bool:
         """Score with `loaded`, the answering LLM's model, unless this reranker was given a model of its own (then a
@@ -84,8 +85,9 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
 
     def _on_generator(self) -> None:
         loaded = self.generator.loaded
-        others = sorted({m.name for m in _LLM_MODELS if m is not loaded})
-        if others and all(m is not loaded for m in _LLM_MODELS):
+        models = llm_models()
+        others = sorted({m.name for m in models if m is not loaded})
+        if others and all(m is not loaded for m in models):
             _warn_two_models(loaded.name, others)
 
     @classmethod
