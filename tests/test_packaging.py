@@ -70,3 +70,24 @@ def test_the_wheel_installs_midlens_and_the_llamaindex_paths_only(tmp_path):
         [sys.executable, "-I", "-c", code, str(site)], cwd=tmp_path, capture_output=True, text=True, check=False
     )
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_public_names_import_from_the_top_and_only_when_used():
+    """`midlens.Pipeline`, `midlens.Generator`, ... resolve, while `import midlens` alone (what `midlens --help`
+    runs first) loads no torch."""
+    code = "import midlens, sys; midlens.__version__; assert 'torch' not in sys.modules, 'torch was imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    import midlens
+    from midlens.generators.evidence import Answer, EvidenceConfig
+    from midlens.generators.generator import Generator
+    from midlens.generators.loading import load_model
+    from midlens.rag.pipeline import Pipeline
+    from midlens.retrievers.dense import DenseRetriever
+
+    assert midlens.Pipeline is Pipeline and midlens.Generator is Generator and midlens.load_model is load_model
+    assert (midlens.Answer, midlens.EvidenceConfig, midlens.DenseRetriever) == (Answer, EvidenceConfig, DenseRetriever)
+    assert all(hasattr(midlens, name) for name in midlens.__all__) and set(midlens.__all__) <= set(dir(midlens))
+    with pytest.raises(AttributeError, match="no attribute 'Pipelines'"):
+        midlens.Pipelines  # noqa: B018
