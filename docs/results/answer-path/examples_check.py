@@ -5,11 +5,11 @@ OMP_NUM_THREADS=1 python docs/results/answer-path/examples_check.py [RETRIEVAL .
 import json
 import sys
 
-from demo.views import example_questions
-from generators.generator import Generator
-from rag.pipeline import Pipeline
-from retrievers.build import build_retriever
-from retrievers.corpus import default_corpus_path, default_questions_path
+from midlens.demo.views import example_questions
+from midlens.generators.generator import Generator
+from midlens.rag.pipeline import Pipeline
+from midlens.retrievers.build import build_retriever
+from midlens.retrievers.corpus import default_corpus_path, default_questions_path
 
 answers = {json.loads(line)["question"].strip(): json.loads(line)["answers"] for line in open(default_questions_path())}
 questions = ["Who directed Wings of Desire?"] + [q for q, _ in example_questions()]

@@ -12,9 +12,9 @@ import random
 import sys
 import time
 
-from eval.datasets import load_hotpotqa
-from eval.metrics import answer_f1, best_subspan_em, first_line
-from generators.generator import Generator
+from midlens.eval.datasets import load_hotpotqa
+from midlens.eval.metrics import answer_f1, best_subspan_em, first_line
+from midlens.generators.generator import Generator
 
 model, n, out, styles = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4].split(",")
 examples = load_hotpotqa(n=n, seed=1, mode="rerank", max_words=None, split="train")

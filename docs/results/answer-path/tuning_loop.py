@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from eval.datasets import load_questions
-from eval.metrics import answer_f1, best_subspan_em
-from generators.evidence import Answer
-from rag.pipeline import Pipeline
+from midlens.eval.datasets import load_questions
+from midlens.eval.metrics import answer_f1, best_subspan_em
+from midlens.generators.evidence import Answer
+from midlens.rag.pipeline import Pipeline
 
 
 def run(answer: Callable[[Pipeline, str], Answer]) -> None:

@@ -9,8 +9,8 @@ import statistics
 import sys
 import time
 
-from retrievers.build import build_retriever
-from retrievers.corpus import default_corpus_path, default_questions_path
+from midlens.retrievers.build import build_retriever
+from midlens.retrievers.corpus import default_corpus_path, default_questions_path
 
 questions_path, corpus, index_dir = sys.argv[1:4] if len(sys.argv) > 3 else (default_questions_path(), None, None)
 questions = [json.loads(line) for line in open(questions_path)]

@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from eval.datasets import load_questions
-from eval.metrics import answer_f1, best_subspan_em
-from rag.pipeline import Pipeline
+from midlens.eval.datasets import load_questions
+from midlens.eval.metrics import answer_f1, best_subspan_em
+from midlens.rag.pipeline import Pipeline
 
 model, out = sys.argv[1], Path(sys.argv[2])
 shard, shards = map(int, sys.argv[3].split("/"))

@@ -1,6 +1,6 @@
 """Paired difference of evidence reranking between two `midlens eval rerank` runs of the same questions.
 
-python docs/results/qwen2.5-0.5b/retrieval-heads/paired.py RUN_A RUN_B   # B minus A, per ranker and metric
+python docs/results/qwen2.5-coder-0.5b/retrieval-heads/paired.py RUN_A RUN_B   # B minus A, per ranker and metric
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from eval.metrics import bootstrap_ci
-from eval.runner import read_rows
+from midlens.eval.metrics import bootstrap_ci
+from midlens.eval.runner import read_rows
 
 
 def main(run_a: str, run_b: str) -> None:
