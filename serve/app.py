@@ -16,10 +16,12 @@ on one worker thread, so the event loop keeps streaming tokens and answering hea
 import asyncio
 import dataclasses
 import json
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,21 +34,20 @@ from midlens.core.errors import MidlensError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE
-from midlens.serve.engine import Engine, Job, Outcome, result_of
-from midlens.serve.errors import BodyTooLarge, RequestTimeout, describe, error_response, on_error, on_invalid
-from midlens.serve.schemas import (
+from midlens.rag.remote import (
     AnswerRequest,
     AnswerResponse,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ErrorResponse,
     MidlensResult,
-    ModelList,
     ScoreRequest,
     Spec,
     Stats,
 )
+from midlens.serve.engine import Engine, Job, Outcome, result_of
+from midlens.serve.errors import BodyTooLarge, RequestTimeout, describe, error_response, on_error, on_invalid
+from midlens.serve.schemas import ChatCompletionRequest, ModelList
 
 APP_NAME = "midlens"
 DEFAULT_PORT = 8000
@@ -172,6 +173,25 @@ def _usage(answer) -> dict[str, int]:
     }
 
 
+def _replica_grpc_on_loopback() -> None:
+    """Ray Serve 2.60 starts, in every replica, a gRPC server for calls between deployments on "[::]:0", every
+    interface, with no option for the address. On a node whose own address is loopback (the cluster `start` makes)
+    nothing off the machine could use it, so it is bound to 127.0.0.1, the address its callers are given."""
+    import ipaddress
+
+    import ray
+    from ray.serve._private import replica
+
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if bind is None or not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
+        return
+
+    def on_loopback(server: Any, address: str) -> int:
+        return bind(server, "127.0.0.1:0" if address == "[::]:0" else address)
+
+    replica.add_port_to_grpc_server = on_loopback
+
+
 def _in_serve() -> bool:
     try:
         serve.get_replica_context()
@@ -188,6 +208,8 @@ class MidlensServer:
         from midlens.serve import app as this_module
 
         self.options = ServeOptions(**options)
+        if _in_serve():  # before Serve starts the replica's gRPC server, which it does once this returns
+            _replica_grpc_on_loopback()
         # The module's own dict (the class reaches the replica pickled, with copies of the globals it names).
         this_module._LIMITS["max_body_bytes"] = self.options.max_body_bytes
         self.engine = Engine(
@@ -382,23 +404,49 @@ def application(options: ServeOptions) -> serve.Application:
     ).bind(dataclasses.asdict(options))
 
 
+# Ray swaps a loopback node address for the machine's own (so other nodes could join), and then binds its GCS,
+# raylet, object manager, workers, agents and metrics exporters on every interface. With multi-node clusters
+# turned off, as Ray has them on macOS and Windows, a loopback node address is kept and every one of those binds
+# to it. Ray reads the switch from the environment once, at import; the processes ray.init starts read it again.
+_RAY_CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextmanager
+def _single_node_on_loopback() -> Iterator[None]:
+    from ray._private import ray_constants
+
+    saved_env, saved = os.environ.get(_RAY_CLUSTERS_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_RAY_CLUSTERS_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        # Restored for this process: a later ray.init(address=...) from it must advertise a reachable address.
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+        if saved_env is None:
+            os.environ.pop(_RAY_CLUSTERS_ENV, None)
+        else:
+            os.environ[_RAY_CLUSTERS_ENV] = saved_env
+
+
 def start(options: ServeOptions) -> str:
-    """Deploy on the cluster at `options.address`, else on a local one started here (bound to loopback); returns
-    the base URL. Returns once every replica has loaded the model."""
+    """Deploy on the cluster at `options.address`, else on a one-node cluster started here, every port of which
+    listens on 127.0.0.1 but the HTTP proxy's, which listens on `options.host`; returns the base URL. Returns once
+    every replica has loaded the model."""
     import ray
 
     if not ray.is_initialized():
         if options.address:
             ray.init(address=options.address, log_to_driver=False)
         else:
-            # Ray's own ports on loopback too: this machine's cluster is for this process alone.
-            ray.init(
-                num_cpus=max(options.replicas * options.num_cpus, 1) + 1,
-                include_dashboard=False,
-                log_to_driver=False,
-                object_store_memory=256 * 2**20,
-                _node_ip_address="127.0.0.1",
-            )
+            with _single_node_on_loopback():
+                ray.init(
+                    num_cpus=max(options.replicas * options.num_cpus, 1) + 1,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    object_store_memory=256 * 2**20,
+                    _node_ip_address="127.0.0.1",
+                )
     serve.start(
         http_options={
             "host": options.host,

@@ -24,14 +24,8 @@ from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style
-from midlens.serve.schemas import (
-    AnswerRequest,
-    ChatCompletionRequest,
-    EvidenceRow,
-    MidlensResult,
-    PassageIn,
-    ScoreRequest,
-)
+from midlens.rag.remote import AnswerRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
+from midlens.serve.schemas import ChatCompletionRequest
 
 # How a prompt over the window is fixed through this API (PromptTooLongError.describe spells it per interface).
 HTTP_REMEDIES = Remedies(

@@ -14,8 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from midlens.core.errors import MidlensError, PromptTooLongError
+from midlens.rag.remote import ErrorDetail, ErrorResponse
 from midlens.serve.engine import HTTP_REMEDIES, ModelNotServed
-from midlens.serve.schemas import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger("midlens.serve")
 

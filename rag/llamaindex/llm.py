@@ -94,9 +94,9 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     )
 
     def __new__(cls, *args: Any, base_url: str | None = None, **kwargs: Any) -> MidlensLLM:
-        # A server URL instead of a model: the same class, its calls answered over HTTP by midlens.serve.
+        # A server URL instead of a model: the same class, its calls answered over HTTP by a `midlens serve` server.
         if base_url is not None and cls is MidlensLLM:
-            from midlens.serve.llamaindex import RemoteMidlensLLM
+            from midlens.rag.llamaindex.remote import RemoteMidlensLLM
 
             return super().__new__(RemoteMidlensLLM)
         return super().__new__(cls)

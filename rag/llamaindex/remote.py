@@ -1,5 +1,7 @@
 """MidlensLLM answered by `midlens serve`: `MidlensLLM(base_url="http://127.0.0.1:8000")` is one of these.
 
+It talks to the server through `midlens.rag.remote` (the client and the wire format), never through the service.
+
 The same LlamaIndex class, the same calls (complete / stream_complete / chat / stream_chat and their async forms,
 passages=[nodes...]), the same `additional_kwargs` (the Answer, its evidence rows), so MidlensQueryEngine and any
 LlamaIndex code run unchanged against a server; no model is loaded in this process.
@@ -25,44 +27,44 @@ from llama_index.core.llms.callbacks import llm_chat_callback
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.passage import Passage
 from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
+from midlens.rag.llamaindex.citations import citations_from_json
 from midlens.rag.llamaindex.llm import MidlensLLM, _as_chat, _completion
-from midlens.serve.client import MidlensClient, passage_json
+from midlens.rag.remote import ChatCompletionChunk, MidlensClient, MidlensResult, passage_json
 
 
-def answer_of(data: dict[str, Any], passages: Sequence[Passage] = ()) -> Answer:
-    """A server's answer (the `midlens` object, with `question` and `text`) as the library's Answer, its passages
-    those the caller sent (in prompt order; passages the server dropped come last)."""
+def answer_of(result: MidlensResult, question: str, text: str, passages: Sequence[Passage] = ()) -> Answer:
+    """A server's `midlens` object as the library's Answer, its passages those the caller sent (in prompt order;
+    passages the server dropped come last)."""
     sent = list(passages)
-    rows = data["passages"]
     evidence = [
         PassageEvidence(
-            position=row["position"],
-            passage=sent[row["position"] - 1] if row["position"] <= len(sent) else Passage("", row["title"], row["id"]),
-            retrieval_score=row["retrieval_score"],
-            evidence=row["evidence"],
-            calibrated=row["calibrated"],
-            answer_attribution=row["answer_attribution"],
-            rank=row["rank"],
+            position=row.position,
+            passage=sent[row.position - 1] if row.position <= len(sent) else Passage("", row.title, row.id),
+            retrieval_score=row.retrieval_score,
+            evidence=row.evidence,
+            calibrated=row.calibrated,
+            answer_attribution=row.answer_attribution,
+            rank=row.rank,
         )
-        for row in rows
+        for row in result.passages
     ]
-    config = dict(data["evidence_config"])
+    config = dict(result.evidence_config)
     if isinstance(config.get("heads"), list):  # JSON has no tuples; EvidenceConfig spells head lists as tuples
         config["heads"] = tuple(tuple(h) if isinstance(h, list) else h for h in config["heads"])
     answer = Answer(
-        question=data.get("question", ""),
-        text=data.get("text", ""),
+        question=question,
+        text=text,
         passages=evidence,
-        model=data["model"],
-        method=data["method"],
+        model=result.model,
+        method=result.method,
         evidence_config=EvidenceConfig(**config),
-        prompt_tokens=data["prompt_tokens"],
-        generated_tokens=data["generated_tokens"],
-        timings=data["timings"],
-        dropped=sent[len(rows) :],
+        prompt_tokens=result.prompt_tokens,
+        generated_tokens=result.generated_tokens,
+        timings=result.timings,
+        dropped=sent[len(result.passages) :],
     )
-    if data.get("citations") is not None:
-        answer.citations = data["citations"]  # type: ignore[attr-defined]
+    if result.citations is not None:  # JSON rows back into Citation objects, as a local Answer holds them
+        answer.citations = citations_from_json(result.citations)
     return answer
 
 
@@ -89,21 +91,21 @@ class RemoteMidlensLLM(MidlensLLM):
             kwargs.pop(local, None)
         client = MidlensClient(base_url, timeout=timeout, retries=retries)
         spec = client.spec()
-        if model is not None and model != spec["model"]:
-            raise InvalidArgumentError(f"model={model!r}: the server at {base_url} runs {spec['model']!r}.")
+        if model is not None and model != spec.model:
+            raise InvalidArgumentError(f"model={model!r}: the server at {base_url} runs {spec.model!r}.")
         # Past GeneratorBacked, whose constructor loads a model: the fields describe the server's.
         CustomLLM.__init__(
             self,
-            model=spec["model"],
-            method=method or spec["method_spec"],
+            model=spec.model,
+            method=method or spec.method_spec,
             method_options={},
-            device=spec["device"],
-            dtype=spec["dtype"],
+            device=spec.device,
+            dtype=spec.dtype,
             base_url=base_url,
             **kwargs,
         )
         self._client = client
-        self._context_window = spec["context_window"]
+        self._context_window = spec.context_window
 
     @classmethod
     def class_name(cls) -> str:
@@ -145,7 +147,7 @@ class RemoteMidlensLLM(MidlensLLM):
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         question, passages, options = self._request(prompt, formatted, kwargs)
-        data = self._client.answer(
+        out = self._client.answer(
             question,
             [passage_json(p) for p in passages],
             method=self.method,
@@ -153,7 +155,7 @@ class RemoteMidlensLLM(MidlensLLM):
             prompt_style=self.prompt_style,
             **options,
         )
-        return _completion(answer_of(data, passages))
+        return _completion(answer_of(out, out.question, out.text, passages))
 
     def _remote_stream(
         self, messages: list[dict[str, Any]], passages: list[Passage] | None, options: dict[str, Any], question: str
@@ -164,11 +166,9 @@ class RemoteMidlensLLM(MidlensLLM):
         def chunks() -> CompletionResponseGen:
             text = ""
             for event in _chain(first, events):
-                delta = event["choices"][0]["delta"].get("content") if event.get("choices") else None
-                if "midlens" in event:
-                    answer = answer_of(
-                        {**event["midlens"], "question": question, "text": text + (delta or "")}, passages or []
-                    )
+                delta = event.choices[0].delta.content if event.choices else None
+                if event.midlens is not None:
+                    answer = answer_of(event.midlens, question, text + (delta or ""), passages or [])
                     yield _completion(answer, delta=delta or "")
                     return
                 if delta:
@@ -191,9 +191,9 @@ class RemoteMidlensLLM(MidlensLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         turns, options = self._chat_request(messages, kwargs)
-        data = self._client.chat(turns, **self._openai(options), midlens=self._midlens(None, options))
-        text = data["choices"][0]["message"]["content"]
-        return _as_chat(_completion(answer_of({**data["midlens"], "question": turns[-1]["content"], "text": text})))
+        done = self._client.chat(turns, **self._openai(options), midlens=self._midlens(None, options))
+        text = done.choices[0].message.content
+        return _as_chat(_completion(answer_of(done.midlens, turns[-1]["content"], text)))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -201,6 +201,6 @@ class RemoteMidlensLLM(MidlensLLM):
         return (_as_chat(c) for c in self._remote_stream(turns, None, options, turns[-1]["content"]))
 
 
-def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def _chain(first: ChatCompletionChunk, rest: Iterator[ChatCompletionChunk]) -> Iterator[ChatCompletionChunk]:
     yield first
     yield from rest

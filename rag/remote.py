@@ -1,0 +1,346 @@
+"""A client of `midlens serve` and the wire format both sides share (pydantic models; httpx, no Ray, no FastAPI).
+
+    client = MidlensClient("http://127.0.0.1:8000")
+    out = client.answer("Who wrote X?", [{"id": "a", "text": "..."}], max_new_tokens=16)
+    out.text, [(row.id, row.score) for row in out.passages]
+
+The server (`midlens.serve`) validates requests and writes responses with these models, and this client sends and
+reads them, so the two cannot drift apart; the library's integrations (`MidlensLLM(base_url=...)`) reach a server
+through this module and never import the service itself.
+
+A request the server refuses raises `ServerError` with the server's message (the library's own). A dropped
+connection or a 502/503 (a replica that died mid-request, one still starting) is retried with backoff, a bounded
+number of times: answers are deterministic for a seed, so asking again is safe.
+
+Fields the library validates (an empty question, a method spec, a prompt over the window) are left to it, so the
+HTTP answer carries the library's own message; the schemas check only shapes and ranges.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from midlens.core.errors import MidlensError
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+
+Truncate = Literal["error", "drop_last"]
+
+
+class PassageIn(BaseModel):
+    """One passage to stack into the prompt, in the order given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="The caller's id for this passage; evidence rows name it.")
+    text: str
+    title: str = ""
+    score: float | None = Field(default=None, description="The caller's retrieval score, echoed in the evidence.")
+
+
+class GenerationOptions(BaseModel):
+    """What a request may set about decoding; None: the server's default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int | None = Field(default=None, ge=0, description="Longest answer in tokens (0: score only).")
+    temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(default=0, description="Sampling seed (temperature > 0).")
+    calibrate: bool = Field(default=True, description="Also compute calibrated evidence (content-free query).")
+
+
+class AnswerRequest(GenerationOptions):
+    question: str
+    passages: list[PassageIn] = Field(default_factory=list)
+    method: str | None = Field(default=None, description="Method spec (default: the server's); same weights.")
+    truncate: Truncate = "error"
+    prompt_style: str | None = Field(default=None, description="litm or short (default: the server's).")
+
+
+class ScoreRequest(BaseModel):
+    """Evidence for the passages without generating."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str
+    passages: list[PassageIn] = Field(default_factory=list)
+    method: str | None = None
+    calibrate: bool = True
+    truncate: Truncate = "error"
+    prompt_style: str | None = None
+
+
+class EvidenceRow(BaseModel):
+    """One passage as the model saw it: its 1-based prompt position and the attention it received."""
+
+    id: str
+    title: str
+    position: int
+    retrieval_score: float | None
+    evidence: float = Field(description="Attention mass the question's tokens gave the passage.")
+    calibrated: float | None = Field(description="evidence minus that of a content-free question (None: skipped).")
+    answer_attribution: float | None = Field(description="Attention mass the generated tokens gave it.")
+    rank: int = Field(description="1 = strongest evidence (calibrated when computed, else raw).")
+    score: float = Field(description="What `rank` orders by: calibrated when computed, else evidence.")
+
+
+class MidlensResult(BaseModel):
+    """midlens's reading of one answer: what `Answer` holds, JSON-ready (the `midlens` extension of a completion)."""
+
+    model: str
+    method: dict[str, Any]
+    evidence_config: dict[str, Any]
+    passages: list[EvidenceRow] = Field(description="Every stacked passage, in prompt order.")
+    evidence: list[float] = Field(description="Each passage's score, in prompt order (the column `rank` orders).")
+    dropped: list[str] = Field(default_factory=list, description="Ids of passages truncate='drop_last' left out.")
+    prompt_tokens: int
+    generated_tokens: int
+    timings: dict[str, float]
+    batch_size: int = Field(description="How many requests the server answered in the same batch as this one.")
+    citations: list[Any] | None = Field(
+        default=None, description="Per answer sentence, the passages (and their sentences) it rests on."
+    )
+
+
+class AnswerResponse(MidlensResult):
+    question: str
+    text: str
+
+
+# ---- OpenAI chat completions (responses; the request's model is the server's) ----
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChoiceMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: ChoiceMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    midlens: MidlensResult
+
+
+class ChunkDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChunkDelta
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One server-sent event of a streamed completion; the last one with choices carries `midlens`."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    midlens: MidlensResult | None = None
+
+
+# ---- midlens's own ----
+
+
+class Spec(BaseModel):
+    """What this server runs and the limits it enforces."""
+
+    model: str
+    method: dict[str, Any]
+    method_spec: str
+    methods: list[str] = Field(description="Method names a request may ask for (same weights).")
+    context_window: int
+    evidence_config: dict[str, Any]
+    device: str
+    dtype: str
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    prompt_style: str
+    max_batch_size: int
+    batch_wait_timeout_s: float
+    request_timeout_s: float
+    max_body_bytes: int
+
+
+class Stats(BaseModel):
+    """The batches this replica formed since it started: {size: count}."""
+
+    replica: str
+    pid: int
+    batches: dict[int, int]
+    requests: int
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape, so OpenAI clients raise their own error classes with this message."""
+
+    error: ErrorDetail
+
+
+# ---- the client ----
+
+# A 500 is retried too: Ray's proxy answers 500 when the replica holding the request dies under it.
+RETRY_STATUSES = (500, 502, 503)
+
+
+class ServerError(MidlensError):
+    """The server answered with an error: `status`, its message, OpenAI's `code` when it gave one."""
+
+    def __init__(self, status: int, message: str, code: str | None = None):
+        self.status = status
+        self.code = code
+        super().__init__(message)
+
+
+def passage_json(passage: Any) -> dict[str, Any]:
+    """A passage as the server takes it: a dict, a midlens Passage, or anything with text/title/id/score."""
+    if isinstance(passage, dict):
+        return passage
+    out = {"id": str(getattr(passage, "id", "") or ""), "text": passage.text, "title": getattr(passage, "title", "")}
+    if getattr(passage, "score", None) is not None:
+        out["score"] = float(passage.score)
+    return out
+
+
+def _error_of(response: httpx.Response) -> ServerError:
+    try:
+        error = response.json()["error"]
+        return ServerError(response.status_code, error["message"], error.get("code"))
+    except (ValueError, KeyError, TypeError):
+        return ServerError(response.status_code, response.text.strip() or response.reason_phrase)
+
+
+class MidlensClient:
+    """Typed calls of every endpoint; `retries` bounds how often a dropped connection or a 5xx is asked again."""
+
+    def __init__(self, base_url: str, timeout: float = 300.0, retries: int = 3, backoff_s: float = 1.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> MidlensClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, method: str, path: str, body: dict | None = None) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self._http.request(method, path, json=body)
+            except httpx.TransportError:
+                if last:
+                    raise
+            else:
+                if response.status_code < 400:
+                    return response
+                if response.status_code not in RETRY_STATUSES or last:
+                    raise _error_of(response)
+            time.sleep(self.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def spec(self) -> Spec:
+        return Spec.model_validate(self._send("GET", "/v1/midlens/spec").json())
+
+    def stats(self) -> Stats:
+        return Stats.model_validate(self._send("GET", "/v1/midlens/stats").json())
+
+    def ready(self) -> bool:
+        try:
+            return self._http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def answer(self, question: str, passages: Sequence[Any] = (), **options: Any) -> AnswerResponse:
+        """`options`: AnswerRequest's fields (max_new_tokens, temperature, top_p, seed, calibrate, method, truncate,
+        prompt_style); a wrong name or type raises pydantic's ValidationError before anything is sent."""
+        request = AnswerRequest(question=question, passages=[passage_json(p) for p in passages], **options)
+        return AnswerResponse.model_validate(self._send("POST", "/v1/midlens/answer", _body(request)).json())
+
+    def score(self, question: str, passages: Sequence[Any], **options: Any) -> MidlensResult:
+        """`options`: ScoreRequest's fields (method, calibrate, truncate, prompt_style)."""
+        request = ScoreRequest(question=question, passages=[passage_json(p) for p in passages], **options)
+        return MidlensResult.model_validate(self._send("POST", "/v1/midlens/score", _body(request)).json())
+
+    def chat(self, messages: list[dict[str, Any]], **options: Any) -> ChatCompletion:
+        """An OpenAI chat completion; `options` are its parameters (max_tokens, ..., midlens={...})."""
+        body = {"messages": messages, **options}
+        return ChatCompletion.model_validate(self._send("POST", "/v1/chat/completions", body).json())
+
+    def stream_chat(self, messages: list[dict[str, Any]], **options: Any) -> Iterator[ChatCompletionChunk]:
+        """The streamed chunks of a chat completion; an error event raises ServerError. A connection that fails
+        before the first chunk is retried like any request; one that fails mid-stream raises."""
+        body = {"messages": messages, **options, "stream": True}
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                with self._http.stream("POST", "/v1/chat/completions", json=body) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        if response.status_code not in RETRY_STATUSES or last:
+                            raise _error_of(response)
+                    else:
+                        yield from _events(response)
+                        return
+            except httpx.ConnectError:  # nothing was yielded yet: safe to ask again
+                if last:
+                    raise
+            time.sleep(self.backoff_s * 2**attempt)
+
+
+def _body(request: BaseModel) -> dict[str, Any]:
+    # Only what the caller set: the server fills its own defaults (max_new_tokens, prompt_style, method).
+    return request.model_dump(mode="json", exclude_unset=True)
+
+
+def _events(response: httpx.Response) -> Iterator[ChatCompletionChunk]:
+    for line in response.iter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: ") :]
+        if data == "[DONE]":
+            return
+        event = json.loads(data)
+        if "error" in event:
+            raise ServerError(200, event["error"]["message"], event["error"].get("code"))
+        yield ChatCompletionChunk.model_validate(event)
