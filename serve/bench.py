@@ -1,7 +1,7 @@
 """Benchmark of `midlens serve` (a command, not a test): throughput and latency under 1, 4 and 16 concurrent clients
 against in-process `generate_batch` on the same prompts, the batch sizes the server formed, and peak memory.
 
-    python -m midlens.serve.bench --out docs/results/serve
+    midlens bench serve --out docs/results/serve      (or python -m midlens.serve.bench)
 
 Every request stacks three passages of the embedded HotpotQA corpus under a question about one of them; the server
 runs one replica on one torch thread, as the in-process side does, on the same machine.
@@ -61,16 +61,16 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def bench_server(url: str, requests: list[dict], concurrency: int, max_new: int) -> dict[str, Any]:
-    from midlens.serve.client import MidlensClient
+    from midlens.rag.remote import MidlensClient
 
     clients = [MidlensClient(url, timeout=600, retries=0) for _ in range(concurrency)]
-    before = Counter({int(k): v for k, v in clients[0].stats()["batches"].items()})
+    before = Counter(clients[0].stats().batches)
     latencies: list[float] = []
     texts: list[str] = [""] * len(requests)
     lock = threading.Lock()
     next_index = iter(range(len(requests)))
 
-    def worker(client) -> None:
+    def worker(client: MidlensClient) -> None:
         while True:
             with lock:
                 i = next(next_index, None)
@@ -80,14 +80,14 @@ def bench_server(url: str, requests: list[dict], concurrency: int, max_new: int)
             out = client.answer(requests[i]["question"], requests[i]["passages"], max_new_tokens=max_new)
             with lock:
                 latencies.append(time.perf_counter() - t0)
-                texts[i] = out["text"]
+                texts[i] = out.text
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(worker, clients))
     wall = time.perf_counter() - t0
     stats = clients[0].stats()
-    after = Counter({int(k): v for k, v in stats["batches"].items()})
+    after = Counter(stats.batches)
     for client in clients:
         client.close()
     formed = {size: n for size, n in sorted((after - before).items())}
@@ -101,7 +101,7 @@ def bench_server(url: str, requests: list[dict], concurrency: int, max_new: int)
         "p99_s": _percentile(latencies, 0.99),
         "batches": formed,
         "texts": texts,
-        "pid": stats["pid"],
+        "pid": stats.pid,
     }
 
 
@@ -136,21 +136,122 @@ def bench_in_process(generator, requests: list[dict], batch_size: int, max_new: 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        "| side | clients / batch | requests | throughput (req/s) | p50 (s) | p99 (s) | batches formed {size: count} |",
-        "|---|---|---|---|---|---|---|",
+        "| side | clients / batch | requests | throughput (req/s) | p50 (s) | p99 (s) | batches formed {size: count} "
+        "| load (1 min) at start |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         lines.append(
             f"| {row['side']} | {row['concurrency']} | {row['requests']} | {row['throughput_rps']:.2f} | "
-            f"{row['p50_s']:.2f} | {row['p99_s']:.2f} | {row['batches']} |"
+            f"{row['p50_s']:.2f} | {row['p99_s']:.2f} | {row['batches']} | {row['load_1min']:.2f} |"
         )
     mem = report["peak_rss_mb"]
     lines.append("")
+    ratios = {c: ratio(report, c) for c in sorted({row["concurrency"] for row in report["rows"]})}
+    lines.append(
+        "Server throughput over in-process throughput at the same clients / batch size: "
+        + ", ".join(f"{c}: {r:.2f}x" for c, r in ratios.items() if r is not None)
+        + "."
+    )
     lines.append(
         f"Peak resident memory: server replica {mem['replica']:.0f} MiB, in-process benchmark process "
         f"{mem['in_process']:.0f} MiB. Server answers equal in-process ones: {report['texts_equal']}."
     )
     return "\n".join(lines)
+
+
+def run(
+    model: str,
+    n_requests: int,
+    levels: list[int],
+    max_new: int,
+    max_batch_size: int,
+    batch_wait_timeout_s: float,
+    command: str,
+) -> dict[str, Any]:
+    """Serve `model` on a local cluster and, at every client count in `levels`, time `n_requests` sent to it, then
+    the same prompts through in-process `generate_batch` in batches of that size; returns the report `markdown`
+    reads."""
+    import torch
+
+    torch.set_num_threads(1)  # the replica runs one torch thread too
+    from midlens.generators.generator import Generator
+    from midlens.rag.remote import MidlensClient
+    from midlens.serve.app import ServeOptions, start, stop
+
+    requests = workload(n_requests)
+    options = ServeOptions(
+        model=model,
+        port=_free_port(),
+        threads=1,
+        max_new_tokens=max_new,
+        max_batch_size=max_batch_size,
+        batch_wait_timeout_s=batch_wait_timeout_s,
+        request_timeout_s=600,
+    )
+    rows = []
+    load_before = os.getloadavg()
+    url = start(options)
+    try:
+        with MidlensClient(url) as warm:  # the first request pays for lazy set-up; it is not timed
+            warm.answer(requests[0]["question"], requests[0]["passages"], max_new_tokens=max_new)
+        generator = Generator(model, device="cpu")
+        bench_in_process(generator, requests[:1], 1, max_new)  # warm-up, untimed
+        # Each level's two sides back to back (the server idle while this process generates): on a shared
+        # machine the load drifts over minutes, and a ratio is only fair between rows taken under the same load.
+        for c in levels:
+            for side in ("server", "in-process"):
+                load = os.getloadavg()[0]
+                if side == "server":
+                    row = bench_server(url, requests, c, max_new)
+                else:
+                    row = bench_in_process(generator, requests, c, max_new)
+                rows.append({**row, "load_1min": load})
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "texts"}), flush=True)
+        replica_peak = _peak_rss_mb(rows[0]["pid"])
+    finally:
+        stop()
+    rows.sort(key=lambda row: row["side"] != "server")  # the table: the server's rows, then in-process ones
+    texts = {tuple(row["texts"]) for row in rows}
+    return {
+        "command": command,
+        "model": model,
+        "requests": n_requests,
+        "max_new_tokens": max_new,
+        "max_batch_size": max_batch_size,
+        "batch_wait_timeout_s": batch_wait_timeout_s,
+        "cpu_count": os.cpu_count(),
+        # 1-minute load averages: the machine is shared, so the table is read against them.
+        "load_average": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "rows": [{k: v for k, v in row.items() if k not in ("texts", "pid")} for row in rows],
+        "peak_rss_mb": {"replica": replica_peak, "in_process": _peak_rss_mb()},
+        "texts_equal": len(texts) == 1,
+    }
+
+
+def ratio(report: dict[str, Any], level: int) -> float | None:
+    """Server throughput over in-process throughput at one client count / batch size (None: not measured)."""
+    by_side = {row["side"]: row for row in report["rows"] if row["concurrency"] == level}
+    if len(by_side) != 2:
+        return None
+    return by_side["server"]["throughput_rps"] / by_side["in-process"]["throughput_rps"]
+
+
+def write(report: dict[str, Any], out: Path) -> None:
+    """bench.json (the report) and README.md (the table, the command, the machine's load) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    load = report["load_average"]
+    (out / "README.md").write_text(
+        "# midlens serve: throughput and latency\n\n"
+        f"`{report['command']}` on a {report['cpu_count']}-core CPU machine (shared; 1-minute load average "
+        f"{load['before']:.2f} before, {load['after']:.2f} after), {report['model']}, {report['requests']} requests "
+        f"per row, {report['max_new_tokens']} new tokens, three passages per prompt. Server: one Ray Serve replica "
+        f"on one torch thread, `--max-batch-size {report['max_batch_size']} --batch-wait-timeout "
+        f"{report['batch_wait_timeout_s']}`, clients over loopback HTTP. In-process: `Generator.generate_batch` in "
+        "batches of the same size as the client count, one torch thread; a prompt's latency there is its batch's."
+        "\n\n" + markdown(report) + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,68 +264,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-wait-timeout", type=float, default=0.02)
     parser.add_argument("--out", type=Path, help="folder for README.md (the table) and bench.json")
     args = parser.parse_args(argv)
-    levels = [int(x) for x in args.concurrency.split(",")]
-
-    import torch
-
-    torch.set_num_threads(1)  # the replica runs one torch thread too
-    from midlens.generators.generator import Generator
-    from midlens.serve.app import ServeOptions, start, stop
-
-    requests = workload(args.requests)
-    options = ServeOptions(
-        model=args.model,
-        port=_free_port(),
-        threads=1,
-        max_new_tokens=args.max_new_tokens,
-        max_batch_size=args.max_batch_size,
-        batch_wait_timeout_s=args.batch_wait_timeout,
-        request_timeout_s=600,
+    report = run(
+        args.model,
+        args.requests,
+        [int(x) for x in args.concurrency.split(",")],
+        args.max_new_tokens,
+        args.max_batch_size,
+        args.batch_wait_timeout,
+        "python -m midlens.serve.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
     )
-    rows = []
-    url = start(options)
-    try:
-        from midlens.serve.client import MidlensClient
-
-        with MidlensClient(url) as warm:  # the first request pays for lazy set-up; it is not timed
-            warm.answer(requests[0]["question"], requests[0]["passages"], max_new_tokens=args.max_new_tokens)
-        for c in levels:
-            rows.append(bench_server(url, requests, c, args.max_new_tokens))
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "texts"}), flush=True)
-        replica_peak = _peak_rss_mb(rows[-1]["pid"])
-    finally:
-        stop()
-    generator = Generator(args.model, device="cpu")
-    bench_in_process(generator, requests[:1], 1, args.max_new_tokens)  # warm-up, untimed
-    for c in levels:
-        rows.append(bench_in_process(generator, requests, c, args.max_new_tokens))
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "texts"}), flush=True)
-    texts = {tuple(row["texts"]) for row in rows}
-    report = {
-        "command": "python -m midlens.serve.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "model": args.model,
-        "max_new_tokens": args.max_new_tokens,
-        "max_batch_size": args.max_batch_size,
-        "batch_wait_timeout_s": args.batch_wait_timeout,
-        "cpu_count": os.cpu_count(),
-        "rows": [{k: v for k, v in row.items() if k not in ("texts", "pid")} for row in rows],
-        "peak_rss_mb": {"replica": replica_peak, "in_process": _peak_rss_mb()},
-        "texts_equal": len(texts) == 1,
-    }
-    table = markdown(report)
-    print(table)
+    print(markdown(report))
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / "README.md").write_text(
-            "# midlens serve: throughput and latency\n\n"
-            f"`{report['command']}` on a {report['cpu_count']}-core CPU machine (shared), {args.model}, "
-            f"{args.requests} requests per row, {args.max_new_tokens} new tokens, three passages per prompt. "
-            "Server: one Ray Serve replica on one torch thread, `--max-batch-size "
-            f"{args.max_batch_size} --batch-wait-timeout {args.batch_wait_timeout}`, clients over loopback HTTP. "
-            "In-process: `Generator.generate_batch` in batches of the same size as the client count, one torch "
-            "thread; a prompt's latency there is its batch's.\n\n" + table + "\n"
-        )
+        write(report, args.out)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""`midlens bench`: benchmarks (commands, not tests) of evidence, each method against the baseline, and batched
-generation; the measuring lives in midlens.eval.bench, bench_batch, bench_runner and bench_memory."""
+"""`midlens bench`: benchmarks (commands, not tests) of evidence, each method against the baseline, batched
+generation and the HTTP service; the measuring lives in midlens.eval.bench, bench_batch, bench_runner, bench_memory
+and midlens.serve.bench."""
 
 from __future__ import annotations
 
@@ -20,16 +21,18 @@ BENCH_EXAMPLES = """examples:
   midlens bench attn-calibration --tokens 1024 --decode-tokens 16
   midlens bench batch --model smollm2-135m --batch-sizes 1,8 --prompts 8 --repeats 1
   midlens bench batch --random-shape qwen2.5-coder-0.5b --device cuda --dtype bfloat16 --batch-sizes 1,4,16,32,64
+  midlens bench serve --batch-sizes 1,4,16 --prompts 16 --decode-tokens 16 --out docs/results/serve
 """
 
 
 def add_parser(sub) -> None:
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: evidence overhead; ms-poe, moice and attn-calibration cost against the baseline",
+        help="benchmarks: evidence overhead; ms-poe, moice and attn-calibration cost against the baseline; batching; "
+        "midlens serve against in-process batching",
         epilog=BENCH_EXAMPLES,
     )
-    bench.add_argument("kind", choices=["evidence", "batch", *(m for m in method_names() if m != "baseline")])
+    bench.add_argument("kind", choices=["evidence", "batch", "serve", *(m for m in method_names() if m != "baseline")])
     bench.add_argument("--model", default=EVAL_MODEL)
     bench.add_argument(
         "--tokens",
@@ -60,6 +63,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     if args.kind == "batch":
         return _run_batch(args)
+    if args.kind == "serve":
+        return _run_serve(args)
 
     device = resolve_device(args.device)
     dtype = dtype_name(resolve_dtype(args.dtype, device))
@@ -92,11 +97,18 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _add_batch_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch-sizes", default="1,4,16,64", help="comma-separated batch sizes")
-    parser.add_argument("--prompts", type=int, default=64, help="prompts answered at every batch size")
+    parser.add_argument(
+        "--batch-sizes", help="comma-separated batch sizes, serve: client counts (default 1,4,16,64; serve 1,4,16)"
+    )
+    parser.add_argument("--prompts", type=int, help="prompts answered at every batch size (default batch 64, serve 16)")
     parser.add_argument(
         "--random-shape", choices=["smollm2-135m", "qwen2.5-coder-0.5b"], help="random weights, this shape"
     )
+    parser.add_argument("--max-batch-size", type=int, default=16, help="serve: the server's --max-batch-size")
+    parser.add_argument(
+        "--batch-wait-timeout", type=float, default=0.02, help="serve: the server's --batch-wait-timeout (seconds)"
+    )
+    parser.add_argument("--out", type=Path, help="serve: folder for README.md (the table) and bench.json")
 
 
 def _run_batch(args: argparse.Namespace) -> int:
@@ -105,11 +117,31 @@ def _run_batch(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     dtype = dtype_name(resolve_dtype(args.dtype, device))
-    sizes = sorted({int(x) for x in args.batch_sizes.split(",")})
-    report = run(
-        args.model, sizes, args.prompts, args.decode_tokens, args.repeats, str(device), dtype, args.random_shape
-    )
+    sizes = sorted({int(x) for x in (args.batch_sizes or "1,4,16,64").split(",")})
+    prompts = args.prompts or 64
+    report = run(args.model, sizes, prompts, args.decode_tokens, args.repeats, str(device), dtype, args.random_shape)
     print(markdown(report))
+    if args.json:
+        from midlens.core.files import write_atomic
+
+        write_atomic(Path(args.json), json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import sys
+
+    from midlens.serve import bench
+
+    levels = sorted({int(x) for x in (args.batch_sizes or "1,4,16").split(",")})
+    command = "midlens " + " ".join(sys.argv[1:])
+    prompts = args.prompts or 16
+    report = bench.run(
+        args.model, prompts, levels, args.decode_tokens, args.max_batch_size, args.batch_wait_timeout, command
+    )
+    print(bench.markdown(report))
+    if args.out:
+        bench.write(report, args.out)
     if args.json:
         from midlens.core.files import write_atomic
 
