@@ -197,6 +197,9 @@ class Stats(BaseModel):
     pid: int
     batches: dict[int, int]
     requests: int
+    cancelled: int = Field(
+        default=0, description="Requests that timed out or whose client left, and were not decoded to the end."
+    )
 
 
 class ErrorDetail(BaseModel):

@@ -239,7 +239,13 @@ class MidlensServer:
         try:
             outcome = await asyncio.wait_for(self._batch(job), timeout)
         except asyncio.TimeoutError:
+            # Serve drops a cancelled request from batches not yet run, but a running batch decodes on: the flag
+            # lets the engine stop a batch nobody waits for (see Engine.run).
+            job.cancel()
             raise RequestTimeout(self._timeout_message()) from None
+        except asyncio.CancelledError:  # the client disconnected: Serve cancels the request's task
+            job.cancel()
+            raise
         if outcome.error is not None:
             raise outcome.error
         return outcome
@@ -355,20 +361,25 @@ class MidlensServer:
         yield chunk({"role": "assistant", "content": ""})
         deadline = loop.time() + self.options.request_timeout_s
         raw, shown = "", ""  # deltas follow the stripped text, so they join to the non-streamed answer exactly
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0.0))
-            except asyncio.TimeoutError:
-                yield _sse(ErrorResponse(**_error_body(RequestTimeout(self._timeout_message()))).model_dump())
-                yield _sse("[DONE]")
-                return
-            if item is _DONE:
-                break
-            raw += item
-            text = raw.strip()
-            if len(text) > len(shown) and text.startswith(shown):
-                yield chunk({"content": text[len(shown) :]})
-                shown = text
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0.0))
+                except asyncio.TimeoutError:
+                    job.cancel()
+                    yield _sse(ErrorResponse(**_error_body(RequestTimeout(self._timeout_message()))).model_dump())
+                    yield _sse("[DONE]")
+                    return
+                if item is _DONE:
+                    break
+                raw += item
+                text = raw.strip()
+                if len(text) > len(shown) and text.startswith(shown):
+                    yield chunk({"content": text[len(shown) :]})
+                    shown = text
+        finally:
+            if not task.done():  # the client left mid-stream (the generator is closed): stop decoding for it
+                job.cancel()
         try:
             outcome = task.result()
             if outcome.error is not None:

@@ -43,6 +43,14 @@ class ModelNotServed(MidlensError):
     """A request named a model this server does not run."""
 
 
+class Cancelled(MidlensError):
+    """Every request of a group was cancelled (timed out, or its client left): its decoding was stopped."""
+
+
+class _Stop(Exception):
+    """Raised from the token callback to leave `generate_batch` between two decode steps."""
+
+
 @dataclass(frozen=True)
 class Decoding:
     """What the rows of one `generate_batch` call share."""
@@ -62,6 +70,11 @@ class Job:
     prompt: StackedPrompt
     decoding: Decoding
     on_token: Callable[[str], None] | None = None
+    # Set from the event loop when nobody waits for the answer any more; read by the generation thread.
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 @dataclass
@@ -96,6 +109,7 @@ class Engine:
         self._lock = threading.Lock()
         self.batches: Counter[int] = Counter()  # size of every batch `run` was handed
         self.requests = 0
+        self.cancelled = 0  # requests not answered (or not to the end) because they were cancelled
 
     @property
     def model_name(self) -> str:
@@ -117,7 +131,12 @@ class Engine:
         }
 
     def stats(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "batches": dict(sorted(self.batches.items())), "requests": self.requests}
+        return {
+            "pid": os.getpid(),
+            "batches": dict(sorted(self.batches.items())),
+            "requests": self.requests,
+            "cancelled": self.cancelled,
+        }
 
     # ---- requests -> jobs (in the request's path: errors are the request's own) ----
 
@@ -219,18 +238,28 @@ class Engine:
 
     def run(self, jobs: Sequence[Job]) -> list[Outcome]:
         """Answer a batch of jobs: one `generate_batch` per group of equal decoding. A group's error is handed to
-        each of its jobs (never raised), so the other groups' answers still go out."""
+        each of its jobs (never raised), so the other groups' answers still go out. A job cancelled before its
+        group starts is left out of it; a group whose jobs are all cancelled stops decoding at the next token."""
         with self._lock:
             self.batches[len(jobs)] += 1
             self.requests += len(jobs)
             groups: dict[Decoding, list[int]] = {}
+            outcomes: list[Outcome | None] = [None] * len(jobs)
             for i, job in enumerate(jobs):
                 groups.setdefault(job.decoding, []).append(i)
-            outcomes: list[Outcome | None] = [None] * len(jobs)
-            for decoding, rows in groups.items():
+            for decoding, group in groups.items():
+                # Read now, not when the batch formed: a group waits for the groups before it.
+                rows = [i for i in group if not jobs[i].cancelled]
+                for i in set(group) - set(rows):
+                    outcomes[i] = Outcome(None, Cancelled("the request was cancelled before it was answered."), 0)
+                    self.cancelled += 1
+                if not rows:
+                    continue
                 try:
                     answers = self._generate(decoding, [jobs[i] for i in rows])
                 except Exception as err:  # noqa: BLE001 (handed to each request of the group)
+                    if isinstance(err, Cancelled):
+                        self.cancelled += len(rows)
                     for i in rows:
                         outcomes[i] = Outcome(None, err, len(rows))
                     continue
@@ -245,16 +274,30 @@ class Engine:
         def on_token(row: int, piece: str) -> None:
             if sinks[row] is not None:
                 sinks[row](piece)
+            # Checked between decode steps. Only a group nobody waits for stops: generate_batch has no way to
+            # end one row early, and the other rows' answers must not change.
+            if all(job.cancelled for job in jobs):
+                raise _Stop
 
-        return generator.generate_batch(
-            [job.prompt for job in jobs],
-            max_new_tokens=decoding.max_new_tokens,
-            temperature=decoding.temperature,
-            top_p=decoding.top_p,
-            seed=decoding.seed,
-            calibrate=decoding.calibrate,
-            on_token=on_token if any(sinks) else None,
-        )
+        answers: list[Answer] | None = None
+        try:
+            answers = generator.generate_batch(
+                [job.prompt for job in jobs],
+                max_new_tokens=decoding.max_new_tokens,
+                temperature=decoding.temperature,
+                top_p=decoding.top_p,
+                seed=decoding.seed,
+                calibrate=decoding.calibrate,
+                on_token=on_token,
+            )
+        except _Stop:
+            pass
+        # Raised outside the except block so nothing keeps the traceback, whose frames hold the suspended decode
+        # loop: freed here, it closes at once and leaves the model's method hooks and inference mode as it found
+        # them before the next batch runs on this thread.
+        if answers is None:
+            raise Cancelled(f"decoding stopped: all {len(jobs)} request(s) of the batch were cancelled.")
+        return answers
 
 
 def _jsonable(value: Any) -> Any:

@@ -1,7 +1,7 @@
 """`midlens serve` end to end: real Ray Serve on a local cluster, the real SmolLM2-135M, real HTTP on loopback.
 
-One server for the module (Ray and the replica take ~45 s to start on two cores); the last two tests leave it
-busy (a runaway request) and then kill its replica, so they run last, in file order.
+One server for the module (Ray and the replica take ~45 s to start on two cores); the last two tests time a
+runaway request out and then kill the replica, so they run last, in file order.
 """
 
 from __future__ import annotations
@@ -287,19 +287,28 @@ def test_the_library_does_not_import_the_service():
     assert "llama_index" not in remote and "torch" not in remote  # a client needs neither
 
 
-def test_a_request_over_the_timeout_is_answered_504(server):
+def test_a_request_over_the_timeout_is_answered_504_and_its_decoding_stops(server, client):
     # Sampled at a high temperature the answer rarely ends early: far more tokens than the timeout allows.
     body = {"question": "Write a long story.", "passages": [], "max_new_tokens": 4000, "temperature": 2.0, "seed": 1}
+    cancelled = client.stats().cancelled
     t0 = time.monotonic()
     response = _post(server, "/v1/midlens/answer", json.dumps(body))
     assert response.status_code == 504, response.text
     assert "request timeout" in response.json()["error"]["message"]
     assert time.monotonic() - t0 < TIMEOUT_S + 5
+    # The replica stops decoding the abandoned answer at its next token instead of running to 4000 tokens.
+    deadline = time.monotonic() + 30
+    while client.stats().cancelled == cancelled and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert client.stats().cancelled == cancelled + 1
+    t0 = time.monotonic()
+    assert client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW).text
+    assert time.monotonic() - t0 < TIMEOUT_S, "the next request waited behind the timed-out one"
 
 
 def test_a_replica_killed_mid_request_does_not_hang_the_client(server, client):
-    """The replica (still busy with the previous test's runaway request) is killed while a request waits on it:
-    the client gets its answer from the restarted replica, or a clear error, within a bounded time."""
+    """The replica is killed while a request waits on it: the client gets its answer from the restarted replica,
+    or a clear error, within a bounded time."""
     from midlens.rag.remote import ServerError
 
     pid = client.stats().pid
