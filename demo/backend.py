@@ -125,7 +125,7 @@ class DemoBackend:
                 try:
                     self._retrievers[key] = build_retriever(path)
                 except CorpusError as err:  # name the file the user chose, not the server's temp copy of it
-                    raise UserError(f"corpus upload {name}: " + str(err).replace(str(path), name)) from None
+                    raise UserError(str(err).replace(str(path), f"corpus upload {name}")) from None
                 uploads = [k for k in self._retrievers if k != DEFAULT_CORPUS]
                 for old in uploads[:-UPLOADED_INDEXES_KEPT]:
                     del self._retrievers[old]

@@ -212,6 +212,19 @@ def test_uploaded_corpus_is_used_and_oversized_upload_is_refused(client, tmp_pat
         ask(client, "What is this?", corpus=handle_file(str(bad)))
 
 
+def test_an_upload_error_names_the_file_once(pipeline, tmp_path):
+    """The corpus reader's message starts with the path it read; the server's temp copy's path becomes the name the
+    user chose, once, and the line it names is kept."""
+    bad = tmp_path / "upload-123" / "notes.jsonl"
+    bad.parent.mkdir()
+    bad.write_text('{"text": "fine"}\n["no text"]\n')
+    with pytest.raises(UserError) as refused:
+        DemoBackend(pipeline).retriever(str(bad))
+    message = str(refused.value)
+    assert message.startswith('corpus upload notes.jsonl:2: each line must be an object with a string "text"')
+    assert message.count("notes.jsonl") == 1 and str(tmp_path) not in message
+
+
 def heat_text(highlighted: list[dict]) -> str:
     return " ".join(seg["token"] for seg in highlighted if seg["class_or_confidence"] is not None)
 
