@@ -9,6 +9,10 @@ file and line):
       {"_id", "question", "answer", "supporting_facts": [[title, sentence_index], ...],
        "context": [[title, [sentences]], ...]}
       mode="rerank": the 10 paragraphs as given, gold = the 2 supporting paragraphs.
+      mode="cite": the 10 paragraphs and the questions of mode="mdqa" (an answer-bearing supporting paragraph,
+      listed first in gold_ids, then the other); meta["sentences"] holds each supporting paragraph's kept dataset
+      sentences as [start, end, index] characters in Passage.text, meta["supporting"] its supporting-fact indices,
+      so citations can be graded against the labelled sentences.
       mode="mdqa": ONE gold, the supporting paragraph that contains the answer (yes/no questions,
       questions whose answer is in neither supporting paragraph, and questions that contain their own
       answer, e.g. "which came first, X or Y?", are skipped: a model that repeats the question would
@@ -164,8 +168,8 @@ def load_hotpotqa(
 ) -> list[Example]:
     """HotpotQA dev distractor questions of one split (retrievers.hotpotqa: evaluation reads "eval", which training
     never sees); see the module docstring for the two modes."""
-    if mode not in ("mdqa", "rerank"):
-        raise ValueError(f"mode={mode!r}: expected 'mdqa' or 'rerank'.")
+    if mode not in ("mdqa", "rerank", "cite"):
+        raise ValueError(f"mode={mode!r}: expected 'mdqa', 'rerank' or 'cite'.")
     rows = load_rows(split, path)
     examples = []
     for i, row in enumerate(rows):
@@ -199,6 +203,8 @@ def _hotpot_row(row, where: str, mode: str, max_words: int | None = None) -> Exa
         ) from None
     passages = [Passage(text=text.strip(), title=title, id=f"{qid}:{title}") for title, text in context]
     gold = [p for p in passages if p.title in supporting]
+    if mode == "cite":
+        return _cite_example(qid, question, answer, passages, gold, row["context"], facts, where)
     if mode == "rerank":
         return Example(qid, question, [answer], passages, [p.id for p in gold], {"source": where})
     if norm in ("yes", "no", "") or norm in normalize_answer(question):
@@ -208,6 +214,38 @@ def _hotpot_row(row, where: str, mode: str, max_words: int | None = None) -> Exa
         return None
     keep = [p for p in passages if p.title not in supporting or p.id == bearing[0].id]
     return Example(qid, question, [answer], keep, [bearing[0].id], {"source": where, "other_gold": len(gold) - 1})
+
+
+def _cite_example(
+    qid: str, question: str, answer: str, passages: list[Passage], gold: list[Passage], context, facts, where: str
+) -> Example | None:
+    """mode="cite": the mdqa questions with both supporting paragraphs gold and their labelled sentences located."""
+    norm = normalize_answer(answer)
+    if norm in ("yes", "no", "") or norm in normalize_answer(question):
+        return None
+    bearing = [p for p in gold if norm in normalize_answer(p.text)]
+    if not bearing:
+        return None
+    raw = dict((title, sentences) for title, sentences in context)
+    located = {p.id: _locate_sentences(p.text, raw[p.title]) for p in gold}
+    supporting = {p.id: sorted(facts[p.title]) for p in gold}
+    gold_ids = [bearing[0].id] + [p.id for p in gold if p.id != bearing[0].id]
+    return Example(
+        qid, question, [answer], passages, gold_ids, {"source": where, "sentences": located, "supporting": supporting}
+    )
+
+
+def _locate_sentences(text: str, sentences: list[str]) -> list[list[int]]:
+    """[start, end, index] of each dataset sentence found in `text`, in order (clipping may have dropped some:
+    the text is the kept sentences joined, so each is searched for after the previous one)."""
+    out, cursor = [], 0
+    for index, sentence in enumerate(sentences):
+        piece = sentence.strip()
+        start = text.find(piece, cursor) if piece else -1
+        if start >= 0:
+            out.append([start, start + len(piece), index])
+            cursor = start + len(piece)
+    return out
 
 
 def _top_up(chosen: list[Example], pool: list[Example], need: int, seed: int) -> None:
