@@ -1,0 +1,111 @@
+"""What citations cost: generation with citations against without (`Generator(..., citations=None)`), and
+verification as a multiple of generation, on the same HotpotQA prompts (10 paragraphs, eval split).
+
+Wall time comes from one process that alternates the two generators on the same loaded model, prompt by prompt
+(the order flipped every repeat), so a busy shared CPU slows both alike; the ratio is of the summed times. Peak
+memory (ru_maxrss) comes from one fresh process per variant, since a process's peak never comes down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from midlens.core.files import write_atomic
+
+VARIANTS = ("plain", "cite")
+
+
+def _prompts(gen, n: int, max_words: int, max_new_tokens: int) -> list:
+    from midlens.eval.cite import layout
+    from midlens.eval.datasets import load_hotpotqa
+
+    examples = load_hotpotqa(n, 0, mode="cite", max_words=max_words or None, split="eval")
+    return [gen.prompt(ex.question, layout(ex, 1, 0), max_new_tokens=max_new_tokens) for ex in examples]
+
+
+def child(task: str, model: str, n: int, repeats: int, max_words: int, max_new_tokens: int) -> dict:
+    """One measurement in this process: `plain` or `cite` (that variant only, for its memory peak; `cite` also
+    verifies), or `alternate` (both generators, alternating, for the time ratio)."""
+    import torch
+
+    from midlens.generators.citations import CitationConfig
+    from midlens.generators.generator import Generator
+    from midlens.generators.loading import load_model
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    loaded = load_model(model, "cpu", "float32")
+    plain = Generator(loaded, citations=None)
+    cited = Generator(loaded, citations=CitationConfig())
+    prompts = _prompts(plain, n, max_words, max_new_tokens)
+    out: dict = {"task": task, "prompts": len(prompts), "prompt_tokens": [p.num_tokens for p in prompts]}
+    if task in VARIANTS:
+        gen = plain if task == "plain" else cited
+        t0 = time.perf_counter()
+        answers = [gen.generate(p, max_new_tokens=max_new_tokens) for p in prompts]
+        out["generate_s"] = time.perf_counter() - t0
+        if task == "cite":
+            t0 = time.perf_counter()
+            gen.verify(prompts, answers)
+            out["verify_s"] = time.perf_counter() - t0
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return out
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    answers = []
+    for r in range(repeats):
+        for i, prompt in enumerate(prompts):
+            order = VARIANTS if (r + i) % 2 == 0 else VARIANTS[::-1]
+            for variant in order:
+                gen = plain if variant == "plain" else cited
+                t0 = time.perf_counter()
+                answer = gen.generate(prompt, max_new_tokens=max_new_tokens)
+                times[variant].append(time.perf_counter() - t0)
+                if variant == "cite" and r == 0:
+                    answers.append(answer)
+    t0 = time.perf_counter()
+    cited.verify(prompts, answers)
+    verify_s = time.perf_counter() - t0
+    out.update(
+        times=times,
+        ratio=sum(times["cite"]) / sum(times["plain"]),
+        verify_s=verify_s,
+        verify_multiple=verify_s / (sum(times["cite"]) / repeats),
+        cited_passages=sum(len({s.position for c in a.citations for s in c.sources}) for a in answers),
+        answer_tokens=[len(a.answer_ids) for a in answers],
+    )
+    return out
+
+
+def measure(model: str, n: int, repeats: int, max_words: int, max_new_tokens: int, out: Path) -> dict:
+    """Each measurement in a fresh subprocess; the summary written to `out` (JSON) and returned."""
+    results = {}
+    for task in ("alternate", *VARIANTS):
+        code = (
+            "import json, sys; from midlens.eval.cite_cost import child; "
+            f"print('RESULT ' + json.dumps(child({task!r}, {model!r}, {n}, {repeats}, {max_words}, {max_new_tokens})))"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+        results[task] = json.loads(line.removeprefix("RESULT "))
+    alternate = results["alternate"]
+    summary = {
+        "model": model,
+        "n": n,
+        "repeats": repeats,
+        "max_words": max_words,
+        "max_new_tokens": max_new_tokens,
+        "threads": int(os.environ.get("OMP_NUM_THREADS", "1")),
+        "ratio": alternate["ratio"],
+        "generate_plain_s": sum(alternate["times"]["plain"]) / len(alternate["times"]["plain"]),
+        "generate_cite_s": sum(alternate["times"]["cite"]) / len(alternate["times"]["cite"]),
+        "verify_multiple": alternate["verify_multiple"],
+        "peak_rss_mb": {v: results[v]["peak_rss_mb"] for v in VARIANTS},
+        "runs": results,
+    }
+    write_atomic(Path(out), json.dumps(summary, indent=2) + "\n")
+    return summary
