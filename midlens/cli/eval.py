@@ -162,6 +162,10 @@ def add_parser(sub) -> None:
     )
     rp.set_defaults(func=report)
 
+    from midlens.cli.eval_cite import add_parsers as add_cite_parsers
+
+    add_cite_parsers(esub)
+
 
 def run(args: argparse.Namespace) -> int:
     from midlens.core.batch_size import parse_batch_size, units_per_group
