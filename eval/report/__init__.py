@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from midlens.eval.report.cite import cite_markdown
 from midlens.eval.report.groups import method_order
 from midlens.eval.report.load import load_runs
 from midlens.eval.report.plots import plots
@@ -34,6 +35,7 @@ def write_report(run_dirs: list[Path], out: Path, against: str | None = None) ->
     against = against or "baseline"
     out = Path(out)
     text = markdown(configs, rows, against)
+    text += cite_markdown(configs, rows, run_dirs)
     pngs = plots(rows, out)
     text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
     write_atomic(out / "report.md", text)
