@@ -1,14 +1,14 @@
 """Where a model runs and in which precision: `auto` means CUDA + bfloat16 when a GPU is present, else CPU + fp32.
 
-Every shell takes the same two strings (`--device auto|cpu|cuda[:N]`, `--dtype auto|float32|bfloat16|float16`);
-they are resolved here, once, into torch objects, with an error naming what was asked and what exists.
+Every shell takes the same two strings (device `auto|cpu|cuda[:N]`, dtype `auto|float32|bfloat16|float16`); they
+are resolved here, once, into torch objects, with an error naming what was asked and what exists.
 """
 
 from __future__ import annotations
 
 import torch
 
-from midlens.core.errors import DeviceError
+from midlens.core.errors import DeviceError, Remedy
 
 DEVICE_CHOICES = "auto | cpu | cuda | cuda:N"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -33,7 +33,8 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     if found == 0:
         raise DeviceError(
             f"device {spec!r} was asked for but this machine has no CUDA GPU visible to torch "
-            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); use --device cpu or auto."
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}).",
+            remedies=[Remedy("device", "cpu"), Remedy("device", "auto", "to use a GPU only where there is one")],
         )
     index = 0 if device.index is None else device.index
     if index >= found:

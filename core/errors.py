@@ -1,11 +1,78 @@
-"""Errors a user can act on. Each message says what was wrong, where, and what to do."""
+"""Errors a user can act on. Each message says what was wrong, where, and what to do.
 
+What to do is data when it is an option to change: a `Remedy` names the option by its Python keyword, the value to
+give it and why. The message reads it in Python's words (`device="cpu"`); the command line renders the same error
+with its flags (`--device cpu`) through `MidlensError.render`, so no layer below the interfaces spells a flag.
+"""
+
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 
+@dataclass(frozen=True)
+class Remedy:
+    """One option a user can change to get past an error: its Python keyword (`option`), the value to give it
+    (None: one the user chooses) and `why`, a clause that follows it ("to run on the CPU")."""
+
+    option: str
+    value: object = None
+    why: str = ""
+
+
+# How an interface writes an option with a value (None: the option alone, for a value the user picks).
+Spelling = Callable[[str, object], str]
+
+
+def python_spelling(option: str, value: object) -> str:
+    """`device="cpu"`, `top_k=3`: what a Python or LlamaIndex caller passes."""
+    if value is None:
+        return option
+    literal = json.dumps(value) if isinstance(value, str) else repr(value)
+    return f"{option}={literal}"
+
+
+def _either(clauses: list[str]) -> str:
+    return clauses[0] if len(clauses) == 1 else ", ".join(clauses[:-1]) + ", or " + clauses[-1]
+
+
+def render_remedies(remedies: Sequence[Remedy], spell: Spelling) -> str:
+    """'To fix it, pass A why, or B why.': the options a user may change, in one interface's spelling."""
+    clauses = [spell(r.option, r.value) + (f" {r.why}" if r.why else "") for r in remedies]
+    return f"To fix it, pass {_either(clauses)}."
+
+
 class MidlensError(Exception):
-    """Base class: anything midlens refuses on purpose."""
+    """Base class: anything midlens refuses on purpose.
+
+    `problem` says what was wrong; `about`, when set, the option and value it is about (the message opens with
+    them); `remedies` the options that fix it. `str(err)` words them for Python callers; another interface calls
+    `render(its spelling)`."""
+
+    def __init__(self, problem: str = "", remedies: Sequence[Remedy] = (), about: Remedy | None = None) -> None:
+        self.problem = problem
+        self.remedies = tuple(remedies)
+        self.about = about
+        super().__init__(self.render())
+
+    def render(self, spell: Spelling = python_spelling) -> str:
+        text = self.problem if self.about is None else f"{spell(self.about.option, self.about.value)}: {self.problem}"
+        if not self.remedies:
+            return text
+        return f"{text} {render_remedies(self.remedies, spell)}"
+
+    def __reduce__(self):
+        # Default exception pickling calls cls(*args) with the rendered message: the remedies and a subclass's
+        # own fields would be lost on the way from a Ray worker.
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type, args: tuple, state: dict) -> "MidlensError":
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 class ModelError(MidlensError):
@@ -28,13 +95,18 @@ class Remedies:
 
     room: str = "the context window minus room for the answer"
     fewer: str | None = "retrieve at most {n} passages (top_k={n})"
-    drop: str | None = "pass truncate='drop_last' to keep the passages that fit"
+    drop: str | None = 'pass truncate="drop_last" to keep the passages that fit'
     longer: str = "use a model with a longer context window"
     split: str = "split passages into smaller chunks"
 
-
-def _either(clauses: list[str]) -> str:
-    return clauses[0] if len(clauses) == 1 else ", ".join(clauses[:-1]) + ", or " + clauses[-1]
+    @classmethod
+    def spelt(cls, spell: Spelling, n: int) -> "Remedies":
+        """The clauses with the options (top_k, truncate, model) in one interface's spelling; `n` passages fit."""
+        return cls(
+            fewer=f"retrieve at most {n} passages ({spell('top_k', n)})",
+            drop=f"pass {spell('truncate', 'drop_last')} to keep the passages that fit",
+            longer=f"use a {spell('model', None)} with a longer context window",
+        )
 
 
 class PromptTooLongError(MidlensError):
@@ -66,7 +138,17 @@ class PromptTooLongError(MidlensError):
         self.part = part
         self.exact = exact
         self.subject = subject
-        super().__init__(self.describe(remedies or Remedies()))
+        self.wording = remedies  # a caller's own clauses (the LlamaIndex reranker's), else spelt per interface
+        fixes = []
+        if part == "passages" and passages_that_fit:
+            fixes = [
+                Remedy("top_k", passages_that_fit, f"to retrieve the {passages_that_fit} passages that fit"),
+                Remedy("truncate", "drop_last", "to keep the passages that fit"),
+            ]
+        super().__init__("", fixes)
+
+    def render(self, spell: Spelling = python_spelling) -> str:
+        return self.describe(self.wording or Remedies.spelt(spell, self.passages_that_fit))
 
     def describe(self, remedies: Remedies) -> str:
         room = f"the {self.window} tokens available ({remedies.room})"

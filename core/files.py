@@ -39,7 +39,7 @@ def indexes_dir() -> Path:
 
 
 def make_folder(folder: Path) -> Path:
-    """`folder` made (with its parents) to write into. A file where a folder must be (`--out results.txt`, or a
+    """`folder` made (with its parents) to write into. A file where a folder must be (an output `results.txt`, or a
     parent that is a file) is refused by name, not by mkdir's FileExistsError traceback."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -47,7 +47,7 @@ def make_folder(folder: Path) -> Path:
         blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)
         raise InvalidArgumentError(
             f"cannot write into {folder}: {blocking} is a file, and a folder is needed there. Give a folder path "
-            f"(an output folder such as --out is created when missing), or move {blocking} out of the way."
+            f"(an output folder is created when missing), or move {blocking} out of the way."
         ) from None
     return folder
 

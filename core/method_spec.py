@@ -64,10 +64,13 @@ def method_names() -> tuple[str, ...]:
     return METHODS + tuple(e.name for e in entry_points() if e.name not in METHODS)
 
 
-def check_method_names(specs: list[str], also: tuple[str, ...] = ()) -> None:
-    """Refuse a spec whose name is no registered method (or one of `also`), before anything heavy is imported."""
+def parse_known_specs(specs: list[str], also: tuple[str, ...] = ()) -> dict[str, tuple[str, dict]]:
+    """Each spec parsed once (spec -> (name, options)), a name that is no registered method (or one of `also`)
+    refused before anything heavy is imported. `method_config(name, options)` then validates the options."""
     known = method_names() + also
-    for spec in specs:
-        name, _ = parse_method_spec(spec)
+    parsed = {spec: parse_method_spec(spec) for spec in specs}
+    for name, _ in parsed.values():
         if name not in known:
             raise MethodConfigError(f"unknown method {name!r}: choose one of {', '.join(known)}.")
+    return parsed
+

@@ -1,182 +1,136 @@
-"""What an evaluation run is: from its options, the loaded model, one generator per system, the units (example x
-system x gold position) and the functions that evaluate them. Every answer goes through Generator/Pipeline.
+"""What an evaluation run is: from its options, the plan (config and units, loading no model) and the evaluators
+(the loaded model, one generator per system, the functions that evaluate units). Every answer goes through
+Generator/Pipeline.
 
-The in-process engine (`eval.runner`) builds a run once; the Ray engine (`eval.ray_engine`) builds one per worker
-from the same options, so a worker evaluates exactly what an in-process run would.
+The in-process engine (`eval.runner`) builds a run once; the Ray engine (`eval.ray_engine`) plans in one light
+task and builds the evaluators once per worker from the same options, so a worker evaluates exactly what an
+in-process run would.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from midlens.core.errors import MidlensError
-from midlens.core.names import (
-    ORDERINGS,
-)
+from midlens.eval.options import RunOptions
 
 
-def _examples(args: argparse.Namespace):
-    from midlens.eval.datasets import kv_retrieval, load_hotpotqa, load_litm, load_squad
+@dataclass
+class Plan:
+    """A run laid out: its config (what defines it), its units, the data they index, the device type the model
+    will run on, and how many units a batch groups (the batch size resolved once, for that device)."""
 
-    if args.dataset == "hotpotqa":
-        mode = "mdqa" if args.mode == "sweep" else "rerank"
-        max_words = None if args.max_words <= 0 else args.max_words
-        # Another split is another dataset name, so a report never pools tuning rows with evaluation rows.
-        name = "hotpotqa" if args.split == "eval" else f"hotpotqa-{args.split}"
-        k = getattr(args, "k", 10)
-        return name, load_hotpotqa(args.n, args.seed, mode=mode, k=k, max_words=max_words, split=args.split)
-    if args.dataset == "squad":
-        if args.mode != "sweep":
-            raise MidlensError("squad has one relevant paragraph per question: use it with `eval sweep`.")
-        max_words = None if args.max_words <= 0 else args.max_words
-        return "squad-v2-dev", load_squad(args.n, args.seed, k=args.k, max_words=max_words)
-    if args.dataset == "kv":
-        if args.mode != "sweep":
-            raise MidlensError("kv retrieval has one relevant pair and no retriever order: use it with `eval sweep`.")
-        return f"kv{args.k}", kv_retrieval(args.n or 100, pairs=args.k, seed=args.seed)
-    return Path(args.dataset).name, load_litm(args.dataset, args.n, args.seed)
-
-
-def _systems(methods: list[str], orderings: list[str]) -> tuple[dict, dict[str, str]]:
-    """Method specs and ordering names -> (validated method config per row label, ordering per label), before any
-    model loads. An ordering runs on the baseline generator and keeps its own name as its rows' label."""
-    from midlens.core.method_spec import check_method_names
-
-    if not methods and not orderings:
-        raise MidlensError("--methods is empty: name at least one method, e.g. --methods baseline.")
-    misplaced = [spec for spec in methods if spec.strip() in ORDERINGS]
-    if misplaced:
-        raise MidlensError(f"{', '.join(misplaced)}: an ordering, not a method; pass it with --orderings.")
-    unknown = [name for name in orderings if name not in ORDERINGS]
-    if unknown:
-        raise MidlensError(f"--orderings {', '.join(unknown)}: choose from {', '.join(ORDERINGS)}.")
-    check_method_names(methods)  # before torch loads: a misspelt name fails at once
-    from midlens.generators.methods.registry import method_config
-
-    configs = {spec: method_config(spec) for spec in methods}
-    configs.update({name: method_config("baseline") for name in orderings})
-    return configs, {name: name for name in orderings}
+    config: dict
+    units: list[dict]
+    data: list
+    device: str
+    group_size: int
 
 
 @dataclass
 class Run:
-    """What an eval run is: its config, its units, and how to evaluate one unit or a group of them."""
+    """A plan with its evaluators: how to evaluate one unit or a group of them (one method's)."""
 
-    config: dict
-    units: list[dict]
+    plan: Plan
     evaluate: Callable[[dict], dict]
-    evaluate_many: Callable[[list[dict]], list[dict]] | None
-    device: str
+    evaluate_many: Callable[[list[dict]], list[dict]]
 
 
-def build_run(args: argparse.Namespace) -> Run:
-    """Load the model and data an eval command names and lay out its units. The in-process engine calls it once;
-    the Ray engine calls it once per worker, so a worker evaluates exactly what an in-process run would."""
-    if getattr(args, "split", "eval") != "eval" and getattr(args, "dataset", None) != "hotpotqa":
-        raise MidlensError(f"--split {args.split}: only --dataset hotpotqa has splits.")
-    from dataclasses import asdict
+def _examples(options: RunOptions) -> tuple[str, list]:
+    from midlens.eval.datasets import kv_retrieval, load_hotpotqa, load_litm, load_squad
 
-    from midlens.core.method_spec import split_top_level
+    max_words = None if options.max_words <= 0 else options.max_words
+    if options.dataset == "hotpotqa":
+        mode = "mdqa" if options.mode == "sweep" else "rerank"
+        # Another split is another dataset name, so a report never pools tuning rows with evaluation rows.
+        name = "hotpotqa" if options.split == "eval" else f"hotpotqa-{options.split}"
+        examples = load_hotpotqa(
+            options.n, options.seed, mode=mode, k=options.k, max_words=max_words, split=options.split
+        )
+        return name, examples
+    if options.dataset == "squad":
+        if options.mode != "sweep":
+            raise MidlensError("squad has one relevant paragraph per question: use it with `eval sweep`.")
+        return "squad-v2-dev", load_squad(options.n, options.seed, k=options.k, max_words=max_words)
+    if options.dataset == "kv":
+        if options.mode != "sweep":
+            raise MidlensError("kv retrieval has one relevant pair and no retriever order: use it with `eval sweep`.")
+        return f"kv{options.k}", kv_retrieval(options.n or 100, pairs=options.k, seed=options.seed)
+    return Path(options.dataset).name, load_litm(options.dataset, options.n, options.seed)
 
-    orderings_text = getattr(args, "orderings", "") or ""
-    specs, orderings = _systems(split_top_level(args.methods), split_top_level(orderings_text))
-    from midlens.eval import runner
-    from midlens.eval.datasets import data_sha256
+
+def plan_run(options: RunOptions) -> Plan:
+    """The config and units of the run `options` ask for, and the data they index; no model is loaded (the
+    device and dtype are resolved here, where the model would run)."""
+    from midlens.core.batch_size import units_per_group
+    from midlens.core.device import dtype_name, resolve_device, resolve_dtype
+    from midlens.core.files import sha256_json
     from midlens.generators.evidence import EvidenceConfig
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
+    from midlens.generators.model_cache import content_sha256
+    from midlens.generators.packaged_models import canonical_name
 
-    evidence = EvidenceConfig.from_text(args.evidence_layers, args.evidence_query, args.evidence_heads)
-    loaded = load_model(args.model, args.device, args.dtype)
-    # A bad option that needs the model's shape (e.g. a layer index) fails here, before any unit runs.
-    gens = {spec: Generator(loaded, method=config, evidence=evidence) for spec, config in specs.items()}
+    configs = options.configs
+    device = resolve_device(options.device)
+    if device.type == "cuda" and device.index is None:  # named as the loaded weights will name it: cuda:0
+        import torch
+
+        device = torch.device("cuda", torch.cuda.current_device())
+    model = canonical_name(options.model)
+    orderings = set(options.orderings)
     config = {
-        "kind": args.mode,
-        "model": loaded.name,
-        "model_sha256": loaded.sha256,
-        "device": str(loaded.device),
-        "dtype": str(loaded.dtype).removeprefix("torch."),
-        "methods": {m: {**g.method.to_dict(), "ordering": orderings.get(m)} for m, g in gens.items()},
-        "evidence": asdict(evidence),
-        "seed": args.seed,
-        "n": args.n,
-        "max_new_tokens": args.max_new_tokens,
-        "prompt_style": args.prompt_style,
+        "kind": options.mode,
+        "model": model,
+        "model_sha256": content_sha256(model),
+        "device": str(device),
+        "dtype": dtype_name(resolve_dtype(options.dtype, device)),
+        "methods": {m: {**c.to_dict(), "ordering": m if m in orderings else None} for m, c in configs.items()},
+        "evidence": asdict(options.evidence or EvidenceConfig()),
+        "seed": options.seed,
+        "n": options.n,
+        "max_new_tokens": options.max_new_tokens,
+        "prompt_style": options.prompt_style,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    config["methods_sha256"] = {m: runner.sha256_json(c) for m, c in config["methods"].items()}
-    evaluate_many = None  # batched evaluation: the sweep so far
-    if args.mode == "e2e":
-        units, evaluate, evaluate_many = _e2e(args, loaded, gens, config)
+    config["methods_sha256"] = {m: sha256_json(c) for m, c in config["methods"].items()}
+    if options.mode == "e2e":
+        units, data = _e2e_units(options, config)
     else:
-        name, examples = _examples(args)
-        config.update(
-            max_words=getattr(args, "max_words", None),
-            dataset=name,
-            data_sha256=data_sha256(examples),
-            examples=len(examples),
-        )
-        if args.mode == "sweep":
-            units, evaluate, evaluate_many = _sweep(args, name, examples, gens, orderings, config)
-        else:
-            from midlens.core.batch_size import parse_batch_size
-            from midlens.eval.rerank import evaluate_rerank, evaluate_rerank_many
+        from midlens.eval.datasets import data_sha256
 
+        name, data = _examples(options)
+        config.update(max_words=options.max_words, dataset=name, data_sha256=data_sha256(data), examples=len(data))
+        if options.mode == "sweep":
+            units = _sweep_units(options, name, data, config)
+        else:
             units = [
                 {
                     "key": f"{ex.id}|{m}",
-                    "order": i * len(gens) + j,
+                    "order": i * len(configs) + j,
                     "example": i,
                     "example_id": ex.id,
                     "kind": "rerank",
                     "dataset": name,
                     "method": m,
                 }
-                for i, ex in enumerate(examples)
-                for j, m in enumerate(gens)
+                for i, ex in enumerate(data)
+                for j, m in enumerate(configs)
             ]
-
-            def evaluate(u):
-                return evaluate_rerank(gens[u["method"]], examples[u["example"]], style=config["prompt_style"])
-
-            batch_size = parse_batch_size(args.batch_size)
-
-            def evaluate_many(group):
-                def rerank(method, units):
-                    chosen = [examples[u["example"]] for u in units]
-                    return evaluate_rerank_many(gens[method], chosen, batch_size, style=config["prompt_style"])
-
-                return runner.per_method(group, rerank)
-
     config["units"] = len(units)
-    return Run(config, units, evaluate, evaluate_many, loaded.device.type)
+    # The batch size is not part of the config: rows are the same at any size, so a run may resume with another.
+    return Plan(config, units, data, device.type, units_per_group(options.batch_size, device.type))
 
 
-def _sweep(args, name, examples, gens, orderings, config):
-    from midlens.core.batch_size import parse_batch_size
-    from midlens.eval import runner
-    from midlens.eval.sweep import PositionSweep
-
-    k = args.k
-    if args.positions:
-        try:
-            positions = [int(x) for x in args.positions.split(",")]
-        except ValueError:
-            raise MidlensError(f"--positions {args.positions!r}: expected comma-separated integers.") from None
-    else:
-        positions = sorted({1, max(1, k // 2), k})
-    bad = [p for p in positions if not 1 <= p <= k]
-    if bad:
-        raise MidlensError(f"--positions {bad} outside 1..{k} (K = --k).")
-    config.update(k=k, positions=positions, logprob=not args.no_logprob)
-    if args.stop_at_line_end:  # recorded only when set, so runs started before the option still resume
+def _sweep_units(options: RunOptions, name: str, examples: list, config: dict) -> list[dict]:
+    k, positions = options.k, options.gold_positions
+    config.update(k=k, positions=positions, logprob=options.logprob)
+    if options.stop_at_line_end:  # recorded only when set, so runs started before the option still resume
         config["stop_at_line_end"] = True
-    per = len(gens) * len(positions)
-    units = [
+    methods = list(options.configs)
+    per = len(methods) * len(positions)
+    return [
         {
             "key": f"{ex.id}|{m}|{p}",
             "order": i * per + j * len(positions) + q,
@@ -189,63 +143,32 @@ def _sweep(args, name, examples, gens, orderings, config):
             "position": p,
         }
         for i, ex in enumerate(examples)
-        for j, m in enumerate(gens)
+        for j, m in enumerate(methods)
         for q, p in enumerate(positions)
     ]
 
-    sweep = PositionSweep(
-        gens,
-        k,
-        args.max_new_tokens,
-        logprob=not args.no_logprob,
-        style=config["prompt_style"],
-        stop_at_line_end=args.stop_at_line_end,
-        orderings=orderings,
-    )
 
-    def evaluate(u):
-        return sweep(examples[u["example"]], u["position"], u["method"])
-
-    batch_size = parse_batch_size(args.batch_size)
-
-    def evaluate_many(group):
-        return runner.per_method(
-            group, lambda m, us: sweep.many(m, [(examples[u["example"]], u["position"]) for u in us], batch_size)
-        )
-
-    return units, evaluate, evaluate_many
-
-
-def _e2e(args, loaded, gens, config):
-    from midlens.core.batch_size import parse_batch_size
+def _e2e_units(options: RunOptions, config: dict) -> tuple[list[dict], list[dict]]:
     from midlens.core.files import sha256_json
-    from midlens.eval import runner
     from midlens.eval.datasets import load_questions
-    from midlens.eval.e2e import evaluate_e2e, evaluate_e2e_many
-    from midlens.rag.pipeline import Pipeline
-    from midlens.retrievers.build import build_retriever
     from midlens.retrievers.corpus import default_corpus_path, default_questions_path
+    from midlens.retrievers.dense import corpus_fingerprint
 
-    questions = load_questions(args.questions or default_questions_path(), args.n, args.seed)
-    retriever = build_retriever(args.corpus or default_corpus_path(), args.retrieval, index_dir=args.index_dir)
-    pipes = {
-        m: Pipeline(
-            retriever, g, top_k=args.top_k, max_new_tokens=args.max_new_tokens, prompt_style=config["prompt_style"]
-        )
-        for m, g in gens.items()
-    }
+    questions_path = options.questions or default_questions_path()
+    questions = load_questions(questions_path, options.n, options.seed)
     config.update(
-        dataset=Path(args.questions or default_questions_path()).name,
-        top_k=args.top_k,
-        retrieval=args.retrieval,
+        dataset=Path(questions_path).name,
+        top_k=options.top_k,
+        retrieval=options.retrieval,
         data_sha256=sha256_json(questions),
-        corpus_fingerprint=retriever.meta.get("fingerprint"),
+        corpus_fingerprint=corpus_fingerprint(options.corpus or default_corpus_path()),
         examples=len(questions),
     )
+    methods = list(options.configs)
     units = [
         {
             "key": f"{q['id']}|{m}",
-            "order": i * len(gens) + j,
+            "order": i * len(methods) + j,
             "example": i,
             "example_id": q["id"],
             "kind": "e2e",
@@ -253,17 +176,70 @@ def _e2e(args, loaded, gens, config):
             "method": m,
         }
         for i, q in enumerate(questions)
-        for j, m in enumerate(gens)
+        for j, m in enumerate(methods)
     ]
+    return units, questions
 
-    def evaluate(u):
-        return evaluate_e2e(pipes[u["method"]], questions[u["example"]])
 
-    batch_size = parse_batch_size(args.batch_size)
+def build_run(options: RunOptions) -> Run:
+    """The plan and its evaluators: the model loaded (once per process and device) and one generator per system.
+    A bad option that needs the model's shape (e.g. a layer index) fails here, before any unit runs."""
+    from midlens.eval import runner
+    from midlens.generators.generator import Generator
+    from midlens.generators.loading import load_model
 
-    def evaluate_many(group):
-        return runner.per_method(
-            group, lambda m, us: evaluate_e2e_many(pipes[m], [questions[u["example"]] for u in us], batch_size)
+    plan = plan_run(options)
+    loaded = load_model(options.model, options.device, options.dtype)
+    gens = {m: Generator(loaded, method=c, evidence=options.evidence) for m, c in options.configs.items()}
+    style, data = options.prompt_style, plan.data
+    if options.mode == "e2e":
+        from midlens.eval.e2e import evaluate_e2e, evaluate_e2e_many
+        from midlens.rag.pipeline import Pipeline
+        from midlens.retrievers.build import build_retriever
+        from midlens.retrievers.corpus import default_corpus_path
+
+        retriever = build_retriever(options.corpus or default_corpus_path(), options.retrieval, options.index_dir)
+        pipes = {
+            m: Pipeline(retriever, g, top_k=options.top_k, max_new_tokens=options.max_new_tokens, prompt_style=style)
+            for m, g in gens.items()
+        }
+
+        def evaluate(u: dict) -> dict:
+            return evaluate_e2e(pipes[u["method"]], data[u["example"]])
+
+        def many(method: str, units: list[dict]) -> list[dict]:
+            return evaluate_e2e_many(pipes[method], [data[u["example"]] for u in units], options.batch_size)
+
+    elif options.mode == "sweep":
+        from midlens.eval.sweep import PositionSweep
+
+        sweep = PositionSweep(
+            gens,
+            options.k,
+            options.max_new_tokens,
+            logprob=options.logprob,
+            style=style,
+            stop_at_line_end=options.stop_at_line_end,
+            orderings={name: name for name in options.orderings},
         )
 
-    return units, evaluate, evaluate_many
+        def evaluate(u: dict) -> dict:
+            return sweep(data[u["example"]], u["position"], u["method"])
+
+        def many(method: str, units: list[dict]) -> list[dict]:
+            return sweep.many(method, [(data[u["example"]], u["position"]) for u in units], options.batch_size)
+
+    else:
+        from midlens.eval.rerank import evaluate_rerank, evaluate_rerank_many
+
+        def evaluate(u: dict) -> dict:
+            return evaluate_rerank(gens[u["method"]], data[u["example"]], style=style)
+
+        def many(method: str, units: list[dict]) -> list[dict]:
+            chosen = [data[u["example"]] for u in units]
+            return evaluate_rerank_many(gens[method], chosen, options.batch_size, style=style)
+
+    def evaluate_many(group: list[dict]) -> list[dict]:
+        return runner.per_method(group, many)
+
+    return Run(plan, evaluate, evaluate_many)

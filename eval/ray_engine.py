@@ -1,7 +1,8 @@
 """`midlens eval ... --engine ray`: the units of a run through Ray Data, on as many machines as the cluster has.
 
-    describe   one remote task builds the run (the same `build_run` as in-process) and returns its config and
-               units; the driver prepares the run directory and keeps the units its results file lacks
+    describe   one remote task plans the run (the same `plan_run` as in-process, loading no model, on a worker
+               of the actors' shape, so `auto` resolves to the device they have) and returns its config, units
+               and group size; the driver prepares the run directory and keeps the units its results file lacks
     evaluate   `Dataset.map_batches(UnitEvaluator, ...)` over groups of units (one method, whole examples, as
                the in-process batches are): an actor pool, each actor loading the model once and evaluating
                a group per call, through `build_run`'s evaluators
@@ -15,49 +16,39 @@ exactly once. Rows equal the in-process engine's; `worker` (the actor's process 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-from pathlib import Path
 
-from midlens.core.errors import MidlensError
+from midlens.core.errors import MidlensError, Remedy
+from midlens.eval.options import RunOptions
 
 
 class UnitEvaluator:
     """A Ray Data actor: the run built once (model loaded once), then one group of units per call."""
 
-    def __init__(self, options: dict, threads: int):
+    def __init__(self, options: RunOptions, threads: int):
         import torch
 
         torch.set_num_threads(threads)
         from midlens.eval.plan import build_run
 
-        self.run = build_run(argparse.Namespace(**options))
+        self.run = build_run(options)
 
     def __call__(self, batch: dict) -> dict:
         rows = []
         for text in batch["group"]:
             group = json.loads(text)
-            if self.run.evaluate_many is not None:  # a group is whole examples: a reused prompt is marked as such
-                results = self.run.evaluate_many(group)
-            else:
-                results = [self.run.evaluate(u) for u in group]
+            results = self.run.evaluate_many(group)  # a group is whole examples: a reused prompt is marked as such
             for unit, result in zip(group, results, strict=True):
                 rows.append(json.dumps({**unit, **result, "worker": os.getpid()}, ensure_ascii=False))
         return {"row": rows}
 
 
-def _batch_size(options: dict, device: str) -> int:
-    from midlens.core.batch_size import parse_batch_size, units_per_group
+def _describe(options: RunOptions) -> tuple[dict, list[dict], int]:
+    from midlens.eval.plan import plan_run
 
-    return units_per_group(parse_batch_size(options.get("batch_size", "1")), device)
-
-
-def _describe(options: dict) -> tuple[dict, list[dict], str]:
-    from midlens.eval.plan import build_run
-
-    run = build_run(argparse.Namespace(**options))
-    return run.config, run.units, run.device
+    plan = plan_run(options)
+    return plan.config, plan.units, plan.group_size
 
 
 # How long the head node gets to accept a plain TCP connection before --address is called unreachable. Ray itself
@@ -80,8 +71,9 @@ def _host_port(address: str) -> tuple[str, int]:
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
         raise MidlensError(
-            f"--address {address}: expected HOST:PORT of the Ray head node (e.g. 10.0.0.5:6379, the address "
-            "`ray start --head` printed), ray://HOST:PORT for Ray Client, or leave it out to start a local cluster."
+            "expected HOST:PORT of the Ray head node (e.g. 10.0.0.5:6379, the address `ray start --head` printed), "
+            "ray://HOST:PORT for Ray Client, or no address to start a local cluster.",
+            about=Remedy("address", address),
         )
     return host.strip("[]"), int(port)
 
@@ -105,10 +97,11 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         else:
             service = "the GCS address `ray start --head` printed (port 6379 unless `--port`)"
         raise MidlensError(
-            f"--address {address}: no Ray cluster answers there{dialled}: connecting to {host}:{port} failed "
-            f"({why}, within {timeout_s:g} s). Check that the head node is running (`ray status` on it; `ray start "
-            f"--head` starts one), that the address is {service}, and that no firewall blocks that port from this "
-            "machine; or leave out --address to start a local cluster."
+            f"no Ray cluster answers there{dialled}: connecting to {host}:{port} failed ({why}, within "
+            f"{timeout_s:g} s). Check that the head node is running (`ray status` on it; `ray start --head` starts "
+            f"one), that the address is {service}, and that no firewall blocks that port from this machine; or give "
+            "no address to start a local cluster.",
+            about=Remedy("address", address),
         ) from None
 
 
@@ -126,23 +119,19 @@ def _connect(address: str | None, workers: int, threads: int) -> None:
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, object_store_memory=512 * 2**20)
 
 
-def run_on_ray(args: argparse.Namespace, shard: tuple[int, int]) -> list[dict]:
+def run_on_ray(options: RunOptions) -> list[dict]:
     try:
         import ray
     except ImportError:
-        raise MidlensError("--engine ray needs Ray Data: pip install 'midlens[ray]' (make setup does).") from None
+        raise MidlensError("the Ray engine needs Ray Data: pip install 'midlens[ray]' (make setup does).") from None
     from midlens.eval import runner
 
-    options = {k: v for k, v in vars(args).items() if k != "func"}
-    threads, workers, gpus = args.threads_per_worker, args.workers, args.gpus_per_worker
-    if gpus < 0:
-        raise MidlensError(f"--gpus-per-worker {gpus}: expected a number >= 0, e.g. 1 or 0.5.")
-    _connect(args.address, workers, threads)
+    threads, workers, gpus = options.threads_per_worker, options.workers, options.gpus_per_worker
+    _connect(options.address, workers, threads)
     describe = ray.remote(num_cpus=threads, num_gpus=gpus)(_describe)
-    config, units, device = ray.get(describe.remote(options))
-    path, mine, done, todo = runner.pending_units(Path(args.out), config, units, shard, args.limit)
+    config, units, size = ray.get(describe.remote(options))
+    path, mine, done, todo = runner.pending_units(options.out, config, units, options.shard, options.limit)
     if todo:
-        size = _batch_size(options, device)
         groups = runner.unit_groups(todo, size)  # one method, whole examples per group, as in-process
         dataset = ray.data.from_items([{"group": json.dumps(g, ensure_ascii=False)} for g in groups])
         # One group per block, so the pool spreads groups over actors instead of handing one actor them all.
@@ -158,5 +147,5 @@ def run_on_ray(args: argparse.Namespace, shard: tuple[int, int]) -> list[dict]:
             max_task_retries=-1,  # ... and its unfinished group retried there
         )
         arriving = (json.loads(r["row"]) for r in rows.iter_rows())
-        runner.write_rows(path, config, arriving, len(mine), done, progress=not args.no_progress)
+        runner.write_rows(path, config, arriving, len(mine), done, progress=options.progress)
     return runner.read_rows(path)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from midlens.core.errors import MidlensError
+from midlens.core.errors import MidlensError, Remedy
 from midlens.core.files import make_folder, sha256_json, write_atomic
 
 RESULTS = "results.jsonl"
@@ -35,9 +35,9 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise RunError(f"--shard {text!r}: expected i/n, e.g. 0/4 (shards are numbered 0..n-1).") from None
+        raise RunError("expected i/n, e.g. 0/4 (shards are numbered 0..n-1).", about=Remedy("shard", text)) from None
     if n < 1 or not 0 <= i < n:
-        raise RunError(f"--shard {text}: need n >= 1 and 0 <= i < n.")
+        raise RunError("need n >= 1 and 0 <= i < n.", about=Remedy("shard", text))
     return i, n
 
 
@@ -91,7 +91,7 @@ def prepare_dir(out: Path, config: dict) -> None:
             diff = sorted(k for k in set(old) | set(config) if k not in VOLATILE and old.get(k) != config.get(k))
             raise RunError(
                 f"{out} holds a run with a different configuration (differs in: {', '.join(diff)}); "
-                "pass a new --out, or repeat the original options to resume it."
+                "write to another folder to start a new run, or repeat the original options to resume it."
             )
         return
     write_atomic(path, json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from midlens.core.batch_size import BatchSize
-from midlens.core.errors import MidlensError
+from midlens.core.errors import InvalidArgumentError, MidlensError, Remedy
 from midlens.core.passage import Passage
 from midlens.eval.datasets import Example
 from midlens.eval.metrics import answer_f1, best_subspan_em
@@ -31,7 +31,10 @@ def layout(example: Example, k: int, position: int) -> list[Passage]:
         raise ValueError(f"gold position {position} is outside 1..{k}.")
     distractors = example.distractors
     if len(distractors) < k - 1:
-        raise ValueError(f"example {example.id} has {len(distractors)} distractors, K={k} needs {k - 1}; lower --k.")
+        raise InvalidArgumentError(
+            f"example {example.id} has {len(distractors)} distractors, K={k} needs {k - 1}.",
+            remedies=[Remedy("k", len(distractors) + 1, "or lower")],
+        )
     passages = list(distractors[: k - 1])
     passages.insert(position - 1, example.gold)
     return passages

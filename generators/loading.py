@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from midlens.core.device import dtype_name, resolve_device, resolve_dtype
-from midlens.core.errors import ModelError
+from midlens.core.errors import ModelError, Remedy
 from midlens.core.files import read_manifest
 from midlens.generators.model_cache import check_model_folder, content_sha256, rebuild_hint, resolve_model_dir
 from midlens.generators.packaged_models import DEFAULT_MODEL, canonical_name
@@ -153,12 +153,15 @@ def non_finite_error(loaded: LoadedModel) -> ModelError:
     except ModelError as damaged:
         return damaged
     dtype = dtype_name(loaded.dtype)
-    overflow = (
-        " float16 overflows in some models: try --dtype bfloat16 or --dtype float32. Otherwise:"
-        if loaded.dtype == torch.float16
-        else ""
-    )
-    return ModelError(
+    what = (
         f"model '{loaded.name}' ({folder}, {dtype} on {loaded.device}) gave NaN or inf logits on the prompt's "
-        f"first forward pass, so it cannot answer.{overflow} {rebuild_hint(loaded.name, folder)}"
+        "first forward pass, so it cannot answer."
+    )
+    if loaded.dtype != torch.float16:
+        return ModelError(f"{what} {rebuild_hint(loaded.name, folder)}")
+    # float16 overflows in some models: another precision is the first thing to try, a rebuilt cache the next.
+    return ModelError(
+        f"{what} float16 overflows in some models; if another precision gives NaN too, the weights are damaged. "
+        f"{rebuild_hint(loaded.name, folder)}",
+        remedies=[Remedy("dtype", "bfloat16"), Remedy("dtype", "float32")],
     )

@@ -23,6 +23,7 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
+from midlens.core.checks import check_top_k
 from midlens.core.errors import CorpusError, InvalidArgumentError, RetrievalIndexError
 from midlens.core.files import (
     OWNER,
@@ -138,8 +139,7 @@ def checked_top_k(query: str, top_k: int, size: int) -> int:
     """How many passages a search over `size` returns; an empty query or top_k < 1 is an error (every retriever)."""
     if not query or not query.strip():
         raise InvalidArgumentError("query is empty: pass the text to search for.")
-    if top_k < 1:
-        raise InvalidArgumentError(f"top_k={top_k} must be >= 1 (the number of passages to return).")
+    top_k = check_top_k(top_k)
     if top_k > size:
         # Not an error: "everything" is a fair request, but the caller should know it got fewer.
         logger.warning("top_k=%d is more than the %d passages in the index; returning all %d.", top_k, size, size)
@@ -183,7 +183,27 @@ def verify_index(index_dir: Path, hashes: bool = False) -> None:
         )
 
 
-REBUILD_INDEX = "`midlens index clear`, then run the command again, or `midlens index build CORPUS`"
+CHUNK_WORDS, OVERLAP_WORDS = 160, 24  # how `build` chunks a corpus's documents into passages
+
+
+def _chunked(corpus: str | Path, chunk_words: int, overlap_words: int) -> tuple[list[Passage], dict]:
+    info = {"chunk_words": chunk_words, "overlap_words": overlap_words}
+    return to_passages(read_documents(corpus), chunk_words, overlap_words), info
+
+
+def _settings(index_type: str, build_info: dict) -> dict:
+    return {"embedding_model": EMBEDDING_MODEL, "index_type": index_type, **build_info}
+
+
+def corpus_fingerprint(corpus: str | Path, index_type: IndexType = "flat") -> str:
+    """The fingerprint `DenseRetriever.build(corpus)` gives its index, read without embedding anything: an eval
+    run's config names its corpus before any model loads."""
+    passages, info = _chunked(corpus, CHUNK_WORDS, OVERLAP_WORDS)
+    return fingerprint(passages, _settings(index_type, info))
+
+
+# Commands, not options: a shell step is the same in every interface. `index build` takes the corpus as --corpus.
+REBUILD_INDEX = "`midlens index clear`, then run the command again, or `midlens index build --corpus CORPUS`"
 
 
 class DenseRetriever:
@@ -208,7 +228,7 @@ class DenseRetriever:
         passages came from) is recorded in meta.json for `midlens index info`, outside the fingerprint."""
         if not passages:
             raise CorpusError("no passages to index.")
-        settings = {"embedding_model": EMBEDDING_MODEL, "index_type": index_type, **(build_info or {})}
+        settings = _settings(index_type, build_info or {})
         fp = fingerprint(passages, settings)
         index_dir = Path(index_dir) if index_dir else indexes_dir() / fp[:20]
         in_cache = index_dir.parent.resolve() == indexes_dir().resolve()
@@ -246,11 +266,10 @@ class DenseRetriever:
         corpus: str | Path,
         index_dir: str | Path | None = None,
         index_type: IndexType = "flat",
-        chunk_words: int = 160,
-        overlap_words: int = 24,
+        chunk_words: int = CHUNK_WORDS,
+        overlap_words: int = OVERLAP_WORDS,
     ) -> DenseRetriever:
-        passages = to_passages(read_documents(corpus), chunk_words, overlap_words)
-        info = {"chunk_words": chunk_words, "overlap_words": overlap_words}
+        passages, info = _chunked(corpus, chunk_words, overlap_words)
         return cls.from_passages(passages, index_dir, index_type, info, source=str(Path(corpus).expanduser().resolve()))
 
     def save(self, index_dir: str | Path) -> None:

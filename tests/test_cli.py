@@ -216,19 +216,20 @@ def test_a_split_is_refused_for_a_dataset_without_one_before_anything_loads():
     )
     assert heavy_imports_after(code) == []
     out = run_cli("eval", "sweep", "--dataset", "kv", "--split", "train", "--out", "unused")
-    assert out.returncode == 2 and "--split train: only --dataset hotpotqa has splits" in out.stderr
+    assert out.returncode == 2 and "--split train: only the hotpotqa dataset has splits" in out.stderr
 
 
 def test_the_train_split_is_a_dataset_of_its_own():
-    import argparse
+    from pathlib import Path
 
-    from midlens.eval.plan import _examples
+    from midlens.eval.options import RunOptions
+    from midlens.eval.plan import plan_run
     from midlens.retrievers.hotpotqa import split_of
 
-    args = argparse.Namespace(dataset="hotpotqa", mode="sweep", max_words=60, n=5, seed=0, k=10, split="train")
-    name, examples = _examples(args)
-    assert name == "hotpotqa-train" and len(examples) == 5  # never pooled with "hotpotqa" (eval) rows in a report
-    assert all(split_of(ex.id) == "train" for ex in examples)
+    options = RunOptions(mode="sweep", out=Path("unused"), dataset="hotpotqa", max_words=60, n=5, split="train")
+    plan = plan_run(options)  # the config and units, no model loaded
+    assert plan.config["dataset"] == "hotpotqa-train" and len(plan.data) == 5  # never pooled with "hotpotqa" rows
+    assert all(split_of(ex.id) == "train" for ex in plan.data)
 
 
 def test_a_trained_method_runs_on_the_default_model_and_is_refused_early_where_none_ships(capsys, tmp_path):
@@ -274,3 +275,47 @@ def test_the_readme_python_example_answers_right_as_written(capsys):
     exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
     lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("converting ")]
     assert "Brea" in lines[0], lines[0]  # the answer; the ranked passages follow
+
+
+def test_a_library_error_names_python_keywords_in_python_and_flags_on_the_command_line():
+    """One DeviceError: its remedies are records; Python words them `device="cpu"`, the command line `--device cpu`."""
+    import torch
+
+    from midlens.core.device import resolve_device
+    from midlens.core.errors import DeviceError
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a CUDA GPU")
+    with pytest.raises(DeviceError) as err:
+        resolve_device("cuda")
+    assert [(r.option, r.value) for r in err.value.remedies] == [("device", "cpu"), ("device", "auto")]
+    assert 'pass device="cpu", or device="auto"' in str(err.value) and "--device" not in str(err.value)
+    out = run_cli("ask", QUESTION, "--device", "cuda")
+    assert out.returncode == 2 and "no CUDA GPU visible" in out.stderr
+    assert "pass --device cpu, or --device auto" in out.stderr and 'device="cpu"' not in out.stderr
+
+
+def test_one_message_per_value_whichever_interface_passes_it():
+    """top_k, the question and the prompt style are checked once, by core.checks, with the same words from Pipeline,
+    the LlamaIndex retriever and the command line."""
+    from midlens.core.checks import check_top_k
+    from midlens.core.errors import InvalidArgumentError
+    from midlens.rag.llamaindex import MidlensRetriever
+    from midlens.rag.pipeline import Pipeline
+
+    for build in (
+        lambda: Pipeline(None, None, top_k=0),
+        lambda: Pipeline.from_corpus(model="no-such-model", top_k=0),
+    ):
+        with pytest.raises(InvalidArgumentError, match=r"^top_k=0: the number of passages to retrieve must be"):
+            build()
+    with pytest.raises(InvalidArgumentError, match=r"^similarity_top_k=0: the number of passages to retrieve must"):
+        MidlensRetriever(None, similarity_top_k=0)
+    with pytest.raises(InvalidArgumentError, match=r"^top_k=2.5: the number"):
+        check_top_k(2.5)
+    with pytest.raises(InvalidArgumentError, match=r"^prompt style 'terse': expected one of litm, short"):
+        Pipeline(None, None, prompt_style="terse")
+    with pytest.raises(InvalidArgumentError, match=r"^the question is empty: pass the text to answer\.$"):
+        Pipeline(None, None).ask("  ")  # refused before retrieval, which would call it an empty query
+    out = run_cli("ask", "  ")
+    assert "midlens: error: the question is empty: pass the text to answer." in out.stderr

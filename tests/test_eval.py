@@ -128,7 +128,7 @@ def test_layout_moves_the_gold():
         assert passages[pos - 1].id == ex.gold_ids[0] and len(passages) == 5
     with pytest.raises(ValueError, match="outside"):
         layout(ex, 5, 6)
-    with pytest.raises(ValueError, match="lower --k"):
+    with pytest.raises(ValueError, match="K=6 needs 5. To fix it, pass k=5 or lower"):
         layout(ex, 6, 1)
 
 
@@ -519,7 +519,7 @@ def test_report_against_a_method_the_runs_lack_is_refused_by_name(tmp_path):
         "rankers": rankers,
     }
     (run / "results.jsonl").write_text(json.dumps(row) + "\n")
-    with pytest.raises(RunError, match=r"--against 'mudaf\(alpha=0\)'.*choose one of baseline"):
+    with pytest.raises(RunError, match=r'against="mudaf\(alpha=0\)": .*choose one of baseline'):
         write_report([run], tmp_path / "report", against="mudaf(alpha=0)")
 
 
@@ -702,3 +702,40 @@ def test_unit_groups_follow_the_examples_so_a_cut_run_leaves_whole_examples():
         ("ms-poe", [4, 5]),
         ("baseline", [4, 5]),
     ]
+
+
+def test_planning_a_run_loads_no_model_and_its_options_pickle(tmp_path, monkeypatch):
+    """The config and units of a run are a function of its RunOptions alone; the options travel to Ray workers."""
+    import pickle
+
+    from midlens.eval.options import RunOptions
+    from midlens.eval.plan import plan_run
+    from midlens.generators import loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("planning loaded a model")
+
+    monkeypatch.setattr(loading, "load_model", refuse)
+    options = RunOptions(
+        mode="sweep", out=tmp_path, dataset="kv", k=3, n=2, methods=("baseline", "ms-poe"), orderings=("lcr",)
+    )
+    plan = plan_run(options)
+    assert plan.config["positions"] == [1, 3] and plan.config["units"] == len(plan.units) == 2 * 3 * 2
+    assert plan.config["methods"]["lcr"]["ordering"] == "lcr" and plan.config["methods"]["ms-poe"]["name"] == "ms-poe"
+    assert plan.group_size == 1 and plan.config["device"] == str(plan.device)
+    assert pickle.loads(pickle.dumps(options)) == options
+
+
+def test_run_options_refuse_what_the_command_line_would_in_either_spelling(tmp_path):
+    from midlens.cli.options import cli_spelling
+    from midlens.core.errors import MidlensError
+    from midlens.eval.options import RunOptions
+
+    with pytest.raises(MidlensError) as err:
+        RunOptions(mode="sweep", out=tmp_path, k=3, positions=(1, 4))
+    assert str(err.value) == "positions=(1, 4): [4] outside 1..3 (K)."
+    assert err.value.render(cli_spelling) == "--positions 1,4: [4] outside 1..3 (K)."
+    with pytest.raises(MidlensError) as err:
+        RunOptions(mode="sweep", out=tmp_path, methods=(), orderings=())
+    assert err.value.render(cli_spelling) == "no method to run. To fix it, pass --methods baseline to run one."
+    assert str(err.value) == 'no method to run. To fix it, pass methods="baseline" to run one.'

@@ -104,7 +104,8 @@ def test_too_long_prompt_is_refused_with_counts(loaded):
     assert e.prompt_tokens == full.num_tokens and e.window == limit
     assert 0 < e.passages_that_fit < len(passages)
     assert f"{e.passages_that_fit} of {len(passages)} passages would fit" in str(e)
-    assert "truncate='drop_last'" in str(e)
+    assert 'truncate="drop_last"' in str(e) and f"top_k={e.passages_that_fit}" in str(e)
+    assert [(r.option, r.value) for r in e.remedies] == [("top_k", e.passages_that_fit), ("truncate", "drop_last")]
 
 
 def test_drop_last_keeps_the_head_and_reports_what_it_dropped(loaded):

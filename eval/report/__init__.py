@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from midlens.core.errors import Remedy
 from midlens.eval.report.cite import cite_markdown
 from midlens.eval.report.groups import method_order
 from midlens.eval.report.load import load_runs
@@ -29,8 +30,8 @@ def write_report(run_dirs: list[Path], out: Path, against: str | None = None) ->
     methods = sorted({r["method"] for r in rows if r["kind"] in ("sweep", "rerank")}, key=method_order)
     if against is not None and against not in methods:
         raise RunError(
-            f"--against {against!r}: no sweep or rerank rows of that method in these runs; "
-            f"choose one of {', '.join(methods) or '(none)'}."
+            f"no sweep or rerank rows of that method in these runs; choose one of {', '.join(methods) or '(none)'}.",
+            about=Remedy("against", against),
         )
     against = against or "baseline"
     out = Path(out)

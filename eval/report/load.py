@@ -18,7 +18,7 @@ def load_runs(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
     for run in map(Path, run_dirs):
         if not (run / CONFIG).is_file():
             raise RunError(
-                f"{run} is not a run directory (no {CONFIG}); pass the --out of `midlens eval sweep|rerank|e2e`."
+                f"{run} is not a run directory (no {CONFIG}); give the folder `midlens eval sweep|rerank|e2e` wrote."
             )
         config = json.loads((run / CONFIG).read_text())
         configs.append(config)

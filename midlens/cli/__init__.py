@@ -12,7 +12,7 @@ import sys
 from midlens import __version__
 from midlens.cli import ask, bench, cache, demo, heads, index, methods, serve, train
 from midlens.cli import eval as eval_command
-from midlens.cli.options import Parser
+from midlens.cli.options import Parser, cli_spelling
 from midlens.core.errors import MidlensError
 
 DESCRIPTION = (
@@ -44,5 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (MidlensError, ValueError) as err:
-        print(f"midlens: error: {err}", file=sys.stderr)
+        # A library error names the options that fix it by their Python keywords: here they read as flags.
+        message = err.render(cli_spelling) if isinstance(err, MidlensError) else str(err)
+        print(f"midlens: error: {message}", file=sys.stderr)
         return 2

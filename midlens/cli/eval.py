@@ -113,7 +113,7 @@ def add_parser(sub) -> None:
         "--dataset", default="hotpotqa", help="hotpotqa | squad (SQuAD v2 dev) | kv | a lost-in-the-middle .jsonl[.gz]"
     )
     sw.add_argument("--k", type=positive_int, default=10, help="documents per prompt (kv: key-value pairs)")
-    sw.add_argument("--positions", default=None, help="1-based gold positions; default 1,K/2,K")
+    sw.add_argument("--positions", type=int_list, default=(), help="1-based gold positions; default 1,K/2,K")
     sw.add_argument("--no-logprob", action="store_true", help="skip the gold-answer log-probability pass")
     sw.add_argument(
         "--stop-at-line-end",
@@ -138,8 +138,8 @@ def add_parser(sub) -> None:
     rr.set_defaults(func=run, mode="rerank", max_new_tokens=0)
 
     e2e = esub.add_parser("e2e", help="end to end: questions + corpus -> retrieve -> generate", epilog=EXAMPLES["e2e"])
-    e2e.add_argument("--questions", help="questions .jsonl; default: the 40 embedded HotpotQA questions")
-    e2e.add_argument("--corpus", help="corpus folder or .jsonl; default: the embedded HotpotQA paragraphs")
+    e2e.add_argument("--questions", type=Path, help="questions .jsonl; default: the 40 embedded HotpotQA questions")
+    e2e.add_argument("--corpus", type=Path, help="corpus folder or .jsonl; default: the embedded HotpotQA paragraphs")
     e2e.add_argument("--index-dir", type=Path, help="where to keep the dense index (reused when unchanged)")
     e2e.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="passages retrieved per question")
     e2e.add_argument("--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help=RETRIEVAL_HELP)
@@ -167,34 +167,88 @@ def add_parser(sub) -> None:
     add_cite_parsers(esub)
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    """argparse type for comma-separated integers (argparse names the option in its message)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+
+
+def run_options(args: argparse.Namespace):
+    """The parsed command line as the one RunOptions value an eval run is made of: every value converted here,
+    the cheap checks before the method registry (torch) loads."""
+    from dataclasses import replace
+
+    from midlens.cli.options import evidence_config
+    from midlens.core.batch_size import parse_batch_size
+    from midlens.core.method_spec import split_top_level
+    from midlens.eval.options import RunOptions
+    from midlens.eval.runner import parse_shard
+
+    mode = args.mode
+    options = RunOptions(
+        mode=mode,
+        out=args.out,
+        methods=tuple(split_top_level(args.methods)),
+        orderings=tuple(split_top_level(getattr(args, "orderings", ""))),
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        n=args.n,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        prompt_style=args.prompt_style,
+        dataset=getattr(args, "dataset", "hotpotqa"),
+        split=args.split,
+        max_words=args.max_words,
+        k=getattr(args, "k", 10),
+        positions=getattr(args, "positions", ()),
+        logprob=not getattr(args, "no_logprob", False),
+        stop_at_line_end=getattr(args, "stop_at_line_end", False),
+        questions=getattr(args, "questions", None),
+        corpus=getattr(args, "corpus", None),
+        index_dir=getattr(args, "index_dir", None),
+        top_k=getattr(args, "top_k", DEFAULT_TOP_K),
+        retrieval=getattr(args, "retrieval", DEFAULT_RETRIEVAL),
+        batch_size=parse_batch_size(args.batch_size),
+        shard=parse_shard(args.shard),
+        limit=args.limit,
+        progress=not args.no_progress,
+        engine=args.engine,
+        address=args.address,
+        workers=args.workers,
+        gpus_per_worker=args.gpus_per_worker,
+        threads_per_worker=args.threads_per_worker,
+    )
+    # The evidence settings load torch, so they join the options once the cheap checks have passed.
+    return replace(options, evidence=evidence_config(args))
+
+
 def run(args: argparse.Namespace) -> int:
-    from midlens.core.batch_size import parse_batch_size, units_per_group
     from midlens.eval import runner
 
-    shard = runner.parse_shard(args.shard)
-    batch_size = parse_batch_size(getattr(args, "batch_size", "1"))  # refused before the model loads
-    if args.engine == "ray":
+    options = run_options(args)
+    if options.engine == "ray":
         from midlens.eval.ray_engine import run_on_ray
 
-        rows = run_on_ray(args, shard)
+        rows = run_on_ray(options)
     else:
         from midlens.eval.plan import build_run
 
-        run = build_run(args)
-        # The batch size is not part of the config: rows are the same at any size, so a run may resume with another.
-        group = units_per_group(batch_size, run.device)
+        run = build_run(options)
         rows = runner.run_units(
-            args.out,
-            run.config,
-            run.units,
+            options.out,
+            run.plan.config,
+            run.plan.units,
             run.evaluate,
-            shard,
-            args.limit,
-            progress=not args.no_progress,
+            options.shard,
+            options.limit,
+            progress=options.progress,
             evaluate_many=run.evaluate_many,
-            batch_size=group,
+            batch_size=run.plan.group_size,
         )
-    print(f"{len(rows)} results in {args.out / runner.results_name(shard)}")
+    print(f"{len(rows)} results in {options.out / runner.results_name(options.shard)}")
     return 0
 
 

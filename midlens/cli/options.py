@@ -1,5 +1,5 @@
 """Options the commands share (model, method spec, device, dtype, evidence), the parser class, and the
-command line's spelling of errors raised below.
+command line's spelling of errors raised below (`cli_spelling`: a remedy's `device="cpu"` reads `--device cpu`).
 
 Argparse only at import time (so `--help` stays fast); the parsed strings are validated by the layers below
 (`generators.methods.registry.method_config`, `core.device`) before any model loads.
@@ -20,6 +20,18 @@ METHOD_HELP = (
     "method spec: NAME or NAME(option=value, ...), e.g. 'ms-poe(ratio_min=1.0, ratio_max=1.3)'; "
     "`midlens methods` lists the methods and their options"
 )
+
+
+def cli_spelling(option: str, value: object) -> str:
+    """An option as this command line takes it: `--top-k 3`, `--orderings lcr,attn-sort`, `--model` alone when the
+    user picks the value."""
+    import shlex
+
+    flag = "--" + option.replace("_", "-")
+    if value is None:
+        return flag
+    text = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+    return f"{flag} {shlex.quote(text)}"
 
 
 def add_model_args(parser: argparse.ArgumentParser, method: bool = True) -> None:
@@ -65,13 +77,14 @@ def check_device(args: argparse.Namespace) -> None:
 def method_spec(args: argparse.Namespace):
     """--method as a validated MethodConfig (unknown names and options fail here, before any model loads).
 
-    A misspelt name fails before torch is imported, the registry's option check takes the seconds torch needs."""
-    from midlens.core.method_spec import check_method_names
+    A misspelt name fails before torch is imported, the registry's option check takes the seconds torch needs; the
+    spec is parsed once."""
+    from midlens.core.method_spec import parse_known_specs
 
-    check_method_names([args.method])
+    ((name, options),) = parse_known_specs([args.method]).values()
     from midlens.generators.methods.registry import method_config
 
-    return method_config(args.method)
+    return method_config(name, options)
 
 
 def chosen_model(args: argparse.Namespace, method) -> str:

@@ -1,0 +1,118 @@
+"""What an evaluation run is asked to do, as one frozen value: the command line builds it, planning reads it, the
+Ray engine ships it to its workers (a dataclass pickles).
+
+Every field is converted and checked here, once, when the value is made (the cheap checks first, so a wrong
+option is refused before torch loads); the layers below trust the types. Errors name a field by its Python
+keyword; the command line renders the same error with its flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from midlens.core.batch_size import BatchSize
+from midlens.core.errors import MidlensError, Remedy
+from midlens.core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, EVAL_MODEL, ORDERINGS
+
+if TYPE_CHECKING:  # torch loads with the registry, after the cheap checks
+    from midlens.generators.evidence import EvidenceConfig
+    from midlens.generators.methods.registry import MethodConfig
+
+Mode = Literal["sweep", "rerank", "e2e"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """One eval run: what it evaluates (mode, data, systems, model), and how it runs (engine, shard, batch size).
+
+    `methods` are method specs as given (they label the rows); `orderings` run on the baseline generator under
+    their own names. `configs` (made here) holds the validated MethodConfig of every row label. `device` and
+    `dtype` stay as asked ("auto"): they are resolved where the model loads, which on Ray is a worker."""
+
+    mode: Mode
+    out: Path
+    methods: tuple[str, ...] = ("baseline",)
+    orderings: tuple[str, ...] = ()
+    model: str = EVAL_MODEL
+    device: str = "auto"
+    dtype: str = "auto"
+    evidence: EvidenceConfig | None = None
+    n: int | None = None
+    seed: int = 0
+    max_new_tokens: int = 24
+    prompt_style: str = DEFAULT_PROMPT_STYLE
+    # sweep and rerank: the data
+    dataset: str = "hotpotqa"
+    split: Literal["eval", "train"] = "eval"
+    max_words: int = 100  # 0: whole paragraphs
+    # sweep
+    k: int = 10
+    positions: tuple[int, ...] = ()  # empty: 1, K/2 and K
+    logprob: bool = True
+    stop_at_line_end: bool = False
+    # e2e
+    questions: Path | None = None
+    corpus: Path | None = None
+    index_dir: Path | None = None
+    top_k: int = DEFAULT_TOP_K
+    retrieval: str = DEFAULT_RETRIEVAL
+    # how it runs
+    batch_size: BatchSize = 1
+    shard: tuple[int, int] = (0, 1)
+    limit: int | None = None
+    progress: bool = True
+    engine: Literal["local", "ray"] = "local"
+    address: str | None = None
+    workers: int = 2
+    gpus_per_worker: float = 0.0
+    threads_per_worker: int = 1
+    # Each method spec parsed once, here: spec -> (name, options); `configs` validates the options.
+    parsed: dict[str, tuple[str, dict]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.split != "eval" and self.dataset != "hotpotqa":
+            raise MidlensError("only the hotpotqa dataset has splits.", about=Remedy("split", self.split))
+        if self.mode == "sweep":
+            bad = [p for p in self.positions if not 1 <= p <= self.k]
+            if bad:
+                raise MidlensError(f"{bad} outside 1..{self.k} (K).", about=Remedy("positions", self.positions))
+        if self.gpus_per_worker < 0:
+            gpus = Remedy("gpus_per_worker", self.gpus_per_worker)
+            raise MidlensError("expected a number >= 0, e.g. 1 or 0.5.", about=gpus)
+        object.__setattr__(self, "parsed", _parse_systems(self.methods, self.orderings))
+
+    @cached_property
+    def configs(self) -> dict[str, MethodConfig]:
+        """The validated MethodConfig of every row label (an ordering runs on the baseline generator). Made at first
+        use, which imports the registry (torch): the options' other checks come first."""
+        from midlens.generators.methods.registry import method_config
+
+        configs = {spec: method_config(name, options) for spec, (name, options) in self.parsed.items()}
+        configs.update({name: method_config("baseline") for name in self.orderings})
+        return configs
+
+    @property
+    def gold_positions(self) -> list[int]:
+        """The positions a sweep moves the gold through."""
+        return list(self.positions) or sorted({1, max(1, self.k // 2), self.k})
+
+
+def _parse_systems(methods: tuple[str, ...], orderings: tuple[str, ...]) -> dict[str, tuple[str, dict]]:
+    """Method specs -> (name, options) each, and the ordering names checked; a misspelt name is refused before the
+    registry (torch) is imported."""
+    from midlens.core.method_spec import parse_known_specs
+
+    if not methods and not orderings:
+        raise MidlensError("no method to run.", remedies=[Remedy("methods", "baseline", "to run one")])
+    misplaced = [spec for spec in methods if spec.strip() in ORDERINGS]
+    if misplaced:
+        raise MidlensError(
+            f"{', '.join(misplaced)}: an ordering, not a method.", remedies=[Remedy("orderings", ",".join(misplaced))]
+        )
+    unknown = [name for name in orderings if name not in ORDERINGS]
+    if unknown:
+        raise MidlensError(f"choose from {', '.join(ORDERINGS)}.", about=Remedy("orderings", ",".join(unknown)))
+    return parse_known_specs(list(methods))
