@@ -3,19 +3,26 @@
 pipe = Pipeline.from_corpus(device="auto")         # embedded HotpotQA corpus, Qwen2.5-Coder-0.5B-Instruct, baseline
 answer = pipe.ask("Who directed Wings of Desire?")
 for p in answer.ranked(): print(p.rank, p.passage.title, p.calibrated)
+print(marked_answer(answer).text)                  # "... [1]." after each cited sentence
+
+Every way of answering takes `verify=True`: the answer's citations are then checked by `Generator.verify` (each
+cited passage removed, the answer re-scored) before the Answer is returned.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from midlens.core.batch_size import BatchSize
+from midlens.core.batch_size import BatchSize, parse_batch_size, units_per_group
 from midlens.core.checks import check_max_new_tokens, check_prompt_style, check_question, check_top_k
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K
 from midlens.core.passage import Passage
+from midlens.generators.citations import Citation
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.loading import LoadedModel
@@ -99,28 +106,55 @@ class Pipeline:
             question, passages, max_new_tokens=max_new_tokens, truncate=self.truncate, style=self.prompt_style
         )
 
-    def answer(self, question: str, passages: list[Passage], calibrate: bool = True, **generate_kwargs) -> Answer:
-        """Generate over given passages (in the given prompt order), skipping retrieval."""
+    def answer(
+        self,
+        question: str,
+        passages: list[Passage],
+        calibrate: bool = True,
+        verify: bool = False,
+        **generate_kwargs,
+    ) -> Answer:
+        """Generate over given passages (in the given prompt order), skipping retrieval. `verify`: check each
+        citation (`Generator.verify`: the answer re-scored with the cited passage removed) before returning."""
         max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
+        self._check_verify(verify, max_new)
         prompt = self.prompt(question, passages, max_new)
-        return self.generator.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
+        answer = self.generator.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
+        if verify:
+            self._verify([prompt], [answer])
+        return answer
 
-    def ask(self, question: str, top_k: int | None = None, calibrate: bool = True, **generate_kwargs) -> Answer:
+    def ask(
+        self,
+        question: str,
+        top_k: int | None = None,
+        calibrate: bool = True,
+        verify: bool = False,
+        **generate_kwargs,
+    ) -> Answer:
+        """Retrieve, stack and answer; `verify` as in `answer`."""
         check_question(question)  # before retrieval, which would call it an empty query
-        check_max_new_tokens(generate_kwargs.get("max_new_tokens", self.max_new_tokens))
+        self._check_verify(verify, check_max_new_tokens(generate_kwargs.get("max_new_tokens", self.max_new_tokens)))
         t0 = time.perf_counter()
         passages = self.retrieve(question, top_k)
         retrieve_s = time.perf_counter() - t0
-        answer = self.answer(question, passages, calibrate=calibrate, **generate_kwargs)
+        answer = self.answer(question, passages, calibrate=calibrate, verify=verify, **generate_kwargs)
         answer.timings = {"retrieve_s": retrieve_s, **answer.timings}
         return answer
 
     def ask_many(
-        self, questions: list[str], batch_size: BatchSize = 1, calibrate: bool = True, **generate_kwargs
+        self,
+        questions: list[str],
+        batch_size: BatchSize = 1,
+        calibrate: bool = True,
+        verify: bool = False,
+        **generate_kwargs,
     ) -> list[Answer]:
         """`ask` for many questions, their prompts generated `batch_size` at a time (`auto`: the largest batch that
-        fits on a GPU, 1 on the CPU); each Answer equals the question asked alone."""
+        fits on a GPU, 1 on the CPU); each Answer equals the question asked alone, citations included. `verify`
+        checks every answer's citations, the re-scoring passes batched `batch_size` at a time as well."""
         max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
+        self._check_verify(verify, max_new)
         for question in questions:  # all before the first retrieval
             check_question(question)
         prompts, retrieve_s = [], []
@@ -132,16 +166,141 @@ class Pipeline:
         answers = generate_all(
             self.generator, prompts, batch_size, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs
         )
+        if verify:
+            size = units_per_group(parse_batch_size(batch_size), self.generator.device.type)
+            self._verify(prompts, answers, size)
         for answer, seconds in zip(answers, retrieve_s, strict=True):
             answer.timings = {"retrieve_s": seconds, **answer.timings}
         return answers
 
-    def answer_stream(self, question: str, passages: list[Passage], **generate_kwargs) -> GenerationStream:
-        """`answer` as text deltas; the prompt is built (and a too-long one refused) now, not on the first delta."""
+    def answer_stream(
+        self, question: str, passages: list[Passage], verify: bool = False, **generate_kwargs
+    ) -> AnswerStream:
+        """`answer` as text deltas; the prompt is built (and a too-long one refused) now, not on the first delta.
+        Citations (verified when `verify`) come once the text has ended: `AnswerStream.answer` and `events()`."""
         max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
+        self._check_verify(verify, max_new)
         prompt = self.prompt(question, passages, max_new)
-        return self.generator.stream(prompt, max_new_tokens=max_new, **generate_kwargs)
+        stream = self.generator.stream(prompt, max_new_tokens=max_new, **generate_kwargs)
+        return AnswerStream(stream, (lambda answer: self._verify([prompt], [answer])) if verify else None)
 
-    def ask_stream(self, question: str, top_k: int | None = None, **generate_kwargs) -> GenerationStream:
+    def ask_stream(
+        self, question: str, top_k: int | None = None, verify: bool = False, **generate_kwargs
+    ) -> AnswerStream:
         check_question(question)
-        return self.answer_stream(question, self.retrieve(question, top_k), **generate_kwargs)
+        self._check_verify(verify, check_max_new_tokens(generate_kwargs.get("max_new_tokens", self.max_new_tokens)))
+        return self.answer_stream(question, self.retrieve(question, top_k), verify=verify, **generate_kwargs)
+
+    def verify(self, answers: list[Answer], batch_size: int = 8) -> list[Answer]:
+        """Check the citations of answers this pipeline gave (`Generator.verify`), in place; returns them.
+
+        Each answer's prompt is rebuilt from the passages it stacked (`Answer.passages`, in prompt order) with this
+        pipeline's instruction style: for an answer the pipeline just gave, the prompt it answered from, token for
+        token. An interface that keeps only the Answer (a LlamaIndex engine) verifies through this."""
+        if self.generator.citations is None:
+            raise InvalidArgumentError(_CITATIONS_OFF)
+        # The answer's own length as the room left: the prompt it came from fit with at least that much.
+        prompts = [
+            self.generator.prompt(
+                a.question, [pe.passage for pe in a.passages], a.generated_tokens, "error", self.prompt_style
+            )
+            for a in answers
+        ]
+        return self._verify(prompts, answers, batch_size)
+
+    def _verify(self, prompts: list[StackedPrompt], answers: list[Answer], batch_size: int = 8) -> list[Answer]:
+        t0 = time.perf_counter()
+        self.generator.verify(prompts, answers, batch_size=batch_size)
+        seconds = time.perf_counter() - t0
+        for answer in answers:  # one verification run for the batch: each answer reports its wall time
+            answer.timings = {**answer.timings, "verify_s": seconds}
+        return answers
+
+    def _check_verify(self, verify: bool, max_new_tokens: int) -> None:
+        """`verify` is refused before retrieval and generation where it cannot run."""
+        if not isinstance(verify, bool):
+            raise InvalidArgumentError(f"verify={verify!r}: pass True (check each citation) or False.")
+        if not verify:
+            return
+        if self.generator is not None and self.generator.citations is None:
+            raise InvalidArgumentError(_CITATIONS_OFF)
+        if max_new_tokens == 0:
+            raise InvalidArgumentError(
+                "verify=True checks the citations of an answer, and max_new_tokens=0 generates none (it only scores "
+                "the passages): pass max_new_tokens of 1 or more, or verify=False."
+            )
+
+
+_CITATIONS_OFF = (
+    "verify=True checks the answer's citations, and this pipeline's generator has citations off "
+    "(Generator(..., citations=None)): build it with citations=CitationConfig(), or pass verify=False."
+)
+
+
+class AnswerStream:
+    """A streamed answer: iterate for the text deltas while it is decoded; once they end, `answer` holds the full
+    Answer, its citations verified when the stream was asked to, and `events()` goes on to yield each answer
+    sentence's `Citation`, in answer order.
+
+    Citations arrive after the text, not sentence by sentence during decoding: the generator reads them from the
+    answer's attention once decoding has ended, and verification re-scores the finished answer."""
+
+    def __init__(self, stream: GenerationStream, finish: Callable[[Answer], object] | None = None) -> None:
+        self._stream = stream
+        self._finish = finish
+        self.answer: Answer | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._stream
+        answer = self._stream.answer
+        if self._finish is not None and answer is not None:
+            self._finish(answer)
+        self.answer = answer
+
+    def events(self) -> Iterator[str | Citation]:
+        """The text deltas (str), then one Citation per answer sentence, in order (its `span` indexes
+        `answer.text`, which equals the joined deltas stripped of surrounding whitespace)."""
+        yield from self
+        yield from self.answer.citations if self.answer is not None else ()
+
+
+@dataclass(frozen=True)
+class MarkedAnswer:
+    """An answer's text with its citation markers, and where each cited sentence now sits in it."""
+
+    text: str
+    spans: list[tuple[int, int]]  # per Answer.citations entry: its sentence in `text`, its marker included
+
+
+CLOSING = ".!?;:。！？؟।…"  # a marker goes before a sentence's closing punctuation, as "... California [1]."
+
+
+def citation_marker(citation: Citation, unverified: Literal["mark", "drop"] = "mark") -> str:
+    """The marker of one answer sentence, "[1][3]": the prompt positions of the passages it cites, in prompt
+    order. A source verification rejected reads "[1?]" (`unverified="mark"`) or is left out (`"drop"`); an
+    unchecked source reads as cited."""
+    positions = sorted(
+        (s.position, s.verified is False)
+        for s in citation.sources
+        if not (unverified == "drop" and s.verified is False)
+    )
+    return "".join(f"[{p}{'?' if rejected else ''}]" for p, rejected in positions)
+
+
+def marked_answer(answer: Answer, unverified: Literal["mark", "drop"] = "mark") -> MarkedAnswer:
+    """The answer with a marker (`citation_marker`) after each cited sentence: "... at the Brea Mall in Brea,
+    California [1]." The marker numbers are the passages' positions in the prompt, as `PassageEvidence.position`
+    and the prompt's "Document [n]" lines number them."""
+    text, out, spans, shift, pos = answer.text, [], [], 0, 0
+    for citation in answer.citations:
+        start, end = citation.span
+        marker = citation_marker(citation, unverified)
+        at = end
+        while marker and at > start and text[at - 1] in CLOSING:
+            at -= 1
+        out.append(text[pos:at] + (" " + marker if marker else ""))
+        pos = at
+        spans.append((start + shift, end + shift + (len(marker) + 1 if marker else 0)))
+        shift += len(marker) + 1 if marker else 0
+    out.append(text[pos:])
+    return MarkedAnswer("".join(out), spans)

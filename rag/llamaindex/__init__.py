@@ -2,7 +2,9 @@
 
     MidlensLLM          a CustomLLM: complete / stream_complete / chat / acomplete; evidence in additional_kwargs
     AttentionReranker   a BaseNodePostprocessor: nodes scored by the attention the model gives them in one stacked pass
-    MidlensQueryEngine  a CustomQueryEngine: LlamaIndex retrieval -> the LLM's Pipeline; source_nodes carry evidence
+    MidlensQueryEngine  a CustomQueryEngine: LlamaIndex retrieval -> the LLM's Pipeline; source_nodes carry evidence,
+                        metadata["midlens"]["citations"] what each answer sentence cites
+    MidlensCitationQueryEngine  CitationQueryEngine's output ("Source n:" nodes, [n] markers), markers from attention
     MidlensRetriever    a BaseRetriever over the repo's own retriever (dense, hybrid, +links)
 
 Every class is a shell: passages are stacked and answered by `Pipeline.answer/answer_stream` (MidlensLLM.pipeline,
@@ -22,10 +24,21 @@ import os
 # Before llama_index (or anything that imports huggingface_hub) loads: the models here are local files only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from midlens.rag.llamaindex.citation_engine import MidlensCitationQueryEngine  # noqa: E402
+from midlens.rag.llamaindex.citations import citation_rows  # noqa: E402
 from midlens.rag.llamaindex.common import evidence_rows, to_passage  # noqa: E402
 from midlens.rag.llamaindex.llm import MidlensLLM  # noqa: E402
 from midlens.rag.llamaindex.query_engine import MidlensQueryEngine  # noqa: E402
 from midlens.rag.llamaindex.reranker import AttentionReranker  # noqa: E402
 from midlens.rag.llamaindex.retriever import MidlensRetriever  # noqa: E402
 
-__all__ = ["AttentionReranker", "MidlensLLM", "MidlensQueryEngine", "MidlensRetriever", "evidence_rows", "to_passage"]
+__all__ = [
+    "AttentionReranker",
+    "MidlensCitationQueryEngine",
+    "MidlensLLM",
+    "MidlensQueryEngine",
+    "MidlensRetriever",
+    "citation_rows",
+    "evidence_rows",
+    "to_passage",
+]

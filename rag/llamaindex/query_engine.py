@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.llms.types import CompletionResponse
@@ -14,21 +15,25 @@ from llama_index.core.base.response.schema import (
 )
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.callbacks import CallbackManager
+from llama_index.core.chat_engine import CondenseQuestionChatEngine
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from midlens.core.checks import check_top_k
+from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_TOP_K
-from midlens.generators.evidence import Answer, EvidenceConfig
+from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
 from midlens.generators.loading import LoadedModel
 from midlens.generators.packaged_models import DEFAULT_MODEL
+from midlens.rag.llamaindex.citations import citation_rows
 from midlens.rag.llamaindex.common import (
     _response_kwargs,
     evidence_rows,
 )
 from midlens.rag.llamaindex.llm import MidlensLLM
 from midlens.rag.llamaindex.reranker import AttentionReranker
+from midlens.rag.pipeline import marked_answer
 
 
 def _empty() -> Response:
@@ -46,14 +51,22 @@ class MidlensQueryEngine(CustomQueryEngine):
     `response.source_nodes` are the stacked nodes, strongest evidence first, `score` = calibrated evidence
     (raw when calibration is off); `response.metadata[node_id]` holds the breakdown (prompt position,
     retrieval score, evidence, calibrated, answer attribution, rank) and `response.metadata["midlens"]`
-    the run (model, method, tokens, timings, dropped node ids). With `streaming=True` the query returns a
-    StreamingResponse whose sources carry retrieval scores until the stream is consumed, evidence after.
+    the run (model, method, tokens, timings, dropped node ids) and the answer's citations: `citations`, one row per
+    (answer sentence, cited node) with the node id, the cited sentence's characters in the node's text, the
+    sentence's characters in the answer (`text`; `marked_text` is the answer with "[n]" markers), its attention
+    share and, with `verify=True`, whether removing the node costs the sentence log-probability (`verified`,
+    `logprob_drop`). A marker's number is the node's position in the prompt (`markers` maps it to the node id, and
+    `metadata[node_id]["position"]` is the same number). With `streaming=True` the query returns a
+    StreamingResponse whose sources carry retrieval scores until the stream is consumed, evidence and citations
+    after (read from the finished answer's attention: they cannot arrive sentence by sentence while it streams).
+    `as_chat_engine()` wraps the engine in LlamaIndex's CondenseQuestionChatEngine.
     """
 
     retriever: BaseRetriever
     llm: MidlensLLM
     node_postprocessors: list[BaseNodePostprocessor] = Field(default_factory=list)
     streaming: bool = False
+    verify: bool = False
 
     def __init__(
         self,
@@ -66,12 +79,22 @@ class MidlensQueryEngine(CustomQueryEngine):
         node_postprocessors: Sequence[BaseNodePostprocessor] = (),
         streaming: bool = False,
         callback_manager: CallbackManager | None = None,
+        verify: bool = False,
         **llm_kwargs: Any,
     ) -> None:
+        """`verify=True` checks each citation (`Pipeline.verify`: the answer re-scored with the cited node removed,
+        one prefill per cited node); it needs the model in this process, not a server."""
+        if not isinstance(verify, bool):
+            raise InvalidArgumentError(f"verify={verify!r}: pass True (check each citation) or False.")
         if llm is None:
             llm = MidlensLLM(model, method=method, method_options=method_options, evidence=evidence, **llm_kwargs)
         elif llm_kwargs or method_options or method != "baseline":
             raise ValueError("pass either llm=MidlensLLM(...) or model/method options, not both.")
+        if verify and llm.base_url is not None:
+            raise InvalidArgumentError(
+                f"verify=True re-scores answers with the model, and this MidlensLLM answers through the server at "
+                f"{llm.base_url}: use a MidlensLLM with a local model, or verify=False."
+            )
         # The rerankers read the answering model's attention whichever was built first (one model in memory).
         for postprocessor in node_postprocessors:
             if isinstance(postprocessor, AttentionReranker):
@@ -81,6 +104,7 @@ class MidlensQueryEngine(CustomQueryEngine):
             llm=llm,
             node_postprocessors=list(node_postprocessors),
             streaming=streaming,
+            verify=verify,
             callback_manager=callback_manager or CallbackManager([]),
         )
 
@@ -90,25 +114,49 @@ class MidlensQueryEngine(CustomQueryEngine):
         similarity_top_k = check_top_k(similarity_top_k, "similarity_top_k")  # the index's retriever takes any int
         return cls(retriever=index.as_retriever(similarity_top_k=similarity_top_k), **kwargs)
 
-    @staticmethod
-    def _scored(nodes: list[NodeWithScore], answer: Answer) -> tuple[list[NodeWithScore], dict[str, Any]]:
-        """The one place an Answer becomes LlamaIndex sources (strongest evidence first) and response metadata."""
+    # How citations are marked in the text the engine answers with and in `marked_text` ("drop": unverified
+    # sources get no marker, as in the citation engine's plain [n] shape).
+    _unverified: ClassVar[Literal["mark", "drop"]] = "mark"
+
+    def _scored(self, nodes: list[NodeWithScore], answer: Answer) -> tuple[list[NodeWithScore], dict[str, Any]]:
+        """The one place an Answer becomes LlamaIndex sources (`_arrange`) and response metadata."""
         by_id = {n.node.node_id: n for n in nodes}
-        sources, metadata = [], {}
+        stacked, metadata = [], {}
         for row, pe in zip(evidence_rows(answer), answer.passages, strict=True):
             if row["id"] not in by_id:  # dropped by truncate="drop_last": listed in metadata["midlens"]
                 continue
-            sources.append((pe.rank, NodeWithScore(node=by_id[row["id"]].node, score=pe.score)))
+            stacked.append((pe, by_id[row["id"]]))
             metadata[row["id"]] = row
         kwargs = _response_kwargs(answer)
         kwargs.pop("answer")
         kwargs.pop("evidence")
-        metadata["midlens"] = {**kwargs, "evidence_config": answer.to_dict()["evidence_config"]}
-        return [n for _, n in sorted(sources, key=lambda s: s[0])], metadata
+        metadata["midlens"] = {
+            **kwargs,
+            "evidence_config": answer.to_dict()["evidence_config"],
+            "text": answer.text,
+            "marked_text": marked_answer(answer, self._unverified).text,
+            "citations": citation_rows(answer, self._unverified),
+            "markers": {pe.position: node.node.node_id for pe, node in stacked},
+        }
+        return self._arrange(stacked), metadata
+
+    def _arrange(self, stacked: list[tuple[PassageEvidence, NodeWithScore]]) -> list[NodeWithScore]:
+        """The response's sources, from the stacked nodes in prompt order: strongest evidence first, scored by it."""
+        ranked = sorted(stacked, key=lambda pair: pair[0].rank)
+        return [NodeWithScore(node=node.node, score=pe.score) for pe, node in ranked]
+
+    def _text(self, completion: CompletionResponse) -> str:
+        """The response's text: the answer as generated."""
+        return completion.text
+
+    def _verified(self, answer: Answer) -> Answer:
+        if self.verify:
+            self.llm.pipeline.verify([answer])
+        return answer
 
     def _respond(self, nodes: list[NodeWithScore], completion: CompletionResponse) -> Response:
-        sources, metadata = self._scored(nodes, completion.additional_kwargs["answer"])
-        return Response(completion.text, source_nodes=sources, metadata=metadata)
+        sources, metadata = self._scored(nodes, self._verified(completion.additional_kwargs["answer"]))
+        return Response(self._text(completion), source_nodes=sources, metadata=metadata)
 
     def _delta(
         self,
@@ -116,7 +164,8 @@ class MidlensQueryEngine(CustomQueryEngine):
         nodes: list[NodeWithScore],
         chunk: CompletionResponse,
     ) -> str:
-        """A streamed chunk's text delta; the last chunk also swaps the response's sources for evidence-scored ones."""
+        """A streamed chunk's text delta; the last chunk (its answer verified by then, when asked) also swaps the
+        response's sources for evidence-scored ones and adds the citations."""
         if "answer" in chunk.additional_kwargs:
             sources, metadata = self._scored(nodes, chunk.additional_kwargs["answer"])
             response.source_nodes[:] = sources
@@ -138,6 +187,8 @@ class MidlensQueryEngine(CustomQueryEngine):
 
         def tokens() -> Iterator[str]:
             for chunk in chunks:
+                if "answer" in chunk.additional_kwargs:
+                    self._verified(chunk.additional_kwargs["answer"])
                 if delta := self._delta(response, nodes, chunk):
                     yield delta
 
@@ -152,14 +203,25 @@ class MidlensQueryEngine(CustomQueryEngine):
         if not nodes:
             return _empty()
         if not self.streaming:
-            return self._respond(nodes, await self.llm.acomplete(query_str, passages=nodes))
+            completion = await self.llm.acomplete(query_str, passages=nodes)
+            # Verification runs the model: in a worker thread, as the completion did, so the event loop stays free.
+            return await asyncio.to_thread(self._respond, nodes, completion)
         chunks = await self.llm.astream_complete(query_str, passages=nodes)
         response = AsyncStreamingResponse(response_gen=None, source_nodes=list(nodes), metadata={})
 
         async def tokens() -> AsyncIterator[str]:
             async for chunk in chunks:
+                if "answer" in chunk.additional_kwargs:
+                    await asyncio.to_thread(self._verified, chunk.additional_kwargs["answer"])
                 if delta := self._delta(response, nodes, chunk):
                     yield delta
 
         response.response_gen = tokens()
         return response
+
+    def as_chat_engine(self, **kwargs: Any) -> CondenseQuestionChatEngine:
+        """A chat engine over this one: LlamaIndex's CondenseQuestionChatEngine, its follow-up questions made
+        standalone by this engine's LLM, each answered by `query` (so `chat(...).sources[0].raw_output` is this
+        engine's Response, evidence and citations in its metadata)."""
+        kwargs.setdefault("llm", self.llm)
+        return CondenseQuestionChatEngine.from_defaults(query_engine=self, **kwargs)
