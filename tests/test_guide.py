@@ -1,0 +1,57 @@
+"""docs/guide.md's Python examples run as written, top to bottom in one namespace (a later example may use what an
+earlier one built), on SmolLM2-135M and short prompts. An example a test cannot run (it needs a server, a GPU or a
+long training) is marked in the guide, just above its code block, with
+
+    <!-- example-not-run: NAME (why) -->
+
+and NAME is listed in NOT_RUN below: a new mark, or a mark taken away, fails the test until this list says so."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.conftest import planted_passages
+
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guide.md"
+QUESTION = "What is the secret code word of the Zorbland expedition?"
+# The guide's examples no test runs, by the name of their mark, and why.
+NOT_RUN = {
+    "serve-client": "OpenAI's client against a running `midlens serve` (tests/test_serve.py starts a server for it)",
+}
+EXAMPLE = re.compile(r"(?:<!-- example-not-run: ([\w-]+)[^\n]*-->\n)?```python\n(.*?)```", re.S)
+
+
+def guide_examples() -> list[tuple[str | None, str, int]]:
+    """(mark name or None, code, line number) of every ```python block of the guide, in order."""
+    text = GUIDE.read_text(encoding="utf-8")
+    return [(m.group(1), m.group(2), text.count("\n", 0, m.start(2)) + 1) for m in EXAMPLE.finditer(text)]
+
+
+def test_every_python_example_of_the_guide_runs_as_written(loaded, default_retriever, tmp_path, monkeypatch, capsys):
+    # `loaded` and `default_retriever`: the examples' SmolLM2 and embedded-corpus index come from this session.
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, p in enumerate(planted_passages(4, gold_at=2)):
+        (docs / f"doc{i}.txt").write_text(p.text[:300], encoding="utf-8")
+    monkeypatch.setenv("MIDLENS_DOCS", str(docs))  # the LlamaIndex example's folder and question
+    monkeypatch.setenv("MIDLENS_QUESTION", QUESTION)
+
+    examples = guide_examples()
+    assert sorted(name for name, _, _ in examples if name) == sorted(NOT_RUN)
+    namespace: dict = {"__name__": "__main__"}
+    printed = {}
+    for name, code, line in examples:
+        if name is None:
+            exec(compile(code, f"{GUIDE}:{line}", "exec"), namespace)
+            printed[line] = capsys.readouterr().out
+    ran = [(code, printed[line]) for name, code, line in examples if name is None]
+    assert len(ran) >= 2
+    for code, out in ran:
+        lines = [line for line in out.splitlines() if not line.startswith("converting ")]
+        if "Pipeline.from_corpus" in code:  # the first answer, then the ranked passages, then the baseline's answer
+            assert "Whitewater Canal" in lines[0], out
+            assert [int(line.split()[0]) for line in lines[1:-1]] == list(range(1, len(lines) - 1))
+        if "MidlensQueryEngine.from_index" in code:  # the planted fact found and answered
+            assert lines[0].startswith("Answer:") and "pelican" in lines[0].lower(), out
+            assert len(re.findall(r"evidence [+-]\d\.\d{4} +prompt position \d", out)) == 4
