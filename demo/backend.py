@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -180,9 +181,11 @@ class DemoBackend:
         top_k: float,
         corpus_file: str | None = None,
         max_new_tokens: float | None = None,
+        check_citations: bool = False,
         progress: Any = None,
     ) -> dict:
-        """Retrieve once, answer with `method` (and with baseline on the same passages when comparing)."""
+        """Retrieve once, answer with `method` (and with baseline on the same passages when comparing).
+        `check_citations`: verify each answer's citations (Generator.verify: one more prefill per cited passage)."""
         from midlens.core.errors import MidlensError, PromptTooLongError
         from midlens.demo.views import gold_titles, known_answers
 
@@ -197,10 +200,13 @@ class DemoBackend:
             pipe = self.pipeline(model, method, corpus_file, progress)
             _progress(progress, 0.3, "retrieving passages")
             passages = pipe.retrieve(question, k)
-            answers = [self._answer(pipe, question, passages, new_tokens, progress)]
+            pipes = [pipe]
             if compare and method != "baseline":
-                base = self.pipeline(model, "baseline", corpus_file, progress)
-                answers.append(self._answer(base, question, passages, new_tokens, progress))
+                pipes.append(self.pipeline(model, "baseline", corpus_file, progress))
+            answers = [self._answer(p, question, passages, new_tokens, progress) for p in pipes]
+            if check_citations:
+                for p, answer in zip(pipes, answers, strict=True):
+                    self._verify(p, question, passages, new_tokens, answer, progress)
         except PromptTooLongError as err:
             raise UserError(f"The prompt is too long for {model}: {err.describe(REMEDIES)}") from None
         except (MidlensError, ValueError) as err:
@@ -224,6 +230,20 @@ class DemoBackend:
 
         _progress(progress, (0, new_tokens), f"reading the prompt ({method}; waits if the model is busy)", "tokens")
         return pipe.answer(question, passages, max_new_tokens=new_tokens, on_token=on_token)
+
+    def _verify(
+        self, pipe: Pipeline, question: str, passages: list[Passage], new_tokens: int, answer: Answer, progress: Any
+    ) -> None:
+        """Check `answer`'s citations in place, against the very prompt it was answered from (Pipeline.prompt
+        rebuilds it: same passages, same room left for `new_tokens`)."""
+        cited = {s.position for c in answer.citations for s in c.sources}
+        if not cited or pipe.generator.citations is None:
+            return
+        method = pipe.generator.method.name
+        _progress(progress, 0.95, f"checking {len(cited)} cited passages ({method}): answering without each")
+        started = time.perf_counter()
+        pipe.generator.verify([pipe.prompt(question, passages, new_tokens)], [answer])
+        answer.timings["verify_s"] = time.perf_counter() - started
 
 
 def _size(n: int) -> str:
