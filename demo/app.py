@@ -31,11 +31,6 @@ if TYPE_CHECKING:  # gradio and torch load slowly: only the demo itself imports 
     from midlens.rag.pipeline import Pipeline
 
 CSS = """
-#passages, #baseline-passages { font-size: 0.92em; line-height: 1.5; }
-#passages .text, #baseline-passages .text { word-break: normal; overflow-wrap: anywhere; }
-#passages .score-token:not(.highlighted) .text, #baseline-passages .score-token:not(.highlighted) .text {
-  font-weight: 600;
-}
 #examples { gap: 6px; }
 #examples button.example { white-space: normal; text-align: left; justify-content: flex-start; height: auto; }
 #scores-table th .header { word-break: normal; overflow-wrap: normal; hyphens: none; }
@@ -48,7 +43,64 @@ CSS = """
 .heat-legend .legend-end { display: inline-flex; flex-direction: column; align-items: center; }
 .heat-legend .legend-end small { color: var(--body-text-color-subdued); font-size: 0.8em; }
 .heat-legend .legend-bar { width: 180px; height: 14px; margin-top: 3px; border: 1px solid #ccc; border-radius: 3px; }
+.passage-list { font-size: 0.92em; line-height: 1.5; padding-top: 30px; }  /* clear of the block's label */
+.passage { margin-bottom: 10px; }
+.passage-head { font-weight: 600; margin-bottom: 2px; }
+.passage-text { padding: 2px 4px; border-radius: 3px; overflow-wrap: anywhere; }
+.psent.cited { border-bottom: 1px dotted #6b7280; }
+.psent.cite-hl, .psent.cite-picked {
+  background: rgba(250, 204, 21, 0.8); outline: 2px solid #a16207; border-radius: 2px; border-bottom: none;
+}
+.asent { cursor: pointer; border-radius: 3px; text-underline-offset: 4px; text-decoration-thickness: 2px; }
+.asent.cite-ok { text-decoration: underline solid #15803d; }
+.asent.cite-unchecked { text-decoration: underline dashed #6b7280; }
+.asent.cite-failed { text-decoration: underline dotted #b91c1c; }
+.asent:hover, .asent:focus-visible, .asent.cite-selected { background: rgba(250, 204, 21, 0.45); outline: none; }
+sup.cite { font-size: 0.8em; margin-left: 2px; padding: 0 1px; font-weight: 600; }
+sup.cite.cite-ok { color: #15803d; border-bottom: 2px solid #15803d; }
+sup.cite.cite-unchecked { color: #4b5563; border-bottom: 2px dashed #9ca3af; }
+sup.cite.cite-failed { color: #b91c1c; border-bottom: 2px dotted #b91c1c; }
+.cite-legend {
+  display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 0.85em; color: var(--body-text-color-subdued);
+}
 """
+# Answer sentences name the passage sentences they cite (`data-cites`, ids from views.sentence_id). Pointing at or
+# focusing one marks them (cite-hl); clicking one keeps them marked (cite-picked) until another click, and brings
+# the first into view, since the passages sit below the answer. One listener on the document survives every
+# re-render of the answer and passages.
+HEAD = """<script>
+(() => {
+  const mark = (s, cls, on) => {
+    for (const id of (s.dataset.cites || "").split(" ").filter(Boolean)) {
+      document.querySelectorAll(`[data-sid="${id}"]`).forEach((e) => e.classList.toggle(cls, on));
+    }
+  };
+  const sentence = (e) => (e.target instanceof Element ? e.target.closest(".asent") : null);
+  const point = (on) => (e) => {
+    const s = sentence(e);
+    if (s && !(e.relatedTarget instanceof Node && s.contains(e.relatedTarget))) mark(s, "cite-hl", on);
+  };
+  document.addEventListener("mouseover", point(true));
+  document.addEventListener("mouseout", point(false));
+  document.addEventListener("focusin", point(true));
+  document.addEventListener("focusout", point(false));
+  document.addEventListener("click", (e) => {
+    const s = sentence(e);
+    for (const old of document.querySelectorAll(".asent.cite-selected")) {
+      if (old !== s) { old.classList.remove("cite-selected"); mark(old, "cite-picked", false); }
+    }
+    if (!s) return;
+    const on = s.classList.toggle("cite-selected");
+    mark(s, "cite-picked", on);
+    const first = on && document.querySelector(".cite-picked");
+    if (first) first.scrollIntoView({ block: "nearest", behavior: "smooth" });
+  });
+  document.addEventListener("keydown", (e) => {
+    const s = sentence(e);
+    if (s && (e.key === "Enter" || e.key === " ")) { e.preventDefault(); s.click(); }
+  });
+})();
+</script>"""
 POSITIONS = [str(i) for i in range(1, MAX_TOP_K + 1)]  # explicit order: "10" must not sort before "2"
 INTRO = (
     "# What did the model read, and can you trust its answer?\n"
@@ -77,6 +129,7 @@ class Controls:
     top_k: gr.Slider
     corpus: gr.File
     max_new: gr.Slider
+    check: gr.Checkbox
 
 
 @dataclass
@@ -129,6 +182,12 @@ def _controls(backend: DemoBackend) -> Controls:
                 model = gr.Dropdown(backend.models, value=backend.model, label="Model")
                 method = gr.Dropdown(backend.methods_of(backend.model), value=backend.method, label="Method")
             compare = gr.Checkbox(label="Side by side: compare with the plain model (baseline), same passages")
+            # Off by default: each cited passage costs one more reading of the whole prompt.
+            check = gr.Checkbox(
+                label="Check citations: answer again without each cited passage (slower)",
+                value=False,
+                elem_id="check-citations",
+            )
             top_k = gr.Slider(1, MAX_TOP_K, value=backend.top_k, step=1, label="How many passages to give the model")
             with gr.Accordion("Corpus and answer length", open=False):
                 corpus = gr.File(
@@ -139,7 +198,7 @@ def _controls(backend: DemoBackend) -> Controls:
                 max_new = gr.Slider(
                     1, MAX_NEW_TOKENS, value=backend.max_new_tokens, step=1, label="Longest answer (tokens)"
                 )
-    return Controls(question, ask, model, method, compare, top_k, corpus, max_new)
+    return Controls(question, ask, model, method, compare, top_k, corpus, max_new, check)
 
 
 def _results() -> Results:
@@ -148,23 +207,29 @@ def _results() -> Results:
 
     with gr.Column(visible=False, elem_id="results") as shown:
         with gr.Row():
-            main_md = gr.Markdown(elem_id="answer")
+            # Unsanitised: the sanitiser drops data-* attributes, which carry what each answer sentence cites;
+            # views.answer_markdown escapes every text it puts in (the answer, titles, names).
+            main_md = gr.Markdown(elem_id="answer", sanitize_html=False)
             with gr.Column(visible=False) as base_answer:
-                base_md = gr.Markdown(elem_id="baseline-answer")
+                base_md = gr.Markdown(elem_id="baseline-answer", sanitize_html=False)
         legend = gr.HTML(elem_id="heat-legend")
         with gr.Row():
-            main_ht = gr.HighlightedText(
-                label="Passages, in the order the model was given them", show_legend=False, elem_id="passages"
-            )
+            main_ht = _passages_block("Passages, in the order the model was given them", "passages")
             with gr.Column(visible=False) as base_passages:
-                base_ht = gr.HighlightedText(
-                    label="Baseline: the same passages", show_legend=False, elem_id="baseline-passages"
-                )
+                base_ht = _passages_block("Baseline: the same passages", "baseline-passages")
         with gr.Accordion("Details (scores)", open=False, elem_id="details"):
             view, details = _details_header()
             compare_md, table, position_plot, attribution_plot = _details_numbers()
     outputs = [main_md, main_ht, base_md, base_ht, compare_md, table, position_plot, attribution_plot, legend, details]
     return Results(shown, [base_answer, base_passages], view, outputs)
+
+
+def _passages_block(label: str, elem_id: str) -> gr.HTML:
+    """Passages as HTML (views.passages_html): every sentence its own span for the citations to point at."""
+    import gradio as gr
+
+    # js_on_load=None: the component's default click listener would send an event no handler takes.
+    return gr.HTML(label=label, show_label=True, container=True, padding=True, elem_id=elem_id, js_on_load=None)
 
 
 def _details_header() -> tuple[gr.Radio, gr.Markdown]:
@@ -218,7 +283,7 @@ def _wire(demo: gr.Blocks, on: Handlers, controls: Controls, results: Results, s
     import gradio as gr
 
     c = controls
-    inputs = [c.question, c.model, c.method, c.compare, c.top_k, results.view, c.corpus, c.max_new]
+    inputs = [c.question, c.model, c.method, c.compare, c.top_k, results.view, c.corpus, c.max_new, c.check]
     state = gr.State(None)
     outputs = [*results.outputs, state]
     asked = [
@@ -259,6 +324,7 @@ def launch(
         prevent_thread_lock=prevent_thread_lock,
         theme=gr.themes.Soft(),
         css=CSS,
+        head=HEAD,
         max_file_size=f"{cap:.0f}mb",
         footer_links=["api"],
     )

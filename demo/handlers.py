@@ -23,11 +23,12 @@ def render(result: dict | None, view: str) -> tuple:
     main = answers[0]
     base = answers[1] if result["compared"] else None
     scale = views.heat_scale(answers, view)  # one scale for both columns: the same colour is the same score
+    # Each column's prefix keeps its sentence ids apart, so pointing at one answer marks only its own passages.
     return (
-        views.answer_markdown(main, view, known),
-        views.highlighted(main, view, gold, scale),
-        "" if base is None else views.answer_markdown(base, view, known),
-        None if base is None else views.highlighted(base, view, gold, scale),
+        views.answer_markdown(main, view, known, "m"),
+        views.passages_html(main, view, gold, scale, "m"),
+        "" if base is None else views.answer_markdown(base, view, known, "b"),
+        "" if base is None else views.passages_html(base, view, gold, scale, "b"),
         views.comparison_markdown(answers, view, gold),
         gr.Dataframe(views.evidence_table(answers, view), column_widths=views.table_column_widths(len(answers))),
         gr.LinePlot(
@@ -88,12 +89,23 @@ class Handlers:
         view: str,
         corpus_file: str | None,
         max_new_tokens: float,
+        check_citations: bool = False,
         progress: gr.Progress = TRACKED,
     ) -> tuple[Any, ...]:
         if compare and method == "baseline":
             gr.Warning("Side by side compares baseline with another method: pick any method but baseline to see both.")
         try:
-            result = self.backend.ask(question, model, method, compare, top_k, corpus_file, max_new_tokens, progress)
+            result = self.backend.ask(
+                question,
+                model,
+                method,
+                compare,
+                top_k,
+                corpus_file,
+                max_new_tokens,
+                check_citations=bool(check_citations),
+                progress=progress,
+            )
         except UserError as err:
             raise _user_error(err) from None
         return (*render(result, view), result)

@@ -7,7 +7,9 @@ under "Details (scores)". Passages are shaded on a scale spanning the scores act
 
 from __future__ import annotations
 
+import html
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -16,6 +18,8 @@ from typing import Literal
 import pandas as pd
 
 from midlens.core.passage import Passage
+from midlens.core.sentences import sentence_spans
+from midlens.generators.citations import Citation, CitedSource
 from midlens.generators.evidence import Answer, PassageEvidence
 from midlens.retrievers.corpus import default_questions_path
 
@@ -166,7 +170,8 @@ def _passage_header(p: PassageEvidence, rank: int, n: int, key: bool) -> str:
 def highlighted(
     answer: Answer, view: ScoreView, gold: list[str] | None = None, scale: HeatScale | None = None
 ) -> list[tuple[str, float | None]]:
-    """Passages in prompt order for gr.HighlightedText: a plain header line, then the text on the heat scale."""
+    """Passages in prompt order as (text, shade) pairs: a plain header line (shade None), then the text with its
+    shade on the heat scale. `passages_html` draws them."""
     values = scores(answer, view)
     scale = scale or heat_scale([answer], view)
     rank = ranks(values)
@@ -186,6 +191,129 @@ def attribution_shares(answer: Answer) -> list[float] | None:
         return None
     total = sum(max(0.0, v) for v in raw)
     return [0.0 if total == 0 else max(0.0, v) / total for v in raw]
+
+
+# -- citations: which passage sentences each answer sentence rests on ------------------------------------
+
+# A citation's look follows its check (Generator.verify): one class per outcome, the legend's words for each.
+CITE_CLASSES = {True: "cite-ok", None: "cite-unchecked", False: "cite-failed"}
+CITE_MARKS = {True: "✓", None: "", False: "✗"}
+CITE_LEGEND = {
+    "cite-ok": "checked: removing this passage changes the answer",
+    "cite-unchecked": "not checked",
+    "cite-failed": "failed the check",
+}
+
+
+def sentence_id(prefix: str, position: int, start: int) -> str:
+    """The page-wide id of a passage sentence: the answer column's prefix, the passage's prompt position and the
+    sentence's first character in Passage.text (what CitedSource.sentence holds, so no index lookup is needed)."""
+    return f"{prefix}-{position}-{start}"
+
+
+def _sentence_class(citation: Citation) -> str:
+    """An answer sentence is as good as its best source: checked when one passed, failed when all failed."""
+    outcomes = {s.verified for s in citation.sources}
+    if not outcomes:
+        return "cite-none"
+    if True in outcomes:
+        return CITE_CLASSES[True]
+    return CITE_CLASSES[False] if outcomes == {False} else CITE_CLASSES[None]
+
+
+def _cite_mark(source: CitedSource) -> str:
+    kind = CITE_CLASSES[source.verified]
+    mark = f"[{source.position}{CITE_MARKS[source.verified]}]"
+    return f'<sup class="cite {kind}" title="{CITE_LEGEND[kind]}">{mark}</sup>'
+
+
+def _md_text(text: str) -> str:
+    """Text for the answer block as it reads: HTML-escaped, and markdown's inline marks shown, not applied."""
+    return re.sub(r"([\\`*_\[\]()~|])", r"\\\1", html.escape(text))
+
+
+def cited_answer_html(answer: Answer, prefix: str = "m") -> str:
+    """The answer text with each sentence a focusable span naming the passage sentences it cites (`data-cites`,
+    see sentence_id), followed by one marker per cited passage styled by its check."""
+    text = answer.text.strip()
+    if not text:
+        return "(no answer)"
+    lead = len(answer.text) - len(answer.text.lstrip())  # spans count from Answer.text
+    out, at = [], 0
+    for citation in answer.citations:
+        a, b = citation.span[0] - lead, citation.span[1] - lead
+        if a < at or b > len(text):  # a span that does not fit the text shown is not drawn
+            continue
+        cites = " ".join(sentence_id(prefix, s.position, s.sentence[0]) for s in citation.sources if s.sentence)
+        out.append(_md_text(text[at:a]))
+        out.append(
+            f'<span class="asent {_sentence_class(citation)}" tabindex="0" data-cites="{cites}">'
+            f"{_md_text(text[a:b])}</span>" + "".join(_cite_mark(s) for s in citation.sources)
+        )
+        at = b
+    out.append(_md_text(text[at:]))
+    return "".join(out)
+
+
+def citation_legend_html(answer: Answer) -> str:
+    """What the markers mean, in words; empty when the answer cites nothing."""
+    sources = [s for c in answer.citations for s in c.sources]
+    if not sources:
+        return ""
+    checked = any(s.verified is not None for s in sources)
+    kinds = list(CITE_LEGEND) if checked else ["cite-unchecked"]
+    items = "".join(
+        f'<span class="legend-item"><sup class="cite {k}">[n{CITE_MARKS[v]}]</sup> {CITE_LEGEND[k]}</span>'
+        for v, k in CITE_CLASSES.items()
+        if k in kinds
+    )
+    hint = "" if checked else '<span class="legend-item">(tick "Check citations" to check them)</span>'
+    return (
+        '<span class="cite-legend"><span class="legend-item">[n]: the passage a sentence rests on; point at or '
+        f"click a sentence to mark its sentences in the passages.</span>{items}{hint}</span>"
+    )
+
+
+def _passage_sentences(p: PassageEvidence, prefix: str, cited: set[tuple[int, int]]) -> str:
+    """A passage's text with each sentence in its own span (id: sentence_id); cited sentences are kept whole even
+    where the segmenter would now split the text differently."""
+    text = p.passage.text
+    spans = sentence_spans(text)
+    for c in cited - set(spans):
+        spans = [s for s in spans if s[1] <= c[0] or s[0] >= c[1]] + [c]
+    out, at = [], 0
+    for start, end in sorted(spans):
+        kind = "psent cited" if (start, end) in cited else "psent"
+        out.append(html.escape(text[at:start]))
+        sid = sentence_id(prefix, p.position, start)
+        out.append(f'<span class="{kind}" data-sid="{sid}">{html.escape(text[start:end])}</span>')
+        at = end
+    out.append(html.escape(text[at:]))
+    return "".join(out)
+
+
+def passages_html(
+    answer: Answer,
+    view: ScoreView,
+    gold: list[str] | None = None,
+    scale: HeatScale | None = None,
+    prefix: str = "m",
+) -> str:
+    """The passages in prompt order: a plain header line each, then the text shaded on the heat scale with every
+    sentence a span the answer's citations point at (`prefix` keeps two answer columns' ids apart)."""
+    segments = highlighted(answer, view, gold, scale)
+    cited: dict[int, set[tuple[int, int]]] = {}
+    for source in (s for c in answer.citations for s in c.sources if s.sentence):
+        cited.setdefault(source.position, set()).add(tuple(source.sentence))
+    blocks = []
+    for p, (header, _), (_, shade) in zip(answer.passages, segments[::2], segments[1::2], strict=True):
+        blocks.append(
+            f'<div class="passage" data-position="{p.position}">'
+            f'<div class="passage-head">{html.escape(header.strip())}</div>'
+            f'<div class="passage-text" style="background-color: rgba({SHADE_RGB}, {shade})">'
+            f"{_passage_sentences(p, prefix, cited.get(p.position, set()))}</div></div>"
+        )
+    return f'<div class="passage-list">{"".join(blocks)}</div>'
 
 
 # -- can this answer be trusted? -------------------------------------------------------------------------
@@ -242,7 +370,8 @@ CHECK = "⚠ **Check this answer:**"
 
 
 def _named(p: PassageEvidence) -> str:
-    return f"passage {p.position}, *{p.passage.title or '(untitled)'}*"
+    # The answer block keeps raw HTML (its cited sentences are spans), so a title from an uploaded corpus is escaped.
+    return f"passage {p.position}, *{html.escape(p.passage.title or '(untitled)')}*"
 
 
 def most_read(answer: Answer, view: ScoreView) -> PassageEvidence:
@@ -260,11 +389,38 @@ def trust(answer: Answer, view: ScoreView) -> Trust:
        they are, if anywhere (nowhere: it may be made up).
 
     "Read most" follows the score view shown, so the verdict always names the passage shaded darkest.
+    When the citations were checked (Generator.verify), a passing check outranks rules 2 to 4: removing the
+    passage made the answer less likely, which is what "backed" means; a check where every citation failed is
+    said after the verdict.
     """
     if not answer.text.strip():
         return Trust(False, "⚠ **No answer:** the model wrote nothing. Try more passages or another method.")
     if not answer.passages:
         return Trust(False, f"{CHECK} no passage was given to the model.")
+    checked = [s for c in answer.citations for s in c.sources if s.verified is not None]
+    if any(s.verified for s in checked):
+        return _checked_backing(answer, checked)
+    verdict = _word_verdict(answer, view)
+    if checked:  # all failed: the answer barely depends on what it cites
+        note = " Removing the passages it cites barely changes the answer: it may come from the model's memory."
+        return Trust(verdict.backed, verdict.text + note)
+    return verdict
+
+
+# A drop of ln(10) nats: the answer became at least ten times less likely without the passage.
+MUCH_LESS_LIKELY = math.log(10)
+
+
+def _checked_backing(answer: Answer, checked: list[CitedSource]) -> Trust:
+    """The passing citation whose passage mattered most, in words."""
+    best = max((s for s in checked if s.verified), key=lambda s: s.logprob_drop or 0.0)
+    passage = next(p for p in answer.passages if p.position == best.position)
+    how = "much less likely" if (best.logprob_drop or 0.0) >= MUCH_LESS_LIKELY else "less likely"
+    return Trust(True, f"✓ **Backed:** removing {_named(passage)} makes this answer {how}.")
+
+
+def _word_verdict(answer: Answer, view: ScoreView) -> Trust:
+    """Rules 2 to 4 of `trust`."""
     top = most_read(answer, view)
     if is_flat(answer, view):
         runner_up = answer.passages[ranks(scores(answer, view)).index(2)]
@@ -291,17 +447,23 @@ def same_answer(text: str, known: list[str]) -> bool:
     return bool(got) and any((want := _words(k) - STOPWORDS) and (want <= got or got <= want) for k in known)
 
 
-def answer_markdown(answer: Answer, view: ScoreView = "calibrated", known: list[str] | None = None) -> str:
-    """The first screen's account of one answer: the answer, the passage read most, the trust verdict, and the
-    dataset's answer when the question is an embedded example."""
-    text = answer.text.strip() or "(no answer)"
-    lines = [f"**Answer** ({method_label(answer)}, {answer.model}): {text}"]
+def answer_markdown(
+    answer: Answer, view: ScoreView = "calibrated", known: list[str] | None = None, prefix: str = "m"
+) -> str:
+    """The first screen's account of one answer: the answer with its citation markers and their key, the
+    passage read most, the trust verdict, and the dataset's answer when the question is an embedded example.
+    `prefix` names this answer column in the ids its sentences cite (see passages_html)."""
+    who = html.escape(f"{method_label(answer)}, {answer.model}")  # a model may be named by its folder's path
+    lines = [f"**Answer** ({who}): {cited_answer_html(answer, prefix)}"]
+    legend = citation_legend_html(answer)
+    if legend:
+        lines.append(legend)
     if answer.passages:
         lines.append(f"It read {_named(most_read(answer, view))}, the most.")
     lines.append(trust(answer, view).text)
     if known:
         verdict = "same as this answer" if same_answer(answer.text, known) else "not this answer"
-        lines.append(f"The dataset's answer to this example: *{' / '.join(known)}* ({verdict}).")
+        lines.append(f"The dataset's answer to this example: *{html.escape(' / '.join(known))}* ({verdict}).")
     if answer.dropped:
         lines.append(f"{len(answer.dropped)} passages did not fit in the model's prompt and were left out.")
     return "\n\n".join(lines)
@@ -333,7 +495,22 @@ def details_markdown(answers: list[Answer]) -> str:
             f"**{method_label(a)}** ({a.model}): {a.prompt_tokens} prompt tokens, {a.generated_tokens} generated; "
             f"{timing}; {looked}."
         )
+        lines += _citation_details(a)
     return "\n\n".join(lines)
+
+
+def _citation_details(answer: Answer) -> list[str]:
+    """Per answer sentence: each cited passage's share of the sentence's attention to passages, and, once
+    checked, the log-probability the sentence lost without it (the check passes at CitationConfig.margin)."""
+    lines = []
+    for i, citation in enumerate(answer.citations, start=1):
+        cited = []
+        for s in citation.sources:
+            outcome = CITE_LEGEND[CITE_CLASSES[s.verified]]
+            check = "" if s.logprob_drop is None else f", log-probability {-s.logprob_drop:+.2f} without it ({outcome})"
+            cited.append(f"[{s.position}] {s.score:.0%} of its attention to passages{check}")
+        lines.append(f"citations of sentence {i}: " + ("; ".join(cited) or "none"))
+    return lines
 
 
 def tracked_passages(answer: Answer, gold: list[str]) -> tuple[list[int], str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 import socket
 import threading
@@ -30,7 +31,7 @@ MODEL = "smollm2-135m"
 UPLOAD_LIMIT_MB = 0.01  # ~10 KB, so the too-large case needs no big file
 # Words a first-time reader does not know; the first screen keeps them (and their numbers) under Details.
 JARGON = ("calibrated", "prefill", "attribution", "retrieval")
-TRUST = re.compile(r"(✓|⚠) \*\*(Backed by a passage|Check this answer|No answer):\*\* ")
+TRUST = re.compile(r"(✓|⚠) \*\*(Backed by a passage|Backed|Check this answer|No answer):\*\* ")
 LEGEND_NUMBERS = re.compile(r'class="legend-lo">score ([-+]\d\.\d{4})<.*class="legend-hi">score ([-+]\d\.\d{4})<')
 
 
@@ -63,7 +64,7 @@ def client(server):
 
 
 def ask(client: Client, question: str, method="baseline", compare=False, top_k=3, view="calibrated", corpus=None):
-    outputs = client.predict(question, MODEL, method, compare, top_k, view, corpus, 4, api_name="/ask")
+    outputs = client.predict(question, MODEL, method, compare, top_k, view, corpus, 4, False, api_name="/ask")
     return tuple(unwrap(o) for o in outputs)
 
 
@@ -74,12 +75,20 @@ def unwrap(output):
     return output
 
 
-def headers(highlighted: list[dict]) -> list[dict]:
-    return [seg for seg in highlighted if seg["class_or_confidence"] is None]
+def headers(passages: str) -> list[str]:
+    """The header line of each passage in the passages' HTML, as the page shows it."""
+    return [html.unescape(h) for h in re.findall(r'<div class="passage-head">(.*?)</div>', passages)]
 
 
-def heat(highlighted: list[dict]) -> list[float]:
-    return [seg["class_or_confidence"] for seg in highlighted if seg["class_or_confidence"] is not None]
+def heat(passages: str) -> list[float]:
+    """Each passage text's shade: the opacity of its background."""
+    return [float(a) for a in re.findall(r"background-color: rgba\(239, 68, 60, ([\d.]+)\)", passages)]
+
+
+def heat_text(passages: str) -> str:
+    """The passages' texts, without their headers."""
+    texts = re.findall(r'<div class="passage-text"[^>]*>(.*?)</div>', passages)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", t)) for t in texts)
 
 
 def column(table: dict, header: str) -> list:
@@ -129,7 +138,7 @@ def test_ask_returns_answer_and_evidence_in_prompt_order(client, pipeline):
     evidence = column(table, "baseline evidence")
     labels = {1: "read most", 2: "read 2nd most", 3: "read least"}
     for i, (head, p) in enumerate(zip(heads, expected, strict=True), start=1):
-        assert head["token"].startswith(f"[{i}] {p.title}  ·  {labels[column(table, 'baseline rank')[i - 1]]}")
+        assert head.startswith(f"[{i}] {p.title}  ·  {labels[column(table, 'baseline rank')[i - 1]]}")
     # The shading spans the scores shown: none for the lowest, MAX_SHADE for the highest, as the legend says.
     values = heat(passages)
     assert min(values) == 0.0 and max(values) == pytest.approx(MAX_SHADE)
@@ -138,9 +147,9 @@ def test_ask_returns_answer_and_evidence_in_prompt_order(client, pipeline):
     assert "read less" in legend and "read more" in legend
     assert not any(word in (answer_md + legend + str(heads)).lower() for word in JARGON)
     # The gold passage (Torrid) is at prompt position 3 and the rank table tracks it.
-    assert "Torrid (clothing retailer)" in heads[2]["token"] and KEY_MARK in heads[2]["token"]
+    assert "Torrid (clothing retailer)" in heads[2] and KEY_MARK in heads[2]
     assert "| Torrid (clothing retailer) | 3 |" in ranks_md
-    assert base_md == "" and base_passages is None
+    assert base_md == "" and base_passages == ""
     assert table["headers"][:4] == ["position", "title", "retrieval", "baseline evidence"]
     assert [row[0] for row in table["data"]] == [1, 2, 3]
     ranks = [row[table["headers"].index("baseline rank")] for row in table["data"]]
@@ -157,8 +166,8 @@ def test_method_switch_runs_side_by_side_on_the_same_passages(client):
     )
     assert answer_md.startswith(f"**Answer** (ms-poe, {MODEL}):") and TRUST.search(answer_md)
     assert base_md.startswith(f"**Answer** (baseline, {MODEL}):") and TRUST.search(base_md)
-    titles = [h["token"].split("  ·  ")[0] for h in headers(passages)]
-    assert titles == [h["token"].split("  ·  ")[0] for h in headers(base_passages)]
+    titles = [h.split("  ·  ")[0] for h in headers(passages)]
+    assert titles == [h.split("  ·  ")[0] for h in headers(base_passages)]
     assert "rank under ms-poe | rank under baseline" in ranks_md
     assert {"ms-poe evidence", "baseline evidence"} <= set(table["headers"])
     ms_poe = [row[table["headers"].index("ms-poe evidence")] for row in table["data"]]
@@ -199,7 +208,7 @@ def test_uploaded_corpus_is_used_and_oversized_upload_is_refused(client, tmp_pat
     answer_md, passages, *_, legend, _ = ask(
         client, "What is the Zorbland code word?", top_k=1, corpus=handle_file(str(small))
     )
-    assert headers(passages)[0]["token"].startswith("[1] zorbland notes  ·  the only passage")
+    assert headers(passages)[0].startswith("[1] zorbland notes  ·  the only passage")
     assert "pelican" in heat_text(passages)
     assert "nothing to compare" in legend and "dataset's answer" not in answer_md  # HotpotQA's labels do not apply
     big = tmp_path / "big.txt"
@@ -225,10 +234,6 @@ def test_an_upload_error_names_the_file_once(pipeline, tmp_path):
     assert message.count("notes.jsonl") == 1 and str(tmp_path) not in message
 
 
-def heat_text(highlighted: list[dict]) -> str:
-    return " ".join(seg["token"] for seg in highlighted if seg["class_or_confidence"] is not None)
-
-
 def test_two_users_at_once_get_their_own_results(server, pipeline):
     questions = [example_questions()[0][0], example_questions()[2][0]]
     results: dict[int, list] = {}
@@ -244,7 +249,7 @@ def test_two_users_at_once_get_their_own_results(server, pipeline):
     assert sorted(results) == [0, 1]
     for i, q in enumerate(questions):
         expected = [f"[{j}] {p.title}  ·  " for j, p in enumerate(pipeline.retrieve(q, 2), start=1)]
-        got = [h["token"][: len(e)] for h, e in zip(headers(results[i][1]), expected, strict=True)]
+        got = [h[: len(e)] for h, e in zip(headers(results[i][1]), expected, strict=True)]
         assert got == expected
 
 
@@ -355,3 +360,82 @@ def test_first_screen_words_for_a_real_answer(pipeline):
     assert not re.search(r"\d\.\d{3}", md + " ".join(seg[0] for seg in segments[::2]))  # no scores in the words
     details = views.details_markdown([answer])
     assert all(word in details for word in ("calibrated", "attribution", "retrieval", "prompt tokens"))
+
+
+def cited_answer(verified: tuple[bool | None, bool | None] = (None, None), drops=(None, None)):
+    """fake_answer with two answer sentences: the first cites passage 2's first sentence and passage 1's second,
+    the second cites nothing."""
+    from midlens.generators.citations import Citation, CitedSource
+
+    texts = ["It opened in Torrance. Then <it> moved.", "The first store opened in Brea, California. It grew.", "Gr."]
+    answer = fake_answer("Brea, *California*. It grew.", texts, [0.02, 0.06, 0.02])
+    sources = [
+        CitedSource(2, "1", 0.6, (0, 43), verified[0], drops[0]),
+        CitedSource(1, "0", 0.4, (23, 39), verified[1], drops[1]),
+    ]
+    answer.citations = [Citation((0, 19), (0, 5), sources), Citation((20, 28), (5, 8), [])]
+    return answer
+
+
+def test_each_answer_sentence_names_the_passage_sentences_it_cites():
+    from midlens.demo import views
+
+    answer = cited_answer()
+    md = views.answer_markdown(answer, prefix="b")
+    passages = views.passages_html(answer, "calibrated", prefix="b")
+    cites = re.findall(r'<span class="asent ([\w-]+)" tabindex="0" data-cites="([^"]*)">(.*?)</span>', md)
+    assert cites == [("cite-unchecked", "b-2-0 b-1-23", r"Brea, \*California\*."), ("cite-none", "", "It grew.")]
+    sentences = dict(re.findall(r'data-sid="([^"]+)">(.*?)</span>', passages))
+    # Every id an answer sentence names is one passage sentence, whose text is the cited characters.
+    assert sentences["b-2-0"] == "The first store opened in Brea, California."
+    assert sentences["b-1-23"] == "Then &lt;it&gt; moved."  # escaped: a passage is text, never markup
+    assert re.findall(r'class="psent cited" data-sid="([^"]+)"', passages) == ["b-1-23", "b-2-0"]
+    assert heat_text(passages).startswith("It opened in Torrance. Then <it> moved.")
+    assert '<sup class="cite cite-unchecked" title="not checked">[2]</sup>' in md
+    assert "not checked" in md and 'tick "Check citations"' in md and "failed the check" not in md
+    assert not any(word in md.lower() for word in JARGON)
+    # The answer block keeps raw HTML, so what the model wrote and what a corpus holds are escaped.
+    answer.text, answer.passages[1].passage.title = "<img src=x onerror=alert(1)>", "<script>x</script>"
+    md = views.answer_markdown(answer, "raw", known=["<b>"])
+    assert "<img" not in md and "<script>" not in md and "<b>" not in md
+    assert "&lt;img src=x" in md and "&lt;script&gt;" in md
+
+
+def test_checked_citations_look_different_and_back_the_trust_line():
+    from midlens.demo import views
+
+    passed = cited_answer((True, False), (3.0, 0.1))
+    md = views.answer_markdown(passed)
+    assert '<span class="asent cite-ok"' in md
+    assert '<sup class="cite cite-ok" title="checked: removing this passage changes the answer">[2✓]</sup>' in md
+    assert '<sup class="cite cite-failed" title="failed the check">[1✗]</sup>' in md
+    assert all(words in md for words in views.CITE_LEGEND.values()) and "tick" not in md
+    assert views.trust(passed, "calibrated") == views.Trust(
+        True, "✓ **Backed:** removing passage 2, *P2* makes this answer much less likely."
+    )
+    # A yes/no answer has no words to look up, but a passing check still backs it.
+    passed.text = "Yes, Brea."
+    assert views.trust(passed, "calibrated").text.startswith("✓ **Backed:** removing passage 2")
+    failed = cited_answer((False, False), (0.2, -0.1))
+    assert '<span class="asent cite-failed"' in views.answer_markdown(failed)
+    verdict = views.trust(failed, "calibrated")
+    assert verdict.backed and verdict.text.startswith("✓ **Backed by a passage:**")  # the words rule still holds
+    assert verdict.text.endswith("barely changes the answer: it may come from the model's memory.")
+    details = views.details_markdown([failed])
+    assert "citations of sentence 1: [2] 60% of its attention to passages, log-probability -0.20 without it" in details
+
+
+def test_check_citations_verifies_against_the_prompt_answered_from(pipeline):
+    """The backend checks each answer's citations only when asked, and the check scores the same answer tokens
+    the generation produced: the full prompt it rebuilds is the prompt answered from."""
+    question = example_questions()[0][0]
+    backend = DemoBackend(pipeline)
+    plain = backend.ask(question, MODEL, "baseline", False, 3, max_new_tokens=6)["answers"][0]
+    assert plain.citations and all(s.verified is None for c in plain.citations for s in c.sources)
+    checked = backend.ask(question, MODEL, "baseline", False, 3, max_new_tokens=6, check_citations=True)["answers"][0]
+    assert checked.text == plain.text and "verify_s" in checked.timings
+    sources = [s for c in checked.citations for s in c.sources]
+    assert sources and all(isinstance(s.verified, bool) and s.logprob_drop is not None for s in sources)
+    from midlens.demo import views
+
+    assert TRUST.search(views.trust(checked, "calibrated").text)
