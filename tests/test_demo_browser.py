@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -283,3 +284,98 @@ def test_first_screen_reads_in_plain_words(browser, pipeline, tmp_path):
         assert "calibrated" in _visible_text(browser).lower()
         _full_page(browser)
         _shot(browser, tmp_path, "first_screen_details")
+
+
+# The passage sentences marked for the answer sentence pointed at, and the ids that sentence cites.
+MARKED = """
+const [cls, sentence] = [arguments[0], arguments[1]];
+return {
+  marked: [...document.querySelectorAll('#passages .psent.' + cls)].map(e => e.dataset.sid),
+  cited: (sentence.dataset.cites || '').split(' ').filter(Boolean),
+  background: [...document.querySelectorAll('#passages .psent.' + cls)].map(e => getComputedStyle(e).backgroundColor),
+  plain: [...document.querySelectorAll('#passages .psent:not(.cite-hl):not(.cite-picked)')]
+    .map(e => getComputedStyle(e).backgroundColor)[0],
+};
+"""
+# How each kind of citation marker and answer sentence is drawn: underline style and colour.
+CITE_STYLES = """
+const look = (e) => { const s = getComputedStyle(e);
+  return [s.borderBottomStyle, s.borderBottomColor, s.color, s.textDecorationStyle].join(' '); };
+const out = {};
+for (const kind of ['cite-ok', 'cite-unchecked', 'cite-failed']) {
+  const marker = document.querySelector('#answer sup.cite.' + kind);
+  out[kind] = marker ? look(marker) : null;
+}
+out.sentences = [...document.querySelectorAll('#answer .asent')].map(e => [e.className, look(e)]);
+out.markers = [...document.querySelectorAll('#answer .asent ~ sup.cite, #answer .asent + sup.cite')]
+  .filter(e => !e.closest('.cite-legend')).map(e => e.className);
+return out;
+"""
+
+
+def _ask_example(browser, wait, check: bool) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    box = browser.find_element(By.ID, "check-citations").find_element(By.CSS_SELECTOR, "input[type='checkbox']")
+    if box.is_selected() != check:
+        box.click()
+    browser.find_element(By.CSS_SELECTOR, "#ask").click()
+    wait.until(ec.text_to_be_present_in_element((By.ID, "passages"), "[5] "))
+    wait.until(ec.text_to_be_present_in_element((By.ID, "answer"), "the most."))
+    legend = "failed the check" if check else "not checked"
+    wait.until(ec.text_to_be_present_in_element((By.ID, "answer"), legend))
+
+
+def test_citations_point_at_passage_sentences(browser, pipeline, tmp_path):
+    """Pointing at an answer sentence marks the passage sentences it cites, clicking keeps them marked; with
+    "Check citations" on, checked, unchecked and failed citations are drawn differently and the legend says which
+    is which."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 180)
+    with served(pipeline) as url:
+        browser.get(url)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "Ready"))
+        assert not browser.find_element(By.ID, "check-citations").find_element(By.TAG_NAME, "input").is_selected()
+        browser.find_elements(By.CSS_SELECTOR, "#examples button.example")[0].click()
+        _ask_example(browser, wait, check=False)
+
+        sentence = next(
+            s for s in browser.find_elements(By.CSS_SELECTOR, "#answer .asent") if s.get_attribute("data-cites")
+        )
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", sentence)
+        ActionChains(browser).move_to_element(sentence).perform()
+        hovered = browser.execute_script(MARKED, "cite-hl", sentence)
+        assert hovered["marked"] and sorted(hovered["marked"]) == sorted(hovered["cited"]), hovered
+        assert all(b != hovered["plain"] for b in hovered["background"]), hovered  # the mark is visible
+        _full_page(browser)
+        _shot(browser, tmp_path, "cite_hover")
+
+        ActionChains(browser).move_to_element(browser.find_element(By.ID, "status")).perform()
+        assert browser.execute_script(MARKED, "cite-hl", sentence)["marked"] == []  # pointing away unmarks
+        sentence.click()
+        ActionChains(browser).move_to_element(browser.find_element(By.ID, "status")).perform()
+        picked = browser.execute_script(MARKED, "cite-picked", sentence)
+        assert sorted(picked["marked"]) == sorted(picked["cited"]), picked  # a click keeps them marked
+        assert "cite-selected" in sentence.get_attribute("class")
+        styles = browser.execute_script(CITE_STYLES)
+        assert styles["markers"] and set(styles["markers"]) == {"cite cite-unchecked"}
+        browser.execute_script("window.scrollTo(0, 0)")
+        _shot(browser, tmp_path, "cite_click")
+
+        _ask_example(browser, wait, check=True)
+        styles = browser.execute_script(CITE_STYLES)
+        assert styles["markers"] and set(styles["markers"]) <= {"cite cite-ok", "cite cite-failed"}, styles
+        kinds = [styles[k] for k in ("cite-ok", "cite-unchecked", "cite-failed")]
+        assert None not in kinds and len(set(kinds)) == 3, kinds  # the legend draws each kind as the answer does
+        assert [k.split()[0] for k in kinds] == ["solid", "dashed", "dotted"]
+        answer = browser.find_element(By.ID, "answer").text
+        assert "checked: removing this passage changes the answer" in answer and "not checked" in answer
+        assert re.search(r"(✓ Backed|✓ Backed by a passage|⚠ Check this answer|⚠ No answer): ", answer), answer
+        assert not [w for w in JARGON if w in _visible_text(browser).lower()]
+        _full_page(browser)
+        _shot(browser, tmp_path, "cite_checked")
