@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -203,10 +202,7 @@ class DemoBackend:
             pipes = [pipe]
             if compare and method != "baseline":
                 pipes.append(self.pipeline(model, "baseline", corpus_file, progress))
-            answers = [self._answer(p, question, passages, new_tokens, progress) for p in pipes]
-            if check_citations:
-                for p, answer in zip(pipes, answers, strict=True):
-                    self._verify(p, question, passages, new_tokens, answer, progress)
+            answers = [self._answer(p, question, passages, new_tokens, check_citations, progress) for p in pipes]
         except PromptTooLongError as err:
             raise UserError(f"The prompt is too long for {model}: {err.describe(REMEDIES)}") from None
         except (MidlensError, ValueError) as err:
@@ -220,30 +216,22 @@ class DemoBackend:
             "compared": len(answers) > 1,
         }
 
-    def _answer(self, pipe: Pipeline, question: str, passages: list[Passage], new_tokens: int, progress: Any) -> Answer:
+    def _answer(
+        self, pipe: Pipeline, question: str, passages: list[Passage], new_tokens: int, check: bool, progress: Any
+    ) -> Answer:
+        """One answer; with `check`, its citations verified against the very prompt it came from (Pipeline.answer's
+        verify=True), their time under `verify_s`."""
         method = pipe.generator.method.name
+        check = check and pipe.generator.citations is not None
+        doing = f"generating with {method}" + (", then checking its citations" if check else "")
         done = [0]
 
         def on_token(_piece: str) -> None:
             done[0] += 1
-            _progress(progress, (done[0], new_tokens), f"generating with {method}", unit="tokens")
+            _progress(progress, (done[0], new_tokens), doing, unit="tokens")
 
         _progress(progress, (0, new_tokens), f"reading the prompt ({method}; waits if the model is busy)", "tokens")
-        return pipe.answer(question, passages, max_new_tokens=new_tokens, on_token=on_token)
-
-    def _verify(
-        self, pipe: Pipeline, question: str, passages: list[Passage], new_tokens: int, answer: Answer, progress: Any
-    ) -> None:
-        """Check `answer`'s citations in place, against the very prompt it was answered from (Pipeline.prompt
-        rebuilds it: same passages, same room left for `new_tokens`)."""
-        cited = {s.position for c in answer.citations for s in c.sources}
-        if not cited or pipe.generator.citations is None:
-            return
-        method = pipe.generator.method.name
-        _progress(progress, 0.95, f"checking {len(cited)} cited passages ({method}): answering without each")
-        started = time.perf_counter()
-        pipe.generator.verify([pipe.prompt(question, passages, new_tokens)], [answer])
-        answer.timings["verify_s"] = time.perf_counter() - started
+        return pipe.answer(question, passages, verify=check, max_new_tokens=new_tokens, on_token=on_token)
 
 
 def _size(n: int) -> str:

@@ -426,8 +426,8 @@ def test_checked_citations_look_different_and_back_the_trust_line():
 
 
 def test_check_citations_verifies_against_the_prompt_answered_from(pipeline):
-    """The backend checks each answer's citations only when asked, and the check scores the same answer tokens
-    the generation produced: the full prompt it rebuilds is the prompt answered from."""
+    """The backend checks each answer's citations only when asked (Pipeline.answer's verify=True, on the prompt
+    answered from); checking leaves the answer as it was and marks every source passed or failed."""
     question = example_questions()[0][0]
     backend = DemoBackend(pipeline)
     plain = backend.ask(question, MODEL, "baseline", False, 3, max_new_tokens=6)["answers"][0]
