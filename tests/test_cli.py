@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -319,3 +320,43 @@ def test_one_message_per_value_whichever_interface_passes_it():
         Pipeline(None, None).ask("  ")  # refused before retrieval, which would call it an empty query
     out = run_cli("ask", "  ")
     assert "midlens: error: the question is empty: pass the text to answer." in out.stderr
+
+
+CITED_QUESTION = "In what California city was the first Torrid location opened?"
+
+
+def test_ask_marks_cited_sentences_and_quotes_what_they_rest_on():
+    out = run_cli("ask", CITED_QUESTION, "--top-k", "3", "--max-new-tokens", "12", "--verify", *SMOL)
+    assert out.returncode == 0, out.stderr[-2000:]
+    answer_line = next(line for line in out.stdout.splitlines() if line.startswith("A: "))
+    assert "cited (n = position in the prompt" in out.stdout
+    listing = out.stdout.split("cited (n = position in the prompt", 1)[1].split("passages ranked by", 1)[0]
+    # Each cited passage: its marker, title and verdict, then the sentence it is cited for, quoted.
+    entries = re.findall(r"^  (\[\d+\??\]) +(.+)\n +\"(.+)\"$", listing, re.M)
+    assert entries, listing
+    for marker, about, quoted in entries:
+        assert marker in answer_line, (marker, answer_line)  # "... California [1]." after each cited sentence
+        assert ("NOT verified" in about) == marker.endswith("?]") and "log-prob drop" in about
+        assert len(quoted) <= 160
+
+    plain = run_cli("ask", CITED_QUESTION, "--top-k", "3", "--max-new-tokens", "12", "--json", *SMOL)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    record = json.loads(plain.stdout)  # stdout is the JSON alone
+    text, passages = record["text"], record["passages"]
+    assert record["citations"] and "[" in record["marked_text"] and "?]" not in record["marked_text"]
+    for citation in record["citations"]:
+        start, end = citation["span"]
+        assert text[start:end].strip() == text[start:end] != ""
+        for source in citation["sources"]:
+            assert source["verified"] is None  # only --verify checks
+            passage = passages[source["position"] - 1]
+            assert passage["position"] == source["position"] and passage["passage"]["id"] == source["passage_id"]
+            a, b = source["sentence"]
+            assert passage["passage"]["text"][a:b].strip() == passage["passage"]["text"][a:b] != ""
+
+
+def test_verify_without_an_answer_is_refused_before_the_model_loads():
+    out = run_cli("ask", CITED_QUESTION, "--verify", "--max-new-tokens", "0", *SMOL)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--verify checks the citations of an answer, and --max-new-tokens 0 generates none" in out.stderr
+    assert "Loading weights" not in out.stderr

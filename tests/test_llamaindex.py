@@ -564,3 +564,89 @@ def test_from_generator_builds_no_second_generator_and_llm_models_are_weak(tmp_p
     del passing
     gc.collect()
     assert all(m.name != "passing" for m in llm_models())
+
+
+def check_citation_rows(response, rows: list[dict], answer_text: str) -> None:
+    """Every citation row names a node the response stacked, a real sentence in that node's text, a real sentence
+    of the answer, and the marker number the node's prompt position gives it."""
+    nodes = {s.node_id: s.node for s in response.source_nodes}
+    markers = response.metadata["midlens"]["markers"]
+    for row in rows:
+        assert row["node_id"] in nodes and markers[row["marker"]] == row["node_id"]
+        assert response.metadata[row["node_id"]]["position"] == row["marker"]
+        start, end = row["node_chars"]
+        original = nodes[row["node_id"]].get_content(metadata_mode=MetadataMode.NONE)  # the text to_passage stacks
+        assert 0 <= start < end <= len(original) and original[start:end].strip() == original[start:end]
+        a, b = row["answer_chars"]
+        assert answer_text[a:b].strip() and answer_text[a:b] == answer_text[a:b].strip()
+        assert 0 < row["score"] <= 1.0
+
+
+def test_query_engine_citations_map_to_nodes_sync_async_streaming_and_chat(llm, faiss_index):
+    engine = MidlensQueryEngine.from_index(faiss_index, llm=llm, similarity_top_k=3, verify=True)
+    response = engine.query(QUESTION)
+    run = response.metadata["midlens"]
+    rows = run["citations"]
+    assert rows and run["text"] == response.response
+    check_citation_rows(response, rows, response.response)
+    assert all(isinstance(r["verified"], bool) and r["logprob_drop"] is not None for r in rows)
+    assert "gold" in {r["node_id"] for r in rows}
+    gold = next(r for r in rows if r["node_id"] == "gold")
+    assert PLANTED_FACT[gold["node_chars"][0] : gold["node_chars"][1]] == PLANTED_FACT
+    for row in rows:  # the marked text has "[n]" ("[n?]" when verification rejected it) inside the sentence's span
+        a, b = row["marked_chars"]
+        assert f"[{row['marker']}{'' if row['verified'] else '?'}]" in run["marked_text"][a:b]
+
+    async_response = asyncio.run(engine.aquery(QUESTION))
+    assert async_response.metadata["midlens"]["citations"] == rows
+
+    streaming = MidlensQueryEngine.from_index(faiss_index, llm=llm, similarity_top_k=3, streaming=True, verify=True)
+    stream = streaming.query(QUESTION)
+    assert "citations" not in stream.metadata.get("midlens", {})  # only once the answer is finished
+    assert "".join(stream.response_gen) == response.response
+    assert stream.metadata["midlens"]["citations"] == rows
+
+    chat = engine.as_chat_engine().chat(QUESTION)
+    assert str(chat) == response.response
+    assert chat.sources[0].raw_output.metadata["midlens"]["citations"] == rows
+
+
+def test_citation_engine_numbers_sources_as_its_markers_and_the_prompt_do(llm, faiss_index):
+    from llama_index.core.query_engine import CitationQueryEngine
+
+    from midlens.rag.llamaindex import MidlensCitationQueryEngine
+
+    engine = MidlensCitationQueryEngine.from_index(faiss_index, llm=llm, similarity_top_k=3)
+    response = engine.query(QUESTION)
+    sources = response.source_nodes
+    assert len(sources) == 3
+    for n, source in enumerate(sources, start=1):  # CitationQueryEngine's shape: source n reads "Source n:\n..."
+        text = source.node.get_content()
+        assert text.startswith(f"Source {n}:\n") and text.endswith("\n")
+        assert response.metadata[source.node_id]["position"] == n
+    rows = response.metadata["midlens"]["citations"]
+    assert rows and all(r["verified"] is None for r in rows)
+    markers = {int(m) for m in re.findall(r"\[(\d+)\]", response.response)}
+    assert markers == {r["marker"] for r in rows} and markers <= set(range(1, len(sources) + 1))
+    assert response.response == response.metadata["midlens"]["marked_text"]
+    plain = response.metadata["midlens"]["text"]
+    assert re.sub(r" (\[\d+\])+", "", response.response) == plain
+    for row in rows:
+        a, b = row["marked_chars"]
+        assert f"[{row['marker']}]" in response.response[a:b]
+        body = sources[row["marker"] - 1].node.get_content().removeprefix(f"Source {row['marker']}:\n")
+        start, end = row["node_chars"]
+        assert body[start:end] and body[start:end].strip() == body[start:end]
+    assert issubclass(MidlensCitationQueryEngine, MidlensQueryEngine)
+    assert not issubclass(MidlensCitationQueryEngine, CitationQueryEngine)  # the same output, markers from attention
+
+    verified = MidlensCitationQueryEngine.from_index(faiss_index, llm=llm, similarity_top_k=3, verify=True)
+    checked = verified.query(QUESTION)
+    kept = {r["marker"] for r in checked.metadata["midlens"]["citations"] if r["verified"]}
+    assert {int(m) for m in re.findall(r"\[(\d+)\]", checked.response)} == kept  # a rejected source gets no marker
+    assert "?]" not in checked.response
+
+
+def test_verify_is_refused_where_it_cannot_run(llm, faiss_index):
+    with pytest.raises(InvalidArgumentError, match=r"verify='no': pass True"):
+        MidlensQueryEngine.from_index(faiss_index, llm=llm, verify="no")
