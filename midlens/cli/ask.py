@@ -1,13 +1,15 @@
-"""`midlens ask`: retrieve, stack, answer one question, and show the evidence each passage got."""
+"""`midlens ask`: retrieve, stack, answer one question, and show what each sentence of the answer cites and the
+evidence each passage got."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from midlens.cli.options import RETRIEVAL_HELP, add_model_args, positive_int, prompt_error_for_cli
 from midlens.core.checks import check_question
-from midlens.core.errors import MidlensError, PromptTooLongError
+from midlens.core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
 from midlens.core.names import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PROMPT_STYLE,
@@ -20,9 +22,11 @@ from midlens.core.names import (
 EXAMPLES = """examples:
   midlens ask "Who directed Wings of Desire?"
   midlens ask "What does the report conclude?" --corpus docs/ --top-k 8 --method ms-poe
+  midlens ask "Who directed Wings of Desire?" --verify      # check each citation: [1?] marks one that fails
   midlens ask "Who directed Wings of Desire?" --json --device cpu > answer.json
 """
 BAR_WIDTH = 24
+QUOTE_WIDTH = 160  # characters of a cited sentence shown under the answer
 
 
 def add_parser(sub) -> None:
@@ -44,6 +48,12 @@ def add_parser(sub) -> None:
         "but fewer right answers in our measurements)",
     )
     ask.add_argument("--no-calibrate", action="store_true", help="skip the content-free (N/A) calibration pass")
+    ask.add_argument(
+        "--verify",
+        action="store_true",
+        help="check each citation: re-score the answer with the cited passage removed; one that costs the sentence "
+        "too little log-probability is marked [n?]",
+    )
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_model_args(ask)
     ask.set_defaults(func=run)
@@ -51,6 +61,11 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_question(args.question)  # before torch and the model load, which take seconds
+    if args.verify and args.max_new_tokens == 0:
+        raise InvalidArgumentError(
+            "--verify checks the citations of an answer, and --max-new-tokens 0 generates none (it only scores the "
+            "passages): drop --verify, or give --max-new-tokens 1 or more."
+        )
     from midlens.cli.options import check_device, chosen_model, evidence_config, method_spec
 
     method = method_spec(args)  # a typo in --method fails before the model loads
@@ -72,11 +87,20 @@ def run(args: argparse.Namespace) -> int:
         truncate=args.truncate,
     )
     try:
-        answer = pipe.ask(args.question, max_new_tokens=args.max_new_tokens, calibrate=not args.no_calibrate)
+        answer = pipe.ask(
+            args.question, max_new_tokens=args.max_new_tokens, calibrate=not args.no_calibrate, verify=args.verify
+        )
     except PromptTooLongError as err:
         raise MidlensError(prompt_error_for_cli(err, args)) from None
+    if args.verify and not any(c.sources for c in answer.citations):
+        print("note: --verify: the answer cites no passage, so there was nothing to verify.", file=sys.stderr)
     if args.json:
-        print(json.dumps(answer.to_dict(), indent=2, ensure_ascii=False))
+        from midlens.rag.pipeline import marked_answer
+
+        # The record as Answer.to_dict writes it (citations: `span` in `text`, each source's `sentence` in its
+        # passage's `text`, both character offsets), plus the text as printed, with its markers.
+        record = {**answer.to_dict(), "marked_text": marked_answer(answer).text}
+        print(json.dumps(record, indent=2, ensure_ascii=False))
     else:
         print_answer(answer, args.max_new_tokens)
     return 0
@@ -87,13 +111,49 @@ def bar(value: float, top: float) -> str:
     return "#" * filled + "." * (BAR_WIDTH - filled)
 
 
+def quote(text: str, width: int = QUOTE_WIDTH) -> str:
+    """A cited sentence on one line, cut to `width` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "\u2026"
+
+
+def print_citations(answer) -> None:
+    """Under the answer: each cited passage (its marker = its prompt position) with the sentence it is cited for,
+    its share of the citing sentence's attention and, once verified, the log-probability the sentence loses
+    without it."""
+    cited: dict[tuple[int, tuple[int, int] | None], list] = {}
+    for citation in answer.citations:
+        for source in citation.sources:
+            cited.setdefault((source.position, source.sentence), []).append(source)
+    if not cited:
+        return
+    print("cited (n = position in the prompt; share of the sentence's attention to passages):")
+    for (position, sentence), sources in sorted(cited.items(), key=lambda item: item[0][0]):
+        passage = answer.passages[position - 1].passage
+        best = max(sources, key=lambda s: s.score)
+        checks = [s for s in sources if s.verified is not None]
+        note = f"share {best.score:.2f}"
+        if checks:
+            drop = max(s.logprob_drop for s in checks)
+            verdict = "verified" if any(s.verified for s in checks) else "NOT verified"
+            note += f", {verdict}: log-prob drop {drop:+.2f} nats without it"
+        marker = f"[{position}{'?' if checks and not any(s.verified for s in checks) else ''}]"
+        said = passage.text[sentence[0] : sentence[1]] if sentence is not None else passage.title
+        print(f"  {marker:<5} {passage.title[:60]}  ({note})")
+        print(f'        "{quote(said)}"')
+    print()
+
+
 def print_answer(answer, max_new_tokens: int | None = None) -> None:
-    text = answer.text
+    from midlens.rag.pipeline import marked_answer
+
+    text = marked_answer(answer).text
     if not text and max_new_tokens == 0:
         text = "(none: --max-new-tokens 0 scores the passages without generating an answer)"
     elif not text:
         text = "(none: the model ended its answer before writing anything)"
     print(f"\nQ: {answer.question}\nA: {text}\n")
+    print_citations(answer)
     calibrated = answer.passages and answer.passages[0].calibrated is not None
     top = max((p.score for p in answer.passages), default=0.0)
     label = "calibrated evidence" if calibrated else "evidence"
