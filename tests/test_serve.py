@@ -1,7 +1,7 @@
 """`midlens serve` end to end: real Ray Serve on a local cluster, the real SmolLM2-135M, real HTTP on loopback.
 
-One server for the module (Ray and the replica take ~45 s to start on two cores); the last two tests time a
-runaway request out and then kill the replica, so they run last, in file order.
+One server for the module (Ray and the replica take ~45 s to start on two cores); the last tests cancel runaway
+requests and then kill the replica, so they run last, in file order.
 """
 
 from __future__ import annotations
@@ -287,20 +287,45 @@ def test_the_library_does_not_import_the_service():
     assert "llama_index" not in remote and "torch" not in remote  # a client needs neither
 
 
+# Sampled at a high temperature the answer rarely ends early: far more tokens than any timeout here allows.
+RUNAWAY = {"max_new_tokens": 4000, "temperature": 2.0, "seed": 1}
+
+
+def _stopped(client, count: int) -> bool:
+    """Whether the replica has stopped decoding `count` cancelled requests (at their next token: seconds)."""
+    deadline = time.monotonic() + 30
+    while client.stats().cancelled < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return client.stats().cancelled == count
+
+
+def test_a_client_that_leaves_cancels_its_request(server, client):
+    cancelled = client.stats().cancelled
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(server + "/v1/midlens/answer", json={"question": "Write a long story.", **RUNAWAY}, timeout=3.0)
+    assert _stopped(client, cancelled + 1)
+    chat = {
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": RUNAWAY["max_new_tokens"],
+        "temperature": RUNAWAY["temperature"],
+        "seed": RUNAWAY["seed"],
+        "stream": True,
+    }
+    with httpx.stream("POST", server + "/v1/chat/completions", json=chat, timeout=60) as response:
+        events = (line for line in response.iter_lines() if line.startswith("data: "))
+        next(events), next(events)  # the role, then the first words: the stream is running; then it is closed
+    assert _stopped(client, cancelled + 2)
+
+
 def test_a_request_over_the_timeout_is_answered_504_and_its_decoding_stops(server, client):
-    # Sampled at a high temperature the answer rarely ends early: far more tokens than the timeout allows.
-    body = {"question": "Write a long story.", "passages": [], "max_new_tokens": 4000, "temperature": 2.0, "seed": 1}
     cancelled = client.stats().cancelled
     t0 = time.monotonic()
-    response = _post(server, "/v1/midlens/answer", json.dumps(body))
+    response = _post(server, "/v1/midlens/answer", json.dumps({"question": "Write a long story.", **RUNAWAY}))
     assert response.status_code == 504, response.text
     assert "request timeout" in response.json()["error"]["message"]
     assert time.monotonic() - t0 < TIMEOUT_S + 5
     # The replica stops decoding the abandoned answer at its next token instead of running to 4000 tokens.
-    deadline = time.monotonic() + 30
-    while client.stats().cancelled == cancelled and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert client.stats().cancelled == cancelled + 1
+    assert _stopped(client, cancelled + 1)
     t0 = time.monotonic()
     assert client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW).text
     assert time.monotonic() - t0 < TIMEOUT_S, "the next request waited behind the timed-out one"
