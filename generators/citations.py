@@ -78,10 +78,14 @@ def answer_sentences(text: str, ends: list[int], lead: int) -> list[tuple[tuple[
     """(characters in `text`, tokens) of each sentence of the answer; `text` is the decoded answer with `lead`
     characters of leading whitespace stripped, `ends` the decoded character end of each token."""
     out = []
+    if not ends:
+        return out
     for start, end in sentence_spans(text):
-        first = next(i for i, e in enumerate(ends) if e > start + lead)
+        # A decoded text can run past the last token end (bytes of a character completed only by the whole
+        # decode): such a sentence belongs to the last token.
+        first = next((i for i, e in enumerate(ends) if e > start + lead), len(ends) - 1)
         last = next((i for i, e in enumerate(ends) if e >= end + lead), len(ends) - 1)
-        out.append(((start, end), (first, last + 1)))
+        out.append(((start, end), (first, max(first, last) + 1)))
     return out
 
 

@@ -117,3 +117,12 @@ def test_sentence_spans_trim_and_keep_abbreviations():
         "He arrived at 3 p.m. on Monday!",
     ]
     assert sentence_spans("   ") == [] and sentence_spans("no boundary") == [(0, 11)]
+
+
+def test_answer_sentences_past_the_last_token_end_belong_to_the_last_token():
+    from midlens.generators.citations import answer_sentences
+
+    # A random-weight model can decode text whose last characters no single-token prefix decodes to (a
+    # multi-byte character completed by the whole sequence): every sentence still maps to real tokens.
+    assert answer_sentences("Abc. Def.", [3], lead=0) == [((0, 4), (0, 1)), ((5, 9), (0, 1))]
+    assert answer_sentences("", [], lead=0) == []
