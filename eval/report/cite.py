@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from midlens.eval.cite import CITERS, DEFAULT_RULE, DROP_RANKINGS, RULE_FILE, cited_sets, gold_sets, prf
@@ -166,7 +167,7 @@ def _grid_table(rs: list[dict]) -> list[str]:
     return lines
 
 
-def _cost_lines(run_dirs: list[Path]) -> list[str]:
+def _cost_lines(run_dirs: Sequence[Path]) -> list[str]:
     lines = []
     for run in run_dirs:
         path = Path(run) / COST_FILE
@@ -190,7 +191,7 @@ def _cost_lines(run_dirs: list[Path]) -> list[str]:
     return lines
 
 
-def cite_markdown(configs: list[dict], rows: list[dict], run_dirs: list[Path] = ()) -> str:
+def cite_markdown(configs: list[dict], rows: list[dict], run_dirs: Sequence[Path] = ()) -> str:
     """The cite section of report.md ("" when no run holds cite rows)."""
     groups = _groups(rows)
     lines: list[str] = []
@@ -220,5 +221,5 @@ def cite_markdown(configs: list[dict], rows: list[dict], run_dirs: list[Path] = 
         lines += _paired_table(rs, rule, positions)
         lines += _drop_table(rs)
         lines += _grid_table(rs)
-    lines += _cost_lines(list(run_dirs))
+    lines += _cost_lines(run_dirs)
     return "\n".join(lines) + ("\n" if lines else "")
