@@ -26,7 +26,8 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
-from midlens.core.errors import InvalidArgumentError
+from midlens.core.checks import check_max_new_tokens
+from midlens.core.errors import InvalidArgumentError, Remedy
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.passage import Passage
 from midlens.generators.batch import BatchRun, pad_token_id, segment_spans
@@ -148,14 +149,16 @@ class Generator:
 
     def _check(self, prompts: list[StackedPrompt], max_new_tokens: int, temperature: float, top_p: float) -> None:
         if temperature > 0 and not 0 < top_p <= 1:
-            raise ValueError(f"top_p={top_p} must be in (0, 1].")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0.")
+            share = "nucleus sampling keeps a share of the probability mass, in (0, 1]."
+            raise InvalidArgumentError(share, (), Remedy("top_p", top_p))
+        check_max_new_tokens(max_new_tokens)
         for prompt in prompts:
             if prompt.num_tokens + max_new_tokens > self.context_window:
-                raise ValueError(
-                    f"prompt ({prompt.num_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                    f"context window ({self.context_window}); build the prompt with Generator.prompt()."
+                raise InvalidArgumentError(
+                    f"the prompt ({prompt.num_tokens} tokens) and the answer (max_new_tokens={max_new_tokens}) exceed "
+                    f"the context window ({self.context_window}); build the prompt with Generator.prompt(), which "
+                    "leaves room for the answer.",
+                    [Remedy("max_new_tokens", max(0, self.context_window - prompt.num_tokens), "at most")],
                 )
 
     def _steps(

@@ -251,7 +251,8 @@ def test_a_trained_method_runs_on_the_default_model_and_is_refused_early_where_n
     assert "note:" not in capsys.readouterr().err  # no switch, so nothing to note
     folder = tmp_path / "my-model"
     folder.mkdir()
-    with pytest.raises(ArtefactError, match=r"mudaf.*ships for smollm2-135m, qwen2.5-coder-0.5b \(choose that model\)"):
+    refusal = r"mudaf.*ships for smollm2-135m, qwen2.5-coder-0.5b\. To fix it, pass model=\"smollm2-135m\""
+    with pytest.raises(ArtefactError, match=refusal):
         args = argparse.Namespace(model=str(folder), method="mudaf(alpha=0)")
         chosen_model(args, method_spec(args))
 
@@ -262,7 +263,7 @@ def test_a_trained_method_runs_on_the_default_model_and_is_refused_early_where_n
     assert "no trained moice artefact ships" in capsys.readouterr().err
     assert main(["ask", "q?", "--model", str(folder), "--method", "mudaf(alpha=0)"]) == 2
     err = capsys.readouterr().err
-    assert "method spec: mudaf(alpha=0, artefact='PATH')" in err and "alpha0" not in err
+    assert "--method 'mudaf(alpha=0, artefact=PATH)'" in err and "alpha0" not in err
 
 
 def test_the_readme_python_example_answers_right_as_written(capsys):

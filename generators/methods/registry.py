@@ -73,7 +73,7 @@ def model_for(config: MethodConfig, model: str | None, default: str) -> str:
     """The model to run `config` on: `model` when one was chosen, else `default`, or, for a trained method that
     ships nothing for `default`, the packaged model its artefact was trained for (`midlens ask --method mudaf`
     works on a fresh checkout). A chosen model the method has nothing for is refused here, before it loads."""
-    from midlens.core.errors import ArtefactError
+    from midlens.core.errors import ArtefactError, Remedy
     from midlens.generators.packaged_models import canonical_name
 
     # An old model name is compared as the name it stands for, or its artefacts would not be found.
@@ -84,12 +84,12 @@ def model_for(config: MethodConfig, model: str | None, default: str) -> str:
     if model is None and ships:
         return ships[0]
     chosen = model or default
-    where = f"; one ships for {', '.join(ships)} (choose that model)" if ships else ""
-    raise ArtefactError(
-        f"no trained {config.name} artefact ships for model {chosen!r}{where}. To run {config.name} on {chosen}, train "
-        f"one (`midlens train {config.name}` with that model) and pass its folder in the method spec: "
-        f"{MethodConfig(config.name, {**config.options, 'artefact': 'PATH'}).spec()}."
-    )
+    where = f"; one ships for {', '.join(ships)}" if ships else ""
+    remedies = [Remedy("model", m, "(its shipped artefact)") for m in ships]
+    # PATH bare: a spec takes an unquoted folder, and every interface can quote the whole spec its own way.
+    trained = MethodConfig(config.name, {**config.options, "artefact": "PATH"}).spec().replace("'PATH'", "PATH")
+    remedies.append(Remedy("method", trained, f"with PATH a {config.name} artefact trained for {chosen}"))
+    raise ArtefactError(f"no trained {config.name} artefact ships for model {chosen!r}{where}.", remedies)
 
 
 @dataclass(frozen=True)
