@@ -87,7 +87,6 @@ def _measure(
     prompts = batch_prompts(gen, prompts_count)
     stock = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=loaded.dtype, attn_implementation="sdpa")
     stock = stock.to(loaded.device).eval()
-    pad = gen.pad_id
 
     def midlens_run(size: int) -> int:
         tokens = 0
@@ -97,62 +96,14 @@ def _measure(
         return tokens
 
     def hf_run(size: int) -> int:
-        tokens = 0
-        for start in range(0, len(prompts), size):
-            chunk = prompts[start : start + size]
-            width = max(p.num_tokens for p in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            mask = torch.zeros(len(chunk), width, dtype=torch.long)
-            for b, p in enumerate(chunk):
-                ids[b, width - p.num_tokens :] = torch.tensor(p.input_ids)
-                mask[b, width - p.num_tokens :] = 1
-            with torch.inference_mode():
-                out = stock.generate(
-                    input_ids=ids.to(loaded.device),
-                    attention_mask=mask.to(loaded.device),
-                    max_new_tokens=new_tokens,
-                    do_sample=False,
-                    pad_token_id=pad,
-                    eos_token_id=sorted(gen.eos_ids),
-                )
-            tokens += int((out[:, width:] != pad).sum())
-        return tokens
-
-    variants = [(engine, size) for size in batch_sizes for engine in ("midlens", "hf")]
-    times: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
-    peaks: dict[tuple[str, int], float] = {}
-    generated: dict[tuple[str, int], int] = {}
-    # On a GPU the CUDA allocator's whole peak; on the CPU the peak RSS growth over the loaded model.
-    base_kb = 0 if loaded.device.type == "cuda" else rss_kb()
-    midlens_run(min(batch_sizes))  # warm-up: kernels, allocator
-    for _ in range(repeats):
-        for engine, size in variants:
-            reset_peak(loaded.device)
-            t0 = time.perf_counter()
-            generated[(engine, size)] = (midlens_run if engine == "midlens" else hf_run)(size)
-            if loaded.device.type == "cuda":
-                torch.cuda.synchronize()
-            times[(engine, size)].append(time.perf_counter() - t0)
-            peak_mb = (peak_kb(loaded.device) - base_kb) / 1024
-            peaks[(engine, size)] = max(peaks.get((engine, size), 0.0), peak_mb)
-    rows = []
-    for engine, size in variants:
-        seconds = statistics.median(times[(engine, size)])
-        rows.append(
-            {
-                "engine": engine,
-                "batch": size,
-                "seconds": seconds,
-                "examples_per_s": len(prompts) / seconds,
-                "generated_tokens": generated[(engine, size)],
-                "peak_mb": peaks[(engine, size)],
-            }
+        eos = sorted(gen.eos_ids)
+        return sum(
+            _hf_generate(stock, prompts[start : start + size], gen.pad_id, eos, new_tokens)
+            for start in range(0, len(prompts), size)
         )
-    by = {(r["engine"], r["batch"]): r for r in rows}
-    first = min(batch_sizes)
-    for r in rows:
-        r["x_batch_" + str(first)] = r["examples_per_s"] / by[(r["engine"], first)]["examples_per_s"]
-        r["x_hf_same_batch"] = r["examples_per_s"] / by[("hf", r["batch"])]["examples_per_s"]
+
+    midlens_run(min(batch_sizes))  # warm-up: kernels, allocator
+    rows = _timed_rows({"midlens": midlens_run, "hf": hf_run}, batch_sizes, repeats, loaded.device, len(prompts))
     return {
         "model": loaded.name if random_shape is None else f"random weights, {random_shape} shape",
         "device": str(loaded.device),
@@ -164,6 +115,71 @@ def _measure(
         "repeats": repeats,
         "rows": rows,
     }
+
+
+def _hf_generate(stock, chunk: list, pad: int, eos: list[int], new_tokens: int) -> int:
+    """HF `generate` on one left-padded chunk of prompts, greedy: the tokens it generated (padding not counted)."""
+    import torch
+
+    width = max(p.num_tokens for p in chunk)
+    ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(chunk), width, dtype=torch.long)
+    for b, p in enumerate(chunk):
+        ids[b, width - p.num_tokens :] = torch.tensor(p.input_ids)
+        mask[b, width - p.num_tokens :] = 1
+    device = stock.get_input_embeddings().weight.device
+    with torch.inference_mode():
+        out = stock.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=eos,
+        )
+    return int((out[:, width:] != pad).sum())
+
+
+def _timed_rows(runs: dict, batch_sizes: list[int], repeats: int, device, prompts: int) -> list[dict]:
+    """Median wall time and peak memory of each (engine, batch size), interleaved over `repeats`, with the ratios
+    against the smallest batch of the same engine and against HF at the same batch."""
+    import torch
+
+    variants = [(engine, size) for size in batch_sizes for engine in runs]
+    times: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
+    peaks: dict[tuple[str, int], float] = {}
+    generated: dict[tuple[str, int], int] = {}
+    # On a GPU the CUDA allocator's whole peak; on the CPU the peak RSS growth over the loaded model.
+    base_kb = 0 if device.type == "cuda" else rss_kb()
+    for _ in range(repeats):
+        for engine, size in variants:
+            reset_peak(device)
+            t0 = time.perf_counter()
+            generated[(engine, size)] = runs[engine](size)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[(engine, size)].append(time.perf_counter() - t0)
+            peak_mb = (peak_kb(device) - base_kb) / 1024
+            peaks[(engine, size)] = max(peaks.get((engine, size), 0.0), peak_mb)
+    rows = []
+    for engine, size in variants:
+        seconds = statistics.median(times[(engine, size)])
+        rows.append(
+            {
+                "engine": engine,
+                "batch": size,
+                "seconds": seconds,
+                "examples_per_s": prompts / seconds,
+                "generated_tokens": generated[(engine, size)],
+                "peak_mb": peaks[(engine, size)],
+            }
+        )
+    by = {(r["engine"], r["batch"]): r for r in rows}
+    first = min(batch_sizes)
+    for r in rows:
+        r["x_batch_" + str(first)] = r["examples_per_s"] / by[(r["engine"], first)]["examples_per_s"]
+        r["x_hf_same_batch"] = r["examples_per_s"] / by[("hf", r["batch"])]["examples_per_s"]
+    return rows
 
 
 def markdown(report: dict) -> str:
