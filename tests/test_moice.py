@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from midlens.core.errors import ArtefactError, MethodConfigError
 from midlens.generators import Generator
 from midlens.generators.context import MethodParts, method_context
-from midlens.generators.methods.moice import MoiceScheme, complementary_bases, new_schemes, routed_attention, waveform
+from midlens.generators.methods.moice import MoiceScheme, new_schemes, routed_attention
 from midlens.generators.methods.registry import build_parts, method_config
+from midlens.generators.methods.rope_bases import complementary_bases, waveform
 from midlens.training.data import data_record
 from midlens.training.loop import LoopConfig
 from midlens.training.moice import MoiceConfig, MoiceObjective, train_moice

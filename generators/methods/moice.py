@@ -5,7 +5,7 @@
     Generator(m, method="moice(artefact='runs/moice-smollm2')")
 
 Experts are RoPE bases: the model's native base first, then complementary bases chosen for this model's
-head_dim and base by the Attention-Buckets waveform criterion (`complementary_bases`; the published set was
+head_dim and base by the Attention-Buckets waveform criterion (`rope_bases.complementary_bases`; the published set was
 searched for Llama-2's head_dim 128 and base 1e4 and is never reused for another model). A router per layer
 (option: per head) reads the PRE-RoPE query q of each head and scores the experts with
 W3(SiLU(W1 q) * W2 q); the top-K scores are softmaxed into weights p_j and the layer's output is
@@ -17,7 +17,6 @@ does this for any scheme with mixing weights). Training (routers only, the model
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -36,72 +35,6 @@ DEFAULTS = {"top_k": None, "artefact": None}  # top_k None: the K the routers we
 BENCH_VARIANTS = ("moice(top_k=1)", "moice(top_k=3)", "moice(top_k=7)")
 # Where `midlens train moice` finds its recipe (the training layer, above this one).
 TRAINER = "midlens.training.moice"
-
-
-# ---- expert bases ---------------------------------------------------------------------------------------------
-
-
-def waveform(distances: torch.Tensor, base: float, head_dim: int) -> torch.Tensor:
-    """Attention-Buckets' upper-bound waveform of one RoPE base over relative distance D:
-    f_B(D) = (2 / sqrt(d)) * sum_{i < d/2} cos(D * B^(-2i/d))."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    return (2 / math.sqrt(head_dim)) * torch.cos(distances.double()[:, None] * inv_freq[None]).sum(-1)
-
-
-def complementary_bases(
-    native: float,
-    head_dim: int,
-    count: int = 7,
-    max_distance: int = 4096,
-    span: tuple[float, float] = (1.0, 2.5),
-    candidates: int = 301,
-) -> list[float]:
-    """The native base, then `count - 1` bases picked greedily from a geometric grid over native * span.
-
-    Criterion (Attention Buckets): one base's waveform has troughs at distances where another's has peaks, so
-    a set of bases leaves no distance badly attended. Each step adds the candidate whose waveform rises
-    highest ABOVE the current set's upper envelope, on average over distances 1..max_distance:
-        gain(c) = mean_D max(0, f_c(D) - max_{b in set} f_b(D)).
-    The span default (1x to 2.5x native) is the ratio the published Llama-2 set covers (1e4 to 2.5e4);
-    bases are rounded to 3 significant digits so the set is readable and stable, and listed native first, then
-    ascending.
-    """
-    if count < 1:
-        raise MethodConfigError(f"moice experts={count}: need at least the native base.")
-    distances = torch.arange(1, max_distance + 1)
-    grid = torch.logspace(math.log10(native * span[0]), math.log10(native * span[1]), candidates).tolist()
-    grid = sorted({float(f"{b:.3g}") for b in grid} - {float(native)})
-    waves = {b: waveform(distances, b, head_dim) for b in grid}
-    chosen = [float(native)]
-    envelope = waveform(distances, native, head_dim)
-    while len(chosen) < count and waves:
-        best = max(waves, key=lambda b: float((waves[b] - envelope).clamp(min=0).mean()))
-        chosen.append(best)
-        envelope = torch.maximum(envelope, waves.pop(best))
-    return chosen[:1] + sorted(chosen[1:])
-
-
-def plot_waveforms(bases: list[float], head_dim: int, path, max_distance: int = 4096) -> None:
-    """PNG of each expert base's waveform over distance, and the set's upper envelope."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    distances = torch.arange(1, max_distance + 1)
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    waves = [waveform(distances, b, head_dim) for b in bases]
-    for i, (b, w) in enumerate(zip(bases, waves, strict=True)):
-        ax.plot(distances, w, lw=1.6 if i == 0 else 0.7, label=f"{b:g}" + (" (native)" if i == 0 else ""))
-    ax.plot(distances, torch.stack(waves).max(0).values, color="black", lw=1.0, ls="--", label="envelope")
-    ax.set_xscale("log")
-    ax.set_xlabel("relative distance D (tokens)")
-    ax.set_ylabel("f_B(D), attention upper bound")
-    ax.set_title(f"RoPE waveforms of the MoICE experts (head_dim {head_dim})")
-    ax.legend(fontsize=8, ncol=2, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 # ---- the scheme -----------------------------------------------------------------------------------------------
@@ -285,56 +218,12 @@ def build(loaded, opts: dict) -> MethodParts:
     return MethodParts(routers.schemes)
 
 
-def usage_heatmap(per_layer: torch.Tensor, bases: list[float], path) -> None:
-    """PNG: layers x experts, the share of (token, head) routes each expert got."""
-    import matplotlib
+def inspect_routers(gen, prompts: list, out: Path | None = None) -> list[str]:
+    """`midlens methods moice`: the bases' waveforms and router usage (generators.methods.moice_inspect, imported
+    only when asked: it draws with matplotlib)."""
+    from midlens.generators.methods.moice_inspect import inspect_routers as inspect
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 0.22 * per_layer.shape[0] + 1.5))
-    image = ax.imshow(per_layer.numpy(), aspect="auto", cmap="viridis", vmin=0)
-    ax.set_xticks(range(len(bases)), [f"{b:g}" for b in bases], rotation=45, ha="right")
-    ax.set_xlabel("expert (RoPE base)")
-    ax.set_ylabel("layer")
-    ax.set_title("MoICE router usage (share of token-head routes)")
-    fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def inspect(gen, prompts: list, out: Path | None = None) -> list[str]:
-    """`midlens methods moice ...`: the expert bases the routers mix, and the share of (token, head) routes each
-    expert gets on `prompts` (StackedPrompts), per layer. With `out`: moice-bases.png (the bases' waveforms),
-    moice-usage.json and moice-usage.png (layers x experts)."""
-    schemes = gen.parts.schemes
-    config = gen.loaded.model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    bases = list(schemes[0].bases)
-    lines = [
-        f"{gen.loaded.name}: head_dim {head_dim}, native RoPE base {rope_base(config):g}",
-        "expert bases: " + ", ".join(f"{b:g}" for b in bases),
-    ]
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        plot_waveforms(bases, head_dim, out / "moice-bases.png")
-        lines.append(f"waveforms in {out / 'moice-bases.png'}")
-    if not prompts:
-        return lines
-    per_layer = torch.zeros(len(schemes), schemes[0].num_experts)
-    for prompt in prompts:  # each prompt's prefill, every token and head, weighted equally per prompt
-        gen.score(prompt, calibrate=False)
-        per_layer += torch.stack([s.last_usage.cpu() for s in schemes]) / len(prompts)
-    mean = per_layer.mean(0)
-    lines.append(f"share of (token, head) routes per expert over {len(prompts)} prompts:")
-    lines.append("  ".join(f"{b:g}: {m:.3f}" for b, m in zip(bases, mean.tolist(), strict=True)))
-    if out is not None:
-        record = {"method": gen.method.spec(), "n": len(prompts), "bases": bases, "per_layer": per_layer.tolist()}
-        (out / "moice-usage.json").write_text(json.dumps({**record, "mean": mean.tolist()}, indent=1) + "\n")
-        usage_heatmap(per_layer, bases, out / "moice-usage.png")
-        lines.append(f"router usage in {out / 'moice-usage.json'}, heatmap {out / 'moice-usage.png'}")
-    return lines
+    return inspect(gen, prompts, out)
 
 
 METHOD = Method(
@@ -344,6 +233,6 @@ METHOD = Method(
     defaults=DEFAULTS,
     check=check_options,
     bench_variants=BENCH_VARIANTS,
-    inspect=inspect,
+    inspect=inspect_routers,
     trainer=TRAINER,
 )

@@ -1,0 +1,74 @@
+"""RoPE bases for methods that mix several: the Attention-Buckets waveform of a base and the greedy choice of a
+complementary set for one model's head_dim and native base (MoICE's experts; never the published Llama-2 set
+reused for another model)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from midlens.core.errors import MethodConfigError
+
+
+def waveform(distances: torch.Tensor, base: float, head_dim: int) -> torch.Tensor:
+    """Attention-Buckets' upper-bound waveform of one RoPE base over relative distance D:
+    f_B(D) = (2 / sqrt(d)) * sum_{i < d/2} cos(D * B^(-2i/d))."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    return (2 / math.sqrt(head_dim)) * torch.cos(distances.double()[:, None] * inv_freq[None]).sum(-1)
+
+
+def complementary_bases(
+    native: float,
+    head_dim: int,
+    count: int = 7,
+    max_distance: int = 4096,
+    span: tuple[float, float] = (1.0, 2.5),
+    candidates: int = 301,
+) -> list[float]:
+    """The native base, then `count - 1` bases picked greedily from a geometric grid over native * span.
+
+    Criterion (Attention Buckets): one base's waveform has troughs at distances where another's has peaks, so
+    a set of bases leaves no distance badly attended. Each step adds the candidate whose waveform rises
+    highest ABOVE the current set's upper envelope, on average over distances 1..max_distance:
+        gain(c) = mean_D max(0, f_c(D) - max_{b in set} f_b(D)).
+    The span default (1x to 2.5x native) is the ratio the published Llama-2 set covers (1e4 to 2.5e4);
+    bases are rounded to 3 significant digits so the set is readable and stable, and listed native first, then
+    ascending.
+    """
+    if count < 1:
+        raise MethodConfigError(f"moice experts={count}: need at least the native base.")
+    distances = torch.arange(1, max_distance + 1)
+    grid = torch.logspace(math.log10(native * span[0]), math.log10(native * span[1]), candidates).tolist()
+    grid = sorted({float(f"{b:.3g}") for b in grid} - {float(native)})
+    waves = {b: waveform(distances, b, head_dim) for b in grid}
+    chosen = [float(native)]
+    envelope = waveform(distances, native, head_dim)
+    while len(chosen) < count and waves:
+        best = max(waves, key=lambda b: float((waves[b] - envelope).clamp(min=0).mean()))
+        chosen.append(best)
+        envelope = torch.maximum(envelope, waves.pop(best))
+    return chosen[:1] + sorted(chosen[1:])
+
+
+def plot_waveforms(bases: list[float], head_dim: int, path, max_distance: int = 4096) -> None:
+    """PNG of each expert base's waveform over distance, and the set's upper envelope."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    distances = torch.arange(1, max_distance + 1)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    waves = [waveform(distances, b, head_dim) for b in bases]
+    for i, (b, w) in enumerate(zip(bases, waves, strict=True)):
+        ax.plot(distances, w, lw=1.6 if i == 0 else 0.7, label=f"{b:g}" + (" (native)" if i == 0 else ""))
+    ax.plot(distances, torch.stack(waves).max(0).values, color="black", lw=1.0, ls="--", label="envelope")
+    ax.set_xscale("log")
+    ax.set_xlabel("relative distance D (tokens)")
+    ax.set_ylabel("f_B(D), attention upper bound")
+    ax.set_title(f"RoPE waveforms of the MoICE experts (head_dim {head_dim})")
+    ax.legend(fontsize=8, ncol=2, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
