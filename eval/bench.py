@@ -55,6 +55,10 @@ def run(
     dtype: str = "float32",
     skip_eager: bool = False,
 ) -> dict:
+    """Time every variant of `kind` at each prompt size against the baseline in one run, with peak memory.
+
+    One function on purpose: the variants are interleaved repeat by repeat in one loop, so every ratio compares
+    timings taken under the same machine load; split, the loops would drift apart."""
     import torch
 
     variants = VARIANTS_EVIDENCE if kind == "evidence" else method_variants(kind)

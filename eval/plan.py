@@ -183,7 +183,8 @@ def _e2e_units(options: RunOptions, config: dict) -> tuple[list[dict], list[dict
 
 def build_run(options: RunOptions) -> Run:
     """The plan and its evaluators: the model loaded (once per process and device) and one generator per system.
-    A bad option that needs the model's shape (e.g. a layer index) fails here, before any unit runs."""
+    A bad option that needs the model's shape (e.g. a layer index) fails here, before any unit runs. The rerank
+    branch stays inline: its evaluators differ from the others only in which generators they hold."""
     from midlens.eval import runner
     from midlens.generators.generator import Generator
     from midlens.generators.loading import load_model

@@ -171,7 +171,7 @@ def run(
 ) -> dict[str, Any]:
     """Serve `model` on a local cluster and, at every client count in `levels`, time `n_requests` sent to it, then
     the same prompts through in-process `generate_batch` in batches of that size; returns the report `markdown`
-    reads."""
+    reads. One function on purpose: the server's lifetime brackets both sides of every level, back to back."""
     import torch
 
     torch.set_num_threads(1)  # the replica runs one torch thread too

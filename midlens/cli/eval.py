@@ -103,6 +103,7 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
 
 
 def add_parser(sub) -> None:
+    """`midlens eval`'s subcommands and their flags: a declaration, one line per flag, read top to bottom."""
     ev = sub.add_parser(
         "eval", help="offline MDQA evaluation: sweep, rerank, e2e, merge, report", epilog=EXAMPLES["eval"]
     )
