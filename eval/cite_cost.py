@@ -1,9 +1,11 @@
 """What citations cost: generation with citations against without (`Generator(..., citations=None)`), and
 verification as a multiple of generation, on the same HotpotQA prompts (10 paragraphs, eval split).
 
-Wall time comes from one process that alternates the two generators on the same loaded model, prompt by prompt
-(the order flipped every repeat), so a busy shared CPU slows both alike; the ratio is of the summed times. Peak
-memory (ru_maxrss) comes from one fresh process per variant, since a process's peak never comes down.
+Time comes from one process that alternates the two generators on the same loaded model, prompt by prompt (the
+order flipped every repeat), so a busy shared CPU slows both alike; the ratio is of the summed times, as wall time
+and as the process's CPU time (on one thread, the compute; on a shared CPU, wall time also counts the waits for a
+core). Peak memory (ru_maxrss) comes from one fresh process per variant, since a process's peak never comes down;
+the cite process reads it after generation and again after verification.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def child(task: str, model: str, n: int, repeats: int, max_words: int, max_new_t
         t0 = time.perf_counter()
         answers = [gen.generate(p, max_new_tokens=max_new_tokens) for p in prompts]
         out["generate_s"] = time.perf_counter() - t0
+        out["peak_rss_generate_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if task == "cite":
             t0 = time.perf_counter()
             gen.verify(prompts, answers)
@@ -58,25 +61,30 @@ def child(task: str, model: str, n: int, repeats: int, max_words: int, max_new_t
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return out
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     answers = []
     for r in range(repeats):
         for i, prompt in enumerate(prompts):
             order = VARIANTS if (r + i) % 2 == 0 else VARIANTS[::-1]
             for variant in order:
                 gen = plain if variant == "plain" else cited
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 answer = gen.generate(prompt, max_new_tokens=max_new_tokens)
                 times[variant].append(time.perf_counter() - t0)
+                cpu[variant].append(time.process_time() - c0)
                 if variant == "cite" and r == 0:
                     answers.append(answer)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     cited.verify(prompts, answers)
-    verify_s = time.perf_counter() - t0
+    verify_s, verify_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     out.update(
         times=times,
+        cpu=cpu,
         ratio=sum(times["cite"]) / sum(times["plain"]),
+        cpu_ratio=sum(cpu["cite"]) / sum(cpu["plain"]),
         verify_s=verify_s,
         verify_multiple=verify_s / (sum(times["cite"]) / repeats),
+        verify_cpu_multiple=verify_cpu_s / (sum(cpu["cite"]) / repeats),
         cited_passages=sum(len({s.position for c in a.citations for s in c.sources}) for a in answers),
         answer_tokens=[len(a.answer_ids) for a in answers],
     )
@@ -103,6 +111,11 @@ def measure(model: str, n: int, repeats: int, max_words: int, max_new_tokens: in
         "max_new_tokens": max_new_tokens,
         "threads": int(os.environ.get("OMP_NUM_THREADS", "1")),
         "ratio": alternate["ratio"],
+        "cpu_ratio": alternate["cpu_ratio"],
+        "generate_plain_cpu_s": sum(alternate["cpu"]["plain"]) / len(alternate["cpu"]["plain"]),
+        "generate_cite_cpu_s": sum(alternate["cpu"]["cite"]) / len(alternate["cpu"]["cite"]),
+        "verify_cpu_multiple": alternate["verify_cpu_multiple"],
+        "peak_rss_generate_mb": {v: results[v]["peak_rss_generate_mb"] for v in VARIANTS},
         "generate_plain_s": sum(alternate["times"]["plain"]) / len(alternate["times"]["plain"]),
         "generate_cite_s": sum(alternate["times"]["cite"]) / len(alternate["times"]["cite"]),
         "verify_multiple": alternate["verify_multiple"],

@@ -183,10 +183,15 @@ def _cost_lines(run_dirs: Sequence[Path]) -> list[str]:
             "|---|---|",
             f"| generation without citations, s/answer | {c['generate_plain_s']:.2f} |",
             f"| generation with citations, s/answer | {c['generate_cite_s']:.2f} |",
-            f"| with / without | {c['ratio']:.3f}x |",
-            f"| verification / generation | {c['verify_multiple']:.2f}x |",
-            f"| peak RSS without / with citations (+ verify), MB | {c['peak_rss_mb']['plain']:.0f} / "
-            f"{c['peak_rss_mb']['cite']:.0f} |",
+            f"| with / without, wall time | {c['ratio']:.3f}x |",
+            f"| generation without / with citations, CPU s/answer | {c['generate_plain_cpu_s']:.2f} / "
+            f"{c['generate_cite_cpu_s']:.2f} |",
+            f"| with / without, CPU time | {c['cpu_ratio']:.3f}x |",
+            f"| verification / generation, wall time / CPU time | {c['verify_multiple']:.2f}x / "
+            f"{c['verify_cpu_multiple']:.2f}x |",
+            f"| peak RSS after generation, without / with citations, MB | {c['peak_rss_generate_mb']['plain']:.0f} / "
+            f"{c['peak_rss_generate_mb']['cite']:.0f} |",
+            f"| peak RSS with citations after verification, MB | {c['peak_rss_mb']['cite']:.0f} |",
         ]
     return lines
 

@@ -102,5 +102,8 @@ def cost(args: argparse.Namespace) -> int:
     from midlens.eval.cite_cost import measure
 
     result = measure(args.model, args.n, args.repeats, args.max_words, args.max_new_tokens, args.out)
-    print(f"citations cost {result['ratio']:.3f}x generation; written to {args.out}")
+    print(
+        f"generation with citations: {result['ratio']:.3f}x the wall time, {result['cpu_ratio']:.3f}x the CPU time "
+        f"of generation without; written to {args.out}"
+    )
     return 0
