@@ -342,14 +342,15 @@ class Generator:
         top_p: float = 1.0,
         seed: int | None = 0,
         calibrate: bool = True,
-        references: list[str | None] | None = None,
+        references: list[str | list[int] | None] | None = None,
         stop_at_line_end: bool = False,
         on_token: Callable[[int, str], None] | None = None,
         ignore_eos: bool = False,
     ) -> list[Answer]:
         """`generate` for several prompts in one left-padded batch: each Answer equals the prompt's answer alone
         (same greedy text; evidence and log-probabilities equal up to floating-point summation order).
-        `references`: one gold answer (or None) per prompt; `on_token(row, piece)` streams every row."""
+        `references`: one gold answer (text, or token ids as generated) or None per prompt; `on_token(row, piece)`
+        streams every row."""
         steps = self._steps(
             prompts, max_new_tokens, temperature, top_p, seed, calibrate, references, stop_at_line_end, ignore_eos
         )
