@@ -412,7 +412,8 @@ class CiteEvaluator:
 
 
 def plan(options: CiteOptions) -> tuple[dict, list[dict], list]:
-    """The run's config and units, and the examples they index; no model is loaded."""
+    """The run's config and units, and the examples they index; no model is loaded. One function on purpose: the
+    config is one record whose every field is decided here, in the order it is written."""
     from dataclasses import asdict
 
     from midlens.core.device import dtype_name, resolve_device, resolve_dtype
