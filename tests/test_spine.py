@@ -65,9 +65,8 @@ def test_device_and_dtype_resolution():
 
 def untrained_routers(loaded, folder) -> str:
     """A MoICE artefact with freshly initialised routers (3 experts, top 2) for a tiny model."""
-    from midlens.generators.methods.moice import rope_base
     from midlens.generators.methods.moice_routers import MoiceRouters
-    from midlens.generators.methods.rope_bases import complementary_bases
+    from midlens.generators.methods.rope_bases import complementary_bases, rope_base
 
     head_dim = 2 * loaded.model.model.rotary_emb.inv_freq.shape[0]
     bases = complementary_bases(rope_base(loaded.model.config), head_dim, 3)

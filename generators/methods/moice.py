@@ -180,19 +180,6 @@ def check_options(opts: dict) -> None:
         raise MethodConfigError(f"moice artefact={opts['artefact']!r}: expected a folder path.")
 
 
-def rope_base(config) -> float:
-    """The model's RoPE base; MoICE's experts are plain-RoPE bases, so scaled RoPE variants are refused."""
-    params = getattr(config, "rope_parameters", None) or {}
-    if params.get("rope_type", "default") != "default":
-        raise MethodConfigError(
-            f"moice: this model uses {params['rope_type']!r} RoPE scaling; MoICE experts are plain RoPE bases."
-        )
-    base = params.get("rope_theta") or getattr(config, "rope_theta", None)
-    if not base:
-        raise MethodConfigError("moice: the model's config has no RoPE base (rope_theta).")
-    return float(base)
-
-
 def new_schemes(model, bases: list[float], top_k: int, per_head: bool = False, seed: int = 0) -> list[MoiceScheme]:
     """Freshly initialised (untrained) routers, one scheme per layer, seeded."""
     cfg = model.config

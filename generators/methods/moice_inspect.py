@@ -8,8 +8,7 @@ from pathlib import Path
 
 import torch
 
-from midlens.generators.methods.moice import rope_base
-from midlens.generators.methods.rope_bases import plot_waveforms
+from midlens.generators.methods.rope_bases import plot_waveforms, rope_base
 
 
 def usage_heatmap(per_layer: torch.Tensor, bases: list[float], path) -> None:

@@ -16,7 +16,8 @@ from torch import nn
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators.artefacts import Artefact, Section, open_artefact, save_artefact
-from midlens.generators.methods.moice import MoiceScheme, new_schemes, rope_base, router_state
+from midlens.generators.methods.moice import MoiceScheme, new_schemes, router_state
+from midlens.generators.methods.rope_bases import rope_base
 
 
 @dataclass

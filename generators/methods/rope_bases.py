@@ -72,3 +72,16 @@ def plot_waveforms(bases: list[float], head_dim: int, path, max_distance: int = 
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def rope_base(config) -> float:
+    """The model's RoPE base; MoICE's experts are plain-RoPE bases, so scaled RoPE variants are refused."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if params.get("rope_type", "default") != "default":
+        raise MethodConfigError(
+            f"moice: this model uses {params['rope_type']!r} RoPE scaling; MoICE experts are plain RoPE bases."
+        )
+    base = params.get("rope_theta") or getattr(config, "rope_theta", None)
+    if not base:
+        raise MethodConfigError("moice: the model's config has no RoPE base (rope_theta).")
+    return float(base)
