@@ -65,7 +65,7 @@ def test_device_and_dtype_resolution():
 
 def untrained_routers(loaded, folder) -> str:
     """A MoICE artefact with freshly initialised routers (3 experts, top 2) for a tiny model."""
-    from midlens.generators.methods.moice_routers import MoiceRouters
+    from midlens.generators.methods.moice import MoiceRouters
     from midlens.generators.methods.rope_bases import complementary_bases, rope_base
 
     head_dim = 2 * loaded.model.model.rotary_emb.inv_freq.shape[0]
@@ -285,7 +285,7 @@ def test_shipped_metas_of_one_format_version_have_one_schema():
     """Both packaged models' artefacts of a method hold the same keys (top level and each object inside), and
     each holds every key its format_version's schema and its part's section name."""
     from midlens.generators.artefacts import SCHEMAS, SHIPPED
-    from midlens.generators.methods.moice_routers import MoiceRouters
+    from midlens.generators.methods.moice import MoiceRouters
 
     sections = {"mudaf": LoRADelta.SECTION, "moice": MoiceRouters.SECTION}
 

@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from midlens.core.errors import MidlensError
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.loading import LoadedModel
-from midlens.generators.methods.moice import MoiceScheme
-from midlens.generators.methods.moice_routers import MoiceRouters
+from midlens.generators.methods.moice import MoiceRouters, MoiceScheme
 from midlens.training.data import TrainExample
 from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
 from midlens.training.recipe import Budget, Option, Recipe, positive
