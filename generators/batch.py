@@ -71,16 +71,6 @@ def padded_block(
     return ids, positions, valid
 
 
-def segment_spans(prompt: StackedPrompt) -> list[tuple[int, int]]:
-    """Token spans tiling each passage in turn: its heading ("Document [i](Title: ...)") then its sentences."""
-    spans = []
-    per_passage = prompt.sentences or [[] for _ in prompt.passage_spans]  # a prompt made by hand: whole passages
-    for (start, end), sentences in zip(prompt.passage_spans, per_passage, strict=True):
-        spans.append((start, sentences[0].tokens[0] if sentences else end))
-        spans += [s.tokens for s in sentences]
-    return spans
-
-
 def _crop(cache: DynamicCache, columns: int) -> None:
     """Keep the first `columns` cached columns (the cache takes the number to remove, as a negative count)."""
     extra = cache.get_seq_length() - columns
@@ -103,7 +93,7 @@ class BatchRun:
         cite: bool = False,
     ):
         """`cite`: the answer's own queries also record their mass over each passage's heading and sentences
-        (`segment_spans`), what citations are read from."""
+        (`StackedPrompt.segments`), what citations are read from."""
         if not prompts:
             raise ValueError("a batch needs at least one prompt.")
         self.loaded = loaded
@@ -122,7 +112,10 @@ class BatchRun:
         self.column_spans = [
             [(s + o, e + o) for s, e in p.passage_spans] for p, o in zip(prompts, self.offsets, strict=True)
         ]
-        segments = [[(s + o, e + o) for s, e in segment_spans(p)] for p, o in zip(prompts, self.offsets, strict=True)]
+        segments = [
+            [(s + o, e + o) for s, e in (g.tokens for g in p.segments())]
+            for p, o in zip(prompts, self.offsets, strict=True)
+        ]
         self.probe = PassageProbe(
             self.column_spans, len(method_run.modules), layers, answer_spans=segments if cite else None
         )

@@ -100,12 +100,12 @@ def cite(
     config: CitationConfig,
 ) -> list[Citation]:
     """The citations of one answer. `segment_mass` [layers, heads, fed, segments]: the attention of each fed-back
-    answer token over `batch.segment_spans(prompt)`; `decoded` the answer as decoded, `text` as stripped."""
+    answer token over `prompt.segments()`; `decoded` the answer as decoded, `text` as stripped."""
     if not text or not prompt.passages:
         return []
     ends = token_ends(tokenizer, ids)
     lead = len(decoded) - len(decoded.lstrip())
-    owner = _segment_owner(prompt)
+    owner = [(g.passage, g.sentence) for g in prompt.segments()]
     citations = []
     for chars, (first, last) in answer_sentences(text, ends, lead):
         citation = Citation(chars, (first, last))
@@ -115,16 +115,6 @@ def cite(
             citation.sources = _sources(prompt, scores, owner, config)
         citations.append(citation)
     return citations
-
-
-def _segment_owner(prompt: StackedPrompt) -> list[tuple[int, int | None]]:
-    """(passage index, sentence index or None for the heading) of each segment, in `segment_spans` order."""
-    owner = []
-    per_passage = prompt.sentences or [[] for _ in prompt.passages]
-    for p, sentences in enumerate(per_passage):
-        owner.append((p, None))
-        owner += [(p, s) for s in range(len(sentences))]
-    return owner
 
 
 def _sources(

@@ -30,7 +30,7 @@ from midlens.core.checks import check_max_new_tokens
 from midlens.core.errors import InvalidArgumentError, Remedy
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.passage import Passage
-from midlens.generators.batch import BatchRun, pad_token_id, segment_spans
+from midlens.generators.batch import BatchRun, pad_token_id
 from midlens.generators.citations import CitationConfig, cite
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.evidence import Answer, EvidenceConfig, passage_evidence
@@ -260,7 +260,7 @@ class Generator:
             if len(rows.generated[b]) > 1:
                 maps.answer = taken[:, b, :, : rows.fed[b], :passages].mean(2)
             fed = rows.fed[b]
-            count = len(segment_spans(run.prompts[b]))
+            count = len(run.prompts[b].segments())
             per_row.append(None if segments is None or fed == 0 else segments[:, b, :, :fed, :count])
         return per_row
 

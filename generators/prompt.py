@@ -62,6 +62,16 @@ class PromptSentence:
     tokens: tuple[int, int]  # [start, end) in StackedPrompt.input_ids
 
 
+@dataclass(frozen=True)
+class Segment:
+    """A piece of one passage in the prompt: its heading ("Document [i](Title: ...)", `sentence` None) or one of its
+    sentences. A passage's segments tile its token span, heading first."""
+
+    tokens: tuple[int, int]  # [start, end) in StackedPrompt.input_ids
+    passage: int  # index into StackedPrompt.passages
+    sentence: int | None  # index into StackedPrompt.sentences[passage]; None for the heading
+
+
 @dataclass
 class StackedPrompt:
     text: str
@@ -77,6 +87,16 @@ class StackedPrompt:
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
+
+    def segments(self) -> list[Segment]:
+        """Every passage's heading then its sentences, passage by passage (the units citations are read over); a
+        prompt made by hand without sentences gives one heading segment per whole passage."""
+        out = []
+        per_passage = self.sentences or [[] for _ in self.passage_spans]
+        for p, ((start, end), sentences) in enumerate(zip(self.passage_spans, per_passage, strict=True)):
+            out.append(Segment((start, sentences[0].tokens[0] if sentences else end), p, None))
+            out += [Segment(sentence.tokens, p, i) for i, sentence in enumerate(sentences)]
+        return out
 
 
 def render_document(index: int, passage: Passage) -> str:
