@@ -172,6 +172,7 @@ class Generator:
         references: list[str | list[int] | None] | None = None,
         stop_at_line_end: bool = False,
         ignore_eos: bool = False,
+        cancelled: Callable[[int], bool] | None = None,
     ) -> Generator_[tuple[int, str], None, list[Answer]]:
         """The generation loop, for a batch: yields (row, text delta); returns one Answer per prompt.
 
@@ -184,7 +185,7 @@ class Generator:
             raise ValueError(f"{len(references)} references for {len(prompts)} prompts: give one (or None) each.")
         reference_ids = [None if r is None else self._reference_ids(r) for r in references]  # refused before decoding
         sampled = temperature > 0 and seed is not None
-        rows = _Rows.start(len(prompts), max_new_tokens, sampled, seed, self.device)
+        rows = _Rows.start(len(prompts), max_new_tokens, sampled, seed, self.device, cancelled)
         hook = self.parts.answering
         reference_logprobs: list[list[float] | None] = [None] * len(prompts)
         with self.running() as method_run:
@@ -226,6 +227,8 @@ class Generator:
         """Pick, stream and feed back tokens until every row is done; yields (row, text delta)."""
         while not all(rows.done):
             for b in range(len(rows.done)):
+                if not rows.done[b] and rows.cancelled is not None and rows.cancelled(b):
+                    rows.done[b] = True  # the other rows never see this one: their answers do not change
                 if rows.done[b]:
                     continue
                 token = self._pick(logits[b], temperature, top_p, rows.rngs[b])
@@ -346,13 +349,24 @@ class Generator:
         stop_at_line_end: bool = False,
         on_token: Callable[[int, str], None] | None = None,
         ignore_eos: bool = False,
+        cancelled: Callable[[int], bool] | None = None,
     ) -> list[Answer]:
         """`generate` for several prompts in one left-padded batch: each Answer equals the prompt's answer alone
         (same greedy text; evidence and log-probabilities equal up to floating-point summation order).
         `references`: one gold answer (text, or token ids as generated) or None per prompt; `on_token(row, piece)`
-        streams every row."""
+        streams every row. `cancelled(row)` is asked before each of a row's decode steps: once True, that row stops
+        where it is (its Answer holds what it generated so far) and the batch goes on without it."""
         steps = self._steps(
-            prompts, max_new_tokens, temperature, top_p, seed, calibrate, references, stop_at_line_end, ignore_eos
+            prompts,
+            max_new_tokens,
+            temperature,
+            top_p,
+            seed,
+            calibrate,
+            references,
+            stop_at_line_end,
+            ignore_eos,
+            cancelled,
         )
         return _drain(steps, on_token)
 
@@ -458,8 +472,17 @@ class _Rows:
     fed: list[int]  # decode steps that fed this row's token back (its answer-attention rows)
     rngs: list[torch.Generator | None]
     limit: int
+    cancelled: Callable[[int], bool] | None = None  # row -> stop it now (its client left)
 
     @classmethod
-    def start(cls, batch: int, limit: int, sampled: bool, seed: int | None, device: torch.device) -> _Rows:
+    def start(
+        cls,
+        batch: int,
+        limit: int,
+        sampled: bool,
+        seed: int | None,
+        device: torch.device,
+        cancelled: Callable[[int], bool] | None = None,
+    ) -> _Rows:
         rngs = [torch.Generator(device).manual_seed(seed) if sampled else None for _ in range(batch)]
-        return cls([[] for _ in range(batch)], [""] * batch, [limit == 0] * batch, [0] * batch, rngs, limit)
+        return cls([[] for _ in range(batch)], [""] * batch, [limit == 0] * batch, [0] * batch, rngs, limit, cancelled)

@@ -136,3 +136,20 @@ def test_padding_never_changes_a_row(tiny):
     padded = gen.generate_batch([long, short], max_new_tokens=4)[1]
     assert_rows_equal([alone], [padded])
     assert torch.isfinite(padded.maps.question).all()
+
+
+def test_a_cancelled_row_stops_and_the_others_answer_as_alone(tiny):
+    """A row cancelled mid-batch (its client left) stops at its next step; the rows beside it are untouched."""
+    gen = Generator(tiny)
+    prompts = [gen.prompt("what is the code word of city 2 ?", _tiny_passages(n)) for n in (4, 2, 3)]
+    singles = [gen.generate(p, max_new_tokens=8, ignore_eos=True) for p in prompts]
+    asked: list[int] = []
+
+    def cancelled(row: int) -> bool:
+        asked.append(row)
+        return row == 1 and asked.count(1) > 2  # row 1 leaves after its second token
+
+    batch = gen.generate_batch(prompts, max_new_tokens=8, ignore_eos=True, cancelled=cancelled)
+    assert batch[1].generated_tokens == 2
+    assert batch[1].answer_ids == singles[1].answer_ids[:2]
+    assert_rows_equal([singles[0], singles[2]], [batch[0], batch[2]])
