@@ -240,7 +240,7 @@ class MidlensServer:
             outcome = await asyncio.wait_for(self._batch(job), timeout)
         except asyncio.TimeoutError:
             # Serve drops a cancelled request from batches not yet run, but a running batch decodes on: the flag
-            # lets the engine stop a batch nobody waits for (see Engine.run).
+            # lets the engine stop this request's row at its next token (see Engine.run).
             job.cancel()
             raise RequestTimeout(self._timeout_message()) from None
         except asyncio.CancelledError:  # the client disconnected: Serve cancels the request's task

@@ -44,11 +44,17 @@ class ModelNotServed(MidlensError):
 
 
 class Cancelled(MidlensError):
-    """Every request of a group was cancelled (timed out, or its client left): its decoding was stopped."""
+    """A request was cancelled (timed out, or its client left) before its answer was complete: its row of the batch
+    stopped decoding, or the whole batch did when nobody waited for any of its rows. `generated_tokens`: how far
+    its row had got (None when the batch stopped as a whole or had not started)."""
+
+    def __init__(self, problem: str, generated_tokens: int | None = None) -> None:
+        self.generated_tokens = generated_tokens
+        super().__init__(problem)
 
 
 class _Stop(Exception):
-    """Raised from the token callback to leave `generate_batch` between two decode steps."""
+    """Raised from the `cancelled` callback to leave `generate_batch` between two decode steps."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +245,8 @@ class Engine:
     def run(self, jobs: Sequence[Job]) -> list[Outcome]:
         """Answer a batch of jobs: one `generate_batch` per group of equal decoding. A group's error is handed to
         each of its jobs (never raised), so the other groups' answers still go out. A job cancelled before its
-        group starts is left out of it; a group whose jobs are all cancelled stops decoding at the next token."""
+        group starts is left out of it; one cancelled while its group decodes stops at its next token while the
+        others decode on unchanged, and a group whose jobs are all cancelled stops as a whole."""
         with self._lock:
             self.batches[len(jobs)] += 1
             self.requests += len(jobs)
@@ -264,20 +271,32 @@ class Engine:
                         outcomes[i] = Outcome(None, err, len(rows))
                     continue
                 for i, answer in zip(rows, answers, strict=True):
-                    outcomes[i] = Outcome(answer, None, len(rows))
+                    if isinstance(answer, Cancelled):
+                        self.cancelled += 1
+                        outcomes[i] = Outcome(None, answer, len(rows))
+                    else:
+                        outcomes[i] = Outcome(answer, None, len(rows))
             return [o for o in outcomes if o is not None]
 
-    def _generate(self, decoding: Decoding, jobs: list[Job]) -> list[Answer]:
+    def _generate(self, decoding: Decoding, jobs: list[Job]) -> list[Answer | Cancelled]:
+        """One `generate_batch` over the jobs: an Answer per job, or Cancelled for a job whose row was stopped
+        before it was done (what it generated so far is nobody's answer). Raises Cancelled when every job is."""
         generator = self._generator(decoding.method)
         sinks = [job.on_token for job in jobs]
+        stopped: set[int] = set()
 
         def on_token(row: int, piece: str) -> None:
             if sinks[row] is not None:
                 sinks[row](piece)
-            # Checked between decode steps. Only a group nobody waits for stops: generate_batch has no way to
-            # end one row early, and the other rows' answers must not change.
-            if all(job.cancelled for job in jobs):
+
+        def cancelled(row: int) -> bool:
+            # Asked before each of a row's decode steps, on this thread; the flag is set from the event loop.
+            if not jobs[row].cancelled:
+                return False
+            if all(job.cancelled for job in jobs):  # nobody waits for any row: skip the evidence passes too
                 raise _Stop
+            stopped.add(row)  # this row ends here; generate_batch decodes the others as if it had never been
+            return True
 
         answers: list[Answer] | None = None
         try:
@@ -289,15 +308,24 @@ class Engine:
                 seed=decoding.seed,
                 calibrate=decoding.calibrate,
                 on_token=on_token,
+                cancelled=cancelled,
             )
         except _Stop:
             pass
-        # Raised outside the except block so nothing keeps the traceback, whose frames hold the suspended decode
-        # loop: freed here, it closes at once and leaves the model's method hooks and inference mode as it found
-        # them before the next batch runs on this thread.
+        # Raised outside the except block so nothing keeps the traceback, whose frames hold the decode loop's
+        # tensors: they are freed here, before the next batch runs on this thread.
         if answers is None:
             raise Cancelled(f"decoding stopped: all {len(jobs)} request(s) of the batch were cancelled.")
-        return answers
+        return [
+            Cancelled(
+                f"decoding stopped after {answer.generated_tokens} of at most {decoding.max_new_tokens} tokens: "
+                "the request was cancelled while its batch ran.",
+                answer.generated_tokens,
+            )
+            if row in stopped
+            else answer
+            for row, answer in enumerate(answers)
+        ]
 
 
 def _jsonable(value: Any) -> Any:

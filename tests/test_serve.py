@@ -287,6 +287,50 @@ def test_the_library_does_not_import_the_service():
     assert "llama_index" not in remote and "torch" not in remote  # a client needs neither
 
 
+def test_a_request_cancelled_mid_batch_stops_while_the_live_one_answers_as_alone(generator):
+    """The engine the replica runs, on the real model, without Ray: a request whose client leaves while it shares a
+    running batch with a live one stops at its next token; the live one decodes on to the answer it gets alone."""
+    from midlens.rag.remote import AnswerRequest
+    from midlens.serve.engine import Cancelled, Engine, result_of
+
+    limit = 16
+    engine = Engine("smollm2-135m", max_new_tokens=MAX_NEW)  # the model the fixtures loaded (one per process)
+    live = engine.answer_job(AnswerRequest(question=QUESTIONS[0], passages=PASSAGES, max_new_tokens=limit))
+    leaving = engine.answer_job(AnswerRequest(question=QUESTIONS[2], passages=PASSAGES, max_new_tokens=limit))
+    assert live.decoding == leaving.decoding  # one group: one generate_batch with both rows
+    streamed: list[str] = []
+
+    def leave_after_two(piece: str) -> None:
+        streamed.append(piece)
+        if len(streamed) == 2:
+            leaving.cancel()  # what the replica does when the client disconnects or the request times out
+
+    leaving.on_token = leave_after_two
+    answered, cancelled = engine.run([live, leaving])
+    alone = _local(generator, QUESTIONS[0], max_new=limit)
+    assert answered.error is None and answered.batch_size == 2
+    assert answered.answer.text == alone.text and answered.answer.generated_tokens == alone.generated_tokens
+    _same_evidence(result_of(answered.answer, 2).passages, alone)
+    assert _local(generator, QUESTIONS[2], max_new=limit).generated_tokens > 2  # alone it would have gone on
+    assert isinstance(cancelled.error, Cancelled) and cancelled.answer is None
+    assert cancelled.error.generated_tokens == 2 < limit and len(streamed) == 2
+    assert engine.stats()["cancelled"] == 1
+
+    # Every request of the batch cancelled: decoding stops for all, each is told so, and each is counted.
+    both = [
+        engine.answer_job(AnswerRequest(question=q, passages=PASSAGES, max_new_tokens=limit)) for q in QUESTIONS[:2]
+    ]
+
+    def all_leave(_piece: str) -> None:
+        for job in both:
+            job.cancel()
+
+    both[0].on_token = all_leave
+    outcomes = engine.run(both)
+    assert all(isinstance(o.error, Cancelled) and o.answer is None for o in outcomes)
+    assert engine.stats()["cancelled"] == 3
+
+
 # Sampled at a high temperature the answer rarely ends early: far more tokens than any timeout here allows.
 RUNAWAY = {"max_new_tokens": 4000, "temperature": 2.0, "seed": 1}
 
