@@ -30,5 +30,5 @@ DEFAULT_RETRIEVAL = "dense+links"
 
 # The built-in methods (generators.methods.registry registers one entry per name, in this order; that module loads
 # torch), and the orderings the position sweep runs on the baseline generator (eval.sweep).
-METHODS = ("baseline", "ms-poe", "mudaf", "moice", "attn-calibration")
+METHODS = ("baseline", "ms-poe", "mudaf", "moice", "attn-calibration", "attention-buckets", "channel-scaling")
 ORDERINGS = ("lcr", "attn-sort")

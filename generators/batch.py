@@ -14,6 +14,7 @@ they would have alone, and crops the cache back afterwards: no row ever needs a 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -275,16 +276,22 @@ class BatchRun:
         return [RowMaps(m.last, m.question) for m in other.maps]
 
     def reference_logprobs(
-        self, first_logits: torch.Tensor, references: list[list[int] | None]
+        self,
+        first_logits: torch.Tensor,
+        references: list[list[int] | None],
+        mix: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> list[list[float] | None]:
         """log p(token | prompt, earlier tokens) of each reference token, per row: `first_logits` [B, vocab] score
         each first token, one forward the rest (appended after the prompt's columns; the cache is cropped back to
-        the prompt first and after)."""
+        the prompt first and after). With `mix`, the batch's rows are several instances per prompt (consecutive):
+        `references` and `first_logits` are per prompt and `mix` takes the rows' logits to the prompts'."""
+        count = len(self.prompts) // len(references)
+        prompt_refs, references = references, [r for r in references for _ in range(count)]
         self.crop(self.width)
         self.probe.score_rows([])
         first = torch.log_softmax(first_logits.float(), dim=-1)
         logprobs: list[list[float] | None] = [
-            None if ids is None else [float(first[b, ids[0]])] for b, ids in enumerate(references)
+            None if ids is None else [float(first[b, ids[0]])] for b, ids in enumerate(prompt_refs)
         ]
         width = max((len(ids) - 1 for ids in references if ids is not None), default=0)
         if width <= 0:
@@ -295,8 +302,10 @@ class BatchRun:
         ids, positions, block_valid = padded_block(fed, starts, self.pad_id, right_aligned=False)
         key_valid = torch.cat([self.key_valid[:, : self.width], block_valid.to(self.device)], dim=1)
         logits = self.forward(ids.to(self.device), positions.to(self.device), key_valid, keep=width)
+        if mix is not None:
+            logits = mix(logits)
         scores = torch.log_softmax(logits.float(), dim=-1)
-        for b, ref in enumerate(references):
+        for b, ref in enumerate(prompt_refs):
             if ref is not None and len(ref) > 1:
                 rows = torch.arange(len(ref) - 1, device=scores.device)
                 logprobs[b] += scores[b, rows, torch.tensor(ref[1:], device=scores.device)].tolist()

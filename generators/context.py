@@ -62,14 +62,27 @@ class AnsweringHook(Protocol):
     def __call__(self, view: AnsweringView) -> AbstractContextManager: ...
 
 
+@dataclass(frozen=True)
+class Instances:
+    """Each prompt answered by `count` instances of the model at once, their next-token logits mixed per step
+    (Attention Buckets). The instances are consecutive batch rows: row b * count + i is instance i of prompt b,
+    so a scheme tells them apart by row index (`row % count`). `mix` takes the rows' logits [B, count, ..., V]
+    to one prompt's logits [B, ..., V] and the instances' weights [B, count, ...] (summing to 1 over count),
+    which the evidence of the mixture is read with."""
+
+    count: int
+    mix: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 @dataclass
 class MethodParts:
-    """What a method puts into the one attention module: a scheme per layer, an optional weight delta, and an
-    optional hook around answering."""
+    """What a method puts into the one attention module: a scheme per layer, an optional weight delta, an
+    optional hook around answering, and optionally several instances per prompt whose logits are mixed."""
 
     schemes: list[RotaryScheme]
     delta: WeightDelta | None = None
     answering: AnsweringHook | None = None
+    instances: Instances | None = None
 
     def trainable(self) -> list[nn.Parameter]:
         """The parameters a method may learn (routers, delta factors); the model's own are not among them."""

@@ -34,6 +34,7 @@ from midlens.generators.batch import BatchRun, pad_token_id
 from midlens.generators.citations import CitationConfig, cite
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.evidence import Answer, EvidenceConfig, passage_evidence
+from midlens.generators.instances import Mixture, expand
 from midlens.generators.loading import LoadedModel, load_model
 from midlens.generators.methods.registry import MethodConfig, build_parts, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL
@@ -187,22 +188,33 @@ class Generator:
         sampled = temperature > 0 and seed is not None
         rows = _Rows.start(len(prompts), max_new_tokens, sampled, seed, self.device, cancelled)
         hook = self.parts.answering
+        mixture = Mixture(self.parts.instances, len(prompts))  # one row per prompt unless the method runs several
         reference_logprobs: list[list[float] | None] = [None] * len(prompts)
         with self.running() as method_run:
-            run = BatchRun(self.loaded, prompts, method_run, self.probe_layers(), cite=self.citations is not None)
+            run = BatchRun(
+                self.loaded,
+                expand(prompts, mixture.count),
+                method_run,
+                self.probe_layers(),
+                cite=self.citations is not None,
+            )
             with method_run.probe(run.probe):
                 t0 = time.perf_counter()
-                logits = first_logits = run.prefill()
+                logits = first_logits = mixture.logits(run.prefill())
                 run.timings["prefill_s"] = time.perf_counter() - t0
                 with hook(run.view()) if hook is not None else nullcontext():
                     t0 = time.perf_counter()
                     if hook is not None:  # the last prompt token's query gives the first answer token: read it
-                        logits = first_logits = run.reread_last()  # again, under the method
-                    yield from self._decode(run, rows, logits, temperature, top_p, stop_at_line_end, ignore_eos)
+                        logits = first_logits = mixture.logits(run.reread_last())  # again, under the method
+                    yield from self._decode(
+                        run, mixture, rows, logits, temperature, top_p, stop_at_line_end, ignore_eos
+                    )
                     run.timings["decode_s"] = time.perf_counter() - t0
-                    segment_mass = self._read_answer_attention(run, rows)
+                    segment_mass = self._read_answer_attention(run, rows, mixture.count)
                     if any(r is not None for r in reference_ids):
-                        reference_logprobs = run.reference_logprobs(first_logits, reference_ids)
+                        reference_logprobs = run.reference_logprobs(
+                            first_logits, reference_ids, None if mixture.instances is None else mixture.reference
+                        )
                 if calibrate:
                     run.content_free_maps()
         answers = []
@@ -210,13 +222,14 @@ class Generator:
             final = self.tokenizer.decode(rows.generated[b], skip_special_tokens=True)
             if len(final) > len(rows.texts[b]):
                 yield b, final[len(rows.texts[b]) :]
-            mass = None if segment_mass is None else segment_mass[b]
-            answers.append(self._answer(run, b, prompt, final, rows.generated[b], mass, reference_logprobs[b]))
+            mass = None if segment_mass is None else mixture.mass(segment_mass, b)
+            answers.append(self._answer(run, mixture, b, prompt, final, rows.generated[b], mass, reference_logprobs[b]))
         return answers
 
     def _decode(
         self,
         run: BatchRun,
+        mixture: Mixture,
         rows: _Rows,
         logits: torch.Tensor,
         temperature: float,
@@ -246,11 +259,13 @@ class Generator:
                 break
             for b in range(len(rows.done)):
                 rows.fed[b] += not rows.done[b]
-            logits = run.step([g[-1] if not d else self.pad_id for g, d in zip(rows.generated, rows.done, strict=True)])
+            tokens = [g[-1] if not d else self.pad_id for g, d in zip(rows.generated, rows.done, strict=True)]
+            logits = mixture.logits(run.step(mixture.rows(tokens)), live=[not d for d in rows.done])
 
-    def _read_answer_attention(self, run: BatchRun, rows: _Rows) -> list[torch.Tensor | None] | None:
-        """Each row's mean answer maps (`maps.answer`) and, when citations are on, its per-token attention over the
-        passages' headings and sentences [layers, H, fed, segments] (None where no token was fed back)."""
+    def _read_answer_attention(self, run: BatchRun, rows: _Rows, count: int) -> list[torch.Tensor | None] | None:
+        """Each batch row's mean answer maps (`maps.answer`) and, when citations are on, its per-token attention over
+        the passages' headings and sentences [layers, H, fed, segments] (None where no token was fed back). Batch
+        row r is an instance of prompt r // `count`, whose decoding state `rows` holds."""
         if not any(rows.fed):
             run.probe.score_rows([])
             return None
@@ -258,18 +273,20 @@ class Generator:
         segments = run.probe.take_answer_spans()
         run.probe.score_rows([])
         per_row: list[torch.Tensor | None] = []
-        for b, maps in enumerate(run.maps):
-            passages = len(run.prompts[b].passages)
+        for r, maps in enumerate(run.maps):
+            b = r // count
+            passages = len(run.prompts[r].passages)
             if len(rows.generated[b]) > 1:
-                maps.answer = taken[:, b, :, : rows.fed[b], :passages].mean(2)
+                maps.answer = taken[:, r, :, : rows.fed[b], :passages].mean(2)
             fed = rows.fed[b]
-            count = len(run.prompts[b].segments())
-            per_row.append(None if segments is None or fed == 0 else segments[:, b, :, :fed, :count])
+            spans = len(run.prompts[r].segments())
+            per_row.append(None if segments is None or fed == 0 else segments[:, r, :, :fed, :spans])
         return per_row
 
     def _answer(
         self,
         run: BatchRun,
+        mixture: Mixture,
         b: int,
         prompt: StackedPrompt,
         decoded: str,
@@ -285,10 +302,11 @@ class Generator:
                 prompt, text, decoded, ids, self.tokenizer, segment_mass, self.evidence_config, self.citations
             )
             run.timings["cite_s"] = run.timings.get("cite_s", 0.0) + time.perf_counter() - t0
+        maps = mixture.maps(run.maps, b)
         return Answer(
             question=prompt.question,
             text=text,
-            passages=passage_evidence(prompt.passages, run.maps[b], self.evidence_config, prompt.passage_spans),
+            passages=passage_evidence(prompt.passages, maps, self.evidence_config, prompt.passage_spans),
             model=self.loaded.name,
             method=self.method.to_dict(),
             evidence_config=self.evidence_config,
@@ -296,10 +314,10 @@ class Generator:
             generated_tokens=len(ids),
             timings=dict(run.timings),
             dropped=prompt.dropped,
-            maps=run.maps[b],
+            maps=maps,
             reference_logprob=None if reference_logprobs is None else sum(reference_logprobs),
             reference_token_logprobs=reference_logprobs,
-            method_state=run.scratch[b],
+            method_state=run.scratch[b * mixture.count],
             citations=citations,
             answer_ids=list(ids),
         )

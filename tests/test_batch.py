@@ -58,6 +58,7 @@ def _smol_prompts(gen: Generator):
         "moice",
         "attn-calibration",
         "attn-calibration(calibration='dummy')",
+        "attention-buckets(buckets=3)",
     ],
 )
 def test_every_method_batched_equals_each_prompt_alone_on_smollm2(loaded, method):

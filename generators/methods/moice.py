@@ -260,6 +260,7 @@ class MoiceRouters:
 
 def build(loaded, opts: dict) -> MethodParts:
     from midlens.generators.artefacts import resolve_artefact
+
     path = resolve_artefact(opts["artefact"], "moice", loaded.name)
     # Verified (base model, hash) before its "experts" section is read; the routers read their own section.
     routers, _ = MoiceRouters.load(path, loaded.model, "moice", loaded.sha256, opts["top_k"])

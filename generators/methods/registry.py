@@ -154,6 +154,8 @@ BUILTIN_MODULES = (
     "midlens.generators.methods.mudaf",
     "midlens.generators.methods.moice",
     "midlens.generators.methods.attn_calibration",
+    "midlens.generators.methods.attention_buckets",
+    "midlens.generators.methods.channel_scaling",
 )
 
 

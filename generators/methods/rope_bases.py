@@ -74,14 +74,15 @@ def plot_waveforms(bases: list[float], head_dim: int, path, max_distance: int = 
     plt.close(fig)
 
 
-def rope_base(config) -> float:
-    """The model's RoPE base; MoICE's experts are plain-RoPE bases, so scaled RoPE variants are refused."""
+def rope_base(config, method: str = "moice") -> float:
+    """The model's RoPE base; a method that runs several plain-RoPE bases (`method`, named in the error) refuses
+    a model whose RoPE is already scaled."""
     params = getattr(config, "rope_parameters", None) or {}
     if params.get("rope_type", "default") != "default":
         raise MethodConfigError(
-            f"moice: this model uses {params['rope_type']!r} RoPE scaling; MoICE experts are plain RoPE bases."
+            f"{method}: this model uses {params['rope_type']!r} RoPE scaling; {method} runs plain RoPE bases."
         )
     base = params.get("rope_theta") or getattr(config, "rope_theta", None)
     if not base:
-        raise MethodConfigError("moice: the model's config has no RoPE base (rope_theta).")
+        raise MethodConfigError(f"{method}: the model's config has no RoPE base (rope_theta).")
     return float(base)
