@@ -84,7 +84,8 @@ class Recipe:
     options: tuple[Option, ...]
     budget: dict = field(default_factory=dict)  # this method's defaults for Budget's fields
     # (LoadedModel, {option name: value}, Budget, artefact folder) -> {"log": ..., "meta": ...}; the meta's
-    # "parameters" counts what was trained.
+    # "parameters" counts what was trained. A recipe that learns no parameters (channel-scaling's search) adds
+    # "summary", the closing line that says what it chose.
     train: Callable[[Any, dict, Budget, str], dict] | None = None
     check: Callable[[dict], None] | None = None  # refuses bad options before any model loads
     trained: str = "parameters"  # what the trained parameters are, for the closing line ("delta", "router")

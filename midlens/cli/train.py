@@ -28,7 +28,8 @@ EXAMPLES = """examples:
 def add_parser(sub) -> None:
     # The methods that train and their options come from the registry, which loads torch: they are read when the
     # command runs, so building the parser (and `midlens --help`) stays fast.
-    tr = sub.add_parser("train", help="train a method's artefact (a MuDAF delta, MoICE routers)", epilog=EXAMPLES)
+    what = "train a method's artefact (a MuDAF delta, MoICE routers, a searched channel)"
+    tr = sub.add_parser("train", help=what, epilog=EXAMPLES)
     tr.add_argument("method", help="a method that trains; `midlens train METHOD --help` lists its options")
     tr.add_argument("options", nargs=argparse.REMAINDER, help="the method's options (see above)")
     tr.set_defaults(func=run)
@@ -38,7 +39,9 @@ def recipe_parser(method: str, recipe) -> Parser:
     """The flags of one recipe: the options every training shares, with the recipe's defaults, then its own."""
     from midlens.training.recipe import Budget
 
-    defaults = {**{f: Budget.__dataclass_fields__[f].default for f in ("batch", "seed")}, **recipe.budget}
+    # Budget's own defaults where a recipe sets none (a search sets no learning rate).
+    shared = ("batch", "seed", "lr", "warmup", "max_words")
+    defaults = {**{f: Budget.__dataclass_fields__[f].default for f in shared}, **recipe.budget}
     p = Parser(prog=f"midlens train {method}", description=recipe.summary)
     p.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
     p.add_argument("--out", type=Path, required=True, help="artefact folder to write (checkpoints beside it)")
@@ -91,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     check_device(ns)
     loaded = load_model(ns.model, ns.device, ns.dtype)
     result = recipe.train(loaded, options, budget, str(ns.out))
+    if "summary" in result:  # a recipe that learns no parameters (a search) says what it chose
+        print(result["summary"])
+        return 0
     meta, t = result["meta"], result["meta"]["training"]
     print(
         f"trained {meta['parameters']:,} {recipe.trained} parameters on {t['examples_seen']} examples in "

@@ -1,0 +1,326 @@
+"""Positional-channel scaling (Yu et al., Findings of ACL 2025, "Mitigate Position Bias in LLMs via Scaling a
+Single Hidden States Channel", arXiv 2406.02536): training-free, one number per model changes.
+
+    Generator("smollm2-135m", method="channel-scaling")             # the channel searched for this model
+    Generator(m, method="channel-scaling(scale=0.5)")                 # the shipped channel and layers, another scale
+    Generator(m, method="channel-scaling(artefact='runs/chs-smollm2')")   # a search of your own
+
+The recipe, as the paper (Sec. 3.3) and its official code apply it:
+  - one hidden-state channel c whose value rises or falls monotonically with the token's position (a
+    "positional channel"), found by a search (`midlens train channel-scaling`, training.channel_scaling);
+  - in the chosen middle layers, channel c of the attention's input x (after the layer's input norm) is
+    multiplied by `scale` before the QUERY and KEY projections: q~ = W_q f(x), k~ = W_k f(x), f(x)_c = scale * x_c;
+    values are unchanged;
+  - only the LAST prompt token's attention uses q~ against the keys k~ of every token; each other prompt token
+    attends as in the stock model, so its output (and every later layer's state at its position) is untouched.
+    Decoding goes on from the keys k~ (the official code caches them) with each new token's query q~.
+
+How it runs here: the projections are linear, so W f(x) = W x + (scale - 1) x_c W[:, c]. A `ChannelTap` (a
+WeightDelta that adds nothing) hands each chosen layer the channel x_c of its input, and the layer's
+`ChannelScheme` builds the plain and the scaled q/k as two "experts" that share the values (the seam MoICE mixes
+its RoPE bases through), with 0/1 mixing weights:
+  - a prefill (a forward with nothing cached): the last column reads expert 1 (scaled), the others expert 0;
+  - a forward after a cache (a decode step, the last prompt token read again, a reference answer scored
+    teacher-forced): every query reads expert 1, because every appended token is an answer token, as in the
+    official code's validation loss, which recomputes the last prompt token and the answer's tokens.
+The probe reads evidence through the same weights, so evidence is the attention applied. Cost: the chosen layers
+cache their keys twice (plain and scaled) and the prefill runs one extra attention row per chosen layer.
+scale = 1 is the stock model, and nothing is installed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from midlens.core.errors import ArtefactError, MethodConfigError
+from midlens.generators.artefacts import Artefact, Section, open_artefact, resolve_artefact, save_artefact
+from midlens.generators.context import MethodParts
+from midlens.generators.delta import WeightDelta
+from midlens.generators.methods.method import Method
+from midlens.generators.rope import RotaryScheme, baseline_schemes
+from midlens.generators.scores import attend, mask_rows
+
+NAME = "channel-scaling"
+# None: the value of the artefact shipped for the model (or of `artefact`); a value given overrides it.
+DEFAULTS = {"channel": None, "layers": None, "scale": None, "artefact": None}
+# Where `midlens train channel-scaling` finds its search (the training layer, above this one).
+TRAINER = "midlens.training.channel_scaling"
+BENCH_VARIANTS = ("channel-scaling",)
+
+
+# ---- the choice a search ships --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChannelChoice:
+    """What is scaled: hidden-state channel `channel`, in `layers`, by `scale`."""
+
+    channel: int
+    layers: tuple[int, ...]
+    scale: float
+
+    # meta.json's "scaling" section; the same three values are the artefact's tensors, so the hash that verifies
+    # weights.safetensors verifies the choice itself, and a meta.json edited to disagree is refused.
+    SECTION = Section("scaling", {"channel": int, "layers": list, "scale": (int, float)})
+
+    def config(self) -> dict:
+        return {"channel": self.channel, "layers": list(self.layers), "scale": self.scale}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            "channel": torch.tensor([self.channel], dtype=torch.int64),
+            "layers": torch.tensor(list(self.layers), dtype=torch.int64),
+            "scale": torch.tensor([self.scale], dtype=torch.float64),
+        }
+
+    def save(self, folder: str | Path, meta: dict) -> Path:
+        """Save as an artefact folder; `meta` gives the schema's other keys (method, base model, search record)."""
+        return save_artefact(folder, self.tensors(), {**meta, self.SECTION.key: self.config()})
+
+    @classmethod
+    def load(cls, folder: str | Path, base_model_sha256: str) -> tuple[ChannelChoice, Artefact]:
+        """The choice saved in `folder`, verified (files, schema, method, base model, weights hash) first."""
+        artefact = open_artefact(folder, NAME, base_model_sha256)
+        section = cls.SECTION.read(artefact)
+        layers = section["layers"]
+        if not layers or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise ArtefactError(
+                f"artefact {artefact.meta_file}: scaling.layers must be a non-empty list of layer indices; "
+                "rerun the search (`midlens train channel-scaling`)."
+            )
+        tensors = artefact.tensors_for({"channel": (1,), "layers": (len(layers),), "scale": (1,)})
+        stored = cls(int(tensors["channel"][0]), tuple(int(i) for i in tensors["layers"]), float(tensors["scale"][0]))
+        described = cls(section["channel"], tuple(layers), float(section["scale"]))
+        if stored != described:
+            raise ArtefactError(
+                f"artefact {artefact.meta_file}: its scaling section says {described.config()}, but the verified "
+                f"{artefact.path.name}/weights.safetensors holds {stored.config()}: meta.json was edited. Restore it "
+                "from the repository or rerun the search (`midlens train channel-scaling`)."
+            )
+        return stored, artefact
+
+
+# ---- the per-call parts ---------------------------------------------------------------------------------------
+
+
+class ChannelTap(WeightDelta):
+    """Adds nothing to any projection: hands each chosen layer's scheme (scale - 1) * x_c of the forward in
+    progress, x being the input its q and k are projected from (the q projection is asked first)."""
+
+    def __init__(self, choice: ChannelChoice, source: str = ""):
+        super().__init__()
+        self.choice = choice
+        self.source = source  # where the choice came from, for `midlens methods channel-scaling`
+        self._layers = set(choice.layers)
+        self._pending: dict[int, torch.Tensor] = {}
+
+    def project(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        if name == "q" and layer in self._layers:
+            self._pending[layer] = (self.choice.scale - 1.0) * x[..., self.choice.channel].float()  # [B, L]
+        return None
+
+    def take(self, layer: int) -> torch.Tensor:
+        if layer not in self._pending:
+            raise RuntimeError(
+                f"channel-scaling layer {layer}: no hidden state was handed over; the method's ChannelTap must be "
+                "installed as its delta (build the parts with build_parts / method_context, not the schemes alone)."
+            )
+        return self._pending.pop(layer)
+
+
+class ChannelScheme(RotaryScheme):
+    """Plain RoPE (expert 0) and RoPE over the channel-scaled q/k (expert 1); see the module doc for which
+    queries read which."""
+
+    num_experts = 2
+
+    def __init__(
+        self,
+        inv_freq: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        layer: int,
+        tap: ChannelTap,
+        q_column: torch.Tensor,  # W_q[:, c] as [H, d]
+        k_column: torch.Tensor,  # W_k[:, c] as [Hk, d]
+    ):
+        super().__init__(inv_freq, num_heads, num_kv_heads)
+        self.layer = layer
+        self.tap = tap
+        self.register_buffer("q_column", q_column.detach().clone(), persistent=False)
+        self.register_buffer("k_column", k_column.detach().clone(), persistent=False)
+        self._prefill_next = False
+        self._last_only = False  # this forward scales its last query only (a prefill) or every query
+
+    def start_sequence(self, q, k, key_mask=None) -> None:
+        # Called only when nothing is cached yet, before `rotate` of the same forward.
+        self._prefill_next = True
+
+    def rotate(self, q, k, positions, position_embeddings):
+        self._last_only, self._prefill_next = self._prefill_next, False
+        extra = self.tap.take(self.layer)[:, None, :, None]  # [B, 1, L, 1]: (scale - 1) * x_c
+        q_scaled = q + (extra * self.q_column[None, :, None, :].float()).to(q.dtype)
+        k_scaled = k + (extra * self.k_column[None, :, None, :].float()).to(k.dtype)
+        q_plain, k_plain = super().rotate(q, k, positions, position_embeddings)
+        q_new, k_new = super().rotate(q_scaled, k_scaled, positions, position_embeddings)
+        return torch.cat([q_plain, q_new]), torch.cat([k_plain, k_new])
+
+    def mixing_weights(self, q: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[2, B, H, L, 1]: which queries read the plain attention (expert 0) and which the scaled (expert 1)."""
+        scaled = torch.ones(*q.shape[:3], 1, dtype=q.dtype, device=q.device)
+        if self._last_only:
+            scaled[:, :, :-1] = 0
+        return torch.stack([1 - scaled, scaled])
+
+    def attend(self, q_rot, keys, values, weights, mask, past, scale):
+        if not self._last_only:
+            return attend(q_rot[1], keys[:, 1], values, mask, scale)
+        # The plain attention for every row (the stock computation, bit for bit), then the last row again with the
+        # scaled query and keys: one extra row, not a second attention over the prompt.
+        out = attend(q_rot[0], keys[:, 0], values, mask, scale)
+        batch, length = q_rot.shape[1], q_rot.shape[3]
+        last = torch.full((batch, 1), length - 1, dtype=torch.long, device=q_rot.device)
+        row = attend(q_rot[1][:, :, -1:], keys[:, 1], values, mask_rows(mask, last, past, keys.shape[3]), scale)
+        return torch.cat([out[:, :, :-1], row.to(out.dtype)], dim=2)
+
+
+def channel_parts(model: torch.nn.Module, choice: ChannelChoice, source: str = "") -> MethodParts:
+    """The parts that scale `choice` on `model` (built even for scale 1, which `build` skips: tests use it)."""
+    cfg = model.config
+    check_fits(choice, cfg.hidden_size, cfg.num_hidden_layers)
+    tap = ChannelTap(choice, source)
+    schemes = baseline_schemes(model)
+    inv_freq = model.model.rotary_emb.inv_freq
+    for i in choice.layers:
+        attn = model.model.layers[i].self_attn
+        head_dim = attn.q_proj.out_features // cfg.num_attention_heads
+        q_column = attn.q_proj.weight[:, choice.channel].view(cfg.num_attention_heads, head_dim)
+        k_column = attn.k_proj.weight[:, choice.channel].view(cfg.num_key_value_heads, head_dim)
+        schemes[i] = ChannelScheme(
+            inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads, i, tap, q_column, k_column
+        )
+    return MethodParts(schemes, delta=tap)
+
+
+# ---- the registry entry ---------------------------------------------------------------------------------------
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_options(opts: dict) -> None:
+    channel, layers, scale = opts["channel"], opts["layers"], opts["scale"]
+    if channel is not None and not (_whole(channel) and channel >= 0):
+        raise MethodConfigError(
+            f"channel-scaling channel={channel!r}: a hidden-state channel index, a whole number >= 0; leave it out "
+            "for the channel searched for the model."
+        )
+    if layers is not None and not (
+        isinstance(layers, list | tuple)
+        and layers
+        and all(_whole(i) and i >= 0 for i in layers)
+        and len(set(layers)) == len(layers)
+    ):
+        raise MethodConfigError(
+            f"channel-scaling layers={layers!r}: a non-empty list of distinct layer indices (e.g. layers=[9, 10, 11]); "
+            "leave it out for the layers searched for the model."
+        )
+    if scale is not None and not (
+        isinstance(scale, int | float) and not isinstance(scale, bool) and math.isfinite(scale)
+    ):
+        raise MethodConfigError(
+            f"channel-scaling scale={scale!r}: a finite number the channel is multiplied by (1 = the stock model, "
+            "0 = the channel removed, negative = flipped); leave it out for the scale searched for the model."
+        )
+    if opts["artefact"] is not None and not isinstance(opts["artefact"], str):
+        raise MethodConfigError(f"channel-scaling artefact={opts['artefact']!r}: expected a folder path.")
+
+
+def check_fits(choice: ChannelChoice, hidden_size: int, num_layers: int) -> None:
+    """Refuse a channel or layer the model does not have, naming the option and the model's sizes."""
+    if not 0 <= choice.channel < hidden_size:
+        raise MethodConfigError(
+            f"channel-scaling channel={choice.channel}: this model's hidden states have {hidden_size} channels "
+            f"(0-{hidden_size - 1}); pass a channel in that range, or leave it out for the searched one."
+        )
+    beyond = [i for i in choice.layers if not 0 <= i < num_layers]
+    if beyond:
+        raise MethodConfigError(
+            f"channel-scaling layers={list(choice.layers)}: this model has {num_layers} layers (0-{num_layers - 1}), "
+            f"so {beyond} do not exist; pass layers in that range, or leave them out for the searched ones."
+        )
+
+
+def resolve_choice(loaded, opts: dict) -> tuple[ChannelChoice, str]:
+    """The choice for `loaded`: the options given, the rest from the artefact (the shipped one by default); and
+    where it came from. All three given and no artefact: nothing is read."""
+    given = {k: opts[k] for k in ("channel", "layers", "scale")}
+    if opts["artefact"] is None and all(v is not None for v in given.values()):
+        return ChannelChoice(given["channel"], tuple(given["layers"]), float(given["scale"])), "options"
+    path = resolve_artefact(opts["artefact"], NAME, loaded.name)
+    stored, _ = ChannelChoice.load(path, loaded.sha256)
+    choice = ChannelChoice(
+        stored.channel if given["channel"] is None else given["channel"],
+        stored.layers if given["layers"] is None else tuple(given["layers"]),
+        stored.scale if given["scale"] is None else float(given["scale"]),
+    )
+    overridden = [k for k, v in given.items() if v is not None]
+    return choice, str(path) + (f" ({', '.join(overridden)} overridden)" if overridden else "")
+
+
+def build(loaded, opts: dict) -> MethodParts:
+    choice, source = resolve_choice(loaded, opts)
+    cfg = loaded.model.config
+    check_fits(choice, cfg.hidden_size, cfg.num_hidden_layers)
+    if choice.scale == 1.0:  # the stock model: nothing to install
+        return MethodParts(baseline_schemes(loaded.model))
+    return channel_parts(loaded.model, choice, source)
+
+
+def inspect_choice(gen, prompts: list, out: Path | None = None) -> list[str]:
+    """`midlens methods channel-scaling`: what is scaled, where it came from, and how far the channel's value at
+    each prompt's last token sits from its value across the prompt (what the scale moves)."""
+    tap = gen.parts.delta
+    if not isinstance(tap, ChannelTap):
+        return ["scale 1: the stock model, nothing is installed."]
+    c = tap.choice
+    lines = [
+        f"channel {c.channel}, layers {list(c.layers)}, scale {c.scale:g} (from {tap.source})",
+    ]
+    if prompts:
+        lines.append(_channel_profile(gen, prompts, c))
+    return lines
+
+
+def _channel_profile(gen, prompts: list, choice: ChannelChoice) -> str:
+    """Mean over prompts of x_c (the first chosen layer's attention input) at the last token and over the prompt."""
+    model = gen.model
+    norm = model.model.layers[choice.layers[0]].input_layernorm
+    seen: list[torch.Tensor] = []
+    handle = norm.register_forward_hook(lambda _m, _a, out: seen.append(out[0, :, choice.channel].float()))
+    try:
+        with torch.inference_mode():
+            for prompt in prompts:
+                model(input_ids=torch.tensor([prompt.input_ids], device=gen.device), use_cache=False)
+    finally:
+        handle.remove()
+    last = sum(float(s[-1]) for s in seen) / len(seen)
+    mean = sum(float(s.mean()) for s in seen) / len(seen)
+    return f"x_c at layer {choice.layers[0]} over {len(seen)} prompts: last token {last:+.3f}, prompt mean {mean:+.3f}"
+
+
+METHOD = Method(
+    NAME,
+    "training-free: one positional hidden-state channel scaled for the last token's attention (Yu et al. 2025)",
+    build=build,
+    defaults=DEFAULTS,
+    check=check_options,
+    bench_variants=BENCH_VARIANTS,
+    inspect=inspect_choice,
+    trainer=TRAINER,
+)
