@@ -739,3 +739,23 @@ def test_run_options_refuse_what_the_command_line_would_in_either_spelling(tmp_p
         RunOptions(mode="sweep", out=tmp_path, methods=(), orderings=())
     assert err.value.render(cli_spelling) == "no method to run. To fix it, pass --methods baseline to run one."
     assert str(err.value) == 'no method to run. To fix it, pass methods="baseline" to run one.'
+
+
+def test_the_sweep_report_shows_em_f1_and_answer_length_side_by_side():
+    """Two methods with the same answers in different styles: the sentence earns EM but loses F1, and the length
+    column says why (the table the short-answer comparison is decided on)."""
+    from midlens.eval.report.render import markdown
+
+    def row(i: int, method: str, prediction: str, em: float, f1: float) -> dict:
+        return {
+            "key": f"q{i}|{method}|1", "kind": "sweep", "dataset": "d", "k": 2, "method": method, "position": 1,
+            "example_id": f"q{i}", "prediction": prediction, "em": em, "f1": f1, "gold_rank": 1, "gold_share": 0.5,
+            "logprob": -1.0, "seconds": 1.0,
+        }  # fmt: skip
+
+    rows = [row(i, "baseline", "The answer is Paris, the capital.\nmore", 1.0, 0.25) for i in range(4)]
+    rows += [row(i, "short", "Paris", 1.0, 1.0) for i in range(4)]
+    text = markdown([{"kind": "sweep", "model": "m", "methods": {}}], rows)
+    assert "| method | EM | F1 | words per answer |" in text
+    assert "| baseline | 100.0 [100.0, 100.0] | 25.0 [25.0, 25.0] | 6.0 |" in text
+    assert "| short | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | 1.0 |" in text

@@ -54,12 +54,28 @@ def markdown(configs: list[dict], rows: list[dict], against: str = "baseline") -
                 f"| {m} | " + " | ".join(cells) + f" | {_pct_ci(t['avg'], t['avg_ci'])} | {_pct(t['gap'])} | "
                 f"{_pct(t['recall@2'])} | {t['seconds']:.2f} |"
             )
+        lines += [
+            "",
+            "EM, F1 and answer length side by side (average over positions; each metric alone turns answer style "
+            "into accuracy: EM credits a sentence containing the answer, F1 punishes every extra word):",
+            "",
+            "| method | EM | F1 | words per answer |",
+            "|---|---|---|---|",
+        ]
+        for m, t in s["methods"].items():
+            lines.append(
+                f"| {m} | {_pct_ci(t['avg'], t['avg_ci'])} | {_pct_ci(t['f1'], t['f1_ci'])} | {t['words']:.1f} |"
+            )
         if s["paired"]:
             lines += ["", f"Paired difference against {against} on the same questions (average over positions):", ""]
-            lines += ["| method | accuracy, points | gold-answer log-probability, nats |", "|---|---|---|"]
+            head = "| method | accuracy, points | F1, points | gold-answer log-probability, nats |"
+            lines += [head, "|---|---|---|---|"]
             for m, d in s["paired"].items():
-                (em, em_ci), (lp, lp_ci) = d["em"], d["logprob"]
-                lines.append(f"| {m} | {_points_ci(em, em_ci)} | {lp:+.2f} [{lp_ci[0]:+.2f}, {lp_ci[1]:+.2f}] |")
+                (em, em_ci), (f1, f1_ci), (lp, lp_ci) = d["em"], d["f1"], d["logprob"]
+                lines.append(
+                    f"| {m} | {_points_ci(em, em_ci)} | {_points_ci(f1, f1_ci)} | "
+                    f"{lp:+.2f} [{lp_ci[0]:+.2f}, {lp_ci[1]:+.2f}] |"
+                )
         lines += [
             "",
             "Continuous measures per gold position (answer F1 %, gold-answer log-probability, gold evidence "

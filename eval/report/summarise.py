@@ -10,7 +10,7 @@ import json
 import statistics
 from collections import defaultdict
 
-from midlens.eval.metrics import bootstrap_ci
+from midlens.eval.metrics import bootstrap_ci, first_line
 from midlens.eval.report.groups import grouped, method_order
 
 RANKERS = ("dense", "bm25", "evidence_raw", "evidence_calibrated")
@@ -51,17 +51,23 @@ def sweep_summary(rows: list[dict], against: str = "baseline") -> dict:
                     for key in ("em", "f1", "logprob", "gold_rank", "gold_share", "seconds")
                 }
                 per_pos[p]["recall@2"] = _mean([float(r["gold_rank"] <= 2) for r in sel])
+                per_pos[p]["words"] = _mean([answer_words(r["prediction"]) for r in sel if "prediction" in r])
+                per_pos[p]["f1_ci"] = bootstrap_ci([r["f1"] for r in sel if "f1" in r])
                 per_pos[p]["em_ci"] = bootstrap_ci([r["em"] for r in sel])
             accs = [per_pos[p]["em"] for p in positions]
             per_example = defaultdict(list)  # the average's interval resamples questions, all positions together
             per_example_logp = defaultdict(list)
+            per_example_f1 = defaultdict(list)
             for r in rs:
                 if r["method"] == m and r["example_id"] in complete:
                     per_example[r["example_id"]].append(r["em"])
+                    if "f1" in r:
+                        per_example_f1[r["example_id"]].append(r["f1"])
                     if "logprob" in r:
                         per_example_logp[r["example_id"]].append(r["logprob"])
             table[m] = {
                 "per_example_em": {e: _mean(v) for e, v in per_example.items()},
+                "per_example_f1": {e: _mean(v) for e, v in per_example_f1.items()},
                 "per_example_logprob": {e: _mean(v) for e, v in per_example_logp.items()},
                 "positions": per_pos,
                 "avg": _mean(accs),
@@ -70,6 +76,8 @@ def sweep_summary(rows: list[dict], against: str = "baseline") -> dict:
                 "recall@2": _mean([per_pos[p]["recall@2"] for p in positions]),
                 "seconds": _mean([per_pos[p]["seconds"] for p in positions]),
                 "f1": _mean([per_pos[p]["f1"] for p in positions]),
+                "f1_ci": bootstrap_ci([_mean(v) for v in per_example_f1.values()]),
+                "words": _mean([per_pos[p]["words"] for p in positions]),
             }
         out[ds] = {
             "n": len(complete),
@@ -78,6 +86,12 @@ def sweep_summary(rows: list[dict], against: str = "baseline") -> dict:
             "paired": paired_differences(table, against),
         }
     return out
+
+
+def answer_words(prediction: str) -> int:
+    """Words in the answer the metrics read (its first line): EM credits a long sentence that contains the answer,
+    F1 punishes every extra word, so each is read beside the length it was earned at."""
+    return len(first_line(prediction).split())
 
 
 def paired_differences(table: dict, against: str = "baseline") -> dict:
@@ -94,7 +108,7 @@ def paired_differences(table: dict, against: str = "baseline") -> dict:
         if m == against:
             continue
         row = {}
-        for key in ("em", "logprob"):
+        for key in ("em", "f1", "logprob"):
             b, x = base[f"per_example_{key}"], t[f"per_example_{key}"]
             diffs = [x[e] - b[e] for e in x if e in b]
             row[key] = (_mean(diffs), bootstrap_ci(diffs))
