@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 
-from midlens.core.errors import InvalidArgumentError
+from midlens.core.errors import InvalidArgumentError, Remedy
 from midlens.core.names import PROMPT_STYLES
 
 
@@ -50,3 +50,14 @@ def check_prompt_style(style: object) -> str:
     if style not in PROMPT_STYLES:
         raise InvalidArgumentError(f"prompt style {style!r}: expected one of {', '.join(PROMPT_STYLES)}.")
     return style
+
+
+def check_restack_rounds(rounds: object, option: str = "restack_rounds") -> int:
+    """Scoring passes before a restacked answer: each re-scores the passages where the previous one placed them."""
+    if not _whole(rounds) or rounds < 1:
+        raise InvalidArgumentError(
+            "restacking scores the passages at least once before answering: give a whole number of scoring passes.",
+            remedies=[Remedy(option, 1), Remedy(option, 2, "to score again where the first pass placed them")],
+            about=Remedy(option, rounds),
+        )
+    return int(rounds)

@@ -7,7 +7,7 @@ import ast
 import re
 from importlib import metadata
 
-from midlens.core.errors import MethodConfigError
+from midlens.core.errors import MethodConfigError, Remedy
 from midlens.core.names import METHODS
 
 # Where other packages declare their methods: `[project.entry-points."midlens.methods"] NAME = "module:METHOD"`.
@@ -74,3 +74,29 @@ def parse_known_specs(specs: list[str], also: tuple[str, ...] = ()) -> dict[str,
             raise MethodConfigError(f"unknown method {name!r}: choose one of {', '.join(known)}.")
     return parsed
 
+
+def parse_scorer_spec(spec: object, option: str = "restack") -> tuple[str, dict]:
+    """The method spec restacking scores passages with (`mudaf`, `mudaf(alpha=0)`), parsed and its name checked
+    without torch; the error names `option`, so every interface says which of its settings was wrong."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise MethodConfigError(
+            "restacking needs the method whose evidence scores the passages, e.g. mudaf or baseline.",
+            about=Remedy(option, spec),
+        )
+    try:
+        name, options = parse_method_spec(spec)
+    except MethodConfigError as err:
+        raise MethodConfigError(err.problem, about=Remedy(option, spec)) from None
+    known = method_names()
+    if name not in known:
+        raise MethodConfigError(
+            f"restacking scores the passages with a method's evidence, and {name!r} is no method: choose one of "
+            f"{', '.join(known)}.",
+            about=Remedy(option, spec),
+        )
+    return name, options
+
+
+def restacked_label(method: str, scorer: str, rounds: int) -> str:
+    """What a restacked system is called in runs and reports: `baseline+restack(mudaf)`, with `, rounds=N` past 1."""
+    return f"{method}+restack({scorer}{'' if rounds == 1 else f', rounds={rounds}'})"

@@ -161,6 +161,9 @@ class Answer:
     citations: list = field(default_factory=list)
     reference_token_logprobs: list[float] | None = field(default=None, repr=False)  # per token of the reference
     answer_ids: list[int] = field(default_factory=list, repr=False)  # the generated tokens, as decoded into `text`
+    # When the passages were restacked before answering (generators.restack): the scorer, the rounds, the slots
+    # and the order the prompt held them in; `passages` and `citations` are then numbered as the caller gave them.
+    restack: dict | None = None
 
     def ranked(self) -> list[PassageEvidence]:
         return sorted(self.passages, key=lambda p: p.rank)
