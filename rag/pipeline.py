@@ -7,6 +7,9 @@ print(marked_answer(answer).text)                  # "... [1]." after each cited
 
 Every way of answering takes `verify=True`: the answer's citations are then checked by `Generator.verify` (each
 cited passage removed, the answer re-scored) before the Answer is returned.
+
+`restack="mudaf"` (generators.restack) scores the passages with that method's evidence, places the strongest in the
+slots the model reads best and answers with the pipeline's method; answers stay numbered as retrieved.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt
+from midlens.generators.restack import Restack, Restacker, as_restack, in_prompt_order
 from midlens.generators.scheduling import generate_all
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
@@ -45,16 +49,23 @@ class Pipeline:
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         truncate: Literal["error", "drop_last"] = "error",
         prompt_style: str = DEFAULT_STYLE,
+        restack: str | MethodConfig | Restack | None = None,
+        restack_rounds: int = 1,
     ):
         """`prompt_style`: the instruction above the passages (generators.prompt.STYLES). `retriever=None`: a
         pipeline that answers over passages its caller retrieved (`answer`, `answer_stream`), as a LlamaIndex engine
-        does with its own retriever."""
+        does with its own retriever. `restack`: the method whose evidence re-stacks the passages before each answer
+        (a spec such as "mudaf", or a generators.restack.Restack), `restack_rounds` its scoring passes; None: the
+        passages are answered in the order given."""
         self.retriever = retriever
         self.generator = generator
         self.top_k = check_top_k(top_k)
         self.max_new_tokens = check_max_new_tokens(max_new_tokens)
         self.truncate = truncate
         self.prompt_style = check_prompt_style(prompt_style)
+        self.restack = as_restack(restack, restack_rounds)
+        # What answers: the generator, or the generator behind a restacker (same calls, same signatures).
+        self.answerer: Generator | Restacker = generator if self.restack is None else Restacker(generator, self.restack)
 
     @classmethod
     def from_corpus(
@@ -71,26 +82,38 @@ class Pipeline:
         prompt_style: str = DEFAULT_STYLE,
         retrieval: Retrieval = DEFAULT_RETRIEVAL,
         truncate: Literal["error", "drop_last"] = "error",
+        restack: str | MethodConfig | Restack | None = None,
+        restack_rounds: int = 1,
         **method_options,
     ) -> Pipeline:
         """`method` is a registry name or spec; `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU;
         `retrieval`: "dense" (faiss) or "hybrid" (dense + BM25 fused by rank, retrievers.hybrid); "+links" after
-        either also stacks the passages whose titles the top 2 mention (retrievers.links)."""
+        either also stacks the passages whose titles the top 2 mention (retrievers.links); `restack`,
+        `restack_rounds`: as in `Pipeline`."""
         check_top_k(top_k)  # before the model loads
         check_prompt_style(prompt_style)
         check_retrieval(retrieval)
         method = method_config(method, method_options)  # a bad spec fails before the index and the model
+        restack = as_restack(restack, restack_rounds)  # so does a bad scorer or round count
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
         generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype)
-        return cls(retriever, generator, top_k=top_k, truncate=truncate, prompt_style=prompt_style)
+        return cls(retriever, generator, top_k=top_k, truncate=truncate, prompt_style=prompt_style, restack=restack)
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:
         """The same retriever and loaded model, another method (weights are shared, not reloaded)."""
         generator = Generator(
             self.generator.loaded, method=method, evidence=self.generator.evidence_config, **method_options
         )
-        return Pipeline(self.retriever, generator, self.top_k, self.max_new_tokens, self.truncate, self.prompt_style)
+        return Pipeline(
+            self.retriever,
+            generator,
+            self.top_k,
+            self.max_new_tokens,
+            self.truncate,
+            self.prompt_style,
+            restack=self.restack,
+        )
 
     def retrieve(self, question: str, top_k: int | None = None) -> list[Passage]:
         if self.retriever is None:
@@ -119,7 +142,7 @@ class Pipeline:
         max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
         self._check_verify(verify, max_new)
         prompt = self.prompt(question, passages, max_new)
-        answer = self.generator.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
+        answer = self.answerer.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
         if verify:
             self._verify([prompt], [answer])
         return answer
@@ -164,7 +187,7 @@ class Pipeline:
             retrieve_s.append(time.perf_counter() - t0)
             prompts.append(self.prompt(question, passages, max_new))
         answers = generate_all(
-            self.generator, prompts, batch_size, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs
+            self.answerer, prompts, batch_size, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs
         )
         if verify:
             size = units_per_group(parse_batch_size(batch_size), self.generator.device.type)
@@ -181,7 +204,7 @@ class Pipeline:
         max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
         self._check_verify(verify, max_new)
         prompt = self.prompt(question, passages, max_new)
-        stream = self.generator.stream(prompt, max_new_tokens=max_new, **generate_kwargs)
+        stream = self.answerer.stream(prompt, max_new_tokens=max_new, **generate_kwargs)
         return AnswerStream(stream, (lambda answer: self._verify([prompt], [answer])) if verify else None)
 
     def ask_stream(
@@ -194,21 +217,26 @@ class Pipeline:
     def verify(self, answers: list[Answer], batch_size: int = 8) -> list[Answer]:
         """Check the citations of answers this pipeline gave (`Generator.verify`), in place; returns them.
 
-        Each answer's prompt is rebuilt from the passages it stacked (`Answer.passages`, in prompt order) with this
-        pipeline's instruction style: for an answer the pipeline just gave, the prompt it answered from, token for
-        token. An interface that keeps only the Answer (a LlamaIndex engine) verifies through this."""
+        Each answer's prompt is rebuilt from the passages it stacked (`Answer.passages`, in prompt order; a
+        restacked answer's in the order its prompt held them) with this pipeline's instruction style: for an answer
+        the pipeline just gave, the prompt it answered from, token for token. An interface that keeps only the
+        Answer (a LlamaIndex engine) verifies through this."""
         if self.generator.citations is None:
             raise InvalidArgumentError(_CITATIONS_OFF)
-        # The answer's own length as the room left: the prompt it came from fit with at least that much.
-        prompts = [
-            self.generator.prompt(
-                a.question, [pe.passage for pe in a.passages], a.generated_tokens, "error", self.prompt_style
-            )
-            for a in answers
-        ]
-        return self._verify(prompts, answers, batch_size)
+        with in_prompt_order(answers):
+            # The answer's own length as the room left: the prompt it came from fit with at least that much.
+            prompts = [
+                self.generator.prompt(
+                    a.question, [pe.passage for pe in a.passages], a.generated_tokens, "error", self.prompt_style
+                )
+                for a in answers
+            ]
+            return self._verify(prompts, answers, batch_size)
 
     def _verify(self, prompts: list[StackedPrompt], answers: list[Answer], batch_size: int = 8) -> list[Answer]:
+        if any(a.restack is not None and a.restack["numbering"] != "prompt" for a in answers):
+            # Restacked answers came from prompts other than those built here: verify on the prompts answered.
+            return self.verify(answers, batch_size)
         t0 = time.perf_counter()
         self.generator.verify(prompts, answers, batch_size=batch_size)
         seconds = time.perf_counter() - t0

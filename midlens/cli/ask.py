@@ -23,6 +23,8 @@ EXAMPLES = """examples:
   midlens ask "Who directed Wings of Desire?"
   midlens ask "What does the report conclude?" --corpus docs/ --top-k 8 --method ms-poe
   midlens ask "Who directed Wings of Desire?" --verify      # check each citation: [1?] marks one that fails
+  midlens ask "Who directed Wings of Desire?" --restack     # MuDAF's evidence puts the strongest passages where
+                                                            # the model reads best, then the baseline answers
   midlens ask "Who directed Wings of Desire?" --json --device cpu > answer.json
 """
 BAR_WIDTH = 24
@@ -54,6 +56,20 @@ def add_parser(sub) -> None:
         help="check each citation: re-score the answer with the cited passage removed; one that costs the sentence "
         "too little log-probability is marked [n?]",
     )
+    ask.add_argument(
+        "--restack",
+        nargs="?",
+        const="mudaf",
+        metavar="SCORER",
+        help="score the passages with this method's evidence (alone: mudaf), place the strongest in the slots the "
+        "model reads best (measured per model), then answer with --method; positions shown stay as retrieved",
+    )
+    ask.add_argument(
+        "--restack-rounds",
+        type=positive_int,
+        default=1,
+        help="scoring passes before answering: each re-scores the passages where the last one placed them",
+    )
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_model_args(ask)
     ask.set_defaults(func=run)
@@ -66,6 +82,15 @@ def run(args: argparse.Namespace) -> int:
             "--verify checks the citations of an answer, and --max-new-tokens 0 generates none (it only scores the "
             "passages): drop --verify, or give --max-new-tokens 1 or more."
         )
+    if args.restack is None and args.restack_rounds != 1:
+        raise InvalidArgumentError(
+            f"--restack-rounds {args.restack_rounds} has no effect without --restack: add --restack (its scorer "
+            "method, mudaf by default), or drop --restack-rounds."
+        )
+    if args.restack is not None:
+        from midlens.core.method_spec import parse_scorer_spec
+
+        parse_scorer_spec(args.restack)  # a misspelt scorer fails before torch loads, naming --restack
     from midlens.cli.options import check_device, chosen_model, evidence_config, method_spec
 
     method = method_spec(args)  # a typo in --method fails before the model loads
@@ -85,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         prompt_style=args.prompt_style,
         retrieval=args.retrieval,
         truncate=args.truncate,
+        restack=args.restack,
+        restack_rounds=args.restack_rounds,
     )
     try:
         answer = pipe.ask(
@@ -154,6 +181,13 @@ def print_answer(answer, max_new_tokens: int | None = None) -> None:
         text = "(none: the model ended its answer before writing anything)"
     print(f"\nQ: {answer.question}\nA: {text}\n")
     print_citations(answer)
+    if answer.restack is not None:
+        r = answer.restack
+        rounds = f"{r['rounds']} round{'s' if r['rounds'] > 1 else ''}"
+        print(
+            f"restacked by {r['scorer']} evidence ({rounds}): the prompt held passages "
+            f"{', '.join(map(str, r['order']))} in slots 1..{len(r['order'])} (numbers below: as retrieved)\n"
+        )
     calibrated = answer.passages and answer.passages[0].calibrated is not None
     top = max((p.score for p in answer.passages), default=0.0)
     label = "calibrated evidence" if calibrated else "evidence"

@@ -24,6 +24,7 @@ from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.generators.evidence import Answer
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
+from midlens.generators.restack import Restack, as_restack
 from midlens.rag.llamaindex.common import (
     GENERATE_OPTIONS,
     GeneratorBacked,
@@ -75,7 +76,9 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     default QA / refine templates (what `index.as_query_engine(llm=...)` sends) is read back into its query and
     context chunks, which are answered the same way, one passage per node (`read_stock_prompts`); any other
     prompt is the question of a stacked prompt with no documents. Passages are answered by `pipeline`, the same
-    Pipeline.answer the CLI and the demo use.
+    Pipeline.answer the CLI and the demo use. `complete(..., passages=nodes, restack="mudaf")` (or a
+    generators.restack.Restack) restacks them by that method's evidence first (what MidlensQueryEngine's `restack`
+    passes); the evidence rows stay in the order the nodes were given.
     """
 
     max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=0, description="Most tokens generated per call.")
@@ -100,6 +103,7 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
             return super().__new__(RemoteMidlensLLM)
         return super().__new__(cls)
+
     read_stock_prompts: bool = Field(
         default=True,
         description="Answer LlamaIndex's default text-QA / tree-summarize / refine prompts through the midlens "
@@ -123,12 +127,18 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     def pipeline(self) -> Pipeline:
         """The Pipeline that answers this LLM's passages, with its answer length, truncation and instruction style
         as they are now; retrieval stays with the caller (MidlensQueryEngine's LlamaIndex retriever)."""
+        return self._pipeline(None)
+
+    def _pipeline(self, restack: Restack | None) -> Pipeline:
+        """`pipeline`, restacking by `restack` (None: answering the passages in the order given). Cheap to make per
+        call: the scorer's generator is built once per answering generator (generators.restack.scorer_for)."""
         return Pipeline(
             None,
             self.generator,
             max_new_tokens=self.max_new_tokens,
             truncate=self.truncate,
             prompt_style=self.prompt_style,
+            restack=restack,
         )
 
     @property
@@ -200,13 +210,15 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         return chat_prompt(self.generator.tokenizer, turns, window), options
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        restack = as_restack(kwargs.pop("restack", None))
         question, passages, options = self._request(prompt, formatted, kwargs)
-        return _completion(self.pipeline.answer(question, passages, **options))
+        return _completion(self._pipeline(restack).answer(question, passages, **options))
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         # Prompt errors (empty question, too long) raise here, at call time, not on the first next().
+        restack = as_restack(kwargs.pop("restack", None))
         question, passages, options = self._request(prompt, formatted, kwargs)
-        return _chunks(self.pipeline.answer_stream(question, passages, **options))
+        return _chunks(self._pipeline(restack).answer_stream(question, passages, **options))
 
     # Chat goes through the model's own chat template, not the RAG prompt: chat engines and agents that use
     # this class as Settings.llm send whole conversations (system turns included).

@@ -26,6 +26,7 @@ from midlens.core.names import DEFAULT_TOP_K
 from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
 from midlens.generators.loading import LoadedModel
 from midlens.generators.packaged_models import DEFAULT_MODEL
+from midlens.generators.restack import Restack, as_restack
 from midlens.rag.llamaindex.citations import citation_rows
 from midlens.rag.llamaindex.common import (
     _response_kwargs,
@@ -59,7 +60,11 @@ class MidlensQueryEngine(CustomQueryEngine):
     `metadata[node_id]["position"]` is the same number). With `streaming=True` the query returns a
     StreamingResponse whose sources carry retrieval scores until the stream is consumed, evidence and citations
     after (read from the finished answer's attention: they cannot arrive sentence by sentence while it streams).
-    `as_chat_engine()` wraps the engine in LlamaIndex's CondenseQuestionChatEngine.
+    `as_chat_engine()` wraps the engine in LlamaIndex's CondenseQuestionChatEngine. `restack="mudaf"` (a method
+    spec, or a generators.restack.Restack) scores the nodes with that method's evidence and stacks the strongest in
+    the slots the model reads best before answering (`restack_rounds` scoring passes); positions, markers and
+    metadata keep the order the nodes were retrieved in, and `metadata["midlens"]["restack"]` says what the prompt
+    held.
     """
 
     retriever: BaseRetriever
@@ -67,6 +72,7 @@ class MidlensQueryEngine(CustomQueryEngine):
     node_postprocessors: list[BaseNodePostprocessor] = Field(default_factory=list)
     streaming: bool = False
     verify: bool = False
+    restack: Any = None  # a generators.restack.Restack, or None
 
     def __init__(
         self,
@@ -80,12 +86,15 @@ class MidlensQueryEngine(CustomQueryEngine):
         streaming: bool = False,
         callback_manager: CallbackManager | None = None,
         verify: bool = False,
+        restack: str | Restack | None = None,
+        restack_rounds: int = 1,
         **llm_kwargs: Any,
     ) -> None:
         """`verify=True` checks each citation (`Pipeline.verify`: the answer re-scored with the cited node removed,
         one prefill per cited node); it needs the model in this process, not a server."""
         if not isinstance(verify, bool):
             raise InvalidArgumentError(f"verify={verify!r}: pass True (check each citation) or False.")
+        restack = as_restack(restack, restack_rounds)  # a bad scorer or round count fails before the model loads
         if llm is None:
             llm = MidlensLLM(model, method=method, method_options=method_options, evidence=evidence, **llm_kwargs)
         elif llm_kwargs or method_options or method != "baseline":
@@ -95,9 +104,15 @@ class MidlensQueryEngine(CustomQueryEngine):
                 f"verify=True re-scores answers with the model, and this MidlensLLM answers through the server at "
                 f"{llm.base_url}: use a MidlensLLM with a local model, or verify=False."
             )
-        # The rerankers read the answering model's attention whichever was built first (one model in memory).
+        if restack is not None and llm.base_url is not None:
+            raise InvalidArgumentError(
+                f"restack scores the nodes with the model before answering, and this MidlensLLM answers through the "
+                f"server at {llm.base_url}: use a MidlensLLM with a local model, or restack=None."
+            )
+        # The rerankers read the answering model's attention whichever was built first (one model in memory). A
+        # MidlensLLM answered by a server has no model here to share (an AttentionReranker may use that server).
         for postprocessor in node_postprocessors:
-            if isinstance(postprocessor, AttentionReranker):
+            if isinstance(postprocessor, AttentionReranker) and llm.base_url is None:
                 postprocessor.share_model(llm.generator.loaded)
         super().__init__(
             retriever=retriever,
@@ -105,6 +120,7 @@ class MidlensQueryEngine(CustomQueryEngine):
             node_postprocessors=list(node_postprocessors),
             streaming=streaming,
             verify=verify,
+            restack=restack,
             callback_manager=callback_manager or CallbackManager([]),
         )
 
@@ -137,6 +153,7 @@ class MidlensQueryEngine(CustomQueryEngine):
             "marked_text": marked_answer(answer, self._unverified).text,
             "citations": citation_rows(answer, self._unverified),
             "markers": {pe.position: node.node.node_id for pe, node in stacked},
+            "restack": answer.restack,
         }
         return self._arrange(stacked), metadata
 
@@ -148,6 +165,10 @@ class MidlensQueryEngine(CustomQueryEngine):
     def _text(self, completion: CompletionResponse) -> str:
         """The response's text: the answer as generated."""
         return completion.text
+
+    def _restack(self) -> dict[str, Any]:
+        """The LLM call's restack option, only when restacking: an LLM of another class need not know the word."""
+        return {} if self.restack is None else {"restack": self.restack}
 
     def _verified(self, answer: Answer) -> Answer:
         if self.verify:
@@ -181,8 +202,8 @@ class MidlensQueryEngine(CustomQueryEngine):
         if not nodes:
             return _empty()
         if not self.streaming:
-            return self._respond(nodes, self.llm.complete(query_str, passages=nodes))
-        chunks = self.llm.stream_complete(query_str, passages=nodes)
+            return self._respond(nodes, self.llm.complete(query_str, passages=nodes, **self._restack()))
+        chunks = self.llm.stream_complete(query_str, passages=nodes, **self._restack())
         response = StreamingResponse(response_gen=None, source_nodes=list(nodes), metadata={})
 
         def tokens() -> Iterator[str]:
@@ -203,10 +224,10 @@ class MidlensQueryEngine(CustomQueryEngine):
         if not nodes:
             return _empty()
         if not self.streaming:
-            completion = await self.llm.acomplete(query_str, passages=nodes)
+            completion = await self.llm.acomplete(query_str, passages=nodes, **self._restack())
             # Verification runs the model: in a worker thread, as the completion did, so the event loop stays free.
             return await asyncio.to_thread(self._respond, nodes, completion)
-        chunks = await self.llm.astream_complete(query_str, passages=nodes)
+        chunks = await self.llm.astream_complete(query_str, passages=nodes, **self._restack())
         response = AsyncStreamingResponse(response_gen=None, source_nodes=list(nodes), metadata={})
 
         async def tokens() -> AsyncIterator[str]:
