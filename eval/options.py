@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from midlens.core.batch_size import BatchSize
 from midlens.core.errors import MidlensError, Remedy
+from midlens.core.method_spec import restacked_label
 from midlens.core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, EVAL_MODEL, ORDERINGS
 
 if TYPE_CHECKING:  # torch loads with the registry, after the cheap checks
@@ -29,13 +30,18 @@ class RunOptions:
     """One eval run: what it evaluates (mode, data, systems, model), and how it runs (engine, shard, batch size).
 
     `methods` are method specs as given (they label the rows); `orderings` run on the baseline generator under
-    their own names. `configs` (made here) holds the validated MethodConfig of every row label. `device` and
-    `dtype` stay as asked ("auto"): they are resolved where the model loads, which on Ray is a worker."""
+    their own names. `restack` (a scorer method spec) adds, beside each method, the method answering passages
+    restacked by that scorer's evidence, once per entry of `restack_rounds`, labelled `METHOD+restack(SCORER)`
+    (`restacked` maps those labels to what they run). `configs` (made here) holds the validated MethodConfig of
+    every row label. `device` and `dtype` stay as asked ("auto"): they are resolved where the model loads, which
+    on Ray is a worker."""
 
     mode: Mode
     out: Path
     methods: tuple[str, ...] = ("baseline",)
     orderings: tuple[str, ...] = ()
+    restack: str | None = None
+    restack_rounds: tuple[int, ...] = (1,)
     model: str = EVAL_MODEL
     device: str = "auto"
     dtype: str = "auto"
@@ -83,6 +89,7 @@ class RunOptions:
             gpus = Remedy("gpus_per_worker", self.gpus_per_worker)
             raise MidlensError("expected a number >= 0, e.g. 1 or 0.5.", about=gpus)
         object.__setattr__(self, "parsed", _parse_systems(self.methods, self.orderings))
+        _check_restack(self)
 
     @cached_property
     def configs(self) -> dict[str, MethodConfig]:
@@ -91,13 +98,59 @@ class RunOptions:
         from midlens.generators.methods.registry import method_config
 
         configs = {spec: method_config(name, options) for spec, (name, options) in self.parsed.items()}
+        if self.restack is not None:
+            from midlens.generators.restack import Restack
+
+            Restack(self.restack)  # the scorer's options, checked before any model loads
+        configs.update({label: configs[method] for label, (method, _, _) in self.restacked.items()})
         configs.update({name: method_config("baseline") for name in self.orderings})
         return configs
+
+    @property
+    def restacked(self) -> dict[str, tuple[str, str, int]]:
+        """Each restacked system's label -> (the method label it answers with, the scorer spec, rounds)."""
+        if self.restack is None:
+            return {}
+        return {
+            restacked_label(method, self.restack, rounds): (method, self.restack, rounds)
+            for method in self.methods
+            for rounds in self.restack_rounds
+        }
 
     @property
     def gold_positions(self) -> list[int]:
         """The positions a sweep moves the gold through."""
         return list(self.positions) or sorted({1, max(1, self.k // 2), self.k})
+
+
+def _check_restack(options: RunOptions) -> None:
+    """--restack's scorer and rounds, before anything heavy loads."""
+    from midlens.core.checks import check_restack_rounds
+    from midlens.core.method_spec import parse_scorer_spec
+
+    if options.restack is None:
+        if tuple(options.restack_rounds) != (1,):
+            rounds = Remedy("restack_rounds", options.restack_rounds)
+            raise MidlensError(
+                "these count the scoring passes of restacked systems, and none is asked for.",
+                about=rounds,
+                remedies=[Remedy("restack", "mudaf", "(or another scorer method) to run them")],
+            )
+        return
+    parse_scorer_spec(options.restack)
+    if not options.restack_rounds or len(set(options.restack_rounds)) != len(options.restack_rounds):
+        raise MidlensError(
+            "give the scoring passes to run, each once, e.g. 1 or 1,2.", about=Remedy("restack_rounds", "")
+        )
+    for rounds in options.restack_rounds:
+        check_restack_rounds(rounds)
+    if options.mode == "rerank":
+        raise MidlensError(
+            "rerank scores passages and answers nothing, so there is no answer to restack: use it with sweep or e2e.",
+            about=Remedy("restack", options.restack),
+        )
+    if not options.methods:
+        raise MidlensError("restacking runs beside methods: name them.", remedies=[Remedy("methods", "baseline")])
 
 
 def _parse_systems(methods: tuple[str, ...], orderings: tuple[str, ...]) -> dict[str, tuple[str, dict]]:

@@ -80,13 +80,14 @@ def plan_run(options: RunOptions) -> Plan:
         device = torch.device("cuda", torch.cuda.current_device())
     model = canonical_name(options.model)
     orderings = set(options.orderings)
+    restacked = options.restacked
     config = {
         "kind": options.mode,
         "model": model,
         "model_sha256": content_sha256(model),
         "device": str(device),
         "dtype": dtype_name(resolve_dtype(options.dtype, device)),
-        "methods": {m: {**c.to_dict(), "ordering": m if m in orderings else None} for m, c in configs.items()},
+        "methods": {m: _system(m, c, orderings, restacked) for m, c in configs.items()},
         "evidence": asdict(options.evidence or EvidenceConfig()),
         "seed": options.seed,
         "n": options.n,
@@ -121,6 +122,16 @@ def plan_run(options: RunOptions) -> Plan:
     config["units"] = len(units)
     # The batch size is not part of the config: rows are the same at any size, so a run may resume with another.
     return Plan(config, units, data, device.type, units_per_group(options.batch_size, device.type))
+
+
+def _system(label: str, config, orderings: set[str], restacked: dict[str, tuple[str, str, int]]) -> dict:
+    """What a row label runs, as the run's config records it; a restacked system also records its scorer and rounds
+    (only then: the records of runs made before restacking, and their hashes, stay as they were)."""
+    system = {**config.to_dict(), "ordering": label if label in orderings else None}
+    if label in restacked:
+        _, scorer, rounds = restacked[label]
+        system["restack"] = {"scorer": scorer, "rounds": rounds}
+    return system
 
 
 def _sweep_units(options: RunOptions, name: str, examples: list, config: dict) -> list[dict]:
@@ -188,10 +199,18 @@ def build_run(options: RunOptions) -> Run:
     from midlens.eval import runner
     from midlens.generators.generator import Generator
     from midlens.generators.loading import load_model
+    from midlens.generators.restack import Restack, Restacker
 
     plan = plan_run(options)
     loaded = load_model(options.model, options.device, options.dtype)
-    gens = {m: Generator(loaded, method=c, evidence=options.evidence) for m, c in options.configs.items()}
+    restacked = options.restacked
+    gens = {
+        m: Generator(loaded, method=c, evidence=options.evidence)
+        for m, c in options.configs.items()
+        if m not in restacked
+    }
+    restacks = {label: Restack(scorer, rounds) for label, (_, scorer, rounds) in restacked.items()}
+    answerers = {**gens, **{label: Restacker(gens[m], restacks[label]) for label, (m, _, _) in restacked.items()}}
     style, data = options.prompt_style, plan.data
     if options.mode == "e2e":
         from midlens.eval.e2e import evaluate_e2e, evaluate_e2e_many
@@ -201,8 +220,15 @@ def build_run(options: RunOptions) -> Run:
 
         retriever = build_retriever(options.corpus or default_corpus_path(), options.retrieval, options.index_dir)
         pipes = {
-            m: Pipeline(retriever, g, top_k=options.top_k, max_new_tokens=options.max_new_tokens, prompt_style=style)
-            for m, g in gens.items()
+            m: Pipeline(
+                retriever,
+                gens[restacked[m][0] if m in restacked else m],
+                top_k=options.top_k,
+                max_new_tokens=options.max_new_tokens,
+                prompt_style=style,
+                restack=restacks.get(m),
+            )
+            for m in answerers
         }
 
         def evaluate(u: dict) -> dict:
@@ -215,7 +241,7 @@ def build_run(options: RunOptions) -> Run:
         from midlens.eval.sweep import PositionSweep
 
         sweep = PositionSweep(
-            gens,
+            answerers,
             options.k,
             options.max_new_tokens,
             logprob=options.logprob,

@@ -8,6 +8,9 @@ baseline generator and only change the passages' order:
              by calibrated evidence, ascending, so the most-attended passage sits next to the question,
              then answer.
 Every answer comes from Generator.prompt/generate; the ordering baselines only change passage order.
+Restacked systems (`--restack SCORER`: generators.restack) answer through a Restacker, which scores and places the
+passages itself; their rows name the slot the gold was answered from (`gold_prompt_position`) and its rank by the
+scorer's last pass (`restack_gold_rank`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from midlens.eval.metrics import answer_f1, best_subspan_em
 from midlens.generators.evidence import Answer
 from midlens.generators.generator import Generator
 from midlens.generators.prompt import DEFAULT_STYLE
+from midlens.generators.restack import Restacker
 from midlens.generators.scheduling import generate_all
 
 
@@ -95,7 +99,7 @@ def arrange(
 
 
 def answer_row(
-    gen: Generator,
+    gen: Generator | Restacker,
     example: Example,
     passages: list[Passage],
     max_new_tokens: int,
@@ -116,11 +120,14 @@ def row_of(example: Example, answer: Answer, logprob: bool) -> dict:
     gold = next(p for p in answer.passages if p.passage.id == gold_id)
     raw_total = sum(p.evidence for p in answer.passages)
     raw_rank = 1 + sum(p.evidence > gold.evidence for p in answer.passages)
+    restack = answer.restack
     row = {
         "prediction": answer.text,
         "em": best_subspan_em(answer.text, example.answers),
         "f1": answer_f1(answer.text, example.answers),
-        "gold_prompt_position": gold.position,
+        # Where the gold sat in the prompt answered: a restacked answer numbers passages as laid out, its record
+        # says which slot held each.
+        "gold_prompt_position": gold.position if restack is None else restack["order"].index(gold.position) + 1,
         "gold_rank": gold.rank,
         "gold_rank_raw": raw_rank,
         "gold_share": gold.evidence / raw_total if raw_total > 0 else 0.0,
@@ -128,6 +135,9 @@ def row_of(example: Example, answer: Answer, logprob: bool) -> dict:
     }
     if logprob:
         row["logprob"] = answer.reference_logprob
+    if restack is not None and restack["scores"]:
+        last = restack["scores"][-1]
+        row["restack_gold_rank"] = 1 + sum(s > last[gold.position - 1] for s in last)
     return row
 
 
@@ -141,7 +151,7 @@ class PositionSweep:
 
     def __init__(
         self,
-        gens: dict[str, Generator],
+        gens: dict[str, Generator | Restacker],
         k: int,
         max_new_tokens: int,
         logprob: bool = True,
@@ -149,10 +159,10 @@ class PositionSweep:
         stop_at_line_end: bool = False,
         orderings: dict[str, str] | None = None,
     ):
-        """`gens`: the generator of each system, by the label its rows carry; `orderings`: label -> ordering name for
-        the systems that reorder passages (the rest answer the layout as it is). `style`: the prompt's instruction;
-        Liu et al.'s by default, as the sweep reproduces their setting. `stop_at_line_end`: decode only the first
-        answer line, the one the metrics read."""
+        """`gens`: the generator (or restacker) of each system, by the label its rows carry; `orderings`: label ->
+        ordering name for the systems that reorder passages (the rest answer the layout as it is). `style`: the
+        prompt's instruction; Liu et al.'s by default, as the sweep reproduces their setting. `stop_at_line_end`:
+        decode only the first answer line, the one the metrics read."""
         self.gens, self.k, self.max_new_tokens, self.logprob, self.style = gens, k, max_new_tokens, logprob, style
         self.orderings = orderings or {}
         self.stop_at_line_end = stop_at_line_end

@@ -54,7 +54,7 @@ def _differing(key: str, this: dict, siblings: list[dict]) -> str:
 
 def method_order(m: str) -> tuple[int, str]:
     """Registered methods in registration order (baseline first), then the orderings, then anything else; a spec
-    such as `mudaf(alpha=0)` sorts with its method."""
+    such as `mudaf(alpha=0)` sorts with its method, and so does its restacked system (`baseline+restack(mudaf)`)."""
     order = [*METHODS, *ORDERINGS]
-    name = m.split("(", 1)[0].strip()
+    name = m.split("(", 1)[0].split("+", 1)[0].strip()
     return (order.index(name) if name in order else len(order), m)

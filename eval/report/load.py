@@ -41,10 +41,17 @@ def method_label(key: str, recorded: dict) -> str:
 
     A run names its methods as they were typed (`attn-calibration`), and a default can change later (strength 1.0
     became 0.5): labelled by the recorded options, two runs of one name under different defaults stay apart and
-    an old run reads `attn-calibration(strength=1.0)`. Orderings (lcr, attn-sort) keep their own name.
+    an old run reads `attn-calibration(strength=1.0)`. Orderings (lcr, attn-sort) keep their own name; a restacked
+    system is its method's label and `+restack(SCORER)` (`, rounds=N` past one round).
     """
     if recorded.get("ordering"):
         return key
+    restack = recorded.get("restack")
+    if restack:
+        from midlens.core.method_spec import restacked_label
+
+        base = {k: v for k, v in recorded.items() if k != "restack"}
+        return restacked_label(method_label(key.split("+restack(", 1)[0], base), restack["scorer"], restack["rounds"])
     name = recorded.get("name", key)
     options = {k: v for k, v in recorded.items() if k not in ("name", "ordering")}
     if not options:  # nothing to compare with the defaults (the baseline): the registry, and torch, stay unloaded

@@ -35,6 +35,7 @@ EXAMPLES = {
   midlens eval sweep --dataset hotpotqa --n 200 --k 10 --positions 1,5,10 --methods baseline,ms-poe --out runs/h
   midlens eval sweep --dataset kv --k 10 --n 100 --out runs/kv
   midlens eval sweep --dataset nq-open-10_total_documents_gold_at_0.jsonl.gz --k 10 --out runs/litm
+  midlens eval sweep --dataset hotpotqa --n 40 --methods baseline --restack mudaf --restack-rounds 1,2 --out runs/r
 """,
     "rerank": """examples:
   midlens eval rerank --dataset hotpotqa --n 200 --out runs/rerank
@@ -129,6 +130,7 @@ def add_parser(sub) -> None:
         help=f"passage orderings to run beside the methods, on the baseline generator: {', '.join(ORDERINGS)} "
         "(LongContextReorder; attention sorting), comma-separated",
     )
+    _restack_args(sw)
     sw.set_defaults(func=run, mode="sweep")
 
     rr = esub.add_parser(
@@ -145,6 +147,7 @@ def add_parser(sub) -> None:
     e2e.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="passages retrieved per question")
     e2e.add_argument("--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help=RETRIEVAL_HELP)
     _common(e2e, "baseline,ms-poe")
+    _restack_args(e2e)
     # Answers as long as `ask` gives, so e2e measures what a user gets (the sweeps keep short answers).
     e2e.set_defaults(func=run, mode="e2e", max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
 
@@ -166,6 +169,21 @@ def add_parser(sub) -> None:
     from midlens.cli.eval_cite import add_parsers as add_cite_parsers
 
     add_cite_parsers(esub)
+
+
+def _restack_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--restack",
+        metavar="SCORER",
+        help="also run each method on passages restacked by this method's evidence (e.g. mudaf): the strongest "
+        "placed in the slots the model reads best; rows labelled METHOD+restack(SCORER)",
+    )
+    p.add_argument(
+        "--restack-rounds",
+        type=int_list,
+        default=(1,),
+        help="scoring passes before each restacked answer; several (1,2) run one system each",
+    )
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -193,6 +211,8 @@ def run_options(args: argparse.Namespace):
         out=args.out,
         methods=tuple(split_top_level(args.methods)),
         orderings=tuple(split_top_level(getattr(args, "orderings", ""))),
+        restack=getattr(args, "restack", None),
+        restack_rounds=getattr(args, "restack_rounds", (1,)),
         model=args.model,
         device=args.device,
         dtype=args.dtype,
