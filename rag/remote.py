@@ -10,7 +10,8 @@ through this module and never import the service itself.
 
 A request the server refuses raises `ServerError` with the server's message (the library's own). A dropped
 connection or a 502/503 (a replica that died mid-request, one still starting) is retried with backoff, a bounded
-number of times: answers are deterministic for a seed, so asking again is safe.
+number of times: answers are deterministic for a seed, so asking again is safe. `connect` (what the LlamaIndex
+classes given `base_url` call) asks for the spec at once and turns a URL nobody answers at into `ServerUnreachable`.
 
 Fields the library validates (an empty question, a method spec, a prompt over the window) are left to it, so the
 HTTP answer carries the library's own message; the schemas check only shapes and ranges.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import httpx
@@ -74,6 +76,12 @@ class ScoreRequest(BaseModel):
     calibrate: bool = True
     truncate: Truncate = "error"
     prompt_style: str | None = None
+    max_prompt_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Cap on the stacked prompt, below the model's context window (a reranker's pass size); with "
+        "truncate='drop_last' the passages that fit under it are scored and the rest listed in `dropped`.",
+    )
 
 
 class EvidenceRow(BaseModel):
@@ -230,6 +238,24 @@ class ServerError(MidlensError):
         super().__init__(message)
 
 
+class ServerUnreachable(MidlensError):
+    """No server answered at the URL (refused, timed out, name unknown), after the client's retries."""
+
+
+@contextmanager
+def reaching(base_url: str) -> Iterator[None]:
+    """httpx's transport errors as ServerUnreachable, in one sentence: httpx's traceback (connection pools, sockets)
+    tells a caller nothing the URL and the reason do not."""
+    try:
+        yield
+    except httpx.TransportError as err:
+        reason = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        raise ServerUnreachable(
+            f"no answer from a midlens server at {base_url} ({reason}): start one with `midlens serve`, or check the "
+            "URL (a server still loading its model answers once it is ready)."
+        ) from None
+
+
 def passage_json(passage: Any) -> dict[str, Any]:
     """A passage as the server takes it: a dict, a midlens Passage, or anything with text/title/id/score."""
     if isinstance(passage, dict):
@@ -329,6 +355,18 @@ class MidlensClient:
                 if last:
                     raise
             time.sleep(self.backoff_s * 2**attempt)
+
+
+def connect(base_url: str, timeout: float = 300.0, retries: int = 3) -> tuple[MidlensClient, Spec]:
+    """A client of the server at `base_url` and what it serves, asked now: a wrong or dead URL fails where the
+    object that needs the server is built (ServerUnreachable), not at its first call."""
+    client = MidlensClient(base_url, timeout=timeout, retries=retries)
+    try:
+        with reaching(client.base_url):
+            return client, client.spec()
+    except BaseException:
+        client.close()
+        raise
 
 
 def _body(request: BaseModel) -> dict[str, Any]:

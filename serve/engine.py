@@ -177,12 +177,22 @@ class Engine:
         )
 
     def _stacked(
-        self, question: str, passages: Sequence[PassageIn], decoding: Decoding, truncate: str, style: str | None
+        self,
+        question: str,
+        passages: Sequence[PassageIn],
+        decoding: Decoding,
+        truncate: str,
+        style: str | None,
+        max_prompt_tokens: int | None = None,
     ) -> StackedPrompt:
+        # A cap on the prompt leaves the rest of the window unused, as the answer's room does.
+        reserve = decoding.max_new_tokens
+        if max_prompt_tokens is not None:
+            reserve = max(reserve, self.default.context_window - max_prompt_tokens)
         return self.default.prompt(
             question,
             [Passage(text=p.text, title=p.title, id=p.id, score=p.score) for p in passages],
-            max_new_tokens=decoding.max_new_tokens,
+            max_new_tokens=reserve,
             truncate=truncate,  # type: ignore[arg-type]
             style=check_style(style or self.prompt_style),
         )
@@ -196,10 +206,15 @@ class Engine:
 
     def score_job(self, request: ScoreRequest) -> Job:
         decoding = self._decoding(request.method, {"max_new_tokens": 0, "calibrate": request.calibrate})
-        return Job(
-            self._stacked(request.question, request.passages, decoding, request.truncate, request.prompt_style),
+        prompt = self._stacked(
+            request.question,
+            request.passages,
             decoding,
+            request.truncate,
+            request.prompt_style,
+            request.max_prompt_tokens,
         )
+        return Job(prompt, decoding)
 
     def chat_job(self, request: ChatCompletionRequest) -> Job:
         """Passages in the `midlens` extension: the RAG prompt over the last user message (evidence per passage).

@@ -175,6 +175,103 @@ def test_midlens_llm_with_a_base_url_answers_as_in_process(server, loaded):
     assert chunks[-1].additional_kwargs["answer"].passages[1].passage.id == "gold"
 
 
+def _nodes() -> list:
+    """PASSAGES as retrieved LlamaIndex nodes, new ones each time (a reranker writes scores and metadata on them)."""
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    return [
+        NodeWithScore(node=TextNode(id_=p["id"], text=p["text"], metadata={"title": p["title"]}), score=0.9 - i / 10)
+        for i, p in enumerate(PASSAGES)
+    ]
+
+
+def _rerank(reranker, question: str) -> tuple[list, list]:
+    """The reranker's output on `_nodes()`, and what LlamaIndex saw of it: the rerank events (instrumentation) and
+    the RERANKING callback pairs."""
+    from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+    from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+
+    events: list = []
+
+    class Recorder(BaseEventHandler):
+        def handle(self, event, **kwargs) -> None:
+            if isinstance(event, ReRankStartEvent):
+                events.append(("start", event.model_name, event.top_n, [n.node.node_id for n in event.nodes]))
+            elif isinstance(event, ReRankEndEvent):
+                events.append(("end", [n.node.node_id for n in event.nodes]))
+
+    nodes = _nodes()
+    debug = LlamaDebugHandler()
+    reranker.callback_manager = CallbackManager([debug])
+    recorder, root = Recorder(), get_dispatcher()
+    root.add_event_handler(recorder)
+    try:
+        out = reranker.postprocess_nodes(nodes, query_str=question)
+    finally:
+        root.event_handlers.remove(recorder)
+    return out, [*events, ("callback pairs", len(debug.get_event_pairs(CBEventType.RERANKING)))]
+
+
+def _same_reranking(served: list, local: list) -> None:
+    assert [n.node.node_id for n in served] == [n.node.node_id for n in local]
+    assert [n.score for n in served] == pytest.approx([n.score for n in local], abs=1e-4)
+    assert [n.node.metadata for n in served] == [n.node.metadata for n in local]
+
+
+def test_attention_reranker_with_a_base_url_reranks_as_in_process(server, loaded, generator):
+    from midlens.core.errors import InvalidArgumentError
+    from midlens.rag.llamaindex import AttentionReranker
+    from midlens.rag.remote import ServerUnreachable
+
+    question = QUESTIONS[0]
+    served = AttentionReranker(base_url=server, top_n=2, keep_retrieval_score=True)
+    local = AttentionReranker(model=loaded, top_n=2, keep_retrieval_score=True)
+    assert (served.model, served.method) == (local.model, local.method) == ("smollm2-135m", "baseline")
+    out, seen = _rerank(served, question)
+    local_out, local_seen = _rerank(local, question)
+    _same_reranking(out, local_out)
+    assert len(out) == 2 and out[0].node.node_id == "gold"
+    top = [next(p for p in PASSAGES if p["id"] == n.node.node_id) for n in out]
+    assert seen == local_seen and seen[0][:3] == ("start", "smollm2-135m/baseline", 2) and len(seen) == 3
+
+    # Nodes over one pass: the server fits the passes as fit_windows does here; raw evidence, as asked.
+    whole = local.generator.prompt(question, [Passage(p["text"], p["title"], p["id"]) for p in PASSAGES], 0)
+    options = {"top_n": 3, "score_by": "evidence", "max_tokens_per_pass": whole.num_tokens * 2 // 3}
+    out, _ = _rerank(AttentionReranker(base_url=server, **options), question)
+    _same_reranking(out, _rerank(AttentionReranker(model=loaded, **options), question)[0])
+    passes = {n.node.metadata["rerank_passes"] for n in out}
+    assert len(passes) == 1 and passes.pop() >= 2
+
+    # In a query engine whose LLM is served too: nothing is loaded here for either.
+    from llama_index.core.retrievers import BaseRetriever
+
+    from midlens.generators import loading
+    from midlens.rag.llamaindex import MidlensLLM, MidlensQueryEngine
+
+    class Fixed(BaseRetriever):
+        def _retrieve(self, query_bundle):
+            return _nodes()
+
+    in_memory = set(loading._LOADED)
+    engine = MidlensQueryEngine(
+        retriever=Fixed(), llm=MidlensLLM(base_url=server, max_new_tokens=MAX_NEW), node_postprocessors=[served]
+    )
+    response = engine.query(question)
+    assert response.response == _local(generator, question, top).text  # the served reranker's two, in its order
+    assert set(loading._LOADED) == in_memory
+
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        AttentionReranker(model="smollm2-135m", base_url=server)
+    with pytest.raises(InvalidArgumentError, match="device= is the server's to choose"):
+        AttentionReranker(base_url=server, device="cpu")
+    nobody = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    with pytest.raises(ServerUnreachable, match=f"no answer from a midlens server at {nobody} \\(ConnectError") as dead:
+        AttentionReranker(base_url=nobody, retries=0)
+    assert dead.value.__cause__ is None and dead.value.__suppress_context__  # no httpx traceback under it
+
+
 def test_score_spec_health_and_openapi(server, client, generator):
     question = QUESTIONS[0]
     scored = client.score(question, PASSAGES)

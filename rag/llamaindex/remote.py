@@ -29,7 +29,7 @@ from midlens.core.passage import Passage
 from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
 from midlens.rag.llamaindex.citations import citations_from_json
 from midlens.rag.llamaindex.llm import MidlensLLM, _as_chat, _completion
-from midlens.rag.remote import ChatCompletionChunk, MidlensClient, MidlensResult, passage_json
+from midlens.rag.remote import ChatCompletionChunk, MidlensClient, MidlensResult, connect, passage_json
 
 
 def answer_of(result: MidlensResult, question: str, text: str, passages: Sequence[Passage] = ()) -> Answer:
@@ -89,8 +89,7 @@ class RemoteMidlensLLM(MidlensLLM):
             if kwargs.get(local):
                 raise InvalidArgumentError(f"{local}= is the server's to choose: set it on `midlens serve`.")
             kwargs.pop(local, None)
-        client = MidlensClient(base_url, timeout=timeout, retries=retries)
-        spec = client.spec()
+        client, spec = connect(base_url, timeout=timeout, retries=retries)
         if model is not None and model != spec.model:
             raise InvalidArgumentError(f"model={model!r}: the server at {base_url} runs {spec.model!r}.")
         # Past GeneratorBacked, whose constructor loads a model: the fields describe the server's.

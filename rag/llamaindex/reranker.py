@@ -1,4 +1,5 @@
-"""AttentionReranker: a LlamaIndex node postprocessor scoring nodes by the attention the model gives them."""
+"""AttentionReranker: a LlamaIndex node postprocessor scoring nodes by the attention the model gives them, with a
+model in this process or through a `midlens serve` server (`base_url=`, the same name MidlensLLM takes)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from midlens.core.errors import PromptTooLongError, Remedies
+from midlens.core.errors import InvalidArgumentError, PromptTooLongError, Remedies
+from midlens.generators.generator import Generator
 from midlens.generators.loading import LoadedModel
 from midlens.generators.packaged_models import DEFAULT_MODEL
-from midlens.generators.prompt import Passage, StackedPrompt, fit_windows
+from midlens.generators.prompt import DEFAULT_STYLE, Passage, StackedPrompt, fit_windows
 from midlens.rag.llamaindex.common import (
     _DEFERRED_LOAD,
     _RERANK_KEYS,
@@ -23,6 +25,7 @@ from midlens.rag.llamaindex.common import (
     logger,
     to_passage,
 )
+from midlens.rag.remote import MidlensClient, ServerError, connect, reaching
 
 
 def _warn_two_models(scoring: str, answering: list[str]) -> None:
@@ -35,6 +38,16 @@ def _warn_two_models(scoring: str, answering: list[str]) -> None:
     )
 
 
+def _warn_served_model(scoring: str, base_url: str, answering: str) -> None:
+    logger.warning(
+        "AttentionReranker scores with %s on the server at %s while a MidlensLLM answers with %s: the reranker "
+        "reads another model's attention than the one answering.",
+        scoring,
+        base_url,
+        answering,
+    )
+
+
 class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     """Rerank retrieved nodes by the attention a midlens generator gives them in one stacked forward pass.
 
@@ -44,6 +57,9 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     several passes of consecutive nodes; every node is scored, and each then carries `rerank_pass` /
     `rerank_passes` in its metadata, because scores from passes of different sizes are less comparable.
     A single node longer than the window is refused with PromptTooLongError.
+
+    With `base_url` a `midlens serve` server scores the nodes (`/v1/midlens/score`, one request per pass) and no
+    model loads here; the passes, scores, metadata and events are those of the server's model in this process.
     """
 
     top_n: int = Field(default=2, ge=1, description="Number of nodes to return sorted by score.")
@@ -57,15 +73,65 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     max_tokens_per_pass: int | None = Field(
         default=None, ge=16, description="Cap on one stacked prompt (default: the model's context window)."
     )
+    base_url: str | None = Field(
+        default=None, description="A `midlens serve` server that scores instead of a model loaded in this process."
+    )
     _named: bool = PrivateAttr(default=False)
+    _client: MidlensClient | None = PrivateAttr(default=None)
 
-    def __init__(self, top_n: int = 2, model: str | LoadedModel | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        top_n: int = 2,
+        model: str | LoadedModel | None = None,
+        base_url: str | None = None,
+        timeout: float = 300.0,
+        retries: int = 3,
+        **kwargs: Any,
+    ) -> None:
         """`kwargs`: the fields above, and method, method_options, evidence, device and dtype as in MidlensLLM.
 
         A named model loads now; without one nothing loads until the first rerank (or `share_model`), so a reranker
-        built before its query engine's LLM ends up reading that LLM's attention, with one model in memory."""
-        super().__init__(model, top_n=top_n, **kwargs)
-        self._named = model is not None
+        built before its query engine's LLM ends up reading that LLM's attention, with one model in memory.
+        `base_url` instead of a model: the server there scores (asked for its spec now, so a dead URL fails here),
+        `method` is a spec run on its weights (default: the server's), `timeout` and `retries` are its client's;
+        evidence, device and dtype are the server's to choose."""
+        if base_url is None:
+            super().__init__(model, top_n=top_n, **kwargs)
+            self._named = model is not None
+            return
+        if model is not None:
+            name = model if isinstance(model, str) else model.name
+            raise InvalidArgumentError(
+                f"AttentionReranker got model={name!r} and base_url={base_url!r}: pass model= to score in this "
+                "process, or base_url= to score on a `midlens serve` server, not both."
+            )
+        for local in ("evidence", "device", "dtype", "method_options"):
+            if kwargs.get(local):
+                raise InvalidArgumentError(f"{local}= is the server's to choose: set it on `midlens serve`.")
+            kwargs.pop(local, None)
+        client, spec = connect(base_url, timeout=timeout, retries=retries)
+        # Past GeneratorBacked's constructor, which loads (or defers) a model: the fields describe the server's.
+        BaseNodePostprocessor.__init__(
+            self,
+            top_n=top_n,
+            model=spec.model,
+            method=kwargs.pop("method", None) or spec.method_spec,
+            method_options={},
+            device=spec.device,
+            dtype=spec.dtype,
+            base_url=client.base_url,
+            **kwargs,
+        )
+        self._client = client
+        self._named = True
+
+    @property
+    def generator(self) -> Generator:
+        if self._client is not None:
+            raise InvalidArgumentError(
+                f"this AttentionReranker scores on the server at {self.base_url}: it has no Generator in this process."
+            )
+        return super().generator
 
     def _default_model(self) -> str | LoadedModel:
         models = llm_models()
@@ -73,7 +139,12 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
 
     def share_model(self, loaded: LoadedModel) -> bool:
         """Score with `loaded`, the answering LLM's model, unless this reranker was given a model of its own (then a
-        different one is logged). Returns whether the reranker now reads `loaded`."""
+        different one is logged). Returns whether the reranker now reads `loaded`: never when it scores on a
+        server, whose model is in another process (a different one is logged)."""
+        if self._client is not None:
+            if self.model != loaded.name:
+                _warn_served_model(self.model, str(self.base_url), loaded.name)
+            return False
         if self._named:
             if self.generator.loaded is not loaded:
                 _warn_two_models(self.generator.loaded.name, [loaded.name])
@@ -119,6 +190,36 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
             ) from None
         return prompts
 
+    def _scores(self, query: str, passages: list[Passage]) -> list[list[float]]:
+        """Each pass's scores, in node order; a pass holds as many nodes as its list."""
+        by_evidence = self.score_by == "evidence"
+        if self._client is None:
+            prompts = self._passes(query, passages)
+            # Every window in one batch: each scores as it would alone (generators.batch), in one pass of the model.
+            answers = self.generator.score_batch(prompts, calibrate=not by_evidence)
+            return [[pe.evidence if by_evidence else pe.score for pe in a.passages] for a in answers]
+        # The server fits each pass as fit_windows does here: the fullest prompt of the nodes left that fits its
+        # window (or max_tokens_per_pass), the rest dropped for the next pass. It refuses a node that fits no pass.
+        passes: list[list[float]] = []
+        cap = {} if self.max_tokens_per_pass is None else {"max_prompt_tokens": self.max_tokens_per_pass}
+        remaining = passages
+        with reaching(str(self.base_url)):
+            while remaining:
+                result = self._client.score(
+                    query,
+                    remaining,
+                    method=self.method,
+                    calibrate=not by_evidence,
+                    truncate="drop_last",
+                    prompt_style=DEFAULT_STYLE,  # fit_windows' style, which in-process passes are stacked in
+                    **cap,
+                )
+                if not result.passages:  # drop_last refuses rather than score nothing; never loop on it
+                    raise ServerError(200, f"the server at {self.base_url} scored none of {len(remaining)} nodes.")
+                passes.append([row.evidence if by_evidence else row.score for row in result.passages])
+                remaining = remaining[len(result.passages) :]
+        return passes
+
     def _postprocess_nodes(
         self,
         nodes: list[NodeWithScore],
@@ -129,7 +230,8 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
             raise ValueError("Missing query bundle in extra info.")
         if len(nodes) == 0:
             return []
-        generator = self.generator  # a deferred model loads here, before its name is reported
+        if self._client is None:
+            _ = self.generator  # a deferred model loads here, before its name is reported
         model_name = f"{self.model}/{self.method}"
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self.top_n, model_name=model_name))
         with self.callback_manager.event(
@@ -141,30 +243,25 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
                 EventPayload.TOP_K: self.top_n,
             },
         ) as event:
-            passages = [to_passage(n) for n in nodes]
-            prompts = self._passes(query_bundle.query_str, passages)
-            scores: list[float] = []
-            # Every window in one batch: each scores as it would alone (generators.batch), in one pass of the model.
-            for answer in generator.score_batch(prompts, calibrate=self.score_by == "calibrated"):
-                scores += [pe.evidence if self.score_by == "evidence" else pe.score for pe in answer.passages]
-            assert len(scores) == len(nodes)
-            if len(prompts) > 1:
+            passes = self._scores(query_bundle.query_str, [to_passage(n) for n in nodes])
+            assert sum(len(scores) for scores in passes) == len(nodes)
+            if len(passes) > 1:
                 logger.warning(
                     "AttentionReranker: %d nodes did not fit one pass; scored them in %d passes.",
                     len(nodes),
-                    len(prompts),
+                    len(passes),
                 )
             index = 0
-            for number, prompt in enumerate(prompts, start=1):
-                for _ in prompt.passages:
+            for number, scores in enumerate(passes, start=1):
+                for score in scores:
                     node = nodes[index]
                     if self.keep_retrieval_score:
                         node.node.metadata["retrieval_score"] = node.score
-                    if len(prompts) > 1:
-                        node.node.metadata.update(rerank_pass=number, rerank_passes=len(prompts))
+                    if len(passes) > 1:
+                        node.node.metadata.update(rerank_pass=number, rerank_passes=len(passes))
                         for keys in (node.node.excluded_llm_metadata_keys, node.node.excluded_embed_metadata_keys):
                             keys.extend(k for k in _RERANK_KEYS if k not in keys)
-                    node.score = scores[index]
+                    node.score = score
                     index += 1
             # Stable sort: ties keep the retrieval order.
             new_nodes = sorted(nodes, key=lambda n: -(n.score or 0.0))[: self.top_n]
