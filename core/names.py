@@ -30,5 +30,14 @@ DEFAULT_RETRIEVAL = "dense+links"
 
 # The built-in methods (generators.methods.registry registers one entry per name, in this order; that module loads
 # torch), and the orderings the position sweep runs on the baseline generator (eval.sweep).
-METHODS = ("baseline", "ms-poe", "mudaf", "moice", "attn-calibration", "attention-buckets", "channel-scaling")
+METHODS = (
+    "baseline",
+    "ms-poe",
+    "mudaf",
+    "moice",
+    "attn-calibration",
+    "attention-buckets",
+    "channel-scaling",
+    "rope-scaling",
+)
 ORDERINGS = ("lcr", "attn-sort")

@@ -156,6 +156,7 @@ BUILTIN_MODULES = (
     "midlens.generators.methods.attn_calibration",
     "midlens.generators.methods.attention_buckets",
     "midlens.generators.methods.channel_scaling",
+    "midlens.generators.methods.rope_scaling",
 )
 
 
