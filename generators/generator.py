@@ -107,6 +107,12 @@ class Generator:
     ) -> StackedPrompt:
         """`style`: the instruction, a name in generators.prompt.STYLES ("short" asks for the bare answer, "litm"
         is Liu et al.'s, which the position sweeps use)."""
+        if max_new_tokens >= self.context_window:
+            raise InvalidArgumentError(
+                f"max_new_tokens={max_new_tokens} leaves no room for the prompt in {self.loaded.name}'s "
+                f"{self.context_window}-token context window.",
+                [Remedy("max_new_tokens", max(1, self.context_window // 8), "or another value well below the window")],
+            )
         window = self.context_window - max_new_tokens
         return build_prompt(self.tokenizer, passages, question, window, truncate, style)
 
@@ -295,18 +301,20 @@ class Generator:
         reference_logprobs: list[float] | None,
     ) -> Answer:
         text = decoded.strip()
+        maps = mixture.maps(run.maps, b)
+        passages = passage_evidence(prompt.passages, maps, self.evidence_config, prompt.passage_spans)
         citations = []
         if self.citations is not None:
             t0 = time.perf_counter()
+            scores = [pe.score for pe in passages]  # the calibrated evidence the citation score blends in
             citations = cite(
-                prompt, text, decoded, ids, self.tokenizer, segment_mass, self.evidence_config, self.citations
+                prompt, text, decoded, ids, self.tokenizer, segment_mass, self.evidence_config, self.citations, scores
             )
             run.timings["cite_s"] = run.timings.get("cite_s", 0.0) + time.perf_counter() - t0
-        maps = mixture.maps(run.maps, b)
         return Answer(
             question=prompt.question,
             text=text,
-            passages=passage_evidence(prompt.passages, maps, self.evidence_config, prompt.passage_spans),
+            passages=passages,
             model=self.loaded.name,
             method=self.method.to_dict(),
             evidence_config=self.evidence_config,

@@ -309,3 +309,12 @@ def test_a_same_size_edit_of_the_passages_with_the_mtime_kept_is_refused_at_load
     assert any("'pelican'" in p.text for p in rebuilt.passages)
     note = next(r.getMessage() for r in caplog.records if "passages.jsonl" in r.getMessage())
     assert "Rebuilding the index from the corpus now" in note and "index clear" not in note
+
+
+def test_a_max_new_tokens_past_the_window_names_the_option_and_the_window(generator):
+    """It used to surface as "max_tokens=-91807 leaves no room": an internal name and a negative number."""
+    from midlens.core.errors import InvalidArgumentError
+
+    window = generator.context_window
+    with pytest.raises(InvalidArgumentError, match=f"max_new_tokens={window + 5} leaves no room .* {window}-token"):
+        generator.prompt("What is the secret code word?", planted_passages(2), max_new_tokens=window + 5)
