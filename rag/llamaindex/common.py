@@ -1,5 +1,5 @@
 """What the LlamaIndex classes share: nodes to passages, the generator they wrap, evidence as node metadata,
-and streaming a generator from a thread."""
+answers as LlamaIndex responses (from a local model or a server), and streaming a generator from a thread."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole
 from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
@@ -189,6 +190,23 @@ def _response_kwargs(answer: Answer) -> dict[str, Any]:
         "timings": answer.timings,
         "dropped": [p.id for p in answer.dropped],
     }
+
+
+def _completion(answer: Answer, delta: str | None = None) -> CompletionResponse:
+    """An Answer as LlamaIndex's completion (whether a local model or a server gave it): the text, and the evidence
+    in additional_kwargs."""
+    return CompletionResponse(
+        text=answer.text, delta=delta, additional_kwargs=_response_kwargs(answer), raw=answer.to_dict()
+    )
+
+
+def _as_chat(completion: CompletionResponse) -> ChatResponse:
+    return ChatResponse(
+        message=ChatMessage(role=MessageRole.ASSISTANT, content=completion.text),
+        delta=completion.delta,
+        additional_kwargs=completion.additional_kwargs,
+        raw=completion.raw,
+    )
 
 
 _DONE = object()

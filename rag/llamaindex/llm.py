@@ -1,4 +1,7 @@
-"""MidlensLLM: a LlamaIndex CustomLLM over the midlens Generator; evidence in `additional_kwargs`."""
+"""MidlensLLM: a LlamaIndex CustomLLM over the midlens Generator; evidence in `additional_kwargs`.
+
+RemoteMidlensLLM, what `MidlensLLM(base_url=...)` builds, is the same class answered by a `midlens serve` server
+(its requests and replies are `remote.Served`'s); both build their responses with common.py's helpers."""
 
 from __future__ import annotations
 
@@ -16,32 +19,29 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 
+from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
-from midlens.generators.evidence import Answer
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
 from midlens.generators.restack import Restack, as_restack
 from midlens.rag.llamaindex.common import (
     GENERATE_OPTIONS,
     GeneratorBacked,
+    _as_chat,
+    _completion,
     _drain_in_thread,
-    _response_kwargs,
     logger,
     note_llm_model,
     to_passage,
 )
+from midlens.rag.llamaindex.remote import Served
 from midlens.rag.llamaindex.stock_prompts import STOCK_SYSTEM_PROMPTS, StockRequest, read_stock_prompt
 from midlens.rag.pipeline import Pipeline
-
-
-def _completion(answer: Answer, delta: str | None = None) -> CompletionResponse:
-    return CompletionResponse(
-        text=answer.text, delta=delta, additional_kwargs=_response_kwargs(answer), raw=answer.to_dict()
-    )
+from midlens.rag.remote import MidlensClient, connect
 
 
 def _chunks(stream: GenerationStream) -> CompletionResponseGen:
@@ -56,15 +56,6 @@ def _chunks(stream: GenerationStream) -> CompletionResponseGen:
             shown = text
     answer = stream.answer
     yield _completion(answer, delta=answer.text[len(shown) :] if answer.text.startswith(shown) else "")
-
-
-def _as_chat(completion: CompletionResponse) -> ChatResponse:
-    return ChatResponse(
-        message=ChatMessage(role=MessageRole.ASSISTANT, content=completion.text),
-        delta=completion.delta,
-        additional_kwargs=completion.additional_kwargs,
-        raw=completion.raw,
-    )
 
 
 class MidlensLLM(GeneratorBacked, CustomLLM):
@@ -96,19 +87,18 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         default=None, description="A `midlens serve` server that answers instead of a model loaded in this process."
     )
 
-    def __new__(cls, *args: Any, base_url: str | None = None, **kwargs: Any) -> MidlensLLM:
-        # A server URL instead of a model: the same class, its calls answered over HTTP by a `midlens serve` server.
-        if base_url is not None and cls is MidlensLLM:
-            from midlens.rag.llamaindex.remote import RemoteMidlensLLM
-
-            return super().__new__(RemoteMidlensLLM)
-        return super().__new__(cls)
-
     read_stock_prompts: bool = Field(
         default=True,
         description="Answer LlamaIndex's default text-QA / tree-summarize / refine prompts through the midlens "
         "prompt, their context chunks stacked as passages (False: the formatted template is the question).",
     )
+
+    def __new__(cls, *args: Any, base_url: str | None = None, **kwargs: Any) -> MidlensLLM:
+        # A server URL instead of a model: the same class, its calls answered over HTTP by a `midlens serve` server
+        # (RemoteMidlensLLM, below: in this module, so that no import runs the other way).
+        if base_url is not None and cls is MidlensLLM:
+            return super().__new__(RemoteMidlensLLM)
+        return super().__new__(cls)
 
     def _on_generator(self) -> None:
         note_llm_model(self.generator.loaded)
@@ -254,3 +244,88 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         return _drain_in_thread(self._stream(prompt, formatted, **kwargs))
+
+
+class RemoteMidlensLLM(MidlensLLM):
+    """A MidlensLLM whose calls go to a `midlens serve` server: the LlamaIndex surface is MidlensLLM's (options,
+    stock prompts read back, callbacks, async forms); the requests and replies are `Served`'s
+    (rag/llamaindex/remote.py)."""
+
+    _served: Served = PrivateAttr()
+
+    def __init__(
+        self,
+        model: str | None = None,
+        base_url: str = "http://127.0.0.1:8000",
+        method: str | None = None,
+        timeout: float = 300.0,
+        retries: int = 3,
+        **kwargs: Any,
+    ) -> None:
+        """`model`: left out, or the served model's name; `method`: a spec run on the server's weights (default: the
+        server's); the other fields are MidlensLLM's (max_new_tokens, temperature, truncate, prompt_style, ...)."""
+        for local in ("evidence", "device", "dtype", "method_options"):
+            if kwargs.get(local):
+                raise InvalidArgumentError(f"{local}= is the server's to choose: set it on `midlens serve`.")
+            kwargs.pop(local, None)
+        client, spec = connect(base_url, timeout=timeout, retries=retries)
+        if model is not None and model != spec.model:
+            raise InvalidArgumentError(f"model={model!r}: the server at {base_url} runs {spec.model!r}.")
+        # Past GeneratorBacked, whose constructor loads a model: the fields describe the server's.
+        CustomLLM.__init__(
+            self,
+            model=spec.model,
+            method=method or spec.method_spec,
+            method_options={},
+            device=spec.device,
+            dtype=spec.dtype,
+            base_url=base_url,
+            **kwargs,
+        )
+        self._served = Served(client, spec)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "MidlensLLM"
+
+    @property
+    def client(self) -> MidlensClient:
+        return self._served.client
+
+    @property
+    def pipeline(self):
+        raise InvalidArgumentError("this MidlensLLM answers through a server: it has no local Pipeline.")
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(
+            context_window=self._served.spec.context_window,
+            num_output=self.max_new_tokens,
+            is_chat_model=False,
+            model_name=f"{self.model}/{self.method}",
+        )
+
+    def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        question, passages, options = self._request(prompt, formatted, kwargs)
+        return self._served.complete(self, question, passages, options)
+
+    def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        question, passages, options = self._request(prompt, formatted, kwargs)
+        return self._served.stream(self, [{"role": "user", "content": question}], passages, options, question)
+
+    def _chat_request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[list[dict], dict]:
+        passages, options = self._options(kwargs)
+        if passages:
+            raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
+        options["calibrate"] = False
+        return [{"role": m.role.value, "content": m.content or ""} for m in messages], options
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        turns, options = self._chat_request(messages, kwargs)
+        return self._served.chat(self, turns, options)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        turns, options = self._chat_request(messages, kwargs)
+        return self._served.stream_chat(self, turns, options)
