@@ -3,7 +3,8 @@
 Each unit is one question under one method with its answer-bearing supporting paragraph at one prompt position
 (the other supporting paragraph sits at a seeded slot among the distractors, the same for every position). The
 answer is generated once with citations read permissively (every passage's attention share and its
-most-attended sentence, per answer sentence), so any citation rule (`max_sources`, `min_share`) can be applied
+most-attended sentence, per answer sentence, and the prompt's passage evidence), so any citation rule
+(`max_sources`, `min_share`, `evidence_weight`: core.citation_rule, as the library applies it) can be applied
 afterwards to the same answer: the rule is a report-time choice, tuned on the train split without regenerating.
 
 On the same answer the row also keeps what the baselines need:
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from midlens.core.citation_rule import apply_rule, citation_scores
 from midlens.core.files import write_atomic
 from midlens.core.names import DEFAULT_PROMPT_STYLE, EVAL_MODEL
 
@@ -51,15 +53,18 @@ PROMPTED_INSTRUCTION = (
 # Room for the [n] markers: the prompted answer says as much as the plain one, plus its citations.
 PROMPTED_EXTRA_TOKENS = 16
 RULE_FILE = "rule.json"  # the citation rule the report applies to a run's rows
-DEFAULT_RULE = {"max_sources": 2, "min_share": 0.5}  # CitationConfig's defaults
+# CitationConfig's defaults (not imported: that module loads torch; tests/test_citations.py checks they agree). A
+# rule.json without evidence_weight predates it: the answer's attention alone, weight 0.
+DEFAULT_RULE = {"max_sources": 3, "min_share": 0.7, "evidence_weight": 1.0}
 LASSO_ALPHA = 0.01  # nats; ContextCite's default regularisation for its surrogate
 
 
 @dataclass(frozen=True)
 class CiteOptions:
-    """One `eval cite` run. `max_sources`/`min_share`: the citation rule the report applies (rows keep every
-    passage's share, so a rule is chosen afterwards); `drops`: the k of the top-k log-probability drops (empty:
-    none); `ablations`: random ablations of the ContextCite-style reference (0: none)."""
+    """One `eval cite` run. `max_sources`/`min_share`/`evidence_weight`: the citation rule the report applies (rows
+    keep every passage's share and the evidence, so a rule is chosen afterwards); `drops`: the k of the top-k
+    log-probability drops (empty: none); `ablations`: random ablations of the ContextCite-style reference (0:
+    none)."""
 
     out: Path
     model: str = EVAL_MODEL
@@ -74,8 +79,9 @@ class CiteOptions:
     positions: tuple[int, ...] = ()
     max_new_tokens: int = 24
     prompt_style: str = DEFAULT_PROMPT_STYLE
-    max_sources: int = 2
-    min_share: float = 0.5
+    max_sources: int = 3  # the three: DEFAULT_RULE
+    min_share: float = 0.7
+    evidence_weight: float = 1.0
     prompted: bool = True
     drops: tuple[int, ...] = ()
     ablations: int = 0
@@ -97,20 +103,13 @@ def prf(cited: set[str], gold: set[str]) -> dict[str, float]:
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
-def apply_rule(scores: Sequence[float], max_sources: int, min_share: float) -> list[int]:
-    """The 1-based positions cited by the rule: at most `max_sources` of the top-scored, each at least `min_share`
-    of the top score. Scores all zero (nothing matched) cite nothing."""
-    total = sum(max(s, 0.0) for s in scores)
-    if total <= 0:
-        return []
-    order = sorted(range(len(scores)), key=lambda i: -scores[i])
-    top = scores[order[0]]
-    return [i + 1 for i in order[:max_sources] if scores[i] >= min_share * top]
-
-
-def cited_sets(row: dict, citer: str, max_sources: int, min_share: float) -> tuple[set[str], set[str] | None]:
+def cited_sets(
+    row: dict, citer: str, max_sources: int, min_share: float, evidence_weight: float = 0.0
+) -> tuple[set[str], set[str] | None]:
     """(cited passage positions, cited sentence labels or None where the citer has no sentences) of one row's
-    answer, over all its sentences. Positions are strings, so passage and sentence sets compare alike."""
+    answer, over all its sentences. Positions are strings, so passage and sentence sets compare alike.
+    `evidence_weight` blends the row's passage evidence into midlens's scores as the library does (lexical scores
+    are BM25's alone)."""
     passages: set[str] = set()
     sentences: set[str] = set()
     if citer == "prompted":
@@ -125,7 +124,10 @@ def cited_sets(row: dict, citer: str, max_sources: int, min_share: float) -> tup
         return {str(p) for p in chosen}, {row["first_sentence"][p - 1] for p in chosen}
     key = {"midlens": "attention", "lexical": "lexical"}[citer]
     for sentence in row["sentences"]:
-        for p in apply_rule(sentence[key], max_sources, min_share):
+        scores = sentence[key]
+        if citer == "midlens":
+            scores = citation_scores(scores, row["evidence"], evidence_weight)
+        for p in apply_rule(scores, max_sources, min_share):
             passages.add(str(p))
             sentences.add(sentence[key + "_sentence"][p - 1])
     return passages, sentences
@@ -257,8 +259,9 @@ class CiteEvaluator:
 
         self.gens, self.options = gens, options
         for gen in gens.values():
-            # Every passage's share and best sentence, so the rule is applied (and chosen) afterwards.
-            gen.citations = CitationConfig(max_sources=64, min_share=0.0)
+            # Every passage's share of the answer's attention (no evidence blended in: the row keeps the evidence
+            # apart) and best sentence, so the rule is applied (and chosen) afterwards.
+            gen.citations = CitationConfig(max_sources=64, min_share=0.0, evidence_weight=0.0)
 
     def __call__(self, example: Example, position: int, method: str, key: str) -> dict:
         from midlens.eval.metrics import best_subspan_em
@@ -489,7 +492,11 @@ def run(options: CiteOptions) -> list[dict]:
     _, _, _, todo = runner.pending_units(options.out, config, units, (0, 1), options.limit)
     # Rows keep every passage's share, so the rule is not part of the run: it is read by the report, and a later
     # `eval cite` on the same folder with another rule changes only this file.
-    rule = {"max_sources": options.max_sources, "min_share": options.min_share}
+    rule = {
+        "max_sources": options.max_sources,
+        "min_share": options.min_share,
+        "evidence_weight": options.evidence_weight,
+    }
     write_atomic(Path(options.out) / RULE_FILE, json.dumps(rule, indent=2) + "\n")
     if not todo:
         return runner.read_rows(Path(options.out) / runner.RESULTS)

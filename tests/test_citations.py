@@ -104,10 +104,58 @@ def test_verification_of_a_prompt_that_no_longer_fits_is_refused(generator, plan
 
 
 def test_citation_options_are_checked():
-    bad_options = ({"max_sources": 0}, {"min_share": 2}, {"margin": -1})
+    bad_options = ({"max_sources": 0}, {"min_share": 2}, {"margin": -1}, {"evidence_weight": 1.5})
     for bad in bad_options:
         with pytest.raises(InvalidArgumentError, match=next(iter(bad))):
             CitationConfig(**bad)
+
+
+def test_the_library_defaults_are_the_rule_eval_cite_grades():
+    from midlens.eval.cite import DEFAULT_RULE
+
+    # eval.cite spells the defaults out (importing CitationConfig there would load torch for the report).
+    config = CitationConfig()
+    assert {key: getattr(config, key) for key in DEFAULT_RULE} == DEFAULT_RULE
+
+
+def test_calibrated_evidence_removes_the_slot_prior_the_answer_attention_carries():
+    from midlens.core.citation_rule import apply_rule, citation_scores
+
+    # Four slots with a recency prior, as SmolLM2's answer attention has one (the last slot gets the most whatever
+    # it holds). The supporting passage adds the same signal wherever it sits. The answer's attention is prior +
+    # signal; calibrated evidence is the question's attention (prior + signal) minus a content-free query's
+    # (the prior): the signal alone.
+    prior = [0.15, 0.1, 0.1, 0.45]
+    signal = 0.2
+    for gold in range(4):
+        raw = [q + (signal if p == gold else 0.0) for p, q in enumerate(prior)]
+        answer = [x / sum(raw) for x in raw]
+        calibrated = [r - q for r, q in zip(raw, prior, strict=True)]
+        alone = apply_rule(citation_scores(answer, calibrated, 0.0), 1, 0.0)
+        # Without the evidence the prior wins: the last slot is cited wherever the gold sits...
+        assert alone == [4]
+        # ...with it the gold is cited at every slot, the same for the train-chosen default weight.
+        assert apply_rule(citation_scores(answer, calibrated, 1.0), 1, 0.0) == [gold + 1]
+        default = CitationConfig()
+        chosen = apply_rule(citation_scores(answer, calibrated, default.evidence_weight), 3, default.min_share)
+        assert chosen == [gold + 1]
+
+
+def test_evidence_shares_clip_negative_evidence_and_fall_back_to_the_answer():
+    from midlens.core.citation_rule import citation_scores, evidence_shares
+
+    # Calibrated evidence below the content-free query's earns no share; the rest sums to 1.
+    assert evidence_shares([0.3, -0.2, 0.1, 0.0]) == pytest.approx([0.75, 0.0, 0.25, 0.0])
+    assert evidence_shares([-0.1, 0.0]) is None
+    answer = [0.2, 0.8]
+    assert citation_scores(answer, [0.9, 0.1], 0.5) == pytest.approx([0.55, 0.45])
+    assert sum(citation_scores(answer, [0.9, 0.1], 0.5)) == pytest.approx(1.0)
+    # Nothing to blend in (no evidence, none positive, or weight 0): the answer's attention alone.
+    assert citation_scores(answer, None, 1.0) == answer
+    assert citation_scores(answer, [-0.1, -0.2], 1.0) == answer
+    assert citation_scores(answer, [0.9, 0.1], 0.0) == answer
+    with pytest.raises(ValueError, match="one per passage"):
+        citation_scores(answer, [0.1, 0.2, 0.3], 0.5)
 
 
 def test_sentence_spans_trim_and_keep_abbreviations():

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from midlens.cli import main
-from midlens.eval.cite import apply_rule, cited_sets, gold_sets, lasso, parse_markers, prf, strip_markers
+from midlens.eval.cite import DEFAULT_RULE, apply_rule, cited_sets, gold_sets, lasso, parse_markers, prf, strip_markers
 from midlens.eval.runner import read_rows
 
 
@@ -55,6 +55,27 @@ def test_the_rule_and_each_citer_on_a_hand_made_row():
     assert cited_sets(row, "retrieval", 2, 0.5) == ({"1", "2"}, {"1#0", "2@0"})
     assert cited_sets(row, "evidence", 2, 0.5) == ({"2", "3"}, {"2@0", "3#0"})
     assert cited_sets(row, "prompted", 2, 0.5) == ({"2"}, None)
+    # The evidence blended in as the library blends it (core.citation_rule): evidence shares 1/9, 5/9, 3/9 put
+    # passage 2 first; each passage's sentence is still the one the answer attended most.
+    assert cited_sets(row, "midlens", 1, 0.5, evidence_weight=1.0) == ({"2"}, {"2@10"})
+    assert cited_sets(row, "midlens", 2, 0.7, evidence_weight=0.5) == ({"2", "3"}, {"2@10", "3#2"})
+    assert cited_sets(row, "lexical", 2, 0.5, evidence_weight=1.0) == ({"2"}, {"2@0"})  # BM25's alone
+
+
+def test_the_report_applies_the_rule_json_and_its_grid_covers_the_evidence_weight():
+    from midlens.eval.report.cite import best_rule, rule_grid, unit_scores
+
+    row = {**_row(), "position": 1}
+    # 2 / 0.7 / weight 1 cites passage 2 only (F1 0); a rule.json from before the weight reads as weight 0.
+    assert unit_scores(row, "midlens", {"max_sources": 2, "min_share": 0.7, "evidence_weight": 1.0})["passage"][
+        "f1"
+    ] == pytest.approx(0.0)
+    assert unit_scores(row, "midlens", {"max_sources": 2, "min_share": 0.5})["passage"]["f1"] == pytest.approx(0.5)
+    grid = rule_grid([row])
+    assert {w for w, _, _ in grid} == {0.0, 0.25, 0.5, 0.75, 1.0}
+    assert {w for w, _, _ in rule_grid([row], "lexical")} == {0.0}
+    w, m, s = best_rule(grid)
+    assert grid[(w, m, s)] == max(grid.values()) and m == 3  # only three sources reach passage 1 here
 
 
 def test_markers_and_the_sparse_fit():
@@ -85,7 +106,7 @@ def test_cite_runs_end_to_end_resumes_and_reports(tmp_path):
     assert len(read_rows(out / "results.jsonl")) == 2
     config = json.loads((out / "config.json").read_text())
     assert config["kind"] == "cite" and "rule" not in config  # a report-time choice: rule.json
-    assert json.loads((out / "rule.json").read_text()) == {"max_sources": 2, "min_share": 0.5}
+    assert json.loads((out / "rule.json").read_text()) == DEFAULT_RULE
     assert main(["eval", "report", str(out)]) == 0
     report = (out / "report.md").read_text()
     assert "## Citations: hotpotqa-train" in report and "Passage-level citations, all answers" in report

@@ -21,6 +21,9 @@ from midlens.eval.report.groups import method_order
 
 GRID_SOURCES = (1, 2, 3)
 GRID_SHARES = (0.0, 0.3, 0.5, 0.7, 0.9)
+# The evidence weight of midlens's score (core.citation_rule): 0 is the answer's attention alone, 1 the prompt's
+# calibrated evidence alone for the passage choice. Lexical scores have no evidence to blend: weight 0 only.
+GRID_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 COST_FILE = "cite-cost.json"
 
 
@@ -50,7 +53,8 @@ def unit_scores(row: dict, citer: str, rule: dict) -> dict[str, dict[str, float]
     """{"passage": prf, "sentence": prf or absent} of one unit's citations by `citer` (None: the citer did not run)."""
     if citer == "prompted" and "prompted" not in row:
         return None
-    passages, sentences = cited_sets(row, citer, rule["max_sources"], rule["min_share"])
+    weight = rule.get("evidence_weight", 0.0)  # a rule.json from before the weight: the answer's attention alone
+    passages, sentences = cited_sets(row, citer, rule["max_sources"], rule["min_share"], weight)
     gold_passages, gold_sentences = gold_sets(row)
     out = {"passage": prf(passages, gold_passages)}
     if sentences is not None:
@@ -140,30 +144,47 @@ def _usable(x: float) -> bool:
     return x == x and x != 0
 
 
-def rule_grid(rs: list[dict], citer: str = "midlens") -> dict[tuple[int, float], float]:
-    """Mean passage-level F1 (all answers) of `citer` under every rule of the grid."""
+def rule_grid(rs: list[dict], citer: str = "midlens") -> dict[tuple[float, int, float], float]:
+    """Mean passage-level F1 (all answers) of `citer` under every rule of the grid, keyed (evidence_weight,
+    max_sources, min_share)."""
+    weights = GRID_WEIGHTS if citer == "midlens" else (0.0,)
     return {
-        (m, s): _mean([unit_scores(r, citer, {"max_sources": m, "min_share": s})["passage"]["f1"] for r in rs])
+        (w, m, s): _mean(
+            [
+                unit_scores(r, citer, {"max_sources": m, "min_share": s, "evidence_weight": w})["passage"]["f1"]
+                for r in rs
+            ]
+        )
+        for w in weights
         for m in GRID_SOURCES
         for s in GRID_SHARES
     }
+
+
+def best_rule(grid: dict[tuple[float, int, float], float]) -> tuple[float, int, float]:
+    """The grid's best rule; ties go to the fewest sources, then the higher share, then the lower evidence weight
+    (the simpler citation, and the one that reads most from the answer itself)."""
+    return max(grid, key=lambda key: (grid[key], -key[1], key[2], -key[0]))
 
 
 def _grid_table(rs: list[dict]) -> list[str]:
     lines = []
     for citer in ("midlens", "lexical"):
         grid = rule_grid(rs, citer)
-        best = max(grid, key=lambda key: (grid[key], -key[0], key[1]))
+        best = best_rule(grid)
+        weights = sorted({key[0] for key in grid})
         lines += [
             "",
-            f"Rule grid, {citer}: passage-level F1 % (all answers) by max_sources (rows) and min_share (columns); "
-            f"best: max_sources={best[0]}, min_share={best[1]}:",
+            f"Rule grid, {citer}: passage-level F1 % (all answers) by evidence_weight and max_sources (rows) and "
+            f"min_share (columns); best: evidence_weight={best[0]}, max_sources={best[1]}, min_share={best[2]}:",
             "",
-            "| max_sources | " + " | ".join(f"{s}" for s in GRID_SHARES) + " |",
-            "|" + "---|" * (len(GRID_SHARES) + 1),
+            "| evidence_weight | max_sources | " + " | ".join(f"{s}" for s in GRID_SHARES) + " |",
+            "|" + "---|" * (len(GRID_SHARES) + 2),
         ]
-        for m in GRID_SOURCES:
-            lines.append(f"| {m} | " + " | ".join(f"{100 * grid[(m, s)]:.1f}" for s in GRID_SHARES) + " |")
+        for w in weights:
+            for m in GRID_SOURCES:
+                cells = " | ".join(f"{100 * grid[(w, m, s)]:.1f}" for s in GRID_SHARES)
+                lines.append(f"| {w} | {m} | {cells} |")
     return lines
 
 
@@ -215,7 +236,8 @@ def cite_markdown(configs: list[dict], rows: list[dict], run_dirs: Sequence[Path
             f"## Citations: {ds}, {model}, answers by {method}, max_words={max_words}; {questions} questions x "
             f"{len(positions)} positions = {len(rs)} answers ({right} right)",
             "",
-            f"Rule: max_sources={rule['max_sources']}, min_share={rule['min_share']}. F1 % [95 % interval].",
+            f"Rule: max_sources={rule['max_sources']}, min_share={rule['min_share']}, "
+            f"evidence_weight={rule.get('evidence_weight', 0.0)} (midlens only). F1 % [95 % interval].",
         ]
         for level in ("passage", "sentence"):
             for right_only in (False, True):

@@ -30,6 +30,17 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
 
 
+def _fraction(text: str) -> float:
+    """A rule's share or weight: refused at parse time, as CitationConfig refuses it, not after the model loads."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number between 0 and 1") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number between 0 and 1")
+    return value
+
+
 def add_parsers(esub) -> None:
     """Register `cite` and `cite-cost` under `midlens eval`."""
     ct = esub.add_parser("cite", help="citations against HotpotQA's supporting facts, with baselines", epilog=EXAMPLES)
@@ -44,8 +55,14 @@ def add_parsers(esub) -> None:
     ct.add_argument("--positions", type=_ints, default=(), help="1-based answer-paragraph positions; default 1,K/2,K")
     ct.add_argument("--max-new-tokens", type=int, default=24, help="longest answer, in tokens")
     ct.add_argument("--prompt-style", default=DEFAULT_PROMPT_STYLE, choices=PROMPT_STYLES)
-    ct.add_argument("--max-sources", type=positive_int, default=2, help="the rule: passages cited per sentence at most")
-    ct.add_argument("--min-share", type=float, default=0.5, help="the rule: share of the top passage's score to cite")
+    # The rule's defaults are CitationConfig's (the library's), so a run grades what the library cites.
+    ct.add_argument("--max-sources", type=positive_int, default=3, help="the rule: passages cited per sentence at most")
+    ct.add_argument(
+        "--min-share", type=_fraction, default=0.7, help="the rule: share of the top passage's score to cite"
+    )
+    ct.add_argument(
+        "--evidence-weight", type=_fraction, default=1.0, help="the rule: weight of the prompt's evidence in the score"
+    )
     ct.add_argument("--no-prompted", action="store_true", help="skip the prompted-citation pass")
     ct.add_argument("--drops", type=_ints, default=(), help="k of the top-k log-probability drops, e.g. 1,2")
     ct.add_argument("--ablations", type=int, default=0, help="random ablations of the ContextCite-style reference")
@@ -86,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         prompt_style=args.prompt_style,
         max_sources=args.max_sources,
         min_share=args.min_share,
+        evidence_weight=args.evidence_weight,
         prompted=not args.no_prompted,
         drops=args.drops,
         ablations=args.ablations,
