@@ -88,10 +88,10 @@ def _check(options: dict) -> None:
 def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict:
     """Expert bases derived for the model's RoPE (the native one first), then the routers trained on
     `budget.examples` train-split prompts with the model frozen."""
-    from midlens.generators.methods.rope_bases import complementary_bases, rope_base
+    from midlens.generators.methods.rope_bases import complementary_bases, head_dim_of, rope_base
 
     cfg = loaded.model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = head_dim_of(cfg)
     bases = complementary_bases(rope_base(cfg), head_dim, options["experts"])
     print("expert bases: " + ", ".join(f"{b:g}" for b in bases), file=sys.stderr)
     examples, loop, data = budget.plan(loaded.tokenizer)

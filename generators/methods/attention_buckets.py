@@ -25,7 +25,7 @@ import torch
 from midlens.core.errors import MethodConfigError
 from midlens.generators.context import Instances, MethodParts
 from midlens.generators.methods.method import Method, Options
-from midlens.generators.methods.rope_bases import complementary_bases, rope_base
+from midlens.generators.methods.rope_bases import complementary_bases, head_dim_of, rope_base
 from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
 
 # 4 bases by default, not the paper's larger sets: each base is a full instance (N x the compute and KV cache),
@@ -61,7 +61,7 @@ def mix_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def bucket_bases(config, count: int) -> list[float]:
     """The `count` bases for a model: its native base, then the complementary ones for its head_dim."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = head_dim_of(config)
     return complementary_bases(rope_base(config, "attention-buckets"), head_dim, count)
 
 
@@ -88,7 +88,7 @@ def _positive(value: object) -> bool:
 def build(loaded, opts: Options) -> MethodParts:
     config = loaded.model.config
     bases = [float(b) for b in opts["bases"]] if opts["bases"] is not None else bucket_bases(config, opts["buckets"])
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = head_dim_of(config)
     schemes = [
         BucketScheme(bases, head_dim, config.num_attention_heads, config.num_key_value_heads).to(loaded.device)
         for _ in range(config.num_hidden_layers)
@@ -102,7 +102,7 @@ def inspect_bases(gen, prompts: list, out: Path | None = None) -> list[str]:
 
     scheme = gen.parts.schemes[0]
     config = gen.loaded.model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = head_dim_of(config)
     lines = [
         f"{gen.loaded.name}: head_dim {head_dim}, {len(scheme.bases)} instances, RoPE bases "
         + ", ".join(f"{b:g}" for b in scheme.bases)

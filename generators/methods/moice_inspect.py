@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from midlens.generators.methods.rope_bases import plot_waveforms, rope_base
+from midlens.generators.methods.rope_bases import head_dim_of, plot_waveforms, rope_base
 
 
 def usage_heatmap(per_layer: torch.Tensor, bases: list[float], path) -> None:
@@ -36,7 +36,7 @@ def inspect_routers(gen, prompts: list, out: Path | None = None) -> list[str]:
     moice-usage.json and moice-usage.png (layers x experts)."""
     schemes = gen.parts.schemes
     config = gen.loaded.model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = head_dim_of(config)
     bases = list(schemes[0].bases)
     lines = [
         f"{gen.loaded.name}: head_dim {head_dim}, native RoPE base {rope_base(config):g}",

@@ -74,6 +74,11 @@ def plot_waveforms(bases: list[float], head_dim: int, path, max_distance: int = 
     plt.close(fig)
 
 
+def head_dim_of(config) -> int:
+    """The model's per-head width (the rotated dimension d): the config's own, or hidden_size / heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def rope_base(config, method: str = "moice") -> float:
     """The model's RoPE base; a method that runs several plain-RoPE bases (`method`, named in the error) refuses
     a model whose RoPE is already scaled."""

@@ -18,7 +18,7 @@ import torch
 from midlens.core.errors import MethodConfigError
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method, Options
-from midlens.generators.methods.rope_bases import rope_base
+from midlens.generators.methods.rope_bases import head_dim_of, rope_base
 from midlens.generators.rope import RotaryScheme
 
 KINDS = ("linear", "ntk")
@@ -56,7 +56,7 @@ def check_options(opts: Options) -> None:
 
 def build(loaded, opts: Options) -> MethodParts:
     config = loaded.model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = head_dim_of(config)
     inv_freq = scaled_inv_freq(rope_base(config, "rope-scaling"), head_dim, opts["kind"], float(opts["factor"]))
     schemes = [
         ScaledRotary(inv_freq, config.num_attention_heads, config.num_key_value_heads).to(loaded.device)
