@@ -59,6 +59,7 @@ def _smol_prompts(gen: Generator):
         "attn-calibration",
         "attn-calibration(calibration='dummy')",
         "attention-buckets(buckets=3)",
+        "channel-scaling",
     ],
 )
 def test_every_method_batched_equals_each_prompt_alone_on_smollm2(loaded, method):

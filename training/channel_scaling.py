@@ -136,6 +136,20 @@ def positional_candidates(states: np.ndarray, count: int) -> list[dict]:
     return found[:count]
 
 
+def find_candidates(
+    loaded: LoadedModel, strings: int, length: int, count: int, seed: int, progress: bool = True
+) -> tuple[list[dict], list[list[int]]]:
+    """Step 1 alone: the candidate channels of `loaded` (with their statistics) and the token ids they came from."""
+    sequences = random_strings(loaded.tokenizer, strings, length, seed)
+    candidates = positional_candidates(mean_hidden_states(loaded, sequences, progress), count)
+    if not candidates:
+        raise MidlensError(
+            f"no channel of {loaded.name} is monotonic in position in more than a quarter of its layers over "
+            f"{strings} strings of {length} tokens: try more or longer strings."
+        )
+    return candidates, sequences
+
+
 # ---- 2. validation --------------------------------------------------------------------------------------------
 
 
@@ -236,14 +250,9 @@ def search(loaded: LoadedModel, options: dict, budget: Budget) -> tuple[ChannelC
     layer_ranges = parse_layer_ranges(options["layer_ranges"], cfg.num_hidden_layers)
     scales = _scales(options["scales"])
 
-    sequences = random_strings(tokenizer, options["strings"], options["length"], budget.seed)
-    states = mean_hidden_states(loaded, sequences, budget.progress)
-    candidates = positional_candidates(states, options["candidates"])
-    if not candidates:
-        raise MidlensError(
-            f"no channel of {loaded.name} is monotonic in position in more than a quarter of its layers over "
-            f"{options['strings']} strings of {options['length']} tokens: try more or longer strings."
-        )
+    candidates, sequences = find_candidates(
+        loaded, options["strings"], options["length"], options["candidates"], budget.seed, budget.progress
+    )
 
     kv_count = budget.examples // 2
     prompts = kv_prompts(tokenizer, kv_count, options["kv_pairs"], options["kv_seed"], options["prompt_style"])
@@ -269,7 +278,7 @@ def search(loaded: LoadedModel, options: dict, budget: Budget) -> tuple[ChannelC
     record = {
         "baseline_nll": baseline,
         "chosen_nll": by_layers[layers],
-        "candidates": [{**r, "nll_at_scale_0": by_channel[r["channel"]]} for r in candidates],
+        "candidate_channels": [{**r, "nll_at_scale_0": by_channel[r["channel"]]} for r in candidates],
         "scale_nll": {f"{s:g}": v for s, v in by_scale.items()},
         "layers_nll": {f"{r[0]}-{r[-1]}": v for r, v in by_layers.items()},
         "beats_baseline": by_layers[layers] < baseline,
@@ -278,10 +287,8 @@ def search(loaded: LoadedModel, options: dict, budget: Budget) -> tuple[ChannelC
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "command": _command(loaded.name, options, budget),
-        **options,
-        "examples": budget.examples,
-        "batch": budget.batch,
-        "seed": budget.seed,
+        # The search's options under their own key: "candidates" (a count) must not overwrite the list above.
+        "options": {**options, "examples": budget.examples, "batch": budget.batch, "seed": budget.seed},
     }
     data = {
         "random_strings": {
