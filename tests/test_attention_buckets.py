@@ -93,3 +93,13 @@ def test_buckets_change_the_answer_distribution(loaded):
 def test_bad_options_say_what_to_give(spec, message):
     with pytest.raises(MethodConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
         method_config(spec)
+
+
+def test_methods_inspection_names_the_bases_and_draws_them_into_a_new_folder(loaded, tmp_path):
+    from midlens.generators.methods.attention_buckets import inspect_bases
+
+    gen = Generator(loaded, method="attention-buckets(buckets=3)")
+    lines = inspect_bases(gen, [], tmp_path / "not-yet")
+    bases = gen.parts.schemes[0].bases
+    assert ", ".join(f"{b:g}" for b in bases) in lines[0] and "3x" in lines[0]
+    assert (tmp_path / "not-yet" / "attention_buckets_bases.png").stat().st_size > 10_000

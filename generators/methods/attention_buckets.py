@@ -109,8 +109,9 @@ def inspect_bases(gen, prompts: list, out: Path | None = None) -> list[str]:
         + f" (native first); cost {len(scheme.bases)}x a plain answer's compute and KV cache"
     ]
     if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
         path = Path(out) / "attention_buckets_bases.png"
-        plot_waveforms(scheme.bases, head_dim, path)
+        plot_waveforms(scheme.bases, head_dim, path, title="the Attention Buckets instances")
         lines.append(f"waveforms: {path}")
     return lines
 

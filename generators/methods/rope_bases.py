@@ -51,8 +51,10 @@ def complementary_bases(
     return chosen[:1] + sorted(chosen[1:])
 
 
-def plot_waveforms(bases: list[float], head_dim: int, path, max_distance: int = 4096) -> None:
-    """PNG of each expert base's waveform over distance, and the set's upper envelope."""
+def plot_waveforms(
+    bases: list[float], head_dim: int, path, max_distance: int = 4096, title: str = "the MoICE experts"
+) -> None:
+    """PNG of each base's waveform over distance, and the set's upper envelope; `title` names whose bases they are."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,7 +69,7 @@ def plot_waveforms(bases: list[float], head_dim: int, path, max_distance: int = 
     ax.set_xscale("log")
     ax.set_xlabel("relative distance D (tokens)")
     ax.set_ylabel("f_B(D), attention upper bound")
-    ax.set_title(f"RoPE waveforms of the MoICE experts (head_dim {head_dim})")
+    ax.set_title(f"RoPE waveforms of {title} (head_dim {head_dim})")
     ax.legend(fontsize=8, ncol=2, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
