@@ -1,0 +1,269 @@
+"""Evidence-guided restacking (generators.restack): passages scored by a method's evidence, the strongest placed in the
+slots the model reads best (measured per packaged model), the answer numbered as the caller stacked the passages;
+and the option in Pipeline, `midlens ask`, the LlamaIndex query engine and `eval sweep`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import planted_passages
+
+QUESTION = "What is the secret code word of the Zorbland expedition?"
+
+
+def _prompt(generator, n: int = 5, gold_at: int = 2):
+    return generator.prompt(QUESTION, planted_passages(n, gold_at), max_new_tokens=8, style="short")
+
+
+@pytest.fixture(scope="module")
+def restacker(generator):
+    from midlens.generators.restack import Restack, Restacker
+
+    return Restacker(generator, Restack("baseline"))
+
+
+def test_slot_orders_ship_for_every_packaged_model_and_scale_to_other_counts():
+    from midlens.generators.packaged_models import REGISTRY
+    from midlens.generators.restack import SHIPPED, SlotOrder, read_slot_order
+
+    for model in REGISTRY:
+        record = json.loads((SHIPPED / f"{model}.json").read_text())
+        order = read_slot_order(SHIPPED / f"{model}.json").order
+        assert sorted(order) == list(range(1, record["k"] + 1))
+        assert record["dataset"] == "hotpotqa-train" and record["questions"] >= 8 and "eval sweep" in record["command"]
+    measured = SlotOrder((10, 1, 9, 2, 8, 3, 7, 4, 6, 5), "given")  # ends first, the middle last
+    assert measured.for_count(10) == list(measured.order)
+    assert measured.for_count(5) == [5, 1, 4, 2, 3]  # first and last keep their measured places
+    assert sorted(measured.for_count(13)) == list(range(1, 14)) and measured.for_count(1) == [1]
+
+
+def test_slots_rank_by_em_then_f1_then_log_probability_over_questions_answered_at_every_slot(tmp_path):
+    from midlens.eval.slots import rank_slots, slot_table, write_slot_order
+
+    def row(example, slot, em, f1, logprob):
+        return {
+            "kind": "sweep",
+            "method": "baseline",
+            "example_id": example,
+            "position": slot,
+            "em": em,
+            "f1": f1,
+            "logprob": logprob,
+        }
+
+    rows = [row("a", 1, 1.0, 1.0, -1.0), row("a", 2, 0.0, 0.5, -2.0), row("a", 3, 0.0, 0.5, -1.0)]
+    rows += [row("b", 1, 0.0, 0.0, -3.0), row("b", 2, 0.0, 0.0, -3.0), row("b", 3, 0.0, 0.0, -3.0)]
+    rows += [row("c", 1, 1.0, 1.0, 0.0)]  # not answered at every slot: left out
+    table = slot_table(rows)
+    assert table[1] == {"em": 0.5, "f1": 0.5, "logprob": -2.0, "n": 2}
+    assert rank_slots(table) == [1, 3, 2]  # slot 1 by EM; 3 before 2 by log-probability (EM and F1 tie)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(
+        json.dumps({"model": "m", "model_sha256": "x", "k": 3, "dataset": "hotpotqa-train", "prompt_style": "short"})
+    )
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = write_slot_order(run, tmp_path / "m.json", command="midlens eval sweep ...")
+    assert record["order"] == [1, 3, 2] and record["questions"] == 2
+    # One question of two right at slot 1 separates nothing beyond noise: the log-probability decided.
+    assert record["decided_by"] == "logprob" and record["order_by_accuracy"] == [1, 3, 2]
+    assert json.loads((tmp_path / "m.json").read_text())["command"] == "midlens eval sweep ..."
+
+
+def test_place_puts_the_highest_score_into_the_first_slot():
+    from midlens.generators.restack import place
+
+    assert place([0.1, 0.9, 0.5], [3, 1, 2]) == [2, 0, 1]  # 0.9 -> slot 3, 0.5 -> slot 1, 0.1 -> slot 2
+    assert place([0.5, 0.5], [2, 1]) == [1, 0]  # a tie keeps the caller's order: the first given, the best slot
+
+
+def test_restacked_answer_is_numbered_as_given_and_the_gold_sits_in_the_best_slot(generator, restacker):
+    from midlens.generators.evidence import passage_evidence
+
+    prompt = _prompt(generator)
+    answer = restacker.generate(prompt, max_new_tokens=8)
+    record = answer.restack
+    given = [p.id for p in prompt.passages]
+    assert [pe.position for pe in answer.passages] == [1, 2, 3, 4, 5]
+    assert [pe.passage.id for pe in answer.passages] == given
+    assert sorted(record["order"]) == [1, 2, 3, 4, 5] and record["numbering"] == "original"
+    # The planted fact has the strongest evidence, and went into the slot the model reads best.
+    scores = record["scores"][0]
+    assert max(range(5), key=lambda i: scores[i]) == 1
+    assert record["order"][record["slots"][0] - 1] == 2 == given.index("gold") + 1
+    # The evidence read in the restacked prompt follows each passage home: the maps were permuted with it.
+    again = passage_evidence(prompt.passages, answer.maps, generator.evidence_config)
+    assert [p.calibrated for p in again] == pytest.approx([p.calibrated for p in answer.passages])
+    # The span is where the passage sat in the prompt answered: the gold's lies in its slot's line.
+    slot = record["order"].index(2)
+    answered = restacker.arrange([prompt])[0].prompt
+    assert answer.passages[1].span == answered.passage_spans[slot]
+    for citation in answer.citations:
+        for source in citation.sources:
+            assert answer.passages[source.position - 1].passage.id == source.passage_id
+
+
+def test_batched_restacking_equals_each_prompt_alone(generator, restacker, monkeypatch):
+    prompts = [_prompt(generator, 5, 2), _prompt(generator, 4, 4)]
+    alone = [restacker.generate(p, max_new_tokens=8) for p in prompts]
+    calls = []
+    real = restacker.scorer.score_batch
+    monkeypatch.setattr(restacker.scorer, "score_batch", lambda ps, **kw: calls.append(len(ps)) or real(ps, **kw))
+    batched = restacker.generate_batch(prompts, max_new_tokens=8)
+    assert calls == [2]  # one scoring pass for the batch
+    for a, b in zip(alone, batched, strict=True):
+        assert a.text == b.text and a.restack["order"] == b.restack["order"]
+        assert [p.score for p in a.passages] == pytest.approx([p.score for p in b.passages], abs=1e-5)
+
+
+def test_two_rounds_score_twice_and_the_second_reads_the_restacked_prompt(generator, monkeypatch):
+    from midlens.generators.restack import Restack, Restacker
+
+    twice = Restacker(generator, Restack("baseline", rounds=2))
+    seen = []
+    real = twice.scorer.score_batch
+    monkeypatch.setattr(twice.scorer, "score_batch", lambda ps, **kw: seen.append(ps) or real(ps, **kw))
+    prompt = _prompt(generator)
+    answer = twice.generate(prompt, max_new_tokens=0)
+    assert len(seen) == 2 and len(answer.restack["scores"]) == 2
+    first = Restacker(generator, Restack("baseline")).arrange([prompt])[0]
+    assert [p.id for p in seen[1][0].passages] == [p.id for p in first.prompt.passages]  # scored as placed
+    assert answer.restack["rounds"] == 2
+
+
+def test_bad_restack_options_name_the_option_and_what_to_do(generator):
+    from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError
+    from midlens.generators.restack import Restack, Restacker, as_restack
+    from midlens.rag.pipeline import Pipeline
+
+    with pytest.raises(MethodConfigError, match=r"restack=\"mudaff\": .* 'mudaff' is no method: choose one of .*mudaf"):
+        Restack("mudaff")
+    with pytest.raises(MethodConfigError, match=r'restack="mudaf\(alpha=2\)": mudaf alpha=2'):
+        Restack("mudaf(alpha=2)")
+    with pytest.raises(InvalidArgumentError, match=r"restack_rounds=0: .* pass restack_rounds=1"):
+        as_restack("mudaf", 0)
+    with pytest.raises(InvalidArgumentError, match=r"restack_rounds=0"):
+        Pipeline(None, generator, restack="baseline", restack_rounds=0)
+    with pytest.raises(InvalidArgumentError, match=r"restack_rounds=2 has no effect without restacking"):
+        Pipeline(None, generator, restack_rounds=2)
+    with pytest.raises(InvalidArgumentError, match=r"rounds=1.5"):
+        Restack("baseline", rounds=1.5)
+    with pytest.raises(InvalidArgumentError, match=r"slots=\(1, 1\): expected the prompt positions 1..n"):
+        Restack("baseline", slots=(1, 1))
+    with pytest.raises(InvalidArgumentError, match=r"3 slots for a prompt of 5 passages"):
+        Restacker(generator, Restack("baseline", slots=(3, 1, 2))).arrange([_prompt(generator)])
+    with pytest.raises(ArtefactError, match="not a slot-order file"):
+        Restacker(generator, Restack("baseline", slots="/nonexistent/slots.json"))
+
+
+def test_cli_refuses_bad_restack_options_before_loading(capsys):
+    from midlens.cli import main
+
+    assert main(["ask", QUESTION, "--restack", "mudaff"]) == 2
+    assert "--restack mudaff: restacking scores the passages with a method's evidence" in capsys.readouterr().err
+    assert main(["ask", QUESTION, "--restack-rounds", "2"]) == 2
+    assert "--restack-rounds 2 has no effect without --restack" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["ask", QUESTION, "--restack", "--restack-rounds", "0"])
+    assert "--restack-rounds: 0 is not allowed: use 1 or more" in capsys.readouterr().err
+    assert main(["eval", "sweep", "--out", "/nonexistent/run", "--restack", "mudaf", "--restack-rounds", "0"]) == 2
+    assert "--restack-rounds 0: restacking scores the passages at least once" in capsys.readouterr().err
+
+
+def test_pipeline_restacks_answers_streams_and_verifies_in_the_given_numbering(generator):
+    from midlens.rag.pipeline import Pipeline, marked_answer
+
+    pipe = Pipeline(None, generator, max_new_tokens=8, prompt_style="short", restack="baseline")
+    passages = planted_passages(4, 3)
+    answer = pipe.answer(QUESTION, passages, verify=True)
+    assert [pe.passage.id for pe in answer.passages] == [p.id for p in passages]
+    assert answer.restack["order"][answer.restack["slots"][0] - 1] == 3  # the gold, in the best slot
+    cited = {s.position for c in answer.citations for s in c.sources}
+    assert cited and all(s.verified is not None for c in answer.citations for s in c.sources)
+    assert all(f"[{p}" in marked_answer(answer).text for p in cited)
+    stream = pipe.answer_stream(QUESTION, passages)
+    assert "".join(stream).strip() == answer.text
+    assert stream.answer.restack["order"] == answer.restack["order"]
+    assert [pe.position for pe in stream.answer.passages] == [1, 2, 3, 4]
+    # Verification after the fact (what a LlamaIndex engine does) rebuilds the prompt that was answered.
+    again = pipe.verify([stream.answer])[0]
+    assert [(s.position, s.verified) for c in again.citations for s in c.sources] == [
+        (s.position, s.verified) for c in answer.citations for s in c.sources
+    ]
+    assert again.restack["numbering"] == "original"
+
+
+def test_query_engine_restacks_and_keeps_the_retrieved_order(loaded):
+    from llama_index.core.retrievers import BaseRetriever
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from midlens.rag.llamaindex import MidlensLLM, MidlensQueryEngine
+
+    nodes = [
+        NodeWithScore(node=TextNode(id_=p.id, text=p.text[:200], metadata={"title": p.title}), score=1.0 - i / 10)
+        for i, p in enumerate(planted_passages(4, 2))
+    ]
+
+    class Fixed(BaseRetriever):
+        def _retrieve(self, query_bundle):
+            return list(nodes)
+
+    llm = MidlensLLM(loaded, max_new_tokens=6, prompt_style="short")
+    engine = MidlensQueryEngine(Fixed(), llm=llm, restack="baseline")
+    response = engine.query(QUESTION)
+    record = response.metadata["midlens"]["restack"]
+    assert record["scorer"] == "baseline" and sorted(record["order"]) == [1, 2, 3, 4]
+    assert {response.metadata[n.node.node_id]["position"] for n in nodes} == {1, 2, 3, 4}
+    assert [response.metadata[n.node.node_id]["position"] for n in nodes] == [1, 2, 3, 4]
+    plain = MidlensQueryEngine(Fixed(), llm=llm).query(QUESTION)
+    assert plain.metadata["midlens"]["restack"] is None
+
+
+def test_eval_sweep_runs_restacked_systems_beside_the_methods_and_the_report_tells_them_apart(tmp_path, loaded):
+    from midlens.cli import main
+    from midlens.eval.report import write_report
+    from midlens.eval.runner import read_rows
+
+    out = tmp_path / "run"
+    args = ["eval", "sweep", "--dataset", "kv", "--k", "3", "--n", "1", "--positions", "1,3", "--methods", "baseline"]
+    args += ["--max-new-tokens", "4", "--no-progress", "--restack", "baseline", "--restack-rounds", "1,2"]
+    assert main([*args, "--out", str(out)]) == 0
+    rows = read_rows(out / "results.jsonl")
+    labels = ["baseline", "baseline+restack(baseline)", "baseline+restack(baseline, rounds=2)"]
+    assert sorted({r["method"] for r in rows}) == labels
+    config = json.loads((out / "config.json").read_text())
+    assert config["methods"]["baseline+restack(baseline, rounds=2)"]["restack"] == {"scorer": "baseline", "rounds": 2}
+    assert "restack" not in config["methods"]["baseline"]  # runs made before restacking keep their hashes
+    for row in rows:
+        assert ("restack_gold_rank" in row) == ("+restack" in row["method"])
+    restacked = [r for r in rows if "+restack" in r["method"]]
+    assert {r["gold_prompt_position"] for r in restacked} <= {1, 2, 3}
+    report = (write_report([out], tmp_path / "report")).read_text()
+    assert all(f"| {label} |" in report for label in labels)
+    assert "| method | accuracy, points | F1, points |" in report
+
+
+def test_restacking_leaves_a_generator_s_own_answers_alone(generator, restacker):
+    prompt = _prompt(generator)
+    plain = generator.generate(prompt, max_new_tokens=4)
+    assert plain.restack is None and "restack" in plain.to_dict()
+    restacked = restacker.generate(prompt, max_new_tokens=4)
+    assert restacked.to_dict()["restack"]["scorer"] == "baseline"
+    assert isinstance(restacked.maps.question, torch.Tensor)
+
+
+def test_ask_restacks_and_shows_what_the_prompt_held(generator, restacker, default_retriever, capsys):
+    from midlens.cli import main
+    from midlens.cli.ask import print_answer
+
+    args = ["ask", QUESTION, "--top-k", "3", "--max-new-tokens", "6", "--model", "smollm2-135m", "--json"]
+    assert main([*args, "--restack", "baseline", "--restack-rounds", "2"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["restack"]["scorer"] == "baseline" and record["restack"]["rounds"] == 2
+    assert [p["position"] for p in record["passages"]] == [1, 2, 3]  # as retrieved
+    print_answer(restacker.generate(_prompt(generator), max_new_tokens=6))
+    out = capsys.readouterr().out
+    assert "restacked by baseline evidence (1 round): the prompt held passages " in out
