@@ -22,7 +22,10 @@ its RoPE bases through), with 0/1 mixing weights:
   - a prefill (a forward with nothing cached): the last column reads expert 1 (scaled), the others expert 0;
   - a forward after a cache (a decode step, the last prompt token read again, a reference answer scored
     teacher-forced): every query reads expert 1, because every appended token is an answer token, as in the
-    official code's validation loss, which recomputes the last prompt token and the answer's tokens.
+    official code's validation loss, which recomputes the last prompt token and the answer's tokens. (The
+    official code defines no other appended chunk; here the content-free question "N/A" that calibrates evidence
+    is appended too and read the same way, so calibrated evidence ranks under this method compare plain question
+    rows with scaled null-question rows. Answers and their log-probabilities do not depend on it.)
 The probe reads evidence through the same weights, so evidence is the attention applied. Cost: the chosen layers
 cache their keys twice (plain and scaled) and the prefill runs one extra attention row per chosen layer.
 scale = 1 is the stock model, and nothing is installed.
