@@ -285,9 +285,10 @@ def test_shipped_metas_of_one_format_version_have_one_schema():
     """Both packaged models' artefacts of a method hold the same keys (top level and each object inside), and
     each holds every key its format_version's schema and its part's section name."""
     from midlens.generators.artefacts import SCHEMAS, SHIPPED
+    from midlens.generators.methods.channel_scaling import ChannelChoice
     from midlens.generators.methods.moice import MoiceRouters
 
-    sections = {"mudaf": LoRADelta.SECTION, "moice": MoiceRouters.SECTION}
+    sections = {"mudaf": LoRADelta.SECTION, "moice": MoiceRouters.SECTION, "channel-scaling": ChannelChoice.SECTION}
 
     def keys(meta: dict) -> dict:
         return {k: sorted(v) if isinstance(v, dict) and k != "shapes" else None for k, v in meta.items()}
@@ -299,7 +300,7 @@ def test_shipped_metas_of_one_format_version_have_one_schema():
         assert set(SCHEMAS[version]) | {section.key} <= set(meta), path
         assert set(section.fields) <= set(meta[section.key]), path
         by_version_and_method.setdefault((version, meta["method"]), []).append((path, keys(meta)))
-    assert {m for _, m in by_version_and_method} == {"mudaf", "moice"}
+    assert {m for _, m in by_version_and_method} == set(sections)
     for group in by_version_and_method.values():
         models = {path.parent.name.split("-alpha")[0] for path, _ in group}
         assert models == {"smollm2-135m", "qwen2.5-coder-0.5b"}, group
