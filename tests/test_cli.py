@@ -361,3 +361,23 @@ def test_verify_without_an_answer_is_refused_before_the_model_loads():
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--verify checks the citations of an answer, and --max-new-tokens 0 generates none" in out.stderr
     assert "Loading weights" not in out.stderr
+
+
+def test_train_offers_only_the_budget_flags_a_recipe_reads(capsys):
+    """channel-scaling is a search with no training loop: --lr, --warmup and --max-minutes are refused rather
+    than taken and ignored, and its --examples says what they are; mudaf still takes them all."""
+    import importlib
+
+    from midlens.cli.train import recipe_parser
+
+    search = recipe_parser("channel-scaling", importlib.import_module("midlens.training.channel_scaling").RECIPE)
+    ns = search.parse_args(["--out", "x", "--examples", "4"])
+    assert (ns.examples, ns.max_minutes) == (4, None) and ns.lr > 0  # Budget's defaults fill what is not offered
+    for flag in ("--lr", "--warmup", "--max-minutes"):
+        with pytest.raises(SystemExit):
+            search.parse_args(["--out", "x", flag, "1"])
+        assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
+    assert "validation prompts" in search.format_help()
+    trainer = recipe_parser("mudaf", importlib.import_module("midlens.training.mudaf").RECIPE)
+    ns = trainer.parse_args(["--out", "x", "--lr", "0.001", "--max-minutes", "2"])
+    assert (ns.lr, ns.max_minutes) == (0.001, 2.0)

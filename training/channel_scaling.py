@@ -365,9 +365,13 @@ RECIPE = Recipe(
         Option("kv_seed", 1000, "seed of the synthetic KV prompts (eval's kv set: its --seed, 0 by default)"),
         Option("prompt_style", "short", "instruction of the validation prompts", choices=PROMPT_STYLES),
     ),
-    # --examples: validation prompts (half KV, half HotpotQA train); --batch: prompts per forward (1: on a CPU
-    # padding costs more than batching saves, and every prompt is ~600-900 tokens).
+    # --batch 1: on a CPU padding costs more than batching saves, and every prompt is ~600-900 tokens.
     budget={"examples": 16, "batch": 1, "max_words": 40},
+    budget_flags=("examples", "batch", "max_words", "seed"),
+    budget_help={
+        "examples": "validation prompts: half synthetic KV retrieval, half HotpotQA train split",
+        "batch": "validation prompts per forward",
+    },
     train=_train,
     check=_check,
     trained="channel",

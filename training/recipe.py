@@ -78,6 +78,9 @@ class Budget:
             raise MidlensError(f"warmup {self.warmup}: a fraction of the steps, in [0, 1).")
 
 
+BUDGET_FLAGS = ("examples", "batch", "lr", "warmup", "max_words", "seed", "max_minutes")
+
+
 @dataclass(frozen=True)
 class Recipe:
     summary: str
@@ -89,6 +92,10 @@ class Recipe:
     train: Callable[[Any, dict, Budget, str], dict] | None = None
     check: Callable[[dict], None] | None = None  # refuses bad options before any model loads
     trained: str = "parameters"  # what the trained parameters are, for the closing line ("delta", "router")
+    # The Budget fields this recipe reads, offered as flags; a search that sets no learning rate and has no
+    # training loop leaves --lr, --warmup and --max-minutes out rather than taking and ignoring them.
+    budget_flags: tuple[str, ...] = BUDGET_FLAGS
+    budget_help: dict = field(default_factory=dict)  # what a flag means for this recipe, where not a training's
 
 
 def positive(options: dict, *names: str) -> None:

@@ -37,28 +37,44 @@ def add_parser(sub) -> None:
 
 def recipe_parser(method: str, recipe) -> Parser:
     """The flags of one recipe: the options every training shares, with the recipe's defaults, then its own."""
-    from midlens.training.recipe import Budget
+    from midlens.training.recipe import BUDGET_FLAGS, Budget
 
     # Budget's own defaults where a recipe sets none (a search sets no learning rate).
-    shared = ("batch", "seed", "lr", "warmup", "max_words")
-    defaults = {**{f: Budget.__dataclass_fields__[f].default for f in shared}, **recipe.budget}
+    defaults = {**{f: Budget.__dataclass_fields__[f].default for f in BUDGET_FLAGS}, **recipe.budget}
     p = Parser(prog=f"midlens train {method}", description=recipe.summary)
     p.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
     p.add_argument("--out", type=Path, required=True, help="artefact folder to write (checkpoints beside it)")
-    p.add_argument(
-        "--examples", type=positive_int, default=defaults["examples"], help="training examples (train split)"
-    )
-    p.add_argument("--batch", type=positive_int, default=defaults["batch"], help="examples per optimizer step")
-    p.add_argument("--lr", type=float, default=defaults["lr"], help="peak learning rate")
-    p.add_argument("--warmup", type=float, default=defaults["warmup"], help="fraction of steps")
-    p.add_argument("--max-words", type=int, default=defaults["max_words"], help="clip paragraphs to ~N words")
-    p.add_argument("--seed", type=int, default=defaults["seed"])
-    p.add_argument(
-        "--max-minutes",
-        type=float,
-        help="wall-clock budget from the model load on, preparation included (mudaf's retrieval-head scoring): "
-        "training stops after the step that crosses it (at least one step; checkpointed, artefact saved)",
-    )
+    flags = set(recipe.budget_flags)
+    if "examples" in flags:
+        p.add_argument(
+            "--examples",
+            type=positive_int,
+            default=defaults["examples"],
+            help=recipe.budget_help.get("examples", "training examples (train split)"),
+        )
+    if "batch" in flags:
+        p.add_argument(
+            "--batch",
+            type=positive_int,
+            default=defaults["batch"],
+            help=recipe.budget_help.get("batch", "examples per optimizer step"),
+        )
+    if "lr" in flags:
+        p.add_argument("--lr", type=float, default=defaults["lr"], help="peak learning rate")
+    if "warmup" in flags:
+        p.add_argument("--warmup", type=float, default=defaults["warmup"], help="fraction of steps")
+    if "max_words" in flags:
+        p.add_argument("--max-words", type=int, default=defaults["max_words"], help="clip paragraphs to ~N words")
+    if "seed" in flags:
+        p.add_argument("--seed", type=int, default=defaults["seed"])
+    if "max_minutes" in flags:
+        p.add_argument(
+            "--max-minutes",
+            type=float,
+            help="wall-clock budget from the model load on, preparation included (mudaf's retrieval-head scoring): "
+            "training stops after the step that crosses it (at least one step; checkpointed, artefact saved)",
+        )
+    p.set_defaults(**{f: defaults.get(f) for f in BUDGET_FLAGS if f not in flags})
     p.add_argument("--no-progress", action="store_true")
     add_device_args(p)
     for option in recipe.options:
