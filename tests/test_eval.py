@@ -759,3 +759,44 @@ def test_the_sweep_report_shows_em_f1_and_answer_length_side_by_side():
     assert "| method | EM | F1 | words per answer |" in text
     assert "| baseline | 100.0 [100.0, 100.0] | 25.0 [25.0, 25.0] | 6.0 |" in text
     assert "| short | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | 1.0 |" in text
+
+
+def test_the_default_rule_needs_both_corpora_both_metrics_and_no_worse_position():
+    """A method replaces the baseline only if it is better on HotpotQA and SQuAD, in EM and F1 (paired interval
+    above zero), and worse at no gold position; the report says which default its sweeps support."""
+    from midlens.eval.report.default_rule import chosen, judge
+    from midlens.eval.report.render import markdown
+
+    def rows_for(dataset: str, method: str, em_by_position: dict[int, list[float]], f1_gain: float) -> list[dict]:
+        out = []
+        for p, ems in em_by_position.items():
+            for i, em in enumerate(ems):
+                out.append({
+                    "key": f"{dataset}{i}|{method}|{p}", "kind": "sweep", "dataset": dataset, "k": 10,
+                    "method": method, "position": p, "example_id": f"{dataset}{i}", "prediction": "x", "em": em,
+                    "f1": min(1.0, 0.3 + f1_gain + 0.01 * (i % 3)), "gold_rank": 1, "gold_share": 0.5,
+                    "logprob": -1.0, "seconds": 1.0,
+                })  # fmt: skip
+        return out
+
+    n = 20
+    base = {p: [float(i % 4 == 0) for i in range(n)] for p in (1, 5, 10)}  # 25 % EM at every position
+    better = {p: [float(i % 4 == 0 or i % 4 == 1) for i in range(n)] for p in (1, 5, 10)}  # 50 %, same questions
+    worse_at_10 = {**better, 10: [0.0] * n}
+    rows = []
+    for ds in ("hotpotqa", "squad"):
+        rows += rows_for(ds, "baseline", base, 0.0)
+        rows += rows_for(ds, "good", better, 0.2)
+        rows += rows_for(ds, "em-only", better, 0.0)  # same F1 as the baseline: EM alone does not decide
+        rows += rows_for(ds, "dips", worse_at_10, 0.2)
+    verdicts = {v.method: v for v in judge(rows)}
+    assert verdicts["good"].passes and chosen(judge(rows)) == "good"
+    assert not verdicts["em-only"].passes and any("F1" in r for r in verdicts["em-only"].reasons)
+    assert not verdicts["dips"].passes and any("gold@10" in r for r in verdicts["dips"].reasons)
+    one_corpus = [r for r in rows if r["dataset"] == "hotpotqa"]
+    assert judge(one_corpus) is None  # SQuAD unmeasured: no verdict, the baseline stays
+    text = markdown([{"kind": "sweep", "model": "m", "methods": {}}], rows)
+    assert "**Supported default: good.**" in text
+    assert "The answering default" not in markdown([{"kind": "sweep", "model": "m", "methods": {}}], one_corpus)
+    no_winner = [r for r in rows if r["method"] != "good"]
+    assert chosen(judge(no_winner)) == "baseline"

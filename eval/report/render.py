@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from midlens.eval.report.default_rule import markdown_lines as default_lines
 from midlens.eval.report.summarise import (
     PAIRED_COLUMNS,
     RANK_METRICS,
@@ -91,6 +92,7 @@ def markdown(configs: list[dict], rows: list[dict], against: str = "baseline") -
             )
             cells += [_pct(pp[p]["gold_share"]) for p in pos]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += default_lines(rows, against)
     for (ds, method), s in rerank_summary(rows).items():
         lines += ["", f"## Evidence as a reranker: {ds}, evidence from {method}, n = {s['n']}", ""]
         lines += ["| ranker | " + " | ".join(RANK_METRICS) + " |", "|" + "---|" * (len(RANK_METRICS) + 1)]
