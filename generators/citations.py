@@ -87,12 +87,16 @@ class Citation:
 
 def token_ends(tokenizer, ids: list[int]) -> list[int]:
     """Character end of each answer token in the decoded answer (special tokens end where the previous did)."""
-    ends, previous = [], ""
+    ends: list[int] = []
     for i in range(len(ids)):
-        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
-        previous = text if not text.endswith("\ufffd") else previous  # a byte of a multi-byte character: later
-        ends.append(len(previous))
+        ends.append(token_end(tokenizer.decode(ids[: i + 1], skip_special_tokens=True), ends))
     return ends
+
+
+def token_end(text: str, ends: list[int]) -> int:
+    """The end of the token just decoded into `text` (the answer so far), after the `ends` of the ones before it:
+    a text cut inside a multi-byte character (a byte of it: later) ends where the previous token did."""
+    return len(text) if not text.endswith("\ufffd") else (ends[-1] if ends else 0)
 
 
 def answer_sentences(text: str, ends: list[int], lead: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -120,13 +124,15 @@ def cite(
     evidence: EvidenceConfig,
     config: CitationConfig,
     passage_scores: list[float] | None = None,
+    ends: list[int] | None = None,
 ) -> list[Citation]:
     """The citations of one answer. `segment_mass` [layers, heads, fed, segments]: the attention of each fed-back
     answer token over `prompt.segments()`; `decoded` the answer as decoded, `text` as stripped; `passage_scores`
-    each passage's `PassageEvidence.score` in prompt order (None: the answer's attention alone scores)."""
+    each passage's `PassageEvidence.score` in prompt order (None: the answer's attention alone scores); `ends`
+    `token_ends(tokenizer, ids)` when the caller already has them (the decode loop records them as it goes)."""
     if not text or not prompt.passages:
         return []
-    ends = token_ends(tokenizer, ids)
+    ends = token_ends(tokenizer, ids) if ends is None else ends[: len(ids)]
     lead = len(decoded) - len(decoded.lstrip())
     owner = [(g.passage, g.sentence) for g in prompt.segments()]
     citations = []

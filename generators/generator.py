@@ -30,8 +30,9 @@ from midlens.core.checks import check_max_new_tokens
 from midlens.core.errors import InvalidArgumentError, Remedy
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.passage import Passage
+from midlens.core.sentences import sentence_spans
 from midlens.generators.batch import BatchRun, pad_token_id
-from midlens.generators.citations import CitationConfig, cite
+from midlens.generators.citations import Citation, CitationConfig, cite, token_end
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.evidence import Answer, EvidenceConfig, passage_evidence
 from midlens.generators.instances import Mixture, expand
@@ -180,12 +181,15 @@ class Generator:
         stop_at_line_end: bool = False,
         ignore_eos: bool = False,
         cancelled: Callable[[int], bool] | None = None,
-    ) -> Generator_[tuple[int, str], None, list[Answer]]:
+        cite_as_you_go: bool = False,
+    ) -> Generator_[tuple[int, str | Citation], None, list[Answer]]:
         """The generation loop, for a batch: yields (row, text delta); returns one Answer per prompt.
 
         Each row is answered as it would be alone: its own positions and stopping (EOS, line end, max tokens),
         its own sampling stream (seeded with `seed`, as a lone prompt would be), its evidence and citations read
-        from its own scoring rows."""
+        from its own scoring rows. With `cite_as_you_go` (and citations on) it also yields (row, Citation) for
+        each answer sentence once the next one has begun: the calibration pass then runs before decoding (its
+        scores are what a citation blends in), and each Citation equals the one in the final Answer."""
         self._check(prompts, max_new_tokens, temperature, top_p)
         references = references or [None] * len(prompts)
         if len(references) != len(prompts):
@@ -212,8 +216,13 @@ class Generator:
                     t0 = time.perf_counter()
                     if hook is not None:  # the last prompt token's query gives the first answer token: read it
                         logits = first_logits = mixture.logits(run.reread_last())  # again, under the method
+                    citer = None
+                    if cite_as_you_go and self.citations is not None:
+                        if calibrate:  # the cache holds the prompt alone, as after decoding: the same maps
+                            run.content_free_maps()
+                        citer = _SentenceCiter(self, run, mixture, prompts)
                     yield from self._decode(
-                        run, mixture, rows, logits, temperature, top_p, stop_at_line_end, ignore_eos
+                        run, mixture, rows, logits, temperature, top_p, stop_at_line_end, ignore_eos, citer
                     )
                     run.timings["decode_s"] = time.perf_counter() - t0
                     segment_mass = self._read_answer_attention(run, rows, mixture.count)
@@ -229,7 +238,11 @@ class Generator:
             if len(final) > len(rows.texts[b]):
                 yield b, final[len(rows.texts[b]) :]
             mass = None if segment_mass is None else mixture.mass(segment_mass, b)
-            answers.append(self._answer(run, mixture, b, prompt, final, rows.generated[b], mass, reference_logprobs[b]))
+            answers.append(
+                self._answer(
+                    run, mixture, b, prompt, final, rows.generated[b], mass, reference_logprobs[b], rows.ends[b]
+                )
+            )
         return answers
 
     def _decode(
@@ -242,23 +255,31 @@ class Generator:
         top_p: float,
         stop_at_line_end: bool,
         ignore_eos: bool,
-    ) -> Iterator[tuple[int, str]]:
-        """Pick, stream and feed back tokens until every row is done; yields (row, text delta)."""
+        citer: _SentenceCiter | None = None,
+    ) -> Iterator[tuple[int, str | Citation]]:
+        """Pick, stream and feed back tokens until every row is done; yields (row, text delta) and, with a
+        `citer`, (row, Citation) as each answer sentence ends."""
         while not all(rows.done):
+            # Greedy rows all at once: one argmax and one device-to-host copy per step, not one per row (each a
+            # synchronisation of the GPU stream: 32 per step at batch 32).
+            greedy = logits.argmax(dim=-1).tolist() if temperature <= 0 else None
             for b in range(len(rows.done)):
                 if not rows.done[b] and rows.cancelled is not None and rows.cancelled(b):
                     rows.done[b] = True  # the other rows never see this one: their answers do not change
                 if rows.done[b]:
                     continue
-                token = self._pick(logits[b], temperature, top_p, rows.rngs[b])
+                token = greedy[b] if greedy is not None else self._pick(logits[b], temperature, top_p, rows.rngs[b])
                 if not ignore_eos and token in self.eos_ids:
                     rows.done[b] = True
                     continue
                 rows.generated[b].append(token)
                 new_text = self.tokenizer.decode(rows.generated[b], skip_special_tokens=True)
+                rows.ends[b].append(token_end(new_text, rows.ends[b]))  # citations.token_ends, as each prefix decodes
                 if len(new_text) > len(rows.texts[b]) and not new_text.endswith("\ufffd"):
                     yield b, new_text[len(rows.texts[b]) :]
                     rows.texts[b] = new_text
+                    if citer is not None:
+                        yield from citer.ended(b, rows)
                 if (stop_at_line_end and "\n" in rows.texts[b].lstrip()) or len(rows.generated[b]) == rows.limit:
                     rows.done[b] = True
             if all(rows.done):
@@ -278,16 +299,12 @@ class Generator:
         taken = run.probe.take()
         segments = run.probe.take_answer_spans()
         run.probe.score_rows([])
-        per_row: list[torch.Tensor | None] = []
         for r, maps in enumerate(run.maps):
             b = r // count
             passages = len(run.prompts[r].passages)
             if len(rows.generated[b]) > 1:
                 maps.answer = taken[:, r, :, : rows.fed[b], :passages].mean(2)
-            fed = rows.fed[b]
-            spans = len(run.prompts[r].segments())
-            per_row.append(None if segments is None or fed == 0 else segments[:, r, :, :fed, :spans])
-        return per_row
+        return _segments_per_row(run, rows, count, segments)
 
     def _answer(
         self,
@@ -299,6 +316,7 @@ class Generator:
         ids: list[int],
         segment_mass: torch.Tensor | None,
         reference_logprobs: list[float] | None,
+        ends: list[int] | None = None,
     ) -> Answer:
         text = decoded.strip()
         maps = mixture.maps(run.maps, b)
@@ -308,7 +326,16 @@ class Generator:
             t0 = time.perf_counter()
             scores = [pe.score for pe in passages]  # the calibrated evidence the citation score blends in
             citations = cite(
-                prompt, text, decoded, ids, self.tokenizer, segment_mass, self.evidence_config, self.citations, scores
+                prompt,
+                text,
+                decoded,
+                ids,
+                self.tokenizer,
+                segment_mass,
+                self.evidence_config,
+                self.citations,
+                scores,
+                ends,
             )
             run.timings["cite_s"] = run.timings.get("cite_s", 0.0) + time.perf_counter() - t0
         return Answer(
@@ -442,7 +469,7 @@ class Generator:
     def stream(self, prompt: StackedPrompt, **kwargs) -> GenerationStream:
         options = {**_STREAM_DEFAULTS, **kwargs}
         reference = options.pop("reference")
-        steps = self._steps([prompt], references=[reference], **options)
+        steps = self._steps([prompt], references=[reference], cite_as_you_go=True, **options)
         return GenerationStream(steps)
 
     def score(self, prompt: StackedPrompt, calibrate: bool = True) -> Answer:
@@ -453,13 +480,71 @@ class Generator:
         return self.generate_batch(prompts, max_new_tokens=0, calibrate=calibrate)
 
 
+def _segments_per_row(
+    run: BatchRun, rows: _Rows, count: int, segments: torch.Tensor | None
+) -> list[torch.Tensor | None]:
+    """Each batch row's fed answer tokens' mass over its prompt's segments [layers, H, fed, segments] (None where
+    nothing was fed); batch row r is an instance of prompt r // `count`."""
+    per_row: list[torch.Tensor | None] = []
+    for r, prompt in enumerate(run.prompts):
+        fed = rows.fed[r // count]
+        per_row.append(None if segments is None or fed == 0 else segments[:, r, :, :fed, : len(prompt.segments())])
+    return per_row
+
+
+class _SentenceCiter:
+    """Citations of a streamed answer's sentences as they end: a sentence has ended once the splitter sees the
+    next one begin. Each is computed as the final Answer's will be (`cite` on the answer so far, with the rows fed
+    so far and the calibrated passage scores), so the streamed Citation equals the final one."""
+
+    def __init__(self, generator: Generator, run: BatchRun, mixture: Mixture, prompts: list[StackedPrompt]):
+        self.generator, self.run, self.mixture, self.prompts = generator, run, mixture, prompts
+        self.emitted = [0] * len(prompts)
+        self._scores: dict[int, list[float]] = {}
+
+    def ended(self, b: int, rows: _Rows) -> Iterator[tuple[int, Citation]]:
+        text = rows.texts[b]
+        ended = len(sentence_spans(text.strip())) - 1  # the last sentence may still grow
+        if ended <= self.emitted[b] or not self.prompts[b].passages:
+            return
+        gen, prompt = self.generator, self.prompts[b]
+        mass = self.mixture.mass(_segments_per_row(self.run, rows, self.mixture.count, self._segments()), b)
+        citations = cite(
+            prompt,
+            text.strip(),
+            text,
+            rows.generated[b],
+            gen.tokenizer,
+            mass,
+            gen.evidence_config,
+            gen.citations,
+            self._passage_scores(b),
+            rows.ends[b],
+        )
+        for citation in citations[self.emitted[b] : ended]:
+            yield b, citation
+        self.emitted[b] = max(self.emitted[b], min(ended, len(citations)))
+
+    def _segments(self) -> torch.Tensor | None:
+        return self.run.probe.answer_spans_so_far()
+
+    def _passage_scores(self, b: int) -> list[float]:
+        if b not in self._scores:
+            maps = self.mixture.maps(self.run.maps, b)
+            passages = passage_evidence(
+                self.prompts[b].passages, maps, self.generator.evidence_config, self.prompts[b].passage_spans
+            )
+            self._scores[b] = [pe.score for pe in passages]
+        return self._scores[b]
+
+
 def _drain(steps, on_token) -> list[Answer]:
     while True:
         try:
             row, piece = next(steps)
         except StopIteration as done:
             return done.value
-        if on_token is not None:
+        if on_token is not None and isinstance(piece, str):
             on_token(row, piece)
 
 
@@ -472,20 +557,32 @@ _STREAM_DEFAULTS = {
 
 
 class GenerationStream:
-    """Iterate for text deltas; `answer` holds the full Answer once iteration ends."""
+    """Iterate for text deltas; `answer` holds the full Answer once iteration ends. `events()` also yields each
+    answer sentence's Citation (citations on) as soon as the next sentence has begun, the last one at the end."""
 
-    def __init__(self, steps: Iterator[tuple[int, str]]):
+    def __init__(self, steps: Iterator[tuple[int, str | Citation]]):
         self._steps = steps
         self.answer: Answer | None = None
 
     def __iter__(self) -> Iterator[str]:
+        for event in self.events(ended_only=True):
+            if isinstance(event, str):
+                yield event
+
+    def events(self, ended_only: bool = False) -> Iterator[str | Citation]:
+        """Text deltas (str) and Citations in the order they became known; `ended_only` leaves out the
+        citations still to come once decoding has ended (the caller reads `answer.citations` instead)."""
+        emitted = 0
         while True:
             try:
-                _row, piece = next(self._steps)
+                _row, event = next(self._steps)
             except StopIteration as done:
                 self.answer = done.value[0]
-                return
-            yield piece
+                break
+            emitted += not isinstance(event, str)
+            yield event
+        if not ended_only and self.answer is not None:
+            yield from self.answer.citations[emitted:]
 
 
 @dataclass
@@ -494,6 +591,7 @@ class _Rows:
 
     generated: list[list[int]]
     texts: list[str]  # each row's answer as streamed so far
+    ends: list[list[int]]  # each row's decoded character end per generated token (citations.token_ends)
     done: list[bool]
     fed: list[int]  # decode steps that fed this row's token back (its answer-attention rows)
     rngs: list[torch.Generator | None]
@@ -511,4 +609,13 @@ class _Rows:
         cancelled: Callable[[int], bool] | None = None,
     ) -> _Rows:
         rngs = [torch.Generator(device).manual_seed(seed) if sampled else None for _ in range(batch)]
-        return cls([[] for _ in range(batch)], [""] * batch, [limit == 0] * batch, [0] * batch, rngs, limit, cancelled)
+        return cls(
+            [[] for _ in range(batch)],
+            [""] * batch,
+            [[] for _ in range(batch)],
+            [limit == 0] * batch,
+            [0] * batch,
+            rngs,
+            limit,
+            cancelled,
+        )

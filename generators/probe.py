@@ -41,7 +41,7 @@ class PassageProbe:
         decode rows (the answer's own queries) also record, read with `take_answer_spans` (citations)."""
         self.spans, self.span_end = _span_matrix(spans)
         self.answer_spans = None if answer_spans is None else _span_matrix(answer_spans)
-        self.answer_collected: list[torch.Tensor] = []
+        self.answer_collected: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.num_layers = num_layers
         # Layers whose rows are kept (evidence aggregates a subset; the rest cost nothing). Absent layers come
         # back as zeros from `take`, so indices stay the model's.
@@ -76,12 +76,22 @@ class PassageProbe:
     def take_answer_spans(self) -> torch.Tensor | None:
         """The decode rows' mass over `answer_spans` since the last take, [layers, B, H, S, N] on the CPU (layers
         the probe does not keep are zeros), or None when there is none; call after `take`."""
-        if not self.answer_collected:
+        out = self.answer_spans_so_far()
+        self.answer_collected = [[] for _ in range(self.num_layers)]
+        return out
+
+    def answer_spans_so_far(self) -> torch.Tensor | None:
+        """`take_answer_spans` without resetting, the decode rows observed so far scored first: a streamed
+        answer reads each sentence's rows when the sentence ends, and the rows stay for the final take."""
+        self._flush_deferred()
+        per_layer = [torch.cat(rows, dim=2) if rows else None for rows in self.answer_collected]
+        present = next((t for t in per_layer if t is not None), None)
+        if present is None:
             return None
-        out = torch.zeros(self.num_layers, *self.answer_collected[0][1].shape)
-        for layer, mass in self.answer_collected:
-            out[layer] = mass.cpu()
-        self.answer_collected = []
+        out = torch.zeros(self.num_layers, *present.shape)
+        for layer, mass in enumerate(per_layer):
+            if mass is not None:
+                out[layer] = mass.cpu()
         return out
 
     def _device_rows(self, batch: int, device: torch.device) -> torch.Tensor:
@@ -187,7 +197,7 @@ class PassageProbe:
                     if self.answer_spans is not None and block[i].answer_rows:
                         answer = probs[i][:, :, block[i].answer_rows]
                         matrix, end = self.answer_spans
-                        self.answer_collected.append((layer, self._span_mass(answer[None], matrix, end)[0]))
+                        self.answer_collected[layer].append(self._span_mass(answer[None], matrix, end)[0])
 
     def _block_probs(self, block: list[_Merged]) -> torch.Tensor:
         """Attention rows of a block of layers that share shapes and mask rows -> [G, B, H, S, T] (fp32): the

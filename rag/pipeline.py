@@ -200,7 +200,8 @@ class Pipeline:
         self, question: str, passages: list[Passage], verify: bool = False, **generate_kwargs
     ) -> AnswerStream:
         """`answer` as text deltas; the prompt is built (and a too-long one refused) now, not on the first delta.
-        Citations (verified when `verify`) come once the text has ended: `AnswerStream.answer` and `events()`."""
+        `events()` yields each answer sentence's citation as soon as the next sentence begins; with `verify`, the
+        citations come once the text has ended, verified (`AnswerStream.answer` holds them either way)."""
         max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
         self._check_verify(verify, max_new)
         prompt = self.prompt(question, passages, max_new)
@@ -267,11 +268,10 @@ _CITATIONS_OFF = (
 
 class AnswerStream:
     """A streamed answer: iterate for the text deltas while it is decoded; once they end, `answer` holds the full
-    Answer, its citations verified when the stream was asked to, and `events()` goes on to yield each answer
-    sentence's `Citation`, in answer order.
-
-    Citations arrive after the text, not sentence by sentence during decoding: the generator reads them from the
-    answer's attention once decoding has ended, and verification re-scores the finished answer."""
+    Answer, its citations verified when the stream was asked to. `events()` yields the text deltas and each answer
+    sentence's `Citation`, in answer order: a sentence's citation right after the delta that began the next
+    sentence (the last one's at the end), read from the answer's attention so far. Verification re-scores the
+    finished answer, so a verified stream yields its citations after the text instead."""
 
     def __init__(self, stream: GenerationStream, finish: Callable[[Answer], object] | None = None) -> None:
         self._stream = stream
@@ -286,10 +286,18 @@ class AnswerStream:
         self.answer = answer
 
     def events(self) -> Iterator[str | Citation]:
-        """The text deltas (str), then one Citation per answer sentence, in order (its `span` indexes
-        `answer.text`, which equals the joined deltas stripped of surrounding whitespace)."""
-        yield from self
-        yield from self.answer.citations if self.answer is not None else ()
+        """The text deltas (str) and one Citation per answer sentence, in order (its `span` indexes `answer.text`,
+        which equals the joined deltas stripped of surrounding whitespace)."""
+        if self._finish is not None:  # verified: only the finished answer can be re-scored
+            yield from self
+            yield from self.answer.citations if self.answer is not None else ()
+            return
+        emitted = 0
+        for event in self._stream.events(ended_only=True):
+            emitted += not isinstance(event, str)
+            yield event
+        self.answer = self._stream.answer
+        yield from self.answer.citations[emitted:] if self.answer is not None else ()
 
 
 @dataclass(frozen=True)

@@ -174,3 +174,20 @@ def test_answer_sentences_past_the_last_token_end_belong_to_the_last_token():
     # multi-byte character completed by the whole sequence): every sentence still maps to real tokens.
     assert answer_sentences("Abc. Def.", [3], lead=0) == [((0, 4), (0, 1)), ((5, 9), (0, 1))]
     assert answer_sentences("", [], lead=0) == []
+
+
+def test_token_ends_split_multibyte_characters_where_they_complete(loaded):
+    """Byte-level BPE splits a CJK character or an emoji over several tokens: the tokens before the last byte end
+    where the previous token did, so no answer sentence starts or ends inside a character."""
+    from midlens.generators.citations import token_ends
+
+    tokenizer = loaded.tokenizer
+    text = "Tokyo is 東京. It rains 🌧 often, café."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ends = token_ends(tokenizer, ids)
+    decoded = tokenizer.decode(ids, skip_special_tokens=True)
+    assert len(ends) == len(ids) and ends == sorted(ends) and ends[-1] == len(decoded)
+    assert len(set(ends)) < len(ends)  # some tokens end inside a character (this text has multi-token ones)
+    for i, end in enumerate(ends):
+        prefix = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        assert decoded[:end] == prefix[:end] and "\ufffd" not in decoded[:end]

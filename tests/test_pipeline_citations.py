@@ -79,6 +79,32 @@ def test_a_stream_carries_the_citations_after_its_text(pipeline):
     assert alone.text == answer.text and citation_shape(alone) == citation_shape(answer)
 
 
+def test_a_stream_cites_each_sentence_once_the_next_one_begins(pipeline):
+    """Unverified, a sentence's citation comes right after the delta that began the next sentence, computed from
+    the answer's attention so far, and equals the citation of the same answer generated without streaming."""
+    passages = planted_passages(4, 3)
+    question = "Tell me about the Zorbland expedition. Then tell me its code word."
+    stream = pipeline.answer_stream(question, passages, max_new_tokens=32)
+    events = list(stream.events())
+    streamed = [e for e in events if isinstance(e, Citation)]
+    answer = stream.answer
+    assert len(answer.citations) >= 2, answer.text  # the question asks for more than one sentence
+    assert streamed == answer.citations
+    text_before = []  # the answer text streamed before each citation
+    for i, event in enumerate(events):
+        if isinstance(event, Citation):
+            text_before.append("".join(e for e in events[:i] if isinstance(e, str)).strip())
+    for citation, before in zip(streamed[:-1], text_before[:-1], strict=True):
+        start, end = citation.span
+        assert len(before) > end, "a citation came before the next sentence began"
+        assert before[start:end] == answer.text[start:end]
+        assert len(before) < len(answer.text), "a citation of a finished sentence waited for the whole answer"
+    alone = pipeline.answer(question, passages, max_new_tokens=32)
+    assert alone.text == answer.text and citation_shape(alone) == citation_shape(answer)
+    for a, b in zip(alone.citations, answer.citations, strict=True):
+        assert all(abs(x.score - y.score) < TOL for x, y in zip(a.sources, b.sources, strict=True))
+
+
 def test_verification_is_refused_where_it_cannot_run(pipeline, loaded):
     with pytest.raises(InvalidArgumentError, match=r"max_new_tokens=0 generates none"):
         pipeline.ask(QUESTIONS[0], max_new_tokens=0, verify=True)
