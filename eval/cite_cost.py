@@ -21,6 +21,10 @@ from pathlib import Path
 from midlens.core.files import write_atomic
 
 VARIANTS = ("plain", "cite")
+# Timed in the alternating process: the two generators, each also streamed (`Generator.stream`, read through
+# `events()`): a streamed answer with citations scores each sentence's rows when it ends and runs the calibration
+# pass before the first token, so its time to the first delta is measured too.
+TIMED = (*VARIANTS, "plain-stream", "cite-stream")
 
 
 def _prompts(gen, n: int, max_words: int, max_new_tokens: int) -> list:
@@ -60,16 +64,26 @@ def child(task: str, model: str, n: int, repeats: int, max_words: int, max_new_t
             out["verify_s"] = time.perf_counter() - t0
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return out
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    times: dict[str, list[float]] = {v: [] for v in TIMED}
+    cpu: dict[str, list[float]] = {v: [] for v in TIMED}
+    first_delta: dict[str, list[float]] = {v: [] for v in TIMED if v.endswith("-stream")}
     answers = []
     for r in range(repeats):
         for i, prompt in enumerate(prompts):
-            order = VARIANTS if (r + i) % 2 == 0 else VARIANTS[::-1]
+            order = TIMED if (r + i) % 2 == 0 else TIMED[::-1]
             for variant in order:
-                gen = plain if variant == "plain" else cited
+                gen = plain if variant.startswith("plain") else cited
                 t0, c0 = time.perf_counter(), time.process_time()
-                answer = gen.generate(prompt, max_new_tokens=max_new_tokens)
+                if variant.endswith("-stream"):
+                    stream = gen.stream(prompt, max_new_tokens=max_new_tokens)
+                    first = None
+                    for event in stream.events():
+                        if first is None and isinstance(event, str):
+                            first = time.perf_counter() - t0
+                    first_delta[variant].append(first if first is not None else time.perf_counter() - t0)
+                    answer = stream.answer
+                else:
+                    answer = gen.generate(prompt, max_new_tokens=max_new_tokens)
                 times[variant].append(time.perf_counter() - t0)
                 cpu[variant].append(time.process_time() - c0)
                 if variant == "cite" and r == 0:
@@ -80,8 +94,12 @@ def child(task: str, model: str, n: int, repeats: int, max_words: int, max_new_t
     out.update(
         times=times,
         cpu=cpu,
+        first_delta=first_delta,
         ratio=sum(times["cite"]) / sum(times["plain"]),
         cpu_ratio=sum(cpu["cite"]) / sum(cpu["plain"]),
+        stream_ratio=sum(times["cite-stream"]) / sum(times["plain-stream"]),
+        stream_cpu_ratio=sum(cpu["cite-stream"]) / sum(cpu["plain-stream"]),
+        first_delta_ratio=sum(first_delta["cite-stream"]) / max(sum(first_delta["plain-stream"]), 1e-9),
         verify_s=verify_s,
         verify_multiple=verify_s / (sum(times["cite"]) / repeats),
         verify_cpu_multiple=verify_cpu_s / (sum(cpu["cite"]) / repeats),
@@ -112,6 +130,9 @@ def measure(model: str, n: int, repeats: int, max_words: int, max_new_tokens: in
         "threads": int(os.environ.get("OMP_NUM_THREADS", "1")),
         "ratio": alternate["ratio"],
         "cpu_ratio": alternate["cpu_ratio"],
+        "stream_ratio": alternate["stream_ratio"],
+        "stream_cpu_ratio": alternate["stream_cpu_ratio"],
+        "first_delta_ratio": alternate["first_delta_ratio"],
         "generate_plain_cpu_s": sum(alternate["cpu"]["plain"]) / len(alternate["cpu"]["plain"]),
         "generate_cite_cpu_s": sum(alternate["cpu"]["cite"]) / len(alternate["cpu"]["cite"]),
         "verify_cpu_multiple": alternate["verify_cpu_multiple"],

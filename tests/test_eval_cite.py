@@ -111,3 +111,15 @@ def test_cite_runs_end_to_end_resumes_and_reports(tmp_path):
     report = (out / "report.md").read_text()
     assert "## Citations: hotpotqa-train" in report and "Passage-level citations, all answers" in report
     assert "| midlens |" in report and "top-1 drop" in report and "Rule grid, midlens" in report
+
+
+def test_cite_cost_times_each_variant_and_the_first_streamed_delta():
+    """One alternating measurement, in this process: the four timed variants on one prompt; a stream's first
+    delta comes before its answer is done."""
+    from midlens.eval.cite_cost import TIMED, child
+
+    out = child("alternate", "smollm2-135m", 1, 1, 60, 6)
+    assert set(out["times"]) == set(TIMED) and all(len(t) == 1 and t[0] > 0 for t in out["times"].values())
+    for variant, firsts in out["first_delta"].items():
+        assert 0 < firsts[0] <= out["times"][variant][0]
+    assert out["stream_ratio"] > 0 and out["first_delta_ratio"] > 0
