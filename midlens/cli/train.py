@@ -35,6 +35,22 @@ def add_parser(sub) -> None:
     tr.set_defaults(func=run)
 
 
+# Budget field -> (type, help) of its flag; a recipe offers those it reads (Recipe.budget_flags).
+BUDGET_ARGUMENTS = {
+    "examples": (positive_int, "training examples (train split)"),
+    "batch": (positive_int, "examples per optimizer step"),
+    "lr": (float, "peak learning rate"),
+    "warmup": (float, "fraction of steps"),
+    "max_words": (int, "clip paragraphs to ~N words"),
+    "seed": (int, None),
+    "max_minutes": (
+        float,
+        "wall-clock budget from the model load on, preparation included (mudaf's retrieval-head scoring): "
+        "training stops after the step that crosses it (at least one step; checkpointed, artefact saved)",
+    ),
+}
+
+
 def recipe_parser(method: str, recipe) -> Parser:
     """The flags of one recipe: the options every training shares, with the recipe's defaults, then its own."""
     from midlens.training.recipe import BUDGET_FLAGS, Budget
@@ -45,35 +61,10 @@ def recipe_parser(method: str, recipe) -> Parser:
     p.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
     p.add_argument("--out", type=Path, required=True, help="artefact folder to write (checkpoints beside it)")
     flags = set(recipe.budget_flags)
-    if "examples" in flags:
-        p.add_argument(
-            "--examples",
-            type=positive_int,
-            default=defaults["examples"],
-            help=recipe.budget_help.get("examples", "training examples (train split)"),
-        )
-    if "batch" in flags:
-        p.add_argument(
-            "--batch",
-            type=positive_int,
-            default=defaults["batch"],
-            help=recipe.budget_help.get("batch", "examples per optimizer step"),
-        )
-    if "lr" in flags:
-        p.add_argument("--lr", type=float, default=defaults["lr"], help="peak learning rate")
-    if "warmup" in flags:
-        p.add_argument("--warmup", type=float, default=defaults["warmup"], help="fraction of steps")
-    if "max_words" in flags:
-        p.add_argument("--max-words", type=int, default=defaults["max_words"], help="clip paragraphs to ~N words")
-    if "seed" in flags:
-        p.add_argument("--seed", type=int, default=defaults["seed"])
-    if "max_minutes" in flags:
-        p.add_argument(
-            "--max-minutes",
-            type=float,
-            help="wall-clock budget from the model load on, preparation included (mudaf's retrieval-head scoring): "
-            "training stops after the step that crosses it (at least one step; checkpointed, artefact saved)",
-        )
+    for name, (kind, text) in BUDGET_ARGUMENTS.items():
+        if name in flags:
+            help_text = recipe.budget_help.get(name, text)
+            p.add_argument("--" + name.replace("_", "-"), type=kind, default=defaults[name], help=help_text)
     p.set_defaults(**{f: defaults.get(f) for f in BUDGET_FLAGS if f not in flags})
     p.add_argument("--no-progress", action="store_true")
     add_device_args(p)
