@@ -39,8 +39,8 @@ class PassageProbe:
     ):
         """`answer_spans` (one list per batch row): finer key spans, e.g. the passages' sentences, whose mass the
         decode rows (the answer's own queries) also record, read with `take_answer_spans` (citations)."""
-        self.spans, self.span_end = _span_matrix(spans)
-        self.answer_spans = None if answer_spans is None else _span_matrix(answer_spans)
+        self.spans = _Spans(spans)
+        self.answer_spans = None if answer_spans is None else _Spans(answer_spans)
         self.answer_collected: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.num_layers = num_layers
         # Layers whose rows are kept (evidence aggregates a subset; the rest cost nothing). Absent layers come
@@ -51,7 +51,6 @@ class PassageProbe:
         self.collected: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.deferred: list[list[_Pending]] = [[] for _ in range(num_layers)]  # observed, not yet scored
         self.final_keys: list[torch.Tensor | None] = [None] * num_layers
-        self._device_copies: dict[int, torch.Tensor] = {}  # span matrices on the model's device
         self._mask_cache: tuple | None = None  # (key, what it holds alive, mask rows) of the last forward
         self._zero: torch.Tensor | None = None  # a decode step's one row index per batch row
 
@@ -191,13 +190,12 @@ class PassageProbe:
             for start in range(0, len(layers), size):
                 block = [merged[layer] for layer in layers[start : start + size]]
                 probs = self._block_probs(block)  # [G, B, H, S, T]
-                mass = self._span_mass(probs, self.spans, self.span_end)
+                mass = self._span_mass(probs, self.spans)
                 for i, layer in enumerate(layers[start : start + size]):
                     self.collected[layer].append(mass[i])
                     if self.answer_spans is not None and block[i].answer_rows:
                         answer = probs[i][:, :, block[i].answer_rows]
-                        matrix, end = self.answer_spans
-                        self.answer_collected[layer].append(self._span_mass(answer[None], matrix, end)[0])
+                        self.answer_collected[layer].append(self._span_mass(answer[None], self.answer_spans)[0])
 
     def _block_probs(self, block: list[_Merged]) -> torch.Tensor:
         """Attention rows of a block of layers that share shapes and mask rows -> [G, B, H, S, T] (fp32): the
@@ -213,24 +211,17 @@ class PassageProbe:
         probs = self._probs(q, keys, weights, allowed)
         return probs.view(len(block), batch, *probs.shape[1:])
 
-    def _span_mass(self, probs: torch.Tensor, matrix: torch.Tensor, end: int) -> torch.Tensor:
+    def _span_mass(self, probs: torch.Tensor, spans: _Spans) -> torch.Tensor:
         """probs [G, B, H, S, T] -> mass per span [G, B, H, S, N]: one product with the 0/1 span matrix. With
         one span list for every row, the rows of all layers, heads and queries form one 2-D product (a batched
         one per head ran a slow small-N kernel on the GPU)."""
-        matrix = self._on_device(matrix, probs.device)
+        matrix, end = spans.on(probs.device), spans.end
         g, b, h, s, total = probs.shape
         if matrix.shape[0] == 1:
             flat = probs.reshape(-1, total)[:, :end] @ matrix[0]
             return flat.view(g, b, h, s, -1)
         out = probs.reshape(g, b, h * s, total)[..., :end] @ matrix[None]
         return out.view(g, b, h, s, -1)
-
-    def _on_device(self, matrix: torch.Tensor, device: torch.device) -> torch.Tensor:
-        cached = self._device_copies.get(id(matrix))
-        if cached is None or cached.device != device:
-            cached = _to_device(matrix, device)
-            self._device_copies[id(matrix)] = cached
-        return cached
 
 
 # fp32 bytes one block of layers may hold while it is scored (logits, probabilities and keys): the long-prompt
@@ -310,14 +301,39 @@ def widened_rows(rows: list[torch.Tensor], total: int) -> torch.Tensor:
     return out
 
 
-def _span_matrix(spans: list[tuple[int, int]] | list[list[tuple[int, int]]]) -> tuple[torch.Tensor, int]:
-    """Key spans (one list for every row, or one per row) -> a 0/1 [rows, last end, spans] matrix and that end:
-    mass = probs[..., :end] @ matrix, one matmul instead of a cumsum and two gathers. Rows with fewer spans get
-    zero mass in the extra columns."""
-    per_row = [list(r) for r in spans] if spans and isinstance(spans[0], list) else [list(spans)]
-    end = max((e for row in per_row for _, e in row), default=0)
-    matrix = torch.zeros(len(per_row), end, max((len(r) for r in per_row), default=0))
+class _Spans:
+    """Key spans (one list for every row, or one per row) and their 0/1 [rows, last end, spans] matrix on the
+    model's device: mass = probs[..., :end] @ matrix, one matmul instead of a cumsum and two gathers. Rows with
+    fewer spans get zero mass in the extra columns. The matrix is built where it is used, from index vectors: a
+    32k-token prompt's (39 MB for 300 passages) filled on the host and copied took tens of milliseconds per call."""
+
+    def __init__(self, spans: list[tuple[int, int]] | list[list[tuple[int, int]]]):
+        self.per_row = [list(r) for r in spans] if spans and isinstance(spans[0], list) else [list(spans)]
+        self.end = max((e for row in self.per_row for _, e in row), default=0)
+        self.width = max((len(r) for r in self.per_row), default=0)
+        self._matrix: torch.Tensor | None = None
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        if self._matrix is None or self._matrix.device != device:
+            self._matrix = span_matrix(self.per_row, self.end, self.width, device)
+        return self._matrix
+
+
+def span_matrix(per_row: list[list[tuple[int, int]]], end: int, width: int, device: torch.device) -> torch.Tensor:
+    """The 0/1 [rows, end, width] matrix with matrix[b, t, p] = 1 for t in row b's span p."""
+    rows, keys, columns = [], [], []
     for b, row in enumerate(per_row):
-        for p, (s, e) in enumerate(row):
-            matrix[b, s:e, p] = 1.0
-    return matrix, end
+        if not row:
+            continue
+        bounds = torch.tensor(row, dtype=torch.long).view(-1, 2)
+        lengths = (bounds[:, 1] - bounds[:, 0]).clamp(min=0)
+        starts = torch.repeat_interleave(bounds[:, 0] - (lengths.cumsum(0) - lengths), lengths)
+        keys.append(torch.arange(int(lengths.sum())) + starts)
+        columns.append(torch.repeat_interleave(torch.arange(len(row)), lengths))
+        rows.append(torch.full_like(columns[-1], b))
+    matrix = torch.zeros(len(per_row), end, width, device=device)
+    if keys:
+        index = torch.stack([torch.cat(rows), torch.cat(keys), torch.cat(columns)])  # one host-to-device copy
+        r, k, c = _to_device(index, device)
+        matrix[r, k, c] = 1.0
+    return matrix
