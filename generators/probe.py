@@ -173,7 +173,7 @@ class PassageProbe:
         """Score every deferred row: each layer's rows merged, then layers that share shapes and mask rows
         scored together, as many per block as `BLOCK_BYTES` allows."""
         merged: dict[int, _Merged] = {}
-        widened: dict[tuple, torch.Tensor] = {}  # decode masks widen alike on every layer: once per set of rows
+        widened: dict[tuple, tuple] = {}  # decode masks widen alike on every layer: once per set of rows
         for layer, pending in enumerate(self.deferred):
             if pending:
                 merged[layer] = _merge(pending, self.final_keys[layer], widened)
@@ -254,7 +254,8 @@ class _Merged:
         return 4 * (3 * batch * heads * rows * total + self.keys.numel())
 
 
-def _merge(pending: list[_Pending], keys: torch.Tensor, widened: dict[tuple, torch.Tensor]) -> _Merged:
+def _merge(pending: list[_Pending], keys: torch.Tensor, widened: dict[tuple, tuple]) -> _Merged:
+    """`widened`: (total, ids of the mask rows) -> (widened mask, the rows it was made from, held alive)."""
     total = keys.shape[3]
     if len(pending) == 1 and pending[0].allowed.shape[-1] == total:
         p = pending[0]

@@ -292,12 +292,10 @@ class AnswerStream:
             yield from self
             yield from self.answer.citations if self.answer is not None else ()
             return
-        emitted = 0
-        for event in self._stream.events(ended_only=True):
-            emitted += not isinstance(event, str)
+        for event in self._stream.events():  # the stream yields the citations still due once decoding ends
+            self.answer = self._stream.answer
             yield event
         self.answer = self._stream.answer
-        yield from self.answer.citations[emitted:] if self.answer is not None else ()
 
 
 @dataclass(frozen=True)
