@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from collections.abc import Generator as Generator_
 from contextlib import contextmanager, nullcontext
@@ -375,6 +376,7 @@ class Generator:
         reference: str | None = None,
         stop_at_line_end: bool = False,
         ignore_eos: bool = False,
+        on_citation: Callable[[Citation], None] | None = None,
     ) -> Answer:
         """Greedy by default (temperature 0); sampled with temperature > 0 (seeded, top-p).
 
@@ -384,11 +386,27 @@ class Generator:
         only the first line (eval.metrics.first_line) score the same answer, decoded in fewer steps.
         `ignore_eos` decodes past end-of-sequence tokens (kept like any other) up to `max_new_tokens`, so
         benchmarks time the same number of steps whatever the model would answer.
+        `on_citation` (citations on) gets each answer sentence's Citation as soon as the next sentence begins,
+        the last ones when decoding ends; each equals its entry in the returned Answer's `citations`.
         """
         steps = self._steps(
-            [prompt], max_new_tokens, temperature, top_p, seed, calibrate, [reference], stop_at_line_end, ignore_eos
+            [prompt],
+            max_new_tokens,
+            temperature,
+            top_p,
+            seed,
+            calibrate,
+            [reference],
+            stop_at_line_end,
+            ignore_eos,
+            cite_as_you_go=on_citation is not None,
         )
-        return _drain(steps, None if on_token is None else (lambda _row, piece: on_token(piece)))[0]
+        answers = _drain(
+            steps,
+            None if on_token is None else (lambda _row, piece: on_token(piece)),
+            None if on_citation is None else (lambda _row, citation: on_citation(citation)),
+        )
+        return answers[0]
 
     def generate_batch(
         self,
@@ -403,12 +421,15 @@ class Generator:
         on_token: Callable[[int, str], None] | None = None,
         ignore_eos: bool = False,
         cancelled: Callable[[int], bool] | None = None,
+        on_citation: Callable[[int, Citation], None] | None = None,
     ) -> list[Answer]:
         """`generate` for several prompts in one left-padded batch: each Answer equals the prompt's answer alone
         (same greedy text; evidence and log-probabilities equal up to floating-point summation order).
         `references`: one gold answer (text, or token ids as generated) or None per prompt; `on_token(row, piece)`
         streams every row. `cancelled(row)` is asked before each of a row's decode steps: once True, that row stops
-        where it is (its Answer holds what it generated so far) and the batch goes on without it."""
+        where it is (its Answer holds what it generated so far) and the batch goes on without it.
+        `on_citation(row, citation)` (citations on) gets each row's answer sentences' Citations as they end, as
+        `generate`'s does; a row's are complete, and equal to its Answer's, once the call returns."""
         steps = self._steps(
             prompts,
             max_new_tokens,
@@ -420,8 +441,9 @@ class Generator:
             stop_at_line_end,
             ignore_eos,
             cancelled,
+            cite_as_you_go=on_citation is not None,
         )
-        return _drain(steps, on_token)
+        return _drain(steps, on_token, on_citation)
 
     def verify(self, prompts: list[StackedPrompt], answers: list[Answer], batch_size: int = 8) -> list[Answer]:
         """Check every citation against the answer it came with: the same answer tokens are scored teacher-forced
@@ -538,21 +560,39 @@ class _SentenceCiter:
         return self._scores[b]
 
 
-def _drain(steps, on_token) -> list[Answer]:
+def _drain(
+    steps: Generator_[tuple[int, str | Citation], None, list[Answer]],
+    on_token: Callable[[int, str], None] | None,
+    on_citation: Callable[[int, Citation], None] | None = None,
+) -> list[Answer]:
+    """Run the steps to their Answers, handing each event to its callback; a row's citations that were still due
+    when decoding ended (the last sentence's, or all of them for an answer that ended mid-sentence) are handed
+    over last, so a caller that listens gets every Citation of every row exactly once."""
+    given: Counter[int] = Counter()
     while True:
         try:
-            row, piece = next(steps)
+            row, event = next(steps)
         except StopIteration as done:
-            return done.value
-        if on_token is not None and isinstance(piece, str):
-            on_token(row, piece)
+            answers = done.value
+            break
+        if isinstance(event, str):
+            if on_token is not None:
+                on_token(row, event)
+        elif on_citation is not None:
+            given[row] += 1
+            on_citation(row, event)
+    if on_citation is not None:
+        for row, answer in enumerate(answers):
+            for citation in answer.citations[given[row] :]:
+                on_citation(row, citation)
+    return answers
 
 
 # stream() takes generate()'s keyword options but the callback, with generate()'s defaults (read, not copied).
 _STREAM_DEFAULTS = {
     name: param.default
     for name, param in inspect.signature(Generator.generate).parameters.items()
-    if name not in ("self", "prompt", "on_token")
+    if name not in ("self", "prompt", "on_token", "on_citation")
 }
 
 

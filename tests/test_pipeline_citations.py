@@ -105,6 +105,35 @@ def test_a_stream_cites_each_sentence_once_the_next_one_begins(pipeline):
         assert all(abs(x.score - y.score) < TOL for x, y in zip(a.sources, b.sources, strict=True))
 
 
+def test_a_batch_hands_each_rows_citations_to_on_citation_as_its_sentences_end(pipeline):
+    """generate_batch(on_citation=): every row's Citations, each exactly once, in answer order, interleaved with
+    that row's text deltas (a sentence's right after the delta that began the next one), equal to its Answer's."""
+    from midlens.generators.prompt import build_prompt
+
+    generator = pipeline.generator
+    questions = ["Tell me about the Zorbland expedition. Then tell me its code word.", PLANTED_QUESTION]
+    prompts = [build_prompt(generator.tokenizer, planted_passages(4, 3), q, 4096) for q in questions]
+    events: list[tuple[int, str | Citation]] = []
+    answers = generator.generate_batch(
+        prompts,
+        max_new_tokens=32,
+        on_token=lambda row, piece: events.append((row, piece)),
+        on_citation=lambda row, citation: events.append((row, citation)),
+    )
+    plain = generator.generate_batch(prompts, max_new_tokens=32)
+    for row, (answer, without) in enumerate(zip(answers, plain, strict=True)):
+        mine = [e for r, e in events if r == row]
+        cited = [e for e in mine if isinstance(e, Citation)]
+        assert cited == answer.citations and answer.text == without.text
+        assert citation_shape(answer) == citation_shape(without)  # listening changes nothing of the answer
+        assert "".join(e for e in mine if isinstance(e, str)).strip() == answer.text
+    long_row = [e for r, e in events if r == 0]
+    assert len(answers[0].citations) >= 2, answers[0].text
+    first = next(i for i, e in enumerate(long_row) if isinstance(e, Citation))
+    before = "".join(e for e in long_row[:first] if isinstance(e, str)).strip()
+    assert answers[0].citations[0].span[1] < len(before) < len(answers[0].text)  # handed over mid-answer
+
+
 def test_verification_is_refused_where_it_cannot_run(pipeline, loaded):
     with pytest.raises(InvalidArgumentError, match=r"max_new_tokens=0 generates none"):
         pipeline.ask(QUESTIONS[0], max_new_tokens=0, verify=True)
