@@ -25,6 +25,7 @@ what the prompt held; a passage's `span` stays its tokens in the prompt as answe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -40,6 +41,7 @@ import torch
 from midlens.core.checks import check_restack_rounds
 from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError, Remedy
 from midlens.core.method_spec import parse_scorer_spec
+from midlens.generators.citations import Citation
 from midlens.generators.evidence import Answer
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.methods.registry import MethodConfig, method_config
@@ -353,6 +355,8 @@ class Restacker:
         t0 = time.perf_counter()
         state = self.arrange(prompts)
         seconds = time.perf_counter() - t0
+        if (listener := options.get("on_citation")) is not None:  # streamed citations in the caller's numbering too
+            options["on_citation"] = lambda row, c: listener(row, _in_caller_numbering(c, state[row].order))
         answers = self.generator.generate_batch([s.prompt for s in state], **options)
         return [self._finish(a, s, seconds) for a, s in zip(answers, state, strict=True)]
 
@@ -361,11 +365,13 @@ class Restacker:
         prompt: StackedPrompt,
         on_token: Callable[[str], None] | None = None,
         reference: str | None = None,
+        on_citation: Callable[[Citation], None] | None = None,
         **options,
     ) -> Answer:
         """`Generator.generate` on the restacked prompt."""
         callback = None if on_token is None else (lambda _row, piece: on_token(piece))
-        return self.generate_batch([prompt], on_token=callback, references=[reference], **options)[0]
+        cited = None if on_citation is None else (lambda _row, citation: on_citation(citation))
+        return self.generate_batch([prompt], on_token=callback, references=[reference], on_citation=cited, **options)[0]
 
     def stream(self, prompt: StackedPrompt, **kwargs) -> RestackedStream:
         """`Generator.stream` on the restacked prompt: scored now, text deltas as they decode, and `answer` in the
@@ -374,18 +380,33 @@ class Restacker:
         (restacked,) = self.arrange([prompt])
         seconds = time.perf_counter() - t0
         inner = self.generator.stream(restacked.prompt, **kwargs)
-        return RestackedStream(inner, lambda answer: self._finish(answer, restacked, seconds))
+        return RestackedStream(inner, lambda answer: self._finish(answer, restacked, seconds), restacked.order)
+
+
+def _in_caller_numbering(citation: Citation, order: list[int]) -> Citation:
+    """A copy of a citation read from the restacked prompt, numbered as the caller gave the passages (slot j held
+    the caller's passage order[j]). A copy: the final Answer is renumbered on its own, by `_finish`."""
+    sources = [dataclasses.replace(s, position=order[s.position - 1] + 1) for s in citation.sources]
+    return dataclasses.replace(citation, sources=sources)
 
 
 class RestackedStream:
-    """Iterate for text deltas; `answer` holds the full Answer, in the caller's numbering, once iteration ends."""
+    """Iterate for text deltas; `answer` holds the full Answer, in the caller's numbering, once iteration ends.
+    `events()` is `GenerationStream.events`, its citations in the caller's numbering."""
 
-    def __init__(self, inner: GenerationStream, finish: Callable[[Answer], Answer]):
+    def __init__(self, inner: GenerationStream, finish: Callable[[Answer], Answer], order: list[int]):
         self._inner = inner
         self._finish = finish
+        self._order = order
         self.answer: Answer | None = None
 
     def __iter__(self) -> Iterator[str]:
-        yield from self._inner
+        for event in self.events(ended_only=True):
+            if isinstance(event, str):
+                yield event
+
+    def events(self, ended_only: bool = False) -> Iterator[str | Citation]:
+        for event in self._inner.events(ended_only):
+            yield event if isinstance(event, str) else _in_caller_numbering(event, self._order)
         if self._inner.answer is not None:
             self.answer = self._finish(self._inner.answer)

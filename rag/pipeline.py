@@ -32,7 +32,7 @@ from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt
-from midlens.generators.restack import Restack, Restacker, as_restack, in_prompt_order
+from midlens.generators.restack import Restack, RestackedStream, Restacker, as_restack, in_prompt_order
 from midlens.generators.scheduling import generate_all
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
@@ -273,7 +273,9 @@ class AnswerStream:
     sentence (the last one's at the end), read from the answer's attention so far. Verification re-scores the
     finished answer, so a verified stream yields its citations after the text instead."""
 
-    def __init__(self, stream: GenerationStream, finish: Callable[[Answer], object] | None = None) -> None:
+    def __init__(
+        self, stream: GenerationStream | RestackedStream, finish: Callable[[Answer], object] | None = None
+    ) -> None:
         self._stream = stream
         self._finish = finish
         self.answer: Answer | None = None

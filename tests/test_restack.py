@@ -188,6 +188,15 @@ def test_pipeline_restacks_answers_streams_and_verifies_in_the_given_numbering(g
     assert "".join(stream).strip() == answer.text
     assert stream.answer.restack["order"] == answer.restack["order"]
     assert [pe.position for pe in stream.answer.passages] == [1, 2, 3, 4]
+    # Citations handed over as sentences end are in the caller's numbering too, streamed or batched.
+    shape = [(c.span, [(s.position, s.passage_id) for s in c.sources]) for c in answer.citations]
+    streamed = [e for e in pipe.answer_stream(QUESTION, passages).events() if not isinstance(e, str)]
+    assert [(c.span, [(s.position, s.passage_id) for s in c.sources]) for c in streamed] == shape
+    handed = []
+    pipe.answerer.generate_batch(
+        [pipe.prompt(QUESTION, passages, 8)], max_new_tokens=8, on_citation=lambda _row, c: handed.append(c)
+    )
+    assert [(c.span, [(s.position, s.passage_id) for s in c.sources]) for c in handed] == shape
     # Verification after the fact (what a LlamaIndex engine does) rebuilds the prompt that was answered.
     again = pipe.verify([stream.answer])[0]
     assert [(s.position, s.verified) for c in again.citations for s in c.sources] == [
