@@ -165,7 +165,9 @@ class ChunkChoice(BaseModel):
 
 
 class ChatCompletionChunk(BaseModel):
-    """One server-sent event of a streamed completion; the last one with choices carries `midlens`."""
+    """One server-sent event of a streamed completion; the last one with choices carries `midlens`. A chunk with
+    an empty delta and `midlens_citation` cites one answer sentence, sent as soon as the next sentence began (the
+    last ones before the final chunk); the final `midlens.citations` repeats them all."""
 
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
@@ -174,6 +176,9 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChunkChoice]
     usage: Usage | None = None
     midlens: MidlensResult | None = None
+    midlens_citation: dict[str, Any] | None = Field(
+        default=None, description="One answer sentence's citation: its span in the answer text and its sources."
+    )
 
 
 # ---- midlens's own ----

@@ -32,6 +32,7 @@ from ray import serve
 
 from midlens.core.errors import MidlensError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.generators.citations import Citation
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE
 from midlens.rag.remote import (
@@ -45,7 +46,7 @@ from midlens.rag.remote import (
     Spec,
     Stats,
 )
-from midlens.serve.engine import Engine, Job, Outcome, result_of
+from midlens.serve.engine import Engine, Job, Outcome, citation_json, result_of
 from midlens.serve.errors import BodyTooLarge, RequestTimeout, describe, error_response, on_error, on_invalid
 from midlens.serve.schemas import ChatCompletionRequest, ModelList
 
@@ -349,6 +350,8 @@ class MidlensServer:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         job.on_token = lambda piece: loop.call_soon_threadsafe(queue.put_nowait, piece)
+        # One queue for both keeps a sentence's citation after the delta that began the next sentence.
+        job.on_citation = lambda citation: loop.call_soon_threadsafe(queue.put_nowait, citation)
         task = asyncio.ensure_future(self._batch(job))
         # Deltas were queued from the generation thread before the batch returned, so they are read first.
         task.add_done_callback(lambda _task: queue.put_nowait(_DONE))
@@ -372,6 +375,9 @@ class MidlensServer:
                     return
                 if item is _DONE:
                     break
+                if isinstance(item, Citation):  # its span indexes the stripped text, all of which is shown
+                    yield chunk({}, midlens_citation=citation_json(item))
+                    continue
                 raw += item
                 text = raw.strip()
                 if len(text) > len(shown) and text.startswith(shown):

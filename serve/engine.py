@@ -20,6 +20,7 @@ from typing import Any
 from midlens.core.errors import InvalidArgumentError, MidlensError, Remedies
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.passage import Passage
+from midlens.generators.citations import Citation
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
@@ -71,11 +72,13 @@ class Decoding:
 
 @dataclass
 class Job:
-    """One request, ready to generate: its prompt, its decoding, and where its text deltas go (streaming)."""
+    """One request, ready to generate: its prompt, its decoding, and where its text deltas and its answer
+    sentences' citations go (streaming)."""
 
     prompt: StackedPrompt
     decoding: Decoding
     on_token: Callable[[str], None] | None = None
+    on_citation: Callable[[Citation], None] | None = None
     # Set from the event loop when nobody waits for the answer any more; read by the generation thread.
     cancelled: bool = False
 
@@ -298,11 +301,16 @@ class Engine:
         before it was done (what it generated so far is nobody's answer). Raises Cancelled when every job is."""
         generator = self._generator(decoding.method)
         sinks = [job.on_token for job in jobs]
+        citation_sinks = [job.on_citation for job in jobs]
         stopped: set[int] = set()
 
         def on_token(row: int, piece: str) -> None:
             if sinks[row] is not None:
                 sinks[row](piece)
+
+        def on_citation(row: int, citation: Citation) -> None:
+            if citation_sinks[row] is not None:
+                citation_sinks[row](citation)
 
         def cancelled(row: int) -> bool:
             # Asked before each of a row's decode steps, on this thread; the flag is set from the event loop.
@@ -324,6 +332,8 @@ class Engine:
                 calibrate=decoding.calibrate,
                 on_token=on_token,
                 cancelled=cancelled,
+                # Only a streamed request listens; the others' citations come with their answers either way.
+                on_citation=on_citation if any(citation_sinks) else None,
             )
         except _Stop:
             pass
@@ -351,6 +361,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def citation_json(citation: Citation) -> dict[str, Any]:
+    """One answer sentence's citation as responses carry it (`Answer.to_dict`'s form)."""
+    return _jsonable(citation)
+
+
 def result_of(answer: Answer, batch_size: int) -> MidlensResult:
     """An Answer as the `midlens` object of a response."""
     rows = [
@@ -367,7 +382,6 @@ def result_of(answer: Answer, batch_size: int) -> MidlensResult:
         )
         for pe in answer.passages
     ]
-    citations = getattr(answer, "citations", None)  # per-sentence citations, where Answer has them
     return MidlensResult(
         model=answer.model,
         method=answer.method,
@@ -379,5 +393,5 @@ def result_of(answer: Answer, batch_size: int) -> MidlensResult:
         generated_tokens=answer.generated_tokens,
         timings=answer.timings,
         batch_size=batch_size,
-        citations=None if citations is None else _jsonable(citations),
+        citations=[citation_json(c) for c in answer.citations],
     )

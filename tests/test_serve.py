@@ -126,6 +126,10 @@ def test_openai_client_non_streaming_and_streaming(server, generator):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == alone.text
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     _same_evidence(chunks[-1].midlens["passages"], alone)
+    # Each answer sentence's citation in a chunk of its own (empty delta), before the final chunk repeats them all.
+    cited = [c.midlens_citation for c in chunks if getattr(c, "midlens_citation", None) is not None]
+    assert cited and cited == chunks[-1].midlens["citations"] == done.midlens["citations"]
+    assert all(c.choices[0].delta.content in (None, "") for c in chunks if getattr(c, "midlens_citation", None))
 
 
 def test_openai_like_llm_chats_as_in_process(server, generator):
@@ -173,6 +177,12 @@ def test_midlens_llm_with_a_base_url_answers_as_in_process(server, loaded):
     chunks = list(remote.stream_complete(QUESTIONS[0], passages=nodes))
     assert "".join(c.delta or "" for c in chunks) == served[0].text
     assert chunks[-1].additional_kwargs["answer"].passages[1].passage.id == "gold"
+    cited = [c.additional_kwargs["citation"] for c in chunks if "citation" in c.additional_kwargs]
+    assert cited and cited == chunks[-1].additional_kwargs["answer"].citations  # as a local stream hands them
+    local_chunks = list(local.stream_complete(QUESTIONS[0], passages=nodes))
+    assert [c.additional_kwargs["citation"].span for c in local_chunks if "citation" in c.additional_kwargs] == [
+        c.span for c in cited
+    ]
 
 
 def _nodes() -> list:
