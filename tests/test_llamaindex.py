@@ -611,6 +611,32 @@ def test_query_engine_citations_map_to_nodes_sync_async_streaming_and_chat(llm, 
     assert chat.sources[0].raw_output.metadata["midlens"]["citations"] == rows
 
 
+def test_a_streamed_query_cites_each_sentence_while_it_streams(loaded):
+    """Unverified, each answer sentence's citation rows join metadata["midlens"]["citations"] once the next
+    sentence has begun, before the stream ends, and equal the finished answer's rows but for `marked_chars`."""
+    from llama_index.core.retrievers import BaseRetriever
+
+    nodes = short_nodes(4, gold_at=3, chars=400)  # as planted_passages cut them: an answer of two sentences
+
+    class Fixed(BaseRetriever):
+        def _retrieve(self, query_bundle):
+            return list(nodes)
+
+    llm = MidlensLLM(loaded, evidence=EVIDENCE, max_new_tokens=32)
+    engine = MidlensQueryEngine(Fixed(), llm=llm, streaming=True)
+    stream = engine.query("Tell me about the Zorbland expedition. Then tell me its code word.")
+    rows_while_streaming = []
+    for _delta in stream.response_gen:
+        rows_while_streaming.append(list(stream.metadata.get("midlens", {}).get("citations", [])))
+    final = stream.metadata["midlens"]["citations"]
+    assert len({r["sentence"] for r in final}) >= 2, stream.metadata["midlens"]["text"]
+    assert rows_while_streaming[0] == [] and any(rows_while_streaming[:-1]), "no citation arrived mid-stream"
+    streamed = rows_while_streaming[-1]
+    assert streamed and all(r["marked_chars"] is None for r in streamed)
+    unmarked = [{**r, "marked_chars": None} for r in final]
+    assert streamed == unmarked[: len(streamed)]  # the last sentence's rows may come only with the final chunk
+
+
 def test_citation_engine_numbers_sources_as_its_markers_and_the_prompt_do(llm, faiss_index):
     from llama_index.core.query_engine import CitationQueryEngine
 

@@ -23,21 +23,27 @@ def citation_rows(answer: Answer, unverified: Literal["mark", "drop"] = "mark") 
     marked = marked_answer(answer, unverified)
     rows = []
     for index, (citation, marked_span) in enumerate(zip(answer.citations, marked.spans, strict=True)):
-        for source in sorted(citation.sources, key=lambda s: s.position):
-            rows.append(
-                {
-                    "node_id": source.passage_id,
-                    "marker": source.position,
-                    "node_chars": None if source.sentence is None else list(source.sentence),
-                    "answer_chars": list(citation.span),
-                    "marked_chars": list(marked_span),
-                    "sentence": index,  # which answer sentence, counting from 0
-                    "score": source.score,
-                    "verified": source.verified,
-                    "logprob_drop": source.logprob_drop,
-                }
-            )
+        rows.extend(sentence_rows(citation, index, marked_span))
     return rows
+
+
+def sentence_rows(citation: Citation, index: int, marked_span: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """The rows of one answer sentence (the `index`-th, counting from 0), its sources in prompt order.
+    `marked_chars` is None for a sentence cited while the answer streams: the marked text exists once it ends."""
+    return [
+        {
+            "node_id": source.passage_id,
+            "marker": source.position,
+            "node_chars": None if source.sentence is None else list(source.sentence),
+            "answer_chars": list(citation.span),
+            "marked_chars": None if marked_span is None else list(marked_span),
+            "sentence": index,
+            "score": source.score,
+            "verified": source.verified,
+            "logprob_drop": source.logprob_drop,
+        }
+        for source in sorted(citation.sources, key=lambda s: s.position)
+    ]
 
 
 def citations_from_json(records: list[dict[str, Any]] | None) -> list[Citation]:

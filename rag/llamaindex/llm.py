@@ -25,6 +25,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.generators.citations import Citation
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
 from midlens.generators.restack import Restack, as_restack
@@ -40,15 +41,19 @@ from midlens.rag.llamaindex.common import (
 )
 from midlens.rag.llamaindex.remote import Served
 from midlens.rag.llamaindex.stock_prompts import STOCK_SYSTEM_PROMPTS, StockRequest, read_stock_prompt
-from midlens.rag.pipeline import Pipeline
+from midlens.rag.pipeline import AnswerStream, Pipeline
 from midlens.rag.remote import MidlensClient, connect
 
 
-def _chunks(stream: GenerationStream) -> CompletionResponseGen:
-    """Token deltas, then a last chunk (its delta may be empty) that carries the evidence in additional_kwargs."""
+def _chunks(stream: GenerationStream | AnswerStream) -> CompletionResponseGen:
+    """Token deltas and, as each answer sentence ends, a chunk with no delta whose additional_kwargs["citation"]
+    holds its Citation; then a last chunk (its delta may be empty) that carries the evidence in additional_kwargs."""
     # Deltas track the stripped text so that ''.join(deltas) == the non-streaming answer exactly.
     raw, shown = "", ""
-    for piece in stream:
+    for piece in stream.events():
+        if isinstance(piece, Citation):  # its span indexes the stripped text, all of which is yielded by now
+            yield CompletionResponse(text=shown, delta="", additional_kwargs={"citation": piece})
+            continue
         raw += piece
         text = raw.strip()
         if len(text) > len(shown) and text.startswith(shown):

@@ -27,7 +27,7 @@ from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
 from midlens.generators.loading import LoadedModel
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.restack import Restack, as_restack
-from midlens.rag.llamaindex.citations import citation_rows
+from midlens.rag.llamaindex.citations import citation_rows, sentence_rows
 from midlens.rag.llamaindex.common import (
     _response_kwargs,
     evidence_rows,
@@ -58,8 +58,9 @@ class MidlensQueryEngine(CustomQueryEngine):
     share and, with `verify=True`, whether removing the node costs the sentence log-probability (`verified`,
     `logprob_drop`). A marker's number is the node's position in the prompt (`markers` maps it to the node id, and
     `metadata[node_id]["position"]` is the same number). With `streaming=True` the query returns a
-    StreamingResponse whose sources carry retrieval scores until the stream is consumed, evidence and citations
-    after (read from the finished answer's attention: they cannot arrive sentence by sentence while it streams).
+    StreamingResponse whose sources carry retrieval scores until the stream is consumed and evidence after; each
+    answer sentence's citation rows join `metadata["midlens"]["citations"]` while it streams, as soon as the next
+    sentence has begun (`marked_chars` None until the answer ends; with `verify=True` only at the end, verified).
     `as_chat_engine()` wraps the engine in LlamaIndex's CondenseQuestionChatEngine. `restack="mudaf"` (a method
     spec, or a generators.restack.Restack) scores the nodes with that method's evidence and stacks the strongest in
     the slots the model reads best before answering (`restack_rounds` scoring passes); positions, markers and
@@ -185,8 +186,16 @@ class MidlensQueryEngine(CustomQueryEngine):
         nodes: list[NodeWithScore],
         chunk: CompletionResponse,
     ) -> str:
-        """A streamed chunk's text delta; the last chunk (its answer verified by then, when asked) also swaps the
-        response's sources for evidence-scored ones and adds the citations."""
+        """A streamed chunk's text delta. A sentence's citation, handed over once the next sentence has begun, is
+        added to `metadata["midlens"]["citations"]` as it comes (unless the answer is to be verified: only the
+        finished answer can be); the last chunk (its answer verified by then, when asked) swaps the response's
+        sources for evidence-scored ones and replaces the metadata with the finished answer's."""
+        if "citation" in chunk.additional_kwargs:
+            if not self.verify:
+                streamed = response.metadata.setdefault("midlens", {}).setdefault("citations", [])
+                sentences = len({row["sentence"] for row in streamed})
+                streamed.extend(sentence_rows(chunk.additional_kwargs["citation"], sentences))
+            return ""
         if "answer" in chunk.additional_kwargs:
             sources, metadata = self._scored(nodes, chunk.additional_kwargs["answer"])
             response.source_nodes[:] = sources

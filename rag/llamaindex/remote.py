@@ -127,7 +127,8 @@ class Served:
         options: dict[str, Any],
         question: str,
     ) -> CompletionResponseGen:
-        """Token deltas, then a last chunk whose additional_kwargs carry the evidence, as a local stream gives."""
+        """Token deltas and, as each answer sentence ends, a chunk with no delta whose additional_kwargs carry its
+        Citation; then a last chunk whose additional_kwargs carry the evidence: what a local stream gives."""
         events = self.client.stream_chat(
             messages, **self._openai(options), midlens=self._midlens(settings, passages, options)
         )
@@ -136,6 +137,10 @@ class Served:
         def chunks() -> CompletionResponseGen:
             text = ""
             for event in _chain(first, events):
+                if event.midlens_citation is not None:
+                    [citation] = citations_from_json([event.midlens_citation])
+                    yield CompletionResponse(text=text, delta="", additional_kwargs={"citation": citation})
+                    continue
                 delta = event.choices[0].delta.content if event.choices else None
                 if event.midlens is not None:
                     answer = answer_of(event.midlens, question, text + (delta or ""), passages or [])
