@@ -8,7 +8,7 @@ import re
 from importlib import metadata
 
 from midlens.core.errors import MethodConfigError, Remedy
-from midlens.core.names import METHODS
+from midlens.core.names import METHOD_SHORTHANDS, METHODS
 
 # Where other packages declare their methods: `[project.entry-points."midlens.methods"] NAME = "module:METHOD"`.
 PLUGIN_GROUP = "midlens.methods"
@@ -20,7 +20,8 @@ def parse_method_spec(spec: str) -> tuple[str, dict]:
     """`ms-poe(ratio_min=1.0, ratio_max=1.2)` -> ("ms-poe", {"ratio_min": 1.0, "ratio_max": 1.2}).
 
     Values are Python literals (numbers, lists, None); anything else is taken as a bare string
-    (`head_order=sequential`). Names are checked by method_config.
+    (`head_order=sequential`). Names are checked by method_config. A shorthand (`finetuned`,
+    core.names.METHOD_SHORTHANDS) comes back as the spec it stands for, its own options on top.
     """
     match = _SPEC.match(spec or "")
     if not match:
@@ -36,6 +37,9 @@ def parse_method_spec(spec: str) -> tuple[str, dict]:
             options[key] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             options[key] = raw
+    if name in METHOD_SHORTHANDS:
+        full_name, preset = parse_method_spec(METHOD_SHORTHANDS[name])
+        return full_name, {**preset, **options}
     return name, options
 
 

@@ -116,6 +116,10 @@ def test_specs_validate_before_any_model_loads():
         method_config("ms-poe", {"ratio_min": 2.0, "ratio_max": 1.5})
     with pytest.raises(MethodConfigError, match="is not option=value"):
         method_config("ms-poe(1.5)")
+    # A shorthand is the spec it stands for, its own options on top; the spec itself keeps working.
+    assert method_config("finetuned") == method_config("mudaf(alpha=0)")
+    assert method_config("finetuned").spec() == method_config("mudaf(alpha=0)").spec()
+    assert method_config("finetuned(alpha=0.5)").options["alpha"] == 0.5
 
 
 def test_methods_trained_per_model_are_listed_only_where_their_artefact_ships(tmp_path):

@@ -8,11 +8,13 @@ import argparse
 from pathlib import Path
 
 from midlens.cli.options import METHOD_HELP, add_device_args, check_device, chosen_model
+from midlens.core.names import METHOD_SHORTHANDS
 
 EXAMPLES = """examples:
   midlens methods
   midlens methods moice --n 20 --out runs/moice-inspect
   midlens ask "Who directed Wings of Desire?" --method "ms-poe(ratio_min=1.0, ratio_max=1.3)"
+  midlens ask "Who directed Wings of Desire?" --method finetuned
 """
 
 
@@ -40,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     for method in REGISTRY.values():
         options = ", ".join(f"{k}={v!r}" for k, v in method.defaults.items()) or "no options"
         print(f"{method.name:<{width}}{method.summary}\n{'':<{width}}{options}")
+    for shorthand, spec in METHOD_SHORTHANDS.items():
+        print(f"{shorthand:<{width}}shorthand for {spec}")
     return 0
 
 
