@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from midlens.core.errors import MethodConfigError
 from midlens.core.method_spec import PLUGIN_GROUP, entry_points, parse_method_spec, split_top_level
+from midlens.core.names import METHOD_SHORTHANDS
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method
 
@@ -44,13 +45,19 @@ def available(model: str | None = None) -> list[str]:
     from midlens.generators.packaged_models import canonical_name
 
     model = None if model is None else canonical_name(model)
-    return [
-        name
-        for name, method in REGISTRY.items()
-        if model is None
-        or "artefact" not in method.defaults
-        or shipped_artefact(name, _shipped_name(method, model, method.defaults)) is not None
-    ]
+
+    def runs(name: str, options: dict) -> bool:
+        method = REGISTRY[name]
+        options = {**method.defaults, **options}
+        return (
+            model is None
+            or "artefact" not in options
+            or shipped_artefact(name, _shipped_name(method, model, options)) is not None
+        )
+
+    named = [name for name in REGISTRY if runs(name, {})]
+    # Then the shorthands (core.names.METHOD_SHORTHANDS), on the same terms as the spec each stands for.
+    return named + [short for short, spec in METHOD_SHORTHANDS.items() if runs(*parse_method_spec(spec))]
 
 
 def _shipped_name(method: Method, model: str, options: dict) -> str:
