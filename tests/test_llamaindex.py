@@ -249,13 +249,14 @@ def test_async_streaming_query_lets_the_event_loop_run_between_tokens(llm, faiss
             def answer(self):
                 return self.stream.answer
 
-            def __iter__(self):
-                for piece in self.stream:
-                    log.append("token")
-                    assert threading.get_ident() != loop_thread, "tokens are generated on the event loop's thread"
-                    # The generating thread waits for the loop to run another coroutine (the timeout only turns a
-                    # blocked loop into a failure instead of a hang).
-                    asyncio.run_coroutine_threadsafe(other_coroutine(), loop).result(timeout=120)
+            def events(self):  # what the LLM reads: text deltas and each sentence's Citation
+                for piece in self.stream.events():
+                    if isinstance(piece, str):
+                        log.append("token")
+                        assert threading.get_ident() != loop_thread, "tokens are generated on the event loop's thread"
+                        # The generating thread waits for the loop to run another coroutine (the timeout only turns
+                        # a blocked loop into a failure instead of a hang).
+                        asyncio.run_coroutine_threadsafe(other_coroutine(), loop).result(timeout=120)
                     yield piece
 
         llm.generator.stream = lambda *args, **kwargs: WaitsForTheLoop(real_stream(*args, **kwargs))
