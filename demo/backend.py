@@ -54,7 +54,7 @@ class DemoBackend:
         pipeline: Pipeline | None = None,
         corpus: str | Path | None = None,
         model: str | None = None,
-        method: str = "baseline",
+        method: str | None = None,
         top_k: int = 5,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         evidence: EvidenceConfig | None = None,
@@ -63,7 +63,7 @@ class DemoBackend:
         dtype: str = "auto",
     ):
         from midlens.generators.methods.registry import method_config
-        from midlens.generators.packaged_models import DEFAULT_MODEL, REGISTRY
+        from midlens.generators.packaged_models import DEFAULT_MODEL, REGISTRY, default_method
 
         self._lock = threading.RLock()
         self._bases: dict[str, Pipeline] = {}  # model name -> baseline-or-given pipeline on the startup corpus
@@ -86,6 +86,7 @@ class DemoBackend:
             self.model = model or DEFAULT_MODEL
             self.top_k = top_k
             self.max_new_tokens = max_new_tokens
+            method = method or default_method(self.model)
         self.models = list(dict.fromkeys([self.model, *REGISTRY]))
         # The startup spec's options (e.g. `ms-poe(ratio_max=1.4)`) apply whenever that method is picked.
         self.startup_method = method_config(method)
@@ -131,6 +132,12 @@ class DemoBackend:
                     del self._retrievers[old]
             self._retrievers.move_to_end(key)
             return self._retrievers[key], f"uploaded {name}"
+
+    def default_method_of(self, model: str) -> str:
+        """The method a model answers with until the user picks another: its measured default."""
+        from midlens.generators.packaged_models import default_method
+
+        return default_method(model)
 
     def methods_of(self, model: str) -> list[str]:
         """The methods offered with `model`: one trained per model (MuDAF, MoICE) only where it ships for it."""

@@ -62,7 +62,8 @@ class Handlers:
 
     def model(self, model: str, method: str) -> gr.Dropdown:
         offered = self.backend.methods_of(model)
-        return gr.Dropdown(choices=offered, value=method if method in offered else "baseline")
+        chosen = method if method in offered else self.backend.default_method_of(model)
+        return gr.Dropdown(choices=offered, value=chosen)
 
     def upload(self, corpus_file: str | None, progress: gr.Progress = TRACKED) -> str:
         try:

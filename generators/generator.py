@@ -39,7 +39,7 @@ from midlens.generators.evidence import Answer, EvidenceConfig, passage_evidence
 from midlens.generators.instances import Mixture, expand
 from midlens.generators.loading import LoadedModel, load_model
 from midlens.generators.methods.registry import MethodConfig, build_parts, method_config
-from midlens.generators.packaged_models import DEFAULT_MODEL
+from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
 from midlens.generators.probe import PassageProbe
 from midlens.generators.prompt import (
     DEFAULT_STYLE,
@@ -54,7 +54,7 @@ class Generator:
     def __init__(
         self,
         model: str | LoadedModel = DEFAULT_MODEL,
-        method: str | MethodConfig = "baseline",
+        method: str | MethodConfig | None = None,
         evidence: EvidenceConfig | None = None,
         device: str = "auto",
         dtype: str = "auto",
@@ -62,9 +62,12 @@ class Generator:
         **method_options,
     ):
         """`method` is a registry name or spec (`"ms-poe(ratio_max=1.5)"`); keyword options override the spec's.
+        None: the model's measured default (core.names.answer_method_for; the baseline for a model folder).
         `device`/`dtype` apply when `model` is a name; a LoadedModel keeps the device and dtype it has.
         `citations`: how each answer sentence's citations are read from its attention (None: no citations)."""
         self.citations = citations
+        if method is None:
+            method = default_method(model)
         self.method: MethodConfig = method_config(method, method_options)  # before loading: fail fast
         self.loaded = load_model(model, device, dtype) if isinstance(model, str) else model
         self.evidence_config = resolve_evidence(evidence or EvidenceConfig(), self.loaded)

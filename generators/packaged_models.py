@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass
 from importlib import util as importlib_util
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -86,6 +87,17 @@ def canonical_name(name_or_path: str) -> str:
 
 
 _NOTED: set[str] = set()
+
+
+def default_method(model: Any) -> str:
+    """The answering method `model` (a registry name, an old alias, a folder, or a LoadedModel) runs where no method
+    is named: its measured default (core.names.ANSWER_METHODS)."""
+    return names.answer_method_for(canonical_name(model) if isinstance(model, str) else model.name)
+
+
+def default_reranker(model: Any) -> tuple[str, str]:
+    """(method, score) whose evidence ranks nodes for `model` where none is named (core.names.RERANKERS)."""
+    return names.reranker_for(canonical_name(model) if isinstance(model, str) else model.name)
 
 
 def convert_gguf(name: str, source: GGUFSource, target: Path) -> None:

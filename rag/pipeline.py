@@ -30,7 +30,7 @@ from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.registry import MethodConfig, method_config
-from midlens.generators.packaged_models import DEFAULT_MODEL
+from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt
 from midlens.generators.restack import Restack, RestackedStream, Restacker, as_restack, in_prompt_order
 from midlens.generators.scheduling import generate_all
@@ -72,7 +72,7 @@ class Pipeline:
         cls,
         corpus: str | Path | None = None,
         model: str | LoadedModel = DEFAULT_MODEL,
-        method: str | MethodConfig = "baseline",
+        method: str | MethodConfig | None = None,
         top_k: int = DEFAULT_TOP_K,
         index_dir: str | Path | None = None,
         index_type: IndexType = "flat",
@@ -86,14 +86,16 @@ class Pipeline:
         restack_rounds: int = 1,
         **method_options,
     ) -> Pipeline:
-        """`method` is a registry name or spec; `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU;
+        """`method` is a registry name or spec (None: the model's measured default, generators.packaged_models.
+        default_method); `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU;
         `retrieval`: "dense" (faiss) or "hybrid" (dense + BM25 fused by rank, retrievers.hybrid); "+links" after
         either also stacks the passages whose titles the top 2 mention (retrievers.links); `restack`,
         `restack_rounds`: as in `Pipeline`."""
         check_top_k(top_k)  # before the model loads
         check_prompt_style(prompt_style)
         check_retrieval(retrieval)
-        method = method_config(method, method_options)  # a bad spec fails before the index and the model
+        # A bad spec fails before the index and the model.
+        method = method_config(default_method(model) if method is None else method, method_options)
         restack = as_restack(restack, restack_rounds)  # so does a bad scorer or round count
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)

@@ -60,7 +60,7 @@ class ServeOptions:
     """Everything `midlens serve` decides; a replica receives it as a dict."""
 
     model: str = DEFAULT_MODEL
-    method: str = "baseline"
+    method: str | None = None  # None: the model's measured default
     device: str = "auto"
     dtype: str = "auto"
     evidence_layers: str = "upper"

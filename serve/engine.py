@@ -99,7 +99,7 @@ class Engine:
     def __init__(
         self,
         model: str = "smollm2-135m",
-        method: str = "baseline",
+        method: str | None = None,  # None: the model's measured default (generators.packaged_models.default_method)
         device: str = "auto",
         dtype: str = "auto",
         evidence: EvidenceConfig | None = None,

@@ -238,13 +238,14 @@ def test_attention_reranker_with_a_base_url_reranks_as_in_process(server, loaded
     question = QUESTIONS[0]
     served = AttentionReranker(base_url=server, top_n=2, keep_retrieval_score=True)
     local = AttentionReranker(model=loaded, top_n=2, keep_retrieval_score=True)
-    assert (served.model, served.method) == (local.model, local.method) == ("smollm2-135m", "baseline")
+    # Not named: the best ranker measured for the model (core.names.RERANKERS), on the server as here.
+    assert (served.model, served.method) == (local.model, local.method) == ("smollm2-135m", "mudaf")
     out, seen = _rerank(served, question)
     local_out, local_seen = _rerank(local, question)
     _same_reranking(out, local_out)
     assert len(out) == 2 and out[0].node.node_id == "gold"
     top = [next(p for p in PASSAGES if p["id"] == n.node.node_id) for n in out]
-    assert seen == local_seen and seen[0][:3] == ("start", "smollm2-135m/baseline", 2) and len(seen) == 3
+    assert seen == local_seen and seen[0][:3] == ("start", "smollm2-135m/mudaf", 2) and len(seen) == 3
 
     # Nodes over one pass: the server fits the passes as fit_windows does here; raw evidence, as asked.
     whole = local.generator.prompt(question, [Passage(p["text"], p["title"], p["id"]) for p in PASSAGES], 0)

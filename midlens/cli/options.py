@@ -41,7 +41,11 @@ def add_model_args(parser: argparse.ArgumentParser, method: bool = True) -> None
         "its shipped artefact was trained for)",
     )
     if method:
-        parser.add_argument("--method", default="baseline", help=METHOD_HELP)
+        parser.add_argument(
+            "--method",
+            help=f"{METHOD_HELP} (default: the model's measured default, core.names.ANSWER_METHODS: baseline for "
+            "both packaged models until a method passes the default rule)",
+        )
     add_device_args(parser)
     add_evidence_args(parser)
 
@@ -80,7 +84,10 @@ def method_spec(args: argparse.Namespace):
     A misspelt name fails before torch is imported, the registry's option check takes the seconds torch needs; the
     spec is parsed once."""
     from midlens.core.method_spec import parse_known_specs
+    from midlens.core.names import answer_method_for
 
+    if args.method is None:  # named now, so what runs is what the command reports
+        args.method = answer_method_for(args.model or DEFAULT_MODEL)
     ((name, options),) = parse_known_specs([args.method]).values()
     from midlens.generators.methods.registry import method_config
 

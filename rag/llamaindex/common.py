@@ -20,7 +20,7 @@ from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.registry import method_config
-from midlens.generators.packaged_models import DEFAULT_MODEL
+from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
 from midlens.generators.prompt import Passage
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,11 @@ class GeneratorBacked(BaseModel):
     share a model with must not load one of its own in the meantime."""
 
     model: str = Field(default=DEFAULT_MODEL, description="Registry name (e.g. smollm2-135m) or model folder.")
-    method: str = Field(default="baseline", description="Method spec: a registry name or NAME(option=value, ...).")
+    method: str | None = Field(
+        default=None,
+        description="Method spec: a registry name or NAME(option=value, ...). None: the model's measured default "
+        "(answering: core.names.ANSWER_METHODS; AttentionReranker: core.names.RERANKERS), set once the model is known.",
+    )
     method_options: dict[str, Any] = Field(default_factory=dict, description="Options of the method.")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present).")
     dtype: str = Field(default="auto", description="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA).")
@@ -69,7 +73,7 @@ class GeneratorBacked(BaseModel):
     def __init__(
         self,
         model: str | LoadedModel | Generator | None = DEFAULT_MODEL,
-        method: str = "baseline",
+        method: str | None = None,
         method_options: dict[str, Any] | None = None,
         evidence: EvidenceConfig | None = None,
         device: str = "auto",
@@ -79,11 +83,13 @@ class GeneratorBacked(BaseModel):
         generator = None
         if isinstance(model, Generator):  # used as it is (`from_generator`): the caller's settings describe it
             generator = model
+            method = method or model.method.spec()
         elif model is not None:
+            method = method or self._default_method(model)
             generator = Generator(
                 model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {})
             )
-        else:  # resolved at first use; a bad method spec still fails now
+        elif method is not None:  # the model is resolved at first use; a bad method spec still fails now
             method_config(method, method_options or {})
         super().__init__(
             model=None if generator is None else generator.loaded.name,
@@ -105,7 +111,10 @@ class GeneratorBacked(BaseModel):
         self._on_generator()
 
     def _build_generator(self, model: str | LoadedModel) -> Generator:
-        """A Generator on `model` with this object's method and evidence settings."""
+        """A Generator on `model` with this object's method (its default for `model` when none was named; the field
+        then keeps the one chosen) and evidence settings."""
+        if self.method is None:
+            self.method = self._default_method(model)
         return Generator(
             model,
             method=self.method,
@@ -118,6 +127,11 @@ class GeneratorBacked(BaseModel):
     def _default_model(self) -> str | LoadedModel:
         """The model a deferred generator loads at first use."""
         return DEFAULT_MODEL
+
+    @classmethod
+    def _default_method(cls, model: str | LoadedModel) -> str:
+        """The method run on `model` where none is named: the answering default measured for it."""
+        return default_method(model)
 
     def _on_generator(self) -> None:
         """What a class does once its generator is loaded (the LLM shares its model, the reranker checks whether

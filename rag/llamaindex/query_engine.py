@@ -80,7 +80,7 @@ class MidlensQueryEngine(CustomQueryEngine):
         retriever: BaseRetriever,
         llm: MidlensLLM | None = None,
         model: str | LoadedModel = DEFAULT_MODEL,
-        method: str = "baseline",
+        method: str | None = None,
         method_options: dict[str, Any] | None = None,
         evidence: EvidenceConfig | None = None,
         node_postprocessors: Sequence[BaseNodePostprocessor] = (),
@@ -98,7 +98,7 @@ class MidlensQueryEngine(CustomQueryEngine):
         restack = as_restack(restack, restack_rounds)  # a bad scorer or round count fails before the model loads
         if llm is None:
             llm = MidlensLLM(model, method=method, method_options=method_options, evidence=evidence, **llm_kwargs)
-        elif llm_kwargs or method_options or method != "baseline":
+        elif llm_kwargs or method_options or method is not None:
             raise ValueError("pass either llm=MidlensLLM(...) or model/method options, not both.")
         if verify and llm.base_url is not None:
             raise InvalidArgumentError(
