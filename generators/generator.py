@@ -35,7 +35,7 @@ from midlens.core.sentences import sentence_spans
 from midlens.generators.batch import BatchRun, pad_token_id
 from midlens.generators.citations import Citation, CitationConfig, cite, token_end
 from midlens.generators.context import MethodParts, method_context
-from midlens.generators.evidence import Answer, EvidenceConfig, passage_evidence
+from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence, passage_evidence
 from midlens.generators.instances import Mixture, expand
 from midlens.generators.loading import LoadedModel, load_model
 from midlens.generators.methods.registry import MethodConfig, build_parts, method_config
@@ -310,6 +310,33 @@ class Generator:
                 maps.answer = taken[:, r, :, : rows.fed[b], :passages].mean(2)
         return _segments_per_row(run, rows, count, segments)
 
+    def _passage_evidence(self, prompt: StackedPrompt, maps) -> list[PassageEvidence]:
+        return passage_evidence(prompt.passages, maps, self.evidence_config, prompt.passage_spans)
+
+    def _cite(
+        self,
+        prompt: StackedPrompt,
+        decoded: str,
+        ids: list[int],
+        segment_mass: torch.Tensor | None,
+        scores: list[float],
+        ends: list[int] | None,
+    ) -> list[Citation]:
+        """The citations of an answer (`decoded`, possibly still growing) from its rows' segment mass: the one
+        computation behind a finished Answer's citations and those streamed as each sentence ends."""
+        return cite(
+            prompt,
+            decoded.strip(),
+            decoded,
+            ids,
+            self.tokenizer,
+            segment_mass,
+            self.evidence_config,
+            self.citations,
+            scores,
+            ends,
+        )
+
     def _answer(
         self,
         run: BatchRun,
@@ -324,23 +351,12 @@ class Generator:
     ) -> Answer:
         text = decoded.strip()
         maps = mixture.maps(run.maps, b)
-        passages = passage_evidence(prompt.passages, maps, self.evidence_config, prompt.passage_spans)
+        passages = self._passage_evidence(prompt, maps)
         citations = []
         if self.citations is not None:
             t0 = time.perf_counter()
-            scores = [pe.score for pe in passages]  # the calibrated evidence the citation score blends in
-            citations = cite(
-                prompt,
-                text,
-                decoded,
-                ids,
-                self.tokenizer,
-                segment_mass,
-                self.evidence_config,
-                self.citations,
-                scores,
-                ends,
-            )
+            # The calibrated evidence the citation score blends in.
+            citations = self._cite(prompt, decoded, ids, segment_mass, [pe.score for pe in passages], ends)
             run.timings["cite_s"] = run.timings.get("cite_s", 0.0) + time.perf_counter() - t0
         return Answer(
             question=prompt.question,
@@ -532,19 +548,9 @@ class _SentenceCiter:
         ended = len(sentence_spans(text.strip())) - 1  # the last sentence may still grow
         if ended <= self.emitted[b] or not self.prompts[b].passages:
             return
-        gen, prompt = self.generator, self.prompts[b]
         mass = self.mixture.mass(_segments_per_row(self.run, rows, self.mixture.count, self._segments()), b)
-        citations = cite(
-            prompt,
-            text.strip(),
-            text,
-            rows.generated[b],
-            gen.tokenizer,
-            mass,
-            gen.evidence_config,
-            gen.citations,
-            self._passage_scores(b),
-            rows.ends[b],
+        citations = self.generator._cite(
+            self.prompts[b], text, rows.generated[b], mass, self._passage_scores(b), rows.ends[b]
         )
         for citation in citations[self.emitted[b] : ended]:
             yield b, citation
@@ -556,9 +562,7 @@ class _SentenceCiter:
     def _passage_scores(self, b: int) -> list[float]:
         if b not in self._scores:
             maps = self.mixture.maps(self.run.maps, b)
-            passages = passage_evidence(
-                self.prompts[b].passages, maps, self.generator.evidence_config, self.prompts[b].passage_spans
-            )
+            passages = self.generator._passage_evidence(self.prompts[b], maps)
             self._scores[b] = [pe.score for pe in passages]
         return self._scores[b]
 
