@@ -169,13 +169,14 @@ def test_a_question_too_long_on_its_own_says_so(loaded):
     assert "top_k" not in str(e) and "fewer passages" not in str(e)
 
 
-def test_fit_windows_splits_thousands_of_passages_into_full_windows_with_bounded_work_each(loaded, offset_reads):
+def test_fit_windows_splits_hundreds_of_passages_into_full_windows_with_bounded_work_each(loaded, offset_reads):
     from midlens.generators.prompt import fit_windows, render
 
     # Each window is fitted on a bounded prefix of what is left, so splitting is linear in the passages: a few
-    # encodes per window (3 here, 63 windows), none longer than a window's worth of text. Rendering everything
-    # left for each window would make it quadratic.
-    passages = planted_passages(8, 2) * 125
+    # encodes per window (3 here, 20 windows), none longer than a window's worth of text. Rendering everything
+    # left for each window would make it quadratic. (320 passages: the bounds are per window, so more passages
+    # only add windows; 1,000 took two minutes of the suite for the same assertions.)
+    passages = planted_passages(8, 2) * 40
     tokenizer = CountingTokenizer(loaded.tokenizer)
     windows = list(fit_windows(tokenizer, passages, "q?", 1500))
     assert tokenizer.encodes <= 5 * len(windows), f"{tokenizer.encodes} encodes for {len(windows)} windows"
