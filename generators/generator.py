@@ -58,19 +58,27 @@ class Generator:
         evidence: EvidenceConfig | None = None,
         device: str = "auto",
         dtype: str = "auto",
-        citations: CitationConfig | None = CitationConfig(),  # noqa: B008 (frozen: one shared default is safe)
+        citations: CitationConfig | Literal["measured"] | None = "measured",
         **method_options,
     ):
         """`method` is a registry name or spec (`"ms-poe(ratio_max=1.5)"`); keyword options override the spec's.
         None: the model's measured default (core.names.answer_method_for; the baseline for a model folder).
         `device`/`dtype` apply when `model` is a name; a LoadedModel keeps the device and dtype it has.
-        `citations`: how each answer sentence's citations are read from its attention (None: no citations)."""
-        self.citations = citations
+        `citations`: how each answer sentence's citations are read from its attention (None: no citations;
+        "measured": the rule chosen on the train split for this model and method, `CitationConfig.measured`)."""
         if method is None:
             method = default_method(model)
         self.method: MethodConfig = method_config(method, method_options)  # before loading: fail fast
         self.loaded = load_model(model, device, dtype) if isinstance(model, str) else model
         self.evidence_config = resolve_evidence(evidence or EvidenceConfig(), self.loaded)
+        if citations == "measured":
+            citations = CitationConfig.measured(self.loaded.name, self.method.spec())
+        elif citations is not None and not isinstance(citations, CitationConfig):
+            raise InvalidArgumentError(
+                f'citations={citations!r}: pass a CitationConfig, "measured" (the rule measured for this model '
+                "and method) or None (no citations)."
+            )
+        self.citations = citations
         self.parts: MethodParts = build_parts(self.method, self.loaded)
         self.evidence_config.layer_indices(self.num_layers)  # validate early
         eos = self.loaded.model.generation_config.eos_token_id

@@ -118,6 +118,20 @@ def test_the_library_defaults_are_the_rule_eval_cite_grades():
     assert {key: getattr(config, key) for key in DEFAULT_RULE} == DEFAULT_RULE
 
 
+def test_a_generator_cites_by_the_rule_measured_for_its_model_and_method(loaded, monkeypatch):
+    from midlens.generators.citations import MEASURED_RULES
+
+    # The shipped entry: chosen on the default model's train rows for MuDAF (docs/results/cite/README.md, 5).
+    assert CitationConfig.measured("qwen2.5-coder-0.5b", "mudaf") == CitationConfig(2, 0.0, 0.75)
+    assert Generator(loaded).citations == CitationConfig()  # nothing measured apart: the default rule
+    monkeypatch.setitem(MEASURED_RULES, (loaded.name, "mudaf"), {"max_sources": 1, "min_share": 0.2})
+    assert Generator(loaded, method="mudaf").citations == CitationConfig(max_sources=1, min_share=0.2)
+    assert Generator(loaded, method="mudaf(alpha=0)").citations == CitationConfig()  # another method spec
+    assert Generator(loaded, method="mudaf", citations=CitationConfig()).citations == CitationConfig()  # given wins
+    with pytest.raises(InvalidArgumentError, match=r"citations='auto': pass a CitationConfig, \"measured\""):
+        Generator(loaded, citations="auto")
+
+
 def test_calibrated_evidence_removes_the_slot_prior_the_answer_attention_carries():
     from midlens.core.citation_rule import apply_rule, citation_scores
 
