@@ -62,6 +62,7 @@ class DemoBackend:
         device: str = "auto",
         dtype: str = "auto",
     ):
+        from midlens.core.names import METHOD_SHORTHANDS
         from midlens.generators.methods.registry import method_config
         from midlens.generators.packaged_models import DEFAULT_MODEL, REGISTRY, default_method
 
@@ -90,7 +91,9 @@ class DemoBackend:
         self.models = list(dict.fromkeys([self.model, *REGISTRY]))
         # The startup spec's options (e.g. `ms-poe(ratio_max=1.4)`) apply whenever that method is picked.
         self.startup_method = method_config(method)
-        self.method = self.startup_method.name
+        # The menu entry the page starts on: a shorthand (`finetuned`) is an entry of its own, not its method's name.
+        shorthand = isinstance(method, str) and method.strip() in METHOD_SHORTHANDS
+        self.method = method.strip() if shorthand else self.startup_method.name
 
     # -- shared parts, built on first use -------------------------------------------------------
 
@@ -165,7 +168,7 @@ class DemoBackend:
                 self._bases[model] = Pipeline(retriever, generator, self.top_k, self.max_new_tokens)
             base = self._bases[model]
             if (model, method) not in self._methods:
-                config = self.startup_method if method == self.startup_method.name else method
+                config = self.startup_method if method == self.method else method
                 self._methods[(model, method)] = base.with_method(config)
             chosen = self._methods[(model, method)]
         return Pipeline(retriever, chosen.generator, chosen.top_k, chosen.max_new_tokens, chosen.truncate)

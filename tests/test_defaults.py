@@ -38,6 +38,8 @@ def test_every_answering_interface_runs_the_models_measured_default(loaded, answ
     assert llm.method == answering_default and llm.generator.method.name == answering_default
     backend = DemoBackend(model=loaded.name)
     assert backend.method == answering_default == backend.default_method_of(loaded.name)
+    shorthand = DemoBackend(model=loaded.name, method="finetuned")  # its own menu entry, run with its options
+    assert shorthand.method == "finetuned" and shorthand.startup_method == method_config("mudaf(alpha=0)")
     assert Engine(loaded.name).default.method.name == answering_default
     assert method_spec(argparse.Namespace(method=None, model=None)).name == answering_default
     # Naming a method still wins, and a model folder (no measurement) falls back to the baseline.
