@@ -92,12 +92,16 @@ _NOTED: set[str] = set()
 def default_method(model: Any) -> str:
     """The answering method `model` (a registry name, an old alias, a folder, or a LoadedModel) runs where no method
     is named: its measured default (core.names.ANSWER_METHODS)."""
-    return names.answer_method_for(canonical_name(model) if isinstance(model, str) else model.name)
+    return names.answer_method_for(_name_of(model))
 
 
 def default_reranker(model: Any) -> tuple[str, str]:
     """(method, score) whose evidence ranks nodes for `model` where none is named (core.names.RERANKERS)."""
-    return names.reranker_for(canonical_name(model) if isinstance(model, str) else model.name)
+    return names.reranker_for(_name_of(model))
+
+
+def _name_of(model: Any) -> str:
+    return canonical_name(model) if isinstance(model, str) else model.name
 
 
 def convert_gguf(name: str, source: GGUFSource, target: Path) -> None:
