@@ -626,10 +626,12 @@ def test_a_streamed_query_cites_each_sentence_while_it_streams(loaded):
     llm = MidlensLLM(loaded, evidence=EVIDENCE, max_new_tokens=32)
     engine = MidlensQueryEngine(Fixed(), llm=llm, streaming=True)
     stream = engine.query("Tell me about the Zorbland expedition. Then tell me its code word.")
-    rows_while_streaming = []
+    rows_while_streaming, counted = [], []
     for _delta in stream.response_gen:
         rows_while_streaming.append(list(stream.metadata.get("midlens", {}).get("citations", [])))
+        counted.append(stream.metadata.get("midlens", {}).get("streamed_sentences", 0))
     final = stream.metadata["midlens"]["citations"]
+    assert counted == sorted(counted) and counted[-1] >= 1  # the sentences cited so far, one more per sentence
     assert len({r["sentence"] for r in final}) >= 2, stream.metadata["midlens"]["text"]
     assert rows_while_streaming[0] == [] and any(rows_while_streaming[:-1]), "no citation arrived mid-stream"
     streamed = rows_while_streaming[-1]

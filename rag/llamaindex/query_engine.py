@@ -60,7 +60,8 @@ class MidlensQueryEngine(CustomQueryEngine):
     `metadata[node_id]["position"]` is the same number). With `streaming=True` the query returns a
     StreamingResponse whose sources carry retrieval scores until the stream is consumed and evidence after; each
     answer sentence's citation rows join `metadata["midlens"]["citations"]` while it streams, as soon as the next
-    sentence has begun (`marked_chars` None until the answer ends; with `verify=True` only at the end, verified).
+    sentence has begun (`marked_chars` None until the answer ends, `streamed_sentences` counting the sentences cited
+    so far; with `verify=True` only at the end, verified).
     `as_chat_engine()` wraps the engine in LlamaIndex's CondenseQuestionChatEngine. `restack="mudaf"` (a method
     spec, or a generators.restack.Restack) scores the nodes with that method's evidence and stacks the strongest in
     the slots the model reads best before answering (`restack_rounds` scoring passes); positions, markers and
@@ -192,9 +193,10 @@ class MidlensQueryEngine(CustomQueryEngine):
         sources for evidence-scored ones and replaces the metadata with the finished answer's."""
         if "citation" in chunk.additional_kwargs:
             if not self.verify:
-                streamed = response.metadata.setdefault("midlens", {}).setdefault("citations", [])
-                sentences = len({row["sentence"] for row in streamed})
-                streamed.extend(sentence_rows(chunk.additional_kwargs["citation"], sentences))
+                # Counted apart from the rows: a sentence that cites nothing has none, and still takes its number.
+                run = response.metadata.setdefault("midlens", {"citations": [], "streamed_sentences": 0})
+                run["citations"].extend(sentence_rows(chunk.additional_kwargs["citation"], run["streamed_sentences"]))
+                run["streamed_sentences"] += 1
             return ""
         if "answer" in chunk.additional_kwargs:
             sources, metadata = self._scored(nodes, chunk.additional_kwargs["answer"])
