@@ -145,13 +145,6 @@ api.add_exception_handler(Exception, on_error)
 _DONE = object()
 
 
-def _result_json(result: MidlensResult) -> dict[str, Any]:
-    data = result.model_dump()
-    if data.get("citations") is None:  # left out until Answer carries citations
-        data.pop("citations", None)
-    return data
-
-
 def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -265,14 +258,14 @@ class MidlensServer:
         outcome = await self._answer(self.engine.answer_job(body))
         answer = outcome.answer
         return JSONResponse(
-            {"question": answer.question, "text": answer.text, **_result_json(result_of(answer, outcome.batch_size))}
+            {"question": answer.question, "text": answer.text, **result_of(answer, outcome.batch_size).model_dump()}
         )
 
     @api.post("/v1/midlens/score", response_model=MidlensResult)
     async def score(self, body: ScoreRequest) -> JSONResponse:
         """Evidence for the passages without generating (one prefill, plus the calibration suffix)."""
         outcome = await self._answer(self.engine.score_job(body))
-        return JSONResponse(_result_json(result_of(outcome.answer, outcome.batch_size)))
+        return JSONResponse(result_of(outcome.answer, outcome.batch_size).model_dump())
 
     @api.get("/v1/midlens/spec", response_model=Spec)
     async def spec(self) -> Spec:
@@ -340,7 +333,7 @@ class MidlensServer:
                     }
                 ],
                 "usage": _usage(answer),
-                "midlens": _result_json(result_of(answer, outcome.batch_size)),
+                "midlens": result_of(answer, outcome.batch_size).model_dump(),
             }
         )
 
@@ -403,7 +396,7 @@ class MidlensServer:
             "created": created,
             "model": model,
             "choices": [{"index": 0, "delta": {"content": rest}, "finish_reason": finish, "logprobs": None}],
-            "midlens": _result_json(result_of(answer, outcome.batch_size)),
+            "midlens": result_of(answer, outcome.batch_size).model_dump(),
         }
         yield _sse(last)
         if include_usage:
