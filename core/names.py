@@ -63,6 +63,7 @@ METHODS = (
     "attention-buckets",
     "channel-scaling",
     "rope-scaling",
+    "pos2distill",
 )
 ORDERINGS = ("lcr", "attn-sort")
 # Method specs under a name that says what they are (shorthand -> spec; options given with the shorthand win).

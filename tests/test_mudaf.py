@@ -213,9 +213,10 @@ def test_train_command_runs_the_recipe_each_trainable_method_s_entry_names(loade
     from midlens.cli import main
     from midlens.generators.methods.registry import REGISTRY
 
-    assert [m.name for m in REGISTRY.values() if m.trainer] == ["mudaf", "moice", "channel-scaling"]
+    assert [m.name for m in REGISTRY.values() if m.trainer] == ["mudaf", "moice", "channel-scaling", "pos2distill"]
     assert main(["train", "ms-poe", "--out", str(tmp_path / "x")]) == 2
-    assert "'ms-poe' has nothing to train: choose one of mudaf, moice, channel-scaling" in capsys.readouterr().err
+    trainable = "mudaf, moice, channel-scaling, pos2distill"
+    assert f"'ms-poe' has nothing to train: choose one of {trainable}" in capsys.readouterr().err
     assert main(["train", "mudaf", "--alpha", "1.5", "--out", str(tmp_path / "x")]) == 2
     assert "alpha 1.5: the contrastive weight is in [0, 1]" in capsys.readouterr().err
     assert main(["train", "moice", "--top-k", "7", "--out", str(tmp_path / "x")]) == 2

@@ -47,8 +47,10 @@ def training_examples(
     seed: int = 0,
     max_words: int | None = 80,
     split: str = "train",
+    style: str = "litm",
 ) -> list[TrainExample]:
-    """Up to `n` examples from `split` (seeded order); rows without two supporting paragraphs are skipped."""
+    """Up to `n` examples from `split` (seeded order); rows without two supporting paragraphs are skipped.
+    `style`: the prompts' instruction; Liu et al.'s is the one the shipped MuDAF and MoICE artefacts trained on."""
     rows = load_rows(split)
     rng = random.Random(seed)
     order = list(range(len(rows)))
@@ -61,8 +63,7 @@ def training_examples(
         if len(supporting) != 2 or not all(any(p.title == t for p in passages) for t in supporting):
             continue
         rng.shuffle(passages)
-        # Liu et al.'s instruction, as the shipped artefacts were trained: a new style is a new training run.
-        prompt = render(tokenizer, passages, row["question"], style="litm")
+        prompt = render(tokenizer, passages, row["question"], style=style)
         answer_ids = tokenizer(" ".join(str(row["answer"]).split()), add_special_tokens=False)["input_ids"]
         if not answer_ids:
             continue

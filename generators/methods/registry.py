@@ -164,6 +164,7 @@ BUILTIN_MODULES = (
     "midlens.generators.methods.attention_buckets",
     "midlens.generators.methods.channel_scaling",
     "midlens.generators.methods.rope_scaling",
+    "midlens.generators.methods.pos2distill",
 )
 
 
