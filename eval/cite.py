@@ -62,7 +62,8 @@ LASSO_ALPHA = 0.01  # nats; ContextCite's default regularisation for its surroga
 @dataclass(frozen=True)
 class CiteOptions:
     """One `eval cite` run. `max_sources`/`min_share`/`evidence_weight`: the citation rule the report applies (rows
-    keep every passage's share and the evidence, so a rule is chosen afterwards); `drops`: the k of the top-k
+    keep every passage's share and the evidence, so a rule is chosen afterwards); None: the rule the library applies
+    for this model and method (`run_rule`); `drops`: the k of the top-k
     log-probability drops (empty: none); `ablations`: random ablations of the ContextCite-style reference (0:
     none)."""
 
@@ -79,9 +80,9 @@ class CiteOptions:
     positions: tuple[int, ...] = ()
     max_new_tokens: int = 24
     prompt_style: str = DEFAULT_PROMPT_STYLE
-    max_sources: int = 3  # the three: DEFAULT_RULE
-    min_share: float = 0.7
-    evidence_weight: float = 1.0
+    max_sources: int | None = None
+    min_share: float | None = None
+    evidence_weight: float | None = None
     prompted: bool = True
     drops: tuple[int, ...] = ()
     ablations: int = 0
@@ -482,6 +483,20 @@ def plan(options: CiteOptions) -> tuple[dict, list[dict], list]:
     return config, units, examples
 
 
+def run_rule(options: CiteOptions, methods: list[str]) -> dict:
+    """The rule the report applies: each value given in `options`, the others from the rule `Generator` cites by for
+    this model and the run's methods (generators.citations.MEASURED_RULES, when they all share one; DEFAULT_RULE
+    otherwise), so a run grades what the library would cite."""
+    from midlens.generators.citations import MEASURED_RULES
+    from midlens.generators.packaged_models import canonical_name
+
+    model = canonical_name(options.model)
+    measured = [{**DEFAULT_RULE, **MEASURED_RULES.get((model, spec), {})} for spec in methods]
+    base = measured[0] if measured and all(r == measured[0] for r in measured) else DEFAULT_RULE
+    given = {k: getattr(options, k) for k in DEFAULT_RULE if getattr(options, k) is not None}
+    return {**base, **given}
+
+
 def run(options: CiteOptions) -> list[dict]:
     """Evaluate the run's units not yet in its results file (resumable: one appended line per unit)."""
     from midlens.eval import runner
@@ -492,11 +507,7 @@ def run(options: CiteOptions) -> list[dict]:
     _, _, _, todo = runner.pending_units(options.out, config, units, (0, 1), options.limit)
     # Rows keep every passage's share, so the rule is not part of the run: it is read by the report, and a later
     # `eval cite` on the same folder with another rule changes only this file.
-    rule = {
-        "max_sources": options.max_sources,
-        "min_share": options.min_share,
-        "evidence_weight": options.evidence_weight,
-    }
+    rule = run_rule(options, config["methods"])
     write_atomic(Path(options.out) / RULE_FILE, json.dumps(rule, indent=2) + "\n")
     if not todo:
         return runner.read_rows(Path(options.out) / runner.RESULTS)

@@ -123,3 +123,20 @@ def test_cite_cost_times_each_variant_and_the_first_streamed_delta():
     for variant, firsts in out["first_delta"].items():
         assert 0 < firsts[0] <= out["times"][variant][0]
     assert out["stream_ratio"] > 0 and out["first_delta_ratio"] > 0
+
+
+def test_a_run_grades_the_rule_the_library_cites_by_for_its_model_and_method(tmp_path):
+    """Without rule flags, rule.json is the rule `Generator` applies: the one measured for (model, method) where all
+    the run's methods share it, the default otherwise; each flag given wins over it."""
+    from midlens.eval.cite import CiteOptions, run_rule
+    from midlens.generators.citations import MEASURED_RULES
+
+    measured = {**DEFAULT_RULE, **MEASURED_RULES[("qwen2.5-coder-0.5b", "mudaf")]}
+    assert measured != DEFAULT_RULE
+    qwen = CiteOptions(tmp_path, model="qwen2.5-coder-0.5b")
+    assert run_rule(qwen, ["mudaf"]) == measured
+    assert run_rule(CiteOptions(tmp_path, model="qwen2.5-0.5b"), ["mudaf"]) == measured  # the old name too
+    assert run_rule(qwen, ["baseline", "mudaf"]) == DEFAULT_RULE  # one rule per run: theirs differ
+    assert run_rule(CiteOptions(tmp_path, model="smollm2-135m"), ["mudaf"]) == DEFAULT_RULE
+    given = CiteOptions(tmp_path, model="qwen2.5-coder-0.5b", max_sources=4)
+    assert run_rule(given, ["mudaf"]) == {**measured, "max_sources": 4}

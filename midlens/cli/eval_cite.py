@@ -56,12 +56,17 @@ def add_parsers(esub) -> None:
     ct.add_argument("--max-new-tokens", type=int, default=24, help="longest answer, in tokens")
     ct.add_argument("--prompt-style", default=DEFAULT_PROMPT_STYLE, choices=PROMPT_STYLES)
     # The rule's defaults are CitationConfig's (the library's), so a run grades what the library cites.
-    ct.add_argument("--max-sources", type=positive_int, default=3, help="the rule: passages cited per sentence at most")
+    measured = " (default: the rule measured for the model and method, else {})"
     ct.add_argument(
-        "--min-share", type=_fraction, default=0.7, help="the rule: share of the top passage's score to cite"
+        "--max-sources", type=positive_int, help="the rule: passages cited per sentence at most" + measured.format(3)
     )
     ct.add_argument(
-        "--evidence-weight", type=_fraction, default=1.0, help="the rule: weight of the prompt's evidence in the score"
+        "--min-share", type=_fraction, help="the rule: share of the top passage's score to cite" + measured.format(0.7)
+    )
+    ct.add_argument(
+        "--evidence-weight",
+        type=_fraction,
+        help="the rule: weight of the prompt's evidence in the score" + measured.format(1.0),
     )
     ct.add_argument("--no-prompted", action="store_true", help="skip the prompted-citation pass")
     ct.add_argument("--drops", type=_ints, default=(), help="k of the top-k log-probability drops, e.g. 1,2")
