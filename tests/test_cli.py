@@ -249,6 +249,13 @@ def test_a_trained_method_runs_on_the_default_model_and_is_refused_early_where_n
         args = argparse.Namespace(model=EVAL_MODEL, method=spec)
         assert chosen_model(args, method_spec(args)) == EVAL_MODEL
     assert "note:" not in capsys.readouterr().err  # no switch, so nothing to note
+    # Pos2Distill ships for SmolLM2 only: left without --model it runs there and says so; on Qwen it is refused.
+    args = argparse.Namespace(model=None, method="pos2distill")
+    assert chosen_model(args, method_spec(args)) == EVAL_MODEL
+    assert "note: pos2distill runs on smollm2-135m" in capsys.readouterr().err
+    with pytest.raises(ArtefactError, match="no trained pos2distill artefact ships for model 'qwen2.5-coder-0.5b'"):
+        args = argparse.Namespace(model=DEFAULT_MODEL, method="pos2distill")
+        chosen_model(args, method_spec(args))
     folder = tmp_path / "my-model"
     folder.mkdir()
     refusal = r"mudaf.*ships for smollm2-135m, qwen2.5-coder-0.5b\. To fix it, pass model=\"smollm2-135m\""
