@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from collections.abc import Generator as Generator_
 from contextlib import contextmanager, nullcontext
@@ -212,6 +211,7 @@ class Generator:
         hook = self.parts.answering
         mixture = Mixture(self.parts.instances, len(prompts))  # one row per prompt unless the method runs several
         reference_logprobs: list[list[float] | None] = [None] * len(prompts)
+        citer: _SentenceCiter | None = None
         with self.running() as method_run:
             run = BatchRun(
                 self.loaded,
@@ -228,7 +228,6 @@ class Generator:
                     t0 = time.perf_counter()
                     if hook is not None:  # the last prompt token's query gives the first answer token: read it
                         logits = first_logits = mixture.logits(run.reread_last())  # again, under the method
-                    citer = None
                     if cite_as_you_go and self.citations is not None:
                         if calibrate:  # the cache holds the prompt alone, as after decoding: the same maps
                             run.content_free_maps()
@@ -255,6 +254,10 @@ class Generator:
                     run, mixture, b, prompt, final, rows.generated[b], mass, reference_logprobs[b], rows.ends[b]
                 )
             )
+        if citer is not None:  # the citations still due (the last sentence's, or a row's that ended mid-sentence)
+            for b, answer in enumerate(answers):
+                for citation in answer.citations[citer.emitted[b] :]:
+                    yield b, citation
         return answers
 
     def _decode(
@@ -580,27 +583,18 @@ def _drain(
     on_token: Callable[[int, str], None] | None,
     on_citation: Callable[[int, Citation], None] | None = None,
 ) -> list[Answer]:
-    """Run the steps to their Answers, handing each event to its callback; a row's citations that were still due
-    when decoding ended (the last sentence's, or all of them for an answer that ended mid-sentence) are handed
-    over last, so a caller that listens gets every Citation of every row exactly once."""
-    given: Counter[int] = Counter()
+    """Run the steps to their Answers, handing each event to its callback (with citations asked for, the steps
+    hand over every Citation of every row exactly once, the ones still due when decoding ended last)."""
     while True:
         try:
             row, event = next(steps)
         except StopIteration as done:
-            answers = done.value
-            break
+            return done.value
         if isinstance(event, str):
             if on_token is not None:
                 on_token(row, event)
         elif on_citation is not None:
-            given[row] += 1
             on_citation(row, event)
-    if on_citation is not None:
-        for row, answer in enumerate(answers):
-            for citation in answer.citations[given[row] :]:
-                on_citation(row, citation)
-    return answers
 
 
 # stream() takes generate()'s keyword options but the callback, with generate()'s defaults (read, not copied).
@@ -620,24 +614,19 @@ class GenerationStream:
         self.answer: Answer | None = None
 
     def __iter__(self) -> Iterator[str]:
-        for event in self.events(ended_only=True):
+        for event in self.events():
             if isinstance(event, str):
                 yield event
 
-    def events(self, ended_only: bool = False) -> Iterator[str | Citation]:
-        """Text deltas (str) and Citations in the order they became known; `ended_only` leaves out the
-        citations still to come once decoding has ended (the caller reads `answer.citations` instead)."""
-        emitted = 0
+    def events(self) -> Iterator[str | Citation]:
+        """Text deltas (str) and Citations in the order they became known, the last sentence's once decoding ends."""
         while True:
             try:
                 _row, event = next(self._steps)
             except StopIteration as done:
                 self.answer = done.value[0]
-                break
-            emitted += not isinstance(event, str)
+                return
             yield event
-        if not ended_only and self.answer is not None:
-            yield from self.answer.citations[emitted:]
 
 
 @dataclass

@@ -401,12 +401,12 @@ class RestackedStream:
         self.answer: Answer | None = None
 
     def __iter__(self) -> Iterator[str]:
-        for event in self.events(ended_only=True):
+        for event in self.events():
             if isinstance(event, str):
                 yield event
 
-    def events(self, ended_only: bool = False) -> Iterator[str | Citation]:
-        for event in self._inner.events(ended_only):
+    def events(self) -> Iterator[str | Citation]:
+        for event in self._inner.events():
             yield event if isinstance(event, str) else _in_caller_numbering(event, self._order)
         if self._inner.answer is not None:
             self.answer = self._finish(self._inner.answer)
