@@ -43,7 +43,7 @@ from midlens.generators.loading import LoadedModel
 from midlens.generators.prompt import StackedPrompt, render
 from midlens.generators.restack import SlotOrder, slot_order
 from midlens.generators.rope import baseline_schemes
-from midlens.training.data import TrainExample, data_record, training_examples
+from midlens.training.data import TrainExample
 from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
 from midlens.training.recipe import Budget, Option, Recipe, positive
 
@@ -224,11 +224,7 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
         options["placements"], options["anchor"], options["advantage"], options["weighting"], options["style"],
         options["max_answer_tokens"], options["rank"], 2.0 * options["rank"], budget.seed,
     )  # fmt: skip
-    examples = training_examples(
-        loaded.tokenizer, budget.examples, seed=budget.seed, max_words=budget.max_words, style=config.style
-    )
-    loop = LoopConfig(len(examples), budget.batch, budget.lr, budget.warmup, seed=budget.seed)
-    data = data_record(examples, budget.seed, budget.max_words)
+    examples, loop, data = budget.plan(loaded.tokenizer, style=config.style)
     return train_pos2distill(loaded, examples, config, loop, out, data, budget.progress, budget.max_seconds)
 
 

@@ -64,9 +64,10 @@ class Budget:
             flush=True,
         )
 
-    def plan(self, tokenizer) -> tuple[list, LoopConfig, dict]:
-        """The train-split examples this budget buys, the loop over them and the data record the artefact keeps."""
-        examples = training_examples(tokenizer, self.examples, seed=self.seed, max_words=self.max_words)
+    def plan(self, tokenizer, style: str = "litm") -> tuple[list, LoopConfig, dict]:
+        """The train-split examples this budget buys (prompts with instruction `style`), the loop over them and the
+        data record the artefact keeps."""
+        examples = training_examples(tokenizer, self.examples, seed=self.seed, max_words=self.max_words, style=style)
         loop = LoopConfig(len(examples), self.batch, self.lr, self.warmup, seed=self.seed)
         return examples, loop, data_record(examples, self.seed, self.max_words)
 
