@@ -487,11 +487,12 @@ def run_rule(options: CiteOptions, methods: list[str]) -> dict:
     """The rule the report applies: each value given in `options`, the others from the rule `Generator` cites by for
     this model and the run's methods (generators.citations.MEASURED_RULES, when they all share one; DEFAULT_RULE
     otherwise), so a run grades what the library would cite."""
-    from midlens.generators.citations import MEASURED_RULES
+    from midlens.generators.citations import CitationConfig
     from midlens.generators.packaged_models import canonical_name
 
     model = canonical_name(options.model)
-    measured = [{**DEFAULT_RULE, **MEASURED_RULES.get((model, spec), {})} for spec in methods]
+    configs = [CitationConfig.measured(model, spec) for spec in methods]  # the lookup Generator(citations=) makes
+    measured = [{k: getattr(c, k) for k in DEFAULT_RULE} for c in configs]
     base = measured[0] if measured and all(r == measured[0] for r in measured) else DEFAULT_RULE
     given = {k: getattr(options, k) for k in DEFAULT_RULE if getattr(options, k) is not None}
     return {**base, **given}
