@@ -77,9 +77,10 @@ def canonical_name(name_or_path: str) -> str:
     current = names.MODEL_ALIASES.get(name_or_path)
     if current is None:
         return name_or_path
+    # Warned every time (the warnings filters decide what shows, and a caller can catch it), the stderr note once.
+    warnings.warn(f"model name {name_or_path!r} is deprecated: use {current!r}.", DeprecationWarning, stacklevel=3)
     if name_or_path not in _NOTED:
         _NOTED.add(name_or_path)
-        warnings.warn(f"model name {name_or_path!r} is deprecated: use {current!r}.", DeprecationWarning, stacklevel=3)
         print(
             f"note: model name {name_or_path!r} is deprecated; it is {current!r} (the same weights).", file=sys.stderr
         )
