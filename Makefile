@@ -28,7 +28,7 @@ demo: setup
 # Every tier: the packaged models, subprocess runs, the wheel, Ray, the browser page. What CI runs.
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25
 
 # Tiny random models only (under 2 minutes): no packaged model, subprocess, browser or GPU.
 test-fast: setup

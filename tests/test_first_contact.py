@@ -102,9 +102,10 @@ def _corpus(folder):
 
 @pytest.mark.slow
 def test_ask_json_is_json_on_first_use_and_after_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch, capfd):
-    """The first run converts the packaged GGUF, a damaged cache is converted again: both notes go to stderr, so
-    `ask --json > out.json` holds only the answer. The repair's note names the damaged file and does not ask the
-    user to clear a cache that midlens is already replacing."""
+    """The first run converts the packaged GGUF, a damaged cache is converted again from it (the GGUF is verified by
+    hash, so the damage is repaired, not just refused): both notes go to stderr, so `ask --json > out.json` holds only
+    the answer. The repair's note names the damaged file and does not ask the user to clear a cache that midlens is
+    already replacing."""
     from midlens.cli import main
     from midlens.generators import loading
     from tests.damage import overwrite
@@ -121,6 +122,8 @@ def test_ask_json_is_json_on_first_use_and_after_a_damaged_cache_is_rebuilt(tmp_
     assert "converting smollm2-135m from GGUF" in err
 
     weights = tmp_path / "cache" / "models" / "smollm2-135m" / "model.safetensors"
+    manifest = weights.parent / "MANIFEST.json"
+    good = json.loads(manifest.read_text())["files"]["model.safetensors"]["sha256"]
     overwrite(weights, weights.stat().st_size // 2, b"\x7f\x7f\x7f\x7f")
     monkeypatch.setattr(loading, "_LOADED", {})
     assert main(ask) == 0
@@ -128,7 +131,10 @@ def test_ask_json_is_json_on_first_use_and_after_a_damaged_cache_is_rebuilt(tmp_
     assert json.loads(out)["question"] == "What is the secret code word?"
     note = err[err.index("note: model 'smollm2-135m'") :].split("\n\n")[0]
     assert f"{weights}: sha256 " in note and "the manifest records" in note
+    assert "converting smollm2-135m again from its installed GGUF" in note
     assert "cache clear" not in note and not note.splitlines()[0].endswith(":")
+    # Repaired, not just refused: the weights are those the first conversion recorded.
+    assert json.loads(manifest.read_text())["files"]["model.safetensors"]["sha256"] == good
 
 
 def _e2e_run(tmp_path, loaded_name: str):

@@ -184,9 +184,9 @@ def test_a_few_router_steps_lower_the_loss_on_a_fixed_batch(loaded, tiny_slice):
     before = [p.detach().clone() for p in loaded.model.parameters()][:5]
     opt = torch.optim.Adam(params, lr=1e-2)
     losses = []
-    for _ in range(4):
+    for _ in range(4):  # one example: a fixed batch is what the test needs, and each step costs 7 experts' passes
         opt.zero_grad()
-        total = sum(objective(ex)[0] for ex in tiny_slice)
+        total = objective(tiny_slice[-1])[0]
         total.backward()
         opt.step()
         losses.append(total.item())

@@ -173,10 +173,10 @@ def test_fit_windows_splits_hundreds_of_passages_into_full_windows_with_bounded_
     from midlens.generators.prompt import fit_windows, render
 
     # Each window is fitted on a bounded prefix of what is left, so splitting is linear in the passages: a few
-    # encodes per window (3 here, 20 windows), none longer than a window's worth of text. Rendering everything
-    # left for each window would make it quadratic. (320 passages: the bounds are per window, so more passages
-    # only add windows; 1,000 took two minutes of the suite for the same assertions.)
-    passages = planted_passages(8, 2) * 40
+    # encodes per window (3 here, 8 windows), none longer than a window's worth of text. Rendering everything
+    # left for each window would make it quadratic. (128 passages: the bounds are per window, so more passages
+    # only add windows; 1,000 took two minutes of the suite for the same assertions, 320 forty seconds.)
+    passages = planted_passages(8, 2) * 16
     tokenizer = CountingTokenizer(loaded.tokenizer)
     windows = list(fit_windows(tokenizer, passages, "q?", 1500))
     assert tokenizer.encodes <= 5 * len(windows), f"{tokenizer.encodes} encodes for {len(windows)} windows"
