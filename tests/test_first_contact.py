@@ -3,6 +3,7 @@ first-contact review, each reproduced here)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -102,12 +103,12 @@ def _corpus(folder):
 
 @pytest.mark.slow
 def test_ask_json_is_json_on_first_use_and_after_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch, capfd):
-    """The first run converts the packaged GGUF, a damaged cache is converted again from it (the GGUF is verified by
-    hash, so the damage is repaired, not just refused): both notes go to stderr, so `ask --json > out.json` holds only
-    the answer. The repair's note names the damaged file and does not ask the user to clear a cache that midlens is
-    already replacing."""
+    """The first run converts the packaged GGUF and records a manifest of every file; a damaged cache is converted
+    again from it (the GGUF is verified by hash, so the damage is repaired, not just refused). Both notes go to stderr,
+    so `ask --json > out.json` holds only the answer. The repair's note names the damaged file and does not ask the
+    user to clear a cache that midlens is already replacing."""
     from midlens.cli import main
-    from midlens.generators import loading
+    from midlens.generators import loading, packaged_models
     from tests.damage import overwrite
 
     monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
@@ -121,9 +122,23 @@ def test_ask_json_is_json_on_first_use_and_after_a_damaged_cache_is_rebuilt(tmp_
     assert json.loads(out)["question"] == "What is the secret code word?"
     assert "converting smollm2-135m from GGUF" in err
 
-    weights = tmp_path / "cache" / "models" / "smollm2-135m" / "model.safetensors"
-    manifest = weights.parent / "MANIFEST.json"
-    good = json.loads(manifest.read_text())["files"]["model.safetensors"]["sha256"]
+    # The conversion recorded a manifest of every file it wrote, and left no temp folder behind (the empty lock
+    # file stays on purpose: core.files.build_lock).
+    folder = tmp_path / "cache" / "models" / "smollm2-135m"
+    recorded = json.loads((folder / "MANIFEST.json").read_text())
+    assert recorded["recorded"] == "at conversion"
+    assert recorded["source_sha256"] == packaged_models.REGISTRY["smollm2-135m"].sha256
+    on_disk = {p.name for p in folder.iterdir()} - {"MANIFEST.json"}
+    assert set(recorded["files"]) == on_disk and "model.safetensors" in on_disk
+    for name, entry in recorded["files"].items():
+        assert entry["size"] == (folder / name).stat().st_size
+    config = recorded["files"]["config.json"]
+    assert config["sha256"] == hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()
+    assert sorted(p.name for p in folder.parent.iterdir()) == [".smollm2-135m.lock", "smollm2-135m"]
+
+    weights = folder / "model.safetensors"
+    manifest = folder / "MANIFEST.json"
+    good = recorded["files"]["model.safetensors"]["sha256"]
     overwrite(weights, weights.stat().st_size // 2, b"\x7f\x7f\x7f\x7f")
     monkeypatch.setattr(loading, "_LOADED", {})
     assert main(ask) == 0
