@@ -390,20 +390,16 @@ def _in_caller_numbering(citation: Citation, order: list[int]) -> Citation:
     return dataclasses.replace(citation, sources=sources)
 
 
-class RestackedStream:
+class RestackedStream(GenerationStream):
     """Iterate for text deltas; `answer` holds the full Answer, in the caller's numbering, once iteration ends.
     `events()` is `GenerationStream.events`, its citations in the caller's numbering."""
 
     def __init__(self, inner: GenerationStream, finish: Callable[[Answer], Answer], order: list[int]):
+        # Not super().__init__: the decoding steps are the inner stream's, read through its events().
         self._inner = inner
         self._finish = finish
         self._order = order
         self.answer: Answer | None = None
-
-    def __iter__(self) -> Iterator[str]:
-        for event in self.events():
-            if isinstance(event, str):
-                yield event
 
     def events(self) -> Iterator[str | Citation]:
         for event in self._inner.events():
