@@ -138,6 +138,7 @@ def test_a_run_grades_the_rule_the_library_cites_by_for_its_model_and_method(tmp
     with pytest.warns(DeprecationWarning):  # the old name too
         assert run_rule(CiteOptions(tmp_path, model="qwen2.5-0.5b"), ["mudaf"]) == measured
     assert run_rule(qwen, ["baseline", "mudaf"]) == DEFAULT_RULE  # one rule per run: theirs differ
-    assert run_rule(CiteOptions(tmp_path, model="smollm2-135m"), ["mudaf"]) == DEFAULT_RULE
+    assert run_rule(CiteOptions(tmp_path, model="smollm2-135m"), ["mudaf"]) == {**DEFAULT_RULE, "min_share": 0.5}
+    assert run_rule(CiteOptions(tmp_path, model="smollm2-135m"), ["baseline"]) == DEFAULT_RULE
     given = CiteOptions(tmp_path, model="qwen2.5-coder-0.5b", max_sources=4)
     assert run_rule(given, ["mudaf"]) == {**measured, "max_sources": 4}
