@@ -125,7 +125,8 @@ def test_ask_json_is_json_on_first_use_and_after_a_damaged_cache_is_rebuilt(tmp_
     # The conversion recorded a manifest of every file it wrote, and left no temp folder behind (the empty lock
     # file stays on purpose: core.files.build_lock).
     folder = tmp_path / "cache" / "models" / "smollm2-135m"
-    recorded = json.loads((folder / "MANIFEST.json").read_text())
+    manifest = folder / "MANIFEST.json"
+    recorded = json.loads(manifest.read_text())
     assert recorded["recorded"] == "at conversion"
     assert recorded["source_sha256"] == packaged_models.REGISTRY["smollm2-135m"].sha256
     on_disk = {p.name for p in folder.iterdir()} - {"MANIFEST.json"}
@@ -137,7 +138,6 @@ def test_ask_json_is_json_on_first_use_and_after_a_damaged_cache_is_rebuilt(tmp_
     assert sorted(p.name for p in folder.parent.iterdir()) == [".smollm2-135m.lock", "smollm2-135m"]
 
     weights = folder / "model.safetensors"
-    manifest = folder / "MANIFEST.json"
     good = recorded["files"]["model.safetensors"]["sha256"]
     overwrite(weights, weights.stat().st_size // 2, b"\x7f\x7f\x7f\x7f")
     monkeypatch.setattr(loading, "_LOADED", {})

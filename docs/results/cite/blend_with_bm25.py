@@ -36,10 +36,10 @@ def load(path: str) -> list[dict]:
 
 def blended(sentence: dict, evidence: list[float], w: float, lexical: float) -> list[float]:
     k = len(sentence["attention"])
-    e = evidence_shares(evidence) or [0.0] * k
+    e = evidence_shares(evidence)
+    if e is None:  # no positive evidence: the library scores by attention alone then; so does this blend
+        e, w = [0.0] * k, 0.0
     b = evidence_shares(sentence["lexical"]) or [0.0] * k
-    if not evidence_shares(evidence):  # the library scores by attention alone then; so does this blend
-        w = 0.0
     scores = [
         (1 - w - lexical) * a + w * ei + lexical * bi for a, ei, bi in zip(sentence["attention"], e, b, strict=True)
     ]
