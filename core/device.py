@@ -59,3 +59,11 @@ def resolve_dtype(spec: str | torch.dtype = "auto", device: torch.device | None 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the stream: pinned, copied asynchronously. A copy from pageable
+    memory waits for every queued kernel, and one per decode step kept the host from running ahead of the GPU."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

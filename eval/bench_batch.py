@@ -4,9 +4,10 @@ The same 10-document MDQA prompts (embedded HotpotQA paragraphs, each prompt its
 lengths differ and rows are padded) are answered at each batch size, 32 new tokens, greedy:
   midlens   Generator.generate_batch, evidence on (the prompt's maps, the answer's, the content-free pass);
   hf        the stock transformers model's `generate` on the same left-padded batches, no evidence (the peer).
-Variants are interleaved per repeat so machine noise hits them alike; ratios are against batch 1 and against
-hf at the same batch, from one run. Peak memory: the CUDA allocator's high-water mark per variant, or, on the
-CPU, the process's peak RSS growth over the loaded model (VmHWM after a reset, Linux).
+Every variant runs once untimed first; variants are interleaved per repeat so machine noise hits them alike;
+ratios are against batch 1 and against hf at the same batch, from one run. Peak memory: the CUDA allocator's
+high-water mark per variant, or, on the CPU, the process's peak RSS growth over the loaded model (VmHWM after a
+reset, Linux).
 """
 
 from __future__ import annotations
@@ -102,7 +103,11 @@ def _measure(
             for start in range(0, len(prompts), size)
         )
 
-    midlens_run(min(batch_sizes))  # warm-up: kernels, allocator
+    # Warm-up of every variant: a new shape's first run pays for kernel plans (cuDNN attention builds one per shape)
+    # and allocator growth; warming the smallest batch only left that in the first timed repeat of the others.
+    for size in batch_sizes:
+        midlens_run(size)
+        hf_run(size)
     rows = _timed_rows({"midlens": midlens_run, "hf": hf_run}, batch_sizes, repeats, loaded.device, len(prompts))
     return {
         "model": loaded.name if random_shape is None else f"random weights, {random_shape} shape",

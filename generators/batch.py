@@ -20,11 +20,12 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from midlens.core.device import to_device_async
 from midlens.generators.context import AnsweringView, MethodRun
 from midlens.generators.evidence import EvidenceMaps, RowMaps
 from midlens.generators.loading import LoadedModel, non_finite_error
 from midlens.generators.probe import PassageProbe
-from midlens.generators.prompt import CONTENT_FREE_QUESTION, StackedPrompt, render, shared_prefix_length
+from midlens.generators.prompt import CONTENT_FREE_QUESTION, StackedPrompt, render_many, shared_prefix_length
 
 
 def pad_token_id(tokenizer: Any) -> int:
@@ -35,13 +36,14 @@ def pad_token_id(tokenizer: Any) -> int:
     return 0
 
 
-def block_mask(key_valid: torch.Tensor, length: int) -> torch.Tensor | None:
+def block_mask(key_valid: torch.Tensor, length: int, all_valid: bool | None = None) -> torch.Tensor | None:
     """The mask for a chunk of `length` queries in the last columns of `key_valid` [B, T]: causal by column,
     hidden where a key is not valid for its row; None when every key is valid (plain causal attention).
+    `all_valid`, when the caller knows it, spares reading `key_valid` back (a wait for the GPU's queue).
 
     Every query also sees itself, so a padding query has one key and stays finite (an all-hidden row would be
     NaN, and NaN values poison the rows that hide them: 0 * NaN)."""
-    if bool(key_valid.all()):
+    if all_valid if all_valid is not None else bool(key_valid.all()):
         return None
     total = key_valid.shape[1]
     q_cols = torch.arange(total - length, total, device=key_valid.device)[:, None]
@@ -145,10 +147,17 @@ class BatchRun:
     def batch_size(self) -> int:
         return len(self.prompts)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor, keep: int = 1):
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        key_valid: torch.Tensor,
+        keep: int = 1,
+        all_valid: bool | None = None,
+    ):
         """Logits [B, keep, vocab] for the chunk `ids` [B, L] at `positions`, appended to the cache; `key_valid`
-        [B, cached + L] says which columns each row may attend to."""
-        mask = block_mask(key_valid, ids.shape[1])
+        [B, cached + L] says which columns each row may attend to (`all_valid`: every one of them, if known)."""
+        mask = block_mask(key_valid, ids.shape[1], all_valid)
         out = self.loaded.model(
             input_ids=ids,
             attention_mask=mask,
@@ -199,12 +208,13 @@ class BatchRun:
 
     def step(self, tokens: list[int]) -> torch.Tensor:
         """One decode step: each row's token appended at its next position; the probe scores the new rows."""
-        ids = torch.tensor(tokens, device=self.device)[:, None]
+        ids = to_device_async(torch.tensor(tokens)[:, None], self.device)
         positions = self.next_position[:, None].clone()
         self.next_position += 1
         self.key_valid = torch.cat([self.key_valid, torch.ones_like(self.key_valid[:, :1])], dim=1)
         self.probe.score_rows([0])
-        return self.forward(ids, positions, self.key_valid)[:, -1]
+        # Decoding appends valid columns to the prompt's: only left padding hides any key from a step.
+        return self.forward(ids, positions, self.key_valid, all_valid=not any(self.offsets))[:, -1]
 
     def crop(self, columns: int) -> None:
         """Back to the first `columns` columns (the prompt's are 0..width-1); decode positions run on."""
@@ -234,10 +244,15 @@ class BatchRun:
         shared = [0] * batch
         question_rows: list[list[int]] = [[] for _ in range(batch)]
         fresh: dict[int, StackedPrompt] = {}  # null prompts that do not share the passages' tokens: prefilled alone
+        # One render per prompt (a method's instance rows repeat theirs), all in one call of the tokenizer: rendered
+        # one by one, a batch of 32 took longer on the host than its decoding on a GPU.
+        distinct = list({id(p): p for p in self.prompts if p.passages}.values())
+        requests = [(p.passages, CONTENT_FREE_QUESTION, p.style) for p in distinct]
+        nulls = dict(zip(map(id, distinct), render_many(tokenizer, requests, sentences=False), strict=True))
         for b, prompt in enumerate(self.prompts):
             if not prompt.passages:
                 continue
-            null = render(tokenizer, prompt.passages, CONTENT_FREE_QUESTION, prompt.style)
+            null = nulls[id(prompt)]
             s = min(shared_prefix_length(prompt.input_ids, null.input_ids), null.question_span[0])
             if s < null.passage_spans[-1][1]:  # a tokenizer merged across the question boundary
                 fresh[b] = null

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from midlens.core.device import to_device_async
 from midlens.generators.scores import attention_probs, mask_rows
 
 
@@ -98,7 +99,7 @@ class PassageProbe:
         the same tensor for every layer (the mask rows computed from it are shared by that identity)."""
         if self._rows_on is None or self._rows_on.device != device or self._rows_on.shape[0] != batch:
             rows = self.rows if isinstance(self.rows, torch.Tensor) else torch.tensor(self.rows)[None]
-            self._rows_on = _to_device(rows.long(), device).expand(batch, -1)
+            self._rows_on = to_device_async(rows.long(), device).expand(batch, -1)
         return self._rows_on
 
     def _mask_rows(
@@ -274,13 +275,6 @@ def _merge(pending: list[_Pending], keys: torch.Tensor, widened: dict[tuple, tup
     return _Merged(q, weights, widened[key][0], keys, answer_rows)
 
 
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device` without synchronising the stream (pinned memory, asynchronous copy)."""
-    if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
-
-
 def widened_rows(rows: list[torch.Tensor], total: int) -> torch.Tensor:
     """Observed forwards' mask rows [B|1, 1|H, S_i, T_i] -> one [B|1, 1|H, sum S_i, T] mask: the keys a row had
     not seen yet hidden, so each row is scored exactly as it was when it was observed."""
@@ -335,6 +329,6 @@ def span_matrix(per_row: list[list[tuple[int, int]]], end: int, width: int, devi
     matrix = torch.zeros(len(per_row), end, width, device=device)
     if keys:
         index = torch.stack([torch.cat(rows), torch.cat(keys), torch.cat(columns)])  # one host-to-device copy
-        r, k, c = _to_device(index, device)
+        r, k, c = to_device_async(index, device)
         matrix[r, k, c] = 1.0
     return matrix

@@ -148,32 +148,60 @@ def _chars_to_tokens(offsets: list[tuple[int, int]], char_spans: list[tuple[int,
 
 def render(tokenizer, passages: list[Passage], question: str, style: str = DEFAULT_STYLE) -> StackedPrompt:
     """Render without any length check."""
-    content, char_spans, question_chars = _user_content(passages, question, style)
-    messages = [{"role": "user", "content": content}]
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    else:
-        text = content + "\n"
-    base = text.index(content)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
-    starts = [
-        _sentence_starts(p, i, base + chars[0])
-        for i, (p, chars) in enumerate(zip(passages, char_spans, strict=True), start=1)
-    ]
-    # Every span in one pass over the offsets: a pass per sentence made a render cost sentences x tokens (29 ms
-    # for ten 100-word passages; 32 of them, a batch's calibration prompts, outlasted its decoding on a GPU).
-    firsts = [(c, c + 1) for _, chars in starts for c in chars]
-    mapped = _chars_to_tokens(offsets, [(base + s, base + e) for s, e in [*char_spans, question_chars]] + firsts)
-    spans, q_span, first_tokens = mapped[: len(char_spans)], mapped[len(char_spans)], mapped[len(char_spans) + 1 :]
-    sentences, at = [], 0
-    for (passage_sentences, _), span in zip(starts, spans, strict=True):
-        tokens = [first for first, _ in first_tokens[at : at + len(passage_sentences)]]
-        sentences.append(_passage_sentences(passage_sentences, tokens, span))
-        at += len(passage_sentences)
-    return StackedPrompt(
-        text, list(enc["input_ids"]), list(passages), spans, question, q_span, style=style, sentences=sentences
-    )
+    return render_many(tokenizer, [(passages, question, style)])[0]
+
+
+def render_many(
+    tokenizer, requests: list[tuple[list[Passage], str, str]], sentences: bool = True
+) -> list[StackedPrompt]:
+    """`render` of several (passages, question, style) at once: one call of the tokenizer, which a fast tokenizer
+    spreads over the machine's cores. `sentences=False` leaves the passages' sentences out (a prompt read for its
+    passage and question spans only, such as a calibration pass's)."""
+    texts, layouts = [], []
+    for passages, question, style in requests:
+        content, char_spans, question_chars = _user_content(passages, question, style)
+        messages = [{"role": "user", "content": content}]
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = content + "\n"
+        texts.append(text)
+        layouts.append((text.index(content), char_spans, question_chars))
+    one = len(texts) == 1  # a lone text goes in as a string: the tokenizer's plain call
+    encoded = tokenizer(texts[0] if one else texts, add_special_tokens=False, return_offsets_mapping=True)
+    prompts = []
+    for i, ((passages, question, style), text, (base, char_spans, question_chars)) in enumerate(
+        zip(requests, texts, layouts, strict=True)
+    ):
+        ids = encoded["input_ids"] if one else encoded["input_ids"][i]
+        offsets = [tuple(o) for o in (encoded["offset_mapping"] if one else encoded["offset_mapping"][i])]
+        starts = [
+            _sentence_starts(p, j, base + chars[0]) if sentences else ([], [])
+            for j, (p, chars) in enumerate(zip(passages, char_spans, strict=True), start=1)
+        ]
+        # Every span in one pass over the offsets: a pass per sentence made a render cost sentences x tokens (29
+        # ms for ten 100-word passages; 32 of them, a batch's calibration prompts, outlasted its decoding on a GPU).
+        firsts = [(c, c + 1) for _, chars in starts for c in chars]
+        mapped = _chars_to_tokens(offsets, [(base + s, base + e) for s, e in [*char_spans, question_chars]] + firsts)
+        spans, q_span, first_tokens = mapped[: len(char_spans)], mapped[len(char_spans)], mapped[len(char_spans) + 1 :]
+        per_passage, at = [], 0
+        for (passage_sentences, _), span in zip(starts, spans, strict=True):
+            tokens = [first for first, _ in first_tokens[at : at + len(passage_sentences)]]
+            per_passage.append(_passage_sentences(passage_sentences, tokens, span))
+            at += len(passage_sentences)
+        prompts.append(
+            StackedPrompt(
+                text,
+                list(ids),
+                list(passages),
+                spans,
+                question,
+                q_span,
+                style=style,
+                sentences=per_passage if sentences else [],
+            )
+        )
+    return prompts
 
 
 def _sentence_starts(passage: Passage, index: int, line_start: int) -> tuple[list[tuple[int, int]], list[int]]:
@@ -200,6 +228,8 @@ def _passage_sentences(
     sentences: list[tuple[int, int]], first_tokens: list[int], span: tuple[int, int]
 ) -> list[PromptSentence]:
     """A passage's sentences from the token each one's first character falls in, kept inside the passage's span."""
+    if not sentences:
+        return []
     firsts = [min(max(token, span[0]), span[1]) for token in first_tokens]
     ends = [*firsts[1:], span[1]]
     return [

@@ -60,6 +60,10 @@ def test_one_render_maps_every_span_in_one_pass_over_the_offsets(loaded, offset_
     sentences = sum(len(s) for s in prompt.sentences)
     assert sentences > len(passages), "the planted passages should have several sentences each"
     assert offset_reads["calls"] == 1 and offset_reads["offsets"] == prompt.num_tokens, offset_reads
+    # A passage without text has no sentences, and the others keep theirs.
+    blank = prompt_module.render(loaded.tokenizer, [Passage(text="", title="Blank"), *passages[:2]], "Which?")
+    chars = [[s.chars for s in passage] for passage in prompt.sentences[:2]]
+    assert blank.sentences[0] == [] and [[s.chars for s in passage] for passage in blank.sentences[1:]] == chars
 
 
 def window_chars(max_tokens: int) -> float:

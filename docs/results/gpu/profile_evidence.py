@@ -74,6 +74,9 @@ def main() -> None:
                 sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=25, max_name_column_width=60
             )
             (args.out / f"profile-{v}-{tokens}.txt").write_text(table + "\n")
+            # The host's side too: a prefill that waits on the host shows it here, not in the kernels.
+            host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
+            (args.out / f"profile-{v}-{tokens}-host.txt").write_text(host + "\n")
             if v == "evidence":
                 for event in prof.key_averages():
                     if event.key == "probe.observe":
