@@ -84,20 +84,23 @@ def run(
             for v in variants:
                 samples[v] += timed(runners[v].prefill, 1)
         median = {v: statistics.median(s) for v, s in samples.items()}
-        mem = {v: memory_of(v, model_name, tokens, memory_repeats, mmap_threshold, device, dtype) for v in variants}
         n = runners[variants[1]].prompt.num_tokens
         row = {
             "prompt_tokens": n,
             "prefill_s": median,
             "prefill_tok_per_s": {v: n / t for v, t in median.items()},
             "time_ratio": {v: median[v] / median[base] for v in variants},
-            "peak_growth_mb": {v: mem[v]["peak_growth_mb"] for v in variants},
-            "peak_rss_mb": {v: mem[v]["peak_mb"] for v in variants},
-            "memory_ratio_total": {v: mem[v]["peak_mb"] / mem[base]["peak_mb"] for v in variants},
-            "memory_ratio_growth": {
-                v: mem[v]["peak_growth_mb"] / max(mem[base]["peak_growth_mb"], 1e-9) for v in variants
-            },
         }
+        if memory_repeats > 0:  # 0: timings only (each memory figure is a fresh process per variant and repeat)
+            mem = {v: memory_of(v, model_name, tokens, memory_repeats, mmap_threshold, device, dtype) for v in variants}
+            row |= {
+                "peak_growth_mb": {v: mem[v]["peak_growth_mb"] for v in variants},
+                "peak_rss_mb": {v: mem[v]["peak_mb"] for v in variants},
+                "memory_ratio_total": {v: mem[v]["peak_mb"] / mem[base]["peak_mb"] for v in variants},
+                "memory_ratio_growth": {
+                    v: mem[v]["peak_growth_mb"] / max(mem[base]["peak_growth_mb"], 1e-9) for v in variants
+                },
+            }
         if kind == "evidence":
             decode = runners["evidence"].decode
             plain_tps = statistics.median(decode(decode_tokens, False) for _ in range(3))
@@ -137,10 +140,15 @@ def print_report(report: dict) -> None:
             f"{'mem x tot':>9} {'mem x +':>8}"
         )
         for v in row["prefill_s"]:
+            memory = (
+                f" {row['peak_growth_mb'][v]:>9.0f} {row['peak_rss_mb'][v]:>8.0f} "
+                f"{row['memory_ratio_total'][v]:>9.3f} {row['memory_ratio_growth'][v]:>8.3f}"
+                if "peak_rss_mb" in row
+                else "  (memory not measured: --memory-repeats 0)"
+            )
             print(
                 f"{v:<{w}} {row['prefill_s'][v]:>10.3f} {row['prefill_tok_per_s'][v]:>8.0f} "
-                f"{row['time_ratio'][v]:>7.3f} {row['peak_growth_mb'][v]:>9.0f} {row['peak_rss_mb'][v]:>8.0f} "
-                f"{row['memory_ratio_total'][v]:>9.3f} {row['memory_ratio_growth'][v]:>8.3f}"
+                f"{row['time_ratio'][v]:>7.3f}{memory}"
             )
         d = row["decode_tok_per_s"]
         print("decode tok/s: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items()))

@@ -41,7 +41,9 @@ def add_parser(sub) -> None:
     )
     bench.add_argument("--repeats", type=int, default=5, help="timed runs per variant (median)")
     bench.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded per timed run")
-    bench.add_argument("--memory-repeats", type=int, default=3, help="fresh processes per variant (median)")
+    bench.add_argument(
+        "--memory-repeats", type=int, default=3, help="fresh processes per variant (median); 0 measures no memory"
+    )
     bench.add_argument(
         "--mmap-threshold",
         type=int,
