@@ -43,7 +43,9 @@ def block_mask(key_valid: torch.Tensor, length: int, all_valid: bool | None = No
 
     Every query also sees itself, so a padding query has one key and stays finite (an all-hidden row would be
     NaN, and NaN values poison the rows that hide them: 0 * NaN)."""
-    if all_valid if all_valid is not None else bool(key_valid.all()):
+    if all_valid is None:
+        all_valid = bool(key_valid.all())
+    if all_valid:
         return None
     total = key_valid.shape[1]
     q_cols = torch.arange(total - length, total, device=key_valid.device)[:, None]

@@ -167,14 +167,12 @@ def render_many(
             text = content + "\n"
         texts.append(text)
         layouts.append((text.index(content), char_spans, question_chars))
-    one = len(texts) == 1  # a lone text goes in as a string: the tokenizer's plain call
-    encoded = tokenizer(texts[0] if one else texts, add_special_tokens=False, return_offsets_mapping=True)
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
     prompts = []
-    for i, ((passages, question, style), text, (base, char_spans, question_chars)) in enumerate(
-        zip(requests, texts, layouts, strict=True)
+    for (passages, question, style), text, (base, char_spans, question_chars), ids, offset_mapping in zip(
+        requests, texts, layouts, encoded["input_ids"], encoded["offset_mapping"], strict=True
     ):
-        ids = encoded["input_ids"] if one else encoded["input_ids"][i]
-        offsets = [tuple(o) for o in (encoded["offset_mapping"] if one else encoded["offset_mapping"][i])]
+        offsets = [tuple(o) for o in offset_mapping]
         starts = [
             _sentence_starts(p, j, base + chars[0]) if sentences else ([], [])
             for j, (p, chars) in enumerate(zip(passages, char_spans, strict=True), start=1)

@@ -21,8 +21,9 @@ class CountingTokenizer:
         return getattr(self.tokenizer, name)
 
     def __call__(self, text, **kwargs):
-        self.encodes += 1
-        self.longest = max(self.longest, len(text))
+        texts = text if isinstance(text, list) else [text]  # a batch of texts is one encode per text
+        self.encodes += len(texts)
+        self.longest = max(self.longest, *map(len, texts))
         return self.tokenizer(text, **kwargs)
 
 
