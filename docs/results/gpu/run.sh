@@ -2,8 +2,8 @@
 # The GPU figures of docs/results/gpu/README.md, in one command on a machine without this project installed:
 # midlens laid out as its import name under /tmp/pkg, random weights of a packaged model's shape (speed depends on
 # shapes only), the shape's tokenizer carried in TOKENIZER. Usage: run.sh SHAPE TOKENIZER OUT [STEPS]
-# Steps, run in the order given: profile (evidence prefill), batch (bench batch), hostprofile (one batch of each engine under the profiler),
-# alone (batched vs alone in bf16), evidence (bench evidence).
+# Steps, run in the order given: profile (evidence prefill), batch (bench batch), hostprofile (one batch of each
+# engine under the profiler), alone (batched vs alone in bf16), evidence (bench evidence).
 # Results land in a work folder, packed into OUT/gpu.tgz after each step: what comes back is what finished.
 set -euo pipefail
 shape=$1 tokenizer=$2 out=$3 steps=${4:-profile,batch,hostprofile,alone,evidence}
