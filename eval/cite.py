@@ -486,7 +486,12 @@ def run(options: CiteOptions) -> list[dict]:
     from midlens.generators.loading import load_model
 
     config, units, examples = plan(options)
-    _, _, _, todo = runner.pending_units(options.out, config, units, (0, 1), options.limit)
+    from midlens.eval.datasets import data_sha256
+
+    def prefix_sha256(count: int) -> str:
+        return data_sha256(examples[:count])
+
+    _, _, _, todo = runner.pending_units(options.out, config, units, (0, 1), options.limit, prefix_sha256)
     # Rows keep every passage's share, so the rule is not part of the run: it is read by the report, and a later
     # `eval cite` on the same folder with another rule changes only this file.
     rule = run_rule(options, config["methods"])

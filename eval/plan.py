@@ -29,6 +29,15 @@ class Plan:
     device: str
     group_size: int
 
+    def prefix_sha256(self, count: int) -> str:
+        """The data hash a run of this plan's first `count` examples recorded (a smaller --n: `runner.prepare_dir`
+        checks it before growing that run to this plan)."""
+        from midlens.core.files import sha256_json
+        from midlens.eval.datasets import data_sha256
+
+        head = self.data[:count]
+        return sha256_json(head) if self.config["kind"] == "e2e" else data_sha256(head)
+
 
 @dataclass
 class Run:

@@ -44,11 +44,14 @@ class UnitEvaluator:
         return {"row": rows}
 
 
-def _describe(options: RunOptions) -> tuple[dict, list[dict], int]:
+def _describe(options: RunOptions, grown_from: int | None) -> tuple[dict, list[dict], int, str | None]:
+    """The plan where the data is; with `grown_from` (the size of the run the out folder holds), also the hash of
+    that many first examples, so the driver can grow the run without the data."""
     from midlens.eval.plan import plan_run
 
     plan = plan_run(options)
-    return plan.config, plan.units, plan.group_size
+    prefix = plan.prefix_sha256(grown_from) if grown_from is not None else None
+    return plan.config, plan.units, plan.group_size, prefix
 
 
 # How long the head node gets to accept a plain TCP connection before --address is called unreachable. Ray itself
@@ -129,8 +132,11 @@ def run_on_ray(options: RunOptions) -> list[dict]:
     threads, workers, gpus = options.threads_per_worker, options.workers, options.gpus_per_worker
     _connect(options.address, workers, threads)
     describe = ray.remote(num_cpus=threads, num_gpus=gpus)(_describe)
-    config, units, size = ray.get(describe.remote(options))
-    path, mine, done, todo = runner.pending_units(options.out, config, units, options.shard, options.limit)
+    grown_from = runner.recorded_examples(options.out)
+    config, units, size, prefix = ray.get(describe.remote(options, grown_from))
+    path, mine, done, todo = runner.pending_units(
+        options.out, config, units, options.shard, options.limit, lambda count: prefix if count == grown_from else ""
+    )
     if todo:
         groups = runner.unit_groups(todo, size)  # one method, whole examples per group, as in-process
         dataset = ray.data.from_items([{"group": json.dumps(g, ensure_ascii=False)} for g in groups])

@@ -22,7 +22,10 @@ from midlens.core.files import make_folder, sha256_json, write_atomic
 
 RESULTS = "results.jsonl"
 CONFIG = "config.json"
-VOLATILE = ("seconds", "timings", "started", "shard", "worker")  # differ between runs of the same work
+VOLATILE = ("seconds", "timings", "started", "shard", "worker", "extended")  # differ between runs of the same work
+# What may differ when a run grows: started on n questions, it resumes on more. The datasets subsample by prefix, so
+# the first n stay the same questions; that is checked against the hash the run recorded, not assumed.
+EXTENDABLE = ("n", "examples", "data_sha256", "units")
 
 
 class RunError(MidlensError):
@@ -82,27 +85,64 @@ def comparable(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in VOLATILE}
 
 
-def prepare_dir(out: Path, config: dict) -> None:
-    """Create the run dir, or check that an existing one was started with the same config."""
+def prepare_dir(out: Path, config: dict, prefix_sha256: Callable[[int], str] | None = None) -> None:
+    """Create the run dir, or check that an existing one was started with the same config.
+
+    With `prefix_sha256` (the data hash of the first m examples of this config's data), a run started on fewer
+    examples grows to this config's: its config is rewritten with the new size and the growth recorded, and the
+    rows it holds stay (they are the same units of the same examples)."""
     path = out / CONFIG
-    if path.exists():
-        old = json.loads(path.read_text())
-        if comparable(old) != comparable(config):
-            diff = sorted(k for k in set(old) | set(config) if k not in VOLATILE and old.get(k) != config.get(k))
-            raise RunError(
-                f"{out} holds a run with a different configuration (differs in: {', '.join(diff)}); "
-                "write to another folder to start a new run, or repeat the original options to resume it."
-            )
+    if not path.exists():
+        write_atomic(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
         return
-    write_atomic(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+    old = json.loads(path.read_text())
+    if comparable(old) == comparable(config):
+        return
+    diff = sorted(k for k in set(old) | set(config) if k not in VOLATILE and old.get(k) != config.get(k))
+    if set(diff) <= set(EXTENDABLE) and prefix_sha256 is not None:
+        before, after = old.get("examples"), config.get("examples")
+        if isinstance(before, int) and isinstance(after, int) and after > before:
+            if prefix_sha256(before) != old.get("data_sha256"):
+                raise RunError(
+                    f"{out} holds a run on {before} examples that are not the first {before} of these {after} (their "
+                    "hash differs: the dataset file changed?); write to another folder to start a new run."
+                )
+            grown = {**config, "started": old.get("started"), "extended": [*old.get("extended", []), before]}
+            write_atomic(path, json.dumps(grown, indent=2, sort_keys=True) + "\n")
+            return
+        if isinstance(before, int) and isinstance(after, int) and after < before:
+            raise RunError(
+                f"{out} holds a run on {before} examples; a run grows but does not shrink: repeat --n "
+                f"{old.get('n')} to resume it (the report reads whatever rows it holds)."
+            )
+    raise RunError(
+        f"{out} holds a run with a different configuration (differs in: {', '.join(diff)}); "
+        "write to another folder to start a new run, or repeat the original options to resume it "
+        "(a larger --n grows it)."
+    )
+
+
+def recorded_examples(out: Path) -> int | None:
+    """How many examples the run in `out` was planned on (None: no run there yet, or one on a whole dataset)."""
+    path = Path(out) / CONFIG
+    if not path.exists():
+        return None
+    examples = json.loads(path.read_text()).get("examples")
+    return examples if isinstance(examples, int) else None
 
 
 def pending_units(
-    out: Path, config: dict, units: list[dict], shard: tuple[int, int], limit: int | None
+    out: Path,
+    config: dict,
+    units: list[dict],
+    shard: tuple[int, int],
+    limit: int | None,
+    prefix_sha256: Callable[[int], str] | None = None,
 ) -> tuple[Path, list[dict], set[str], list[dict]]:
-    """Prepare the run directory -> (results file, the shard's units, keys done, units to do, at most `limit`)."""
+    """Prepare the run directory (growing it where `prefix_sha256` allows: `prepare_dir`) -> (results file, the
+    shard's units, keys done, units to do, at most `limit`)."""
     out = Path(out)
-    prepare_dir(out, config)
+    prepare_dir(out, config, prefix_sha256)
     path = out / results_name(shard)
     done = {row["key"] for row in read_rows(path, repair=True)}
     i, n = shard
@@ -121,6 +161,7 @@ def run_units(
     progress: bool = True,
     evaluate_many: Callable[[list[dict]], list[dict]] | None = None,
     batch_size: int = 1,
+    prefix_sha256: Callable[[int], str] | None = None,
 ) -> list[dict]:
     """Evaluate the shard's units not yet in its results file, appending one line each.
 
@@ -128,9 +169,10 @@ def run_units(
     `limit` stops after that many new units (a bounded run, or a simulated interruption in tests).
     With `evaluate_many` and `batch_size` > 1, units go to it in groups of about `batch_size`: one method's
     units of whole examples at a time, so a group is one generator's batch; each row is still written (and
-    a resumed run skips it) one unit at a time.
+    a resumed run skips it) one unit at a time. `prefix_sha256` lets a run started on fewer examples grow
+    (`prepare_dir`).
     """
-    path, mine, done, todo = pending_units(out, config, units, shard, limit)
+    path, mine, done, todo = pending_units(out, config, units, shard, limit, prefix_sha256)
     batched = evaluate_many is not None and batch_size > 1
     groups = unit_groups(todo, batch_size) if batched else [[u] for u in todo]
 

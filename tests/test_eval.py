@@ -225,10 +225,11 @@ def _sweep_args(out, *extra):
     ]
 
 
-def _stable(rows):
+def _stable(rows, *also):
     from midlens.eval.runner import VOLATILE
 
-    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in sorted(rows, key=lambda r: r["order"])]
+    drop = {*VOLATILE, *also}
+    return [{k: v for k, v in r.items() if k not in drop} for r in sorted(rows, key=lambda r: r["order"])]
 
 
 def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loaded):
@@ -256,13 +257,39 @@ def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loade
     assert main(["eval", "merge", str(shards), "--out", str(tmp_path / "merged")]) == 0
     assert _stable(read_rows(tmp_path / "merged" / "results.jsonl")) == _stable(full)
 
+    # A run on fewer questions grows to more: its rows stay, the new questions' rows join them, the growth is
+    # recorded. It does not shrink, and it does not grow onto questions that are not its own first ones.
+    grown = tmp_path / "grown"
+    assert main(_sweep_args(grown, "--n", "1")) == 0
+    first = read_rows(grown / "results.jsonl")
+    assert len(first) == 2
+    assert main(_sweep_args(grown)) == 0
+    rows = read_rows(grown / "results.jsonl")
+    # Each row keeps the hash of the config it was made under: the first ones that of the run on one question.
+    assert rows[:2] == first and _stable(rows, "config_sha256") == _stable(full, "config_sha256")
+    config = json.loads((grown / "config.json").read_text())
+    assert config["examples"] == 2 and config["extended"] == [1]
+    with pytest.raises(RunError, match="grows but does not shrink"):
+        _run_cli(_sweep_args(grown, "--n", "1"))
+    tampered = tmp_path / "tampered"
+    assert main(_sweep_args(tampered, "--n", "1")) == 0
+    config = json.loads((tampered / "config.json").read_text())
+    (tampered / "config.json").write_text(json.dumps({**config, "data_sha256": "0" * 64}))  # its dataset changed
+    with pytest.raises(RunError, match="not the first 1 of these 2"):
+        _run_cli(_sweep_args(tampered))
+
     # Resuming with other options is refused, naming what differs.
     assert main(_sweep_args(part, "--seed", "1")) == 2
     with pytest.raises(RunError, match="seed"):
-        from midlens.cli import build_parser
+        _run_cli(_sweep_args(part, "--seed", "1"))
 
-        args = build_parser().parse_args(_sweep_args(part, "--seed", "1"))
-        args.func(args)
+
+def _run_cli(argv: list[str]) -> int:
+    """The command without main's error handling, so a test sees the exception main turns into a message."""
+    from midlens.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    return args.func(args)
 
 
 def test_sweep_stopped_at_line_end_scores_the_same_and_says_so(tmp_path, loaded):
@@ -573,9 +600,10 @@ def test_batched_sweep_rows_equal_batch_one_and_resume_at_another_size(tmp_path,
 
 @pytest.mark.slow
 def test_ray_engine_rows_equal_in_process_and_survive_a_killed_worker(tmp_path, loaded, monkeypatch):
-    """Two Ray workers x 1 thread on a local cluster: a run stopped after 2 units (--limit) resumes, a worker is
-    killed (SIGKILL) during the resumed run, and the rows are still every unit exactly once, equal to the in-process
-    engine's. One cluster and two pools: each pool loads the model in every worker, the test's main cost."""
+    """Two Ray workers x 1 thread on a local cluster: a run stopped after 2 units (--limit) resumes, grown to more
+    questions, a worker is killed (SIGKILL) during the resumed run, and the rows are still every unit exactly once,
+    equal to the in-process engine's. One cluster and two pools: each pool loads the model in every worker, the
+    test's main cost."""
     import os
     import signal
     import threading
@@ -588,12 +616,14 @@ def test_ray_engine_rows_equal_in_process_and_survive_a_killed_worker(tmp_path, 
 
     many = ["--n", "12"]
     assert main(_sweep_args(tmp_path / "local", *many)) == 0
-    local = _stable(read_rows(tmp_path / "local" / "results.jsonl"))
+    local = read_rows(tmp_path / "local" / "results.jsonl")
     ray_args = ["--engine", "ray", "--workers", "2", "--threads-per-worker", "1"]
     killed = tmp_path / "ray"
     path = killed / "results.jsonl"
     try:
-        assert main(_sweep_args(killed, *many, *ray_args, "--limit", "2")) == 0
+        # Started on 6 questions and stopped after 2 units; the resumed run below grows it to 12 (the driver checks
+        # the first 6 by the hash the planning task returns: it holds no data).
+        assert main(_sweep_args(killed, "--n", "6", *ray_args, "--limit", "2")) == 0
         assert len(read_rows(path)) == 2
 
         # The resumed run, a worker killed while it goes on: its group is retried on a restarted actor.
@@ -620,7 +650,8 @@ def test_ray_engine_rows_equal_in_process_and_survive_a_killed_worker(tmp_path, 
         assert result.get("rc") == 0
         after = read_rows(path)
         assert len({r["key"] for r in after}) == len(after) == len(local)
-        assert _stable(after) == local
+        assert _stable(after, "config_sha256") == _stable(local, "config_sha256")
+        assert json.loads((killed / "config.json").read_text())["extended"] == [6]
         assert any(r["worker"] != victim for r in after[len(rows) :])  # rows after the kill came from another process
     finally:
         ray.shutdown()

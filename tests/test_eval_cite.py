@@ -91,9 +91,10 @@ def test_cite_runs_end_to_end_resumes_and_reports(tmp_path):
     out = tmp_path / "cite"
     args = ["eval", "cite", "--n", "2", "--positions", "1", "--max-words", "20", "--max-new-tokens", "4"]
     args += ["--split", "train", "--drops", "1", "--ablations", "2", "--no-progress", "--out", str(out)]
-    assert main([*args, "--limit", "1"]) == 0
+    assert main([*args, "--n", "1"]) == 0  # the last --n wins: a run on the first question
     assert len(read_rows(out / "results.jsonl")) == 1
-    assert main(args) == 0  # resumes: the second unit only
+    assert main(args) == 0  # grows to two questions: the second one's unit only
+    assert json.loads((out / "config.json").read_text())["extended"] == [1]
     rows = read_rows(out / "results.jsonl")
     assert sorted(r["key"] for r in rows) == sorted({r["key"] for r in rows}) and len(rows) == 2
     for row in rows:

@@ -268,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
             progress=options.progress,
             evaluate_many=run.evaluate_many,
             batch_size=run.plan.group_size,
+            prefix_sha256=run.plan.prefix_sha256,
         )
     print(f"{len(rows)} results in {options.out / runner.results_name(options.shard)}")
     return 0
