@@ -822,6 +822,8 @@ def test_the_default_rule_needs_both_corpora_both_metrics_and_no_worse_position(
     assert judge(one_corpus) is None  # SQuAD unmeasured: no verdict, the baseline stays
     text = markdown([{"kind": "sweep", "model": "m", "methods": {}}], rows)
     assert "**Supported default: good.**" in text
+    renamed = [{**r, "method": "mudaf(alpha=0)"} if r["method"] == "good" else r for r in rows]
+    assert "**Supported default: mudaf(alpha=0) (`finetuned`).**" in markdown([{"kind": "sweep"}], renamed)
     assert "The answering default" not in markdown([{"kind": "sweep", "model": "m", "methods": {}}], one_corpus)
     no_winner = [r for r in rows if r["method"] != "good"]
     assert chosen(judge(no_winner)) == "baseline"

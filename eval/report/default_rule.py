@@ -60,6 +60,14 @@ def chosen(verdicts: list[Verdict], against: str = "baseline") -> str:
     return next((v.method for v in verdicts if v.passes), against)
 
 
+def _named(method: str) -> str:
+    """The method with the shorthand users know it by, where it has one: the name the default is switched to."""
+    from midlens.core.names import METHOD_SHORTHANDS
+
+    known = [f"`{short}`" for short, spec in METHOD_SHORTHANDS.items() if spec == method]
+    return f"{method} ({', '.join(known)})" if known else method
+
+
 def markdown_lines(rows: list[dict], against: str = "baseline") -> list[str]:
     """The report's section on the rule, or nothing when the rows cannot decide it."""
     verdicts = judge(rows, against)
@@ -71,7 +79,7 @@ def markdown_lines(rows: list[dict], against: str = "baseline") -> list[str]:
         "",
         f"Rule: above {against} on both HotpotQA and SQuAD in EM and in F1 (paired 95 % interval above zero), "
         "below it at no gold position; the best average EM of those that pass. "
-        f"**Supported default: {chosen(verdicts, against)}.**",
+        f"**Supported default: {_named(chosen(verdicts, against))}.**",
         "",
         "| method | average EM over both corpora | passes | why not |",
         "|---|---|---|---|",
