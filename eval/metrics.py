@@ -11,21 +11,13 @@ n = 200 an accuracy cell near 50 % spans about +-7 points, wider than many diffe
 from __future__ import annotations
 
 import math
-import re
-import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 from scipy.stats import bootstrap
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
-    return " ".join(_ARTICLES.sub(" ", text).split())
+from midlens.core.answer_text import normalize_answer
 
 
 def first_line(prediction: str) -> str:

@@ -52,7 +52,9 @@ class RunOptions:
     prompt_style: str = DEFAULT_PROMPT_STYLE
     # sweep and rerank: the data
     dataset: str = "hotpotqa"
-    split: Literal["eval", "train"] = "eval"
+    # None: the dataset's own default, HotpotQA's eval split and all of SQuAD (what SQuAD runs read before it had
+    # a split); squad's "eval"/"train" are its articles (retrievers.squad).
+    split: Literal["eval", "train"] | None = None
     max_words: int = 100  # 0: whole paragraphs
     # sweep
     k: int = 10
@@ -79,8 +81,8 @@ class RunOptions:
     parsed: dict[str, tuple[str, dict]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.split != "eval" and self.dataset != "hotpotqa":
-            raise MidlensError("only the hotpotqa dataset has splits.", about=Remedy("split", self.split))
+        if self.split is not None and self.dataset not in ("hotpotqa", "squad"):
+            raise MidlensError("only the hotpotqa and squad datasets have splits.", about=Remedy("split", self.split))
         if self.mode == "sweep":
             bad = [p for p in self.positions if not 1 <= p <= self.k]
             if bad:

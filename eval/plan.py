@@ -55,15 +55,15 @@ def _examples(options: RunOptions) -> tuple[str, list]:
     if options.dataset == "hotpotqa":
         mode = "mdqa" if options.mode == "sweep" else "rerank"
         # Another split is another dataset name, so a report never pools tuning rows with evaluation rows.
-        name = "hotpotqa" if options.split == "eval" else f"hotpotqa-{options.split}"
-        examples = load_hotpotqa(
-            options.n, options.seed, mode=mode, k=options.k, max_words=max_words, split=options.split
-        )
+        split = options.split or "eval"
+        name = "hotpotqa" if split == "eval" else f"hotpotqa-{split}"
+        examples = load_hotpotqa(options.n, options.seed, mode=mode, k=options.k, max_words=max_words, split=split)
         return name, examples
     if options.dataset == "squad":
         if options.mode != "sweep":
             raise MidlensError("squad has one relevant paragraph per question: use it with `eval sweep`.")
-        return "squad-v2-dev", load_squad(options.n, options.seed, k=options.k, max_words=max_words)
+        name = "squad-v2-dev" if options.split is None else f"squad-v2-dev-{options.split}"
+        return name, load_squad(options.n, options.seed, k=options.k, max_words=max_words, split=options.split)
     if options.dataset == "kv":
         if options.mode != "sweep":
             raise MidlensError("kv retrieval has one relevant pair and no retriever order: use it with `eval sweep`.")

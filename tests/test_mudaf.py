@@ -221,11 +221,18 @@ def test_train_command_runs_the_recipe_each_trainable_method_s_entry_names(loade
     assert "alpha 1.5: the contrastive weight is in [0, 1]" in capsys.readouterr().err
     assert main(["train", "moice", "--top-k", "7", "--out", str(tmp_path / "x")]) == 2
     assert "K must be below N" in capsys.readouterr().err
+    assert main(["train", "mudaf", "--data", "squad", "--out", str(tmp_path / "x")]) == 2
+    assert "data 'squad': expected one of hotpotqa, hotpotqa+squad" in capsys.readouterr().err
 
     tiny = ["--examples", "2", "--batch", "2", "--max-words", "15", "--no-progress", "--device", "cpu"]
     out = tmp_path / "mudaf"
-    assert main(["train", "mudaf", "--heads-n", "2", "--num-heads", "2", "--rank", "2", *tiny, "--out", str(out)]) == 0
+    mixed = ["--data", "hotpotqa+squad"]  # one example of each corpus
+    assert (
+        main(["train", "mudaf", "--heads-n", "2", "--num-heads", "2", "--rank", "2", *tiny, *mixed, "--out", str(out)])
+        == 0
+    )
     assert "trained" in capsys.readouterr().out and (out.with_name("mudaf.heads.json")).is_file()
+    assert json.loads((out / "meta.json").read_text())["data"]["data"] == "hotpotqa+squad"
     Generator(loaded, method=f"mudaf(artefact='{out}')")  # verified and loaded like a shipped delta
     out = tmp_path / "moice"
     assert main(["train", "moice", "--experts", "3", "--top-k", "1", *tiny, "--out", str(out)]) == 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from midlens.core.errors import MidlensError
-from midlens.training.data import data_record, training_examples
+from midlens.training.data import TRAINING_DATA, data_record, training_examples
 from midlens.training.loop import LoopConfig
 
 
@@ -41,6 +41,7 @@ class Budget:
     seed: int = 0
     max_minutes: float | None = None
     progress: bool = True
+    data: str = "hotpotqa"  # training.data.TRAINING_DATA
     # When the budget's clock started: what a recipe does before its training loop (MuDAF scores retrieval heads
     # first, minutes on a CPU) is spent from the same --max-minutes, so the run's wall time is what was asked.
     started: float = field(default_factory=time.perf_counter, compare=False, repr=False)
@@ -67,19 +68,23 @@ class Budget:
     def plan(self, tokenizer, style: str = "litm") -> tuple[list, LoopConfig, dict]:
         """The train-split examples this budget buys (prompts with instruction `style`), the loop over them and the
         data record the artefact keeps."""
-        examples = training_examples(tokenizer, self.examples, seed=self.seed, max_words=self.max_words, style=style)
+        examples = training_examples(
+            tokenizer, self.examples, seed=self.seed, max_words=self.max_words, style=style, data=self.data
+        )
         loop = LoopConfig(len(examples), self.batch, self.lr, self.warmup, seed=self.seed)
-        return examples, loop, data_record(examples, self.seed, self.max_words)
+        return examples, loop, data_record(examples, self.seed, self.max_words, self.data)
 
     def check(self) -> None:
         for name in ("examples", "batch", "lr"):
             if getattr(self, name) <= 0:
                 raise MidlensError(f"{name} {getattr(self, name)}: must be positive.")
+        if self.data not in TRAINING_DATA:
+            raise MidlensError(f"data {self.data!r}: expected one of {', '.join(TRAINING_DATA)}.")
         if not 0 <= self.warmup < 1:
             raise MidlensError(f"warmup {self.warmup}: a fraction of the steps, in [0, 1).")
 
 
-BUDGET_FLAGS = ("examples", "batch", "lr", "warmup", "max_words", "seed", "max_minutes")
+BUDGET_FLAGS = ("examples", "batch", "lr", "warmup", "max_words", "seed", "max_minutes", "data")
 
 
 @dataclass(frozen=True)

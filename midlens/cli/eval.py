@@ -95,10 +95,11 @@ def _common(p: argparse.ArgumentParser, methods: str) -> None:
     )
     p.add_argument(
         "--split",
-        default="eval",
+        default=None,
         choices=["eval", "train"],
-        help="hotpotqa: the held-out evaluation split, or questions of the train split, for choosing a "
-        "method's options on a tuning slice that evaluation never sees",
+        help="hotpotqa: the held-out evaluation split (the default), or questions of the train split, for choosing "
+        "a method's options on a tuning slice that evaluation never sees; squad: the articles of one split "
+        "(default: all articles, as SQuAD runs before the split)",
     )
     add_evidence_args(p)
 

@@ -43,6 +43,11 @@ BUDGET_ARGUMENTS = {
     "warmup": (float, "fraction of steps"),
     "max_words": (int, "clip paragraphs to ~N words"),
     "seed": (int, None),
+    "data": (
+        str,
+        "what the examples come from: hotpotqa (its train split; every shipped artefact), or "
+        "hotpotqa+squad (alternated with SQuAD's train articles)",
+    ),
     "max_minutes": (
         float,
         "wall-clock budget from the model load on, preparation included (mudaf's retrieval-head scoring): "
@@ -93,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     ns = recipe_parser(entry.name, recipe).parse_args(args.options)
     options = {o.name: getattr(ns, o.name) for o in recipe.options}
     budget = Budget(
-        ns.examples, ns.batch, ns.lr, ns.warmup, ns.max_words, ns.seed, ns.max_minutes, progress=not ns.no_progress
+        ns.examples, ns.batch, ns.lr, ns.warmup, ns.max_words, ns.seed, ns.max_minutes, not ns.no_progress, ns.data
     )
     budget.check()
     if recipe.check is not None:
