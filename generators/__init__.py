@@ -1,14 +1,15 @@
 """Generators: a RoPE model run with one method through one attention module, reading per-passage evidence.
 
 Public API: `Generator` (`generate`, `generate_batch`, `stream`, `score`), `generate_all` (many prompts in batches
-of a fixed size or `auto`), `load_model`, the method registry (`method_config`, `register`, `Method`, `available`),
-`Restack` / `Restacker` (passages re-stacked by a method's evidence before any method answers) and `method_context`
-for code that drives the model itself (training loops, benchmarks).
+of a fixed size or `auto`), `load_model` (once per process; `release_model` forgets one), the method registry
+(`method_config`, `register`, `Method`, `available`), `Restack` / `Restacker` (passages re-stacked by a method's
+evidence before any method answers) and `method_context` for code that drives the model itself (training loops,
+benchmarks).
 """
 
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.generator import GenerationStream, Generator
-from midlens.generators.loading import LoadedModel, load_model
+from midlens.generators.loading import LoadedModel, load_model, release_model
 from midlens.generators.methods.registry import Method, MethodConfig, available, build_parts, method_config, register
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.restack import Restack, Restacker
@@ -31,4 +32,5 @@ __all__ = [
     "method_config",
     "method_context",
     "register",
+    "release_model",
 ]

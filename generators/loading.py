@@ -137,13 +137,20 @@ def _load_failure(name: str, folder: Path, err: Exception) -> ModelError:
     )
 
 
+def release_model(loaded: LoadedModel) -> None:
+    """Forget `loaded` in this process' model cache: its memory is freed once nothing else holds it (generators,
+    pipelines), and the next `load_model` of it reads its folder again. For a process that goes through many models
+    (a sweep over folders, a long-lived server switching models): the cache keeps every model it loaded."""
+    with _LOAD_LOCK:
+        for key in [k for k, v in _LOADED.items() if v is loaded]:
+            del _LOADED[key]
+
+
 def non_finite_error(loaded: LoadedModel) -> ModelError:
     """The error for NaN/inf logits from a forward pass: names a damaged file when the hashes find one.
 
     The model is also dropped from this process' memory, so the next load reads the (rebuilt) folder again."""
-    with _LOAD_LOCK:
-        for key in [k for k, v in _LOADED.items() if v is loaded]:
-            del _LOADED[key]
+    release_model(loaded)
     cause = " (the first forward pass gave NaN or inf logits)"
     folder = loaded.folder
     if folder is None:

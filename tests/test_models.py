@@ -240,3 +240,23 @@ def test_stale_conversion_folders_are_swept_on_the_next_run(cached_tiny):
     resolve_model_dir(TINY)
     assert not dead.exists() and not reused.exists() and not old.exists()
     assert fresh.exists() and live.exists() and cached_tiny.exists()
+
+
+def test_a_released_model_leaves_the_cache_and_loads_again_from_its_folder(tmp_path):
+    """load_model is once per process until release_model: a process going through many folders can let go of each."""
+    import gc
+    import weakref
+
+    from midlens.generators import release_model
+
+    folder = str(save_tiny("llama", tmp_path / "mine"))
+    first = load_model(folder, "cpu", "float32")
+    assert load_model(folder, "cpu", "float32") is first
+    gone = weakref.ref(first.model)
+    release_model(first)
+    again = load_model(folder, "cpu", "float32")
+    assert again is not first and again.model is not first.model
+    del first
+    gc.collect()
+    assert gone() is None  # nothing in midlens held the released weights
+    release_model(again)
