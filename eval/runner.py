@@ -99,22 +99,27 @@ def prepare_dir(out: Path, config: dict, prefix_sha256: Callable[[int], str] | N
     if comparable(old) == comparable(config):
         return
     diff = sorted(k for k in set(old) | set(config) if k not in VOLATILE and old.get(k) != config.get(k))
-    if set(diff) <= set(EXTENDABLE) and prefix_sha256 is not None:
-        before, after = old.get("examples"), config.get("examples")
-        if isinstance(before, int) and isinstance(after, int) and after > before:
-            if prefix_sha256(before) != old.get("data_sha256"):
-                raise RunError(
-                    f"{out} holds a run on {before} examples that are not the first {before} of these {after} (their "
-                    "hash differs: the dataset file changed?); write to another folder to start a new run."
-                )
-            grown = {**config, "started": old.get("started"), "extended": [*old.get("extended", []), before]}
-            write_atomic(path, json.dumps(grown, indent=2, sort_keys=True) + "\n")
-            return
-        if isinstance(before, int) and isinstance(after, int) and after < before:
+    before, after = old.get("examples"), config.get("examples")
+    if (
+        set(diff) <= set(EXTENDABLE)
+        and prefix_sha256 is not None
+        and isinstance(before, int)
+        and isinstance(after, int)
+        and after != before
+    ):
+        if after < before:
             raise RunError(
                 f"{out} holds a run on {before} examples; a run grows but does not shrink: repeat --n "
                 f"{old.get('n')} to resume it (the report reads whatever rows it holds)."
             )
+        if prefix_sha256(before) != old.get("data_sha256"):
+            raise RunError(
+                f"{out} holds a run on {before} examples that are not the first {before} of these {after} (their "
+                "hash differs: the dataset file changed?); write to another folder to start a new run."
+            )
+        grown = {**config, "started": old.get("started"), "extended": [*old.get("extended", []), before]}
+        write_atomic(path, json.dumps(grown, indent=2, sort_keys=True) + "\n")
+        return
     raise RunError(
         f"{out} holds a run with a different configuration (differs in: {', '.join(diff)}); "
         "write to another folder to start a new run, or repeat the original options to resume it "
