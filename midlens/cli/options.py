@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_MODEL
+from midlens.core.names import ANSWER_METHODS, DEFAULT_MODEL, FALLBACK_ANSWER_METHOD
 
 RETRIEVAL_HELP = (
     "dense (faiss) or hybrid (dense + BM25, RRF); with +links, passages whose titles the top 2 name come next"
@@ -43,8 +43,9 @@ def add_model_args(parser: argparse.ArgumentParser, method: bool = True) -> None
     if method:
         parser.add_argument(
             "--method",
-            help=f"{METHOD_HELP} (default: the model's measured default, core.names.ANSWER_METHODS: baseline for "
-            "both packaged models until a method passes the default rule)",
+            help=f"{METHOD_HELP} (default: the model's measured default, core.names.ANSWER_METHODS: "
+            + ", ".join(f"{method} for {model}" for model, method in ANSWER_METHODS.items())
+            + f"; {FALLBACK_ANSWER_METHOD} for a model folder)",
         )
     add_device_args(parser)
     add_evidence_args(parser)
