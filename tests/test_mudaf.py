@@ -250,7 +250,7 @@ def test_the_default_models_shipped_artefacts_load_verified_and_act_only_while_i
     from midlens.generators.packaged_models import DEFAULT_MODEL
 
     qwen = load_model(DEFAULT_MODEL)
-    base = Generator(qwen)
+    base = Generator(qwen, method="baseline")  # the stock model: the default model answers with a delta
     ids = base.prompt(QUESTION, planted_passages(4, gold_at=2), max_new_tokens=4).input_ids
 
     def logits(gen):

@@ -24,7 +24,7 @@ EXAMPLES = """examples:
   midlens ask "What does the report conclude?" --corpus docs/ --top-k 8 --method ms-poe
   midlens ask "Who directed Wings of Desire?" --verify      # check each citation: [1?] marks one that fails
   midlens ask "Who directed Wings of Desire?" --restack     # MuDAF's evidence puts the strongest passages where
-                                                            # the model reads best, then the baseline answers
+                                                            # the model reads best, then --method answers
   midlens ask "Who directed Wings of Desire?" --json --device cpu > answer.json
 """
 BAR_WIDTH = 24
