@@ -123,6 +123,12 @@ def test_a_generator_cites_by_the_rule_measured_for_its_model_and_method(loaded,
 
     # The shipped entry: chosen on the default model's train rows for MuDAF (docs/results/cite/README.md, 5).
     assert CitationConfig.measured("qwen2.5-coder-0.5b", "mudaf") == CitationConfig(2, 0.0, 0.75)
+    # The default model's answering default has its own (section 9), found under the spec its shorthand stands for.
+    from midlens.core.names import DEFAULT_MODEL, answer_method_for
+    from midlens.generators.methods.registry import method_config
+
+    default_spec = method_config(answer_method_for(DEFAULT_MODEL)).spec()
+    assert CitationConfig.measured(DEFAULT_MODEL, default_spec) == CitationConfig(2, 0.0, 0.5)
     assert Generator(loaded).citations == CitationConfig()  # nothing measured apart: the default rule
     monkeypatch.setitem(MEASURED_RULES, (loaded.name, "mudaf"), {"max_sources": 1, "min_share": 0.2})
     assert Generator(loaded, method="mudaf").citations == CitationConfig(max_sources=1, min_share=0.2)
