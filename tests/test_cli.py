@@ -217,7 +217,7 @@ def test_a_split_is_refused_for_a_dataset_without_one_before_anything_loads():
     )
     assert heavy_imports_after(code) == []
     out = run_cli("eval", "sweep", "--dataset", "kv", "--split", "train", "--out", "unused")
-    assert out.returncode == 2 and "--split train: only the hotpotqa dataset has splits" in out.stderr
+    assert out.returncode == 2 and "--split train: only the hotpotqa and squad datasets have splits" in out.stderr
 
 
 def test_the_train_split_is_a_dataset_of_its_own():
