@@ -3,6 +3,7 @@ other, and the runs made before the split (all articles) keep their data to the 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -17,14 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _article_split(passage_id: str) -> str:
     """The split of the article a paragraph id ("squad:<article index>:<paragraph>") belongs to."""
-    titles = json.loads(_squad_file().read_text())["data"]
-    return split_of(titles[int(passage_id.split(":")[1])]["title"])
+    return split_of(_titles()[int(passage_id.split(":")[1])])
 
 
-def _squad_file() -> Path:
+@functools.cache
+def _titles() -> list[str]:
     from midlens.retrievers.squad import squad_path
 
-    return squad_path()
+    return [article["title"] for article in json.loads(squad_path().read_text())["data"]]
 
 
 def test_the_split_is_by_article_disjoint_and_covers_every_question():
