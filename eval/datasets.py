@@ -278,10 +278,10 @@ def load_squad(
 ) -> list[Example]:
     """SQuAD v2 dev questions with their paragraph and K - 1 retrieved non-answering paragraphs (module doc), from
     one split's articles (retrievers.squad) or, by default, from all of them."""
-    from midlens.retrievers.squad import SquadStacker, load_squad_dev, squad_path
+    from midlens.retrievers.squad import PACKAGED_SOURCE, SquadStacker, load_squad_dev
 
     paragraphs, questions = load_squad_dev(split, path)
-    source = str(Path(path) if path is not None else squad_path())
+    source = str(path) if path is not None else PACKAGED_SOURCE
     chosen = [questions[i] for i in subsample_indices(len(questions), n, seed)]
     stacker = SquadStacker(paragraphs)
     examples = []

@@ -11,7 +11,7 @@ import pytest
 
 from midlens.core.answer_text import normalize_answer
 from midlens.eval.datasets import data_sha256, load_squad
-from midlens.retrievers.squad import load_squad_dev, split_of
+from midlens.retrievers.squad import load_squad_dev, split_of, squad_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,8 +23,6 @@ def _article_split(passage_id: str) -> str:
 
 @functools.cache
 def _titles() -> list[str]:
-    from midlens.retrievers.squad import squad_path
-
     return [article["title"] for article in json.loads(squad_path().read_text())["data"]]
 
 
@@ -50,7 +48,9 @@ def test_an_eval_split_run_stacks_only_eval_articles_and_the_unsplit_runs_keep_t
         gold_text = normalize_answer(ex.passages[0].text)
         assert any(normalize_answer(a) in gold_text for a in ex.answers)
         assert not any(normalize_answer(a) in normalize_answer(p.text) for p in ex.passages[1:] for a in ex.answers)
-    # The committed short-answer sweep on all of SQuAD resumes: the same questions and passages, to the hash.
+    # The committed short-answer sweep on all of SQuAD resumes: the same questions and passages, to the hash, on a
+    # machine that installed the data elsewhere than the one that made the run (so no install path is hashed).
+    assert all(str(squad_path()) not in json.dumps(ex.meta) for ex in examples)
     recorded = ROOT / "docs/results/qwen2.5-coder-0.5b/short-answer/runs/squad/config.json"
     config = json.loads(recorded.read_text())
     again = load_squad(config["examples"], config["seed"], config["k"], config["max_words"])
