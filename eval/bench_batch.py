@@ -84,7 +84,7 @@ def _measure(
     from midlens.generators import Generator, load_model
 
     loaded = load_model(source, device, dtype)
-    gen = Generator(loaded)
+    gen = Generator(loaded, method="baseline")  # the stock weights, as transformers' `generate` below runs them
     prompts = batch_prompts(gen, prompts_count)
     stock = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=loaded.dtype, attn_implementation="sdpa")
     stock = stock.to(loaded.device).eval()

@@ -36,7 +36,7 @@ def test_one_bucket_and_identical_buckets_are_the_baseline(loaded):
     """One native base is the stock model; N copies of the native base mix N equal distributions (weights 1/N), so
     the answer, its log-probability and its evidence are the baseline's too: the mixing and the evidence
     weighting are checked where the result is known."""
-    baseline = _answers(Generator(loaded))
+    baseline = _answers(Generator(loaded, method="baseline"))
     native = rope_base(loaded.model.config)
     _same(baseline, _answers(Generator(loaded, method="attention-buckets(buckets=1)")))
     _same(baseline, _answers(Generator(loaded, method=f"attention-buckets(bases=[{native}, {native}, {native}])")))
@@ -77,7 +77,7 @@ def test_the_bases_are_derived_for_the_model_native_first(loaded):
 def test_buckets_change_the_answer_distribution(loaded):
     """Four different bases are not the baseline: the gold answer's log-probability moves (a method that did
     nothing would pass the equality tests above)."""
-    baseline = _answers(Generator(loaded))
+    baseline = _answers(Generator(loaded, method="baseline"))
     buckets = _answers(Generator(loaded, method="attention-buckets"))
     assert abs(buckets.reference_logprob - baseline.reference_logprob) > 1e-3
 

@@ -49,7 +49,7 @@ def _ids(loaded) -> torch.Tensor:
 def test_scale_one_is_the_stock_model_exactly(loaded):
     """scale=1 installs nothing; the scheme itself at scale 1 (built anyway) agrees with the stock model too."""
     prompt_passages = planted_passages(4, 2)
-    base = Generator(loaded)
+    base = Generator(loaded, method="baseline")
     same = Generator(loaded, method=f"channel-scaling(channel=5, layers={LAYERS}, scale=1.0)")
     assert same.parts.delta is None
     prompt = base.prompt("What is the secret code word of the Zorbland expedition?", prompt_passages)

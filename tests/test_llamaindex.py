@@ -46,7 +46,7 @@ class Recorder(BaseEventHandler):
 
 @pytest.fixture(scope="module")
 def llm(loaded):
-    return MidlensLLM(loaded, evidence=EVIDENCE, max_new_tokens=6)
+    return MidlensLLM(loaded, method="baseline", evidence=EVIDENCE, max_new_tokens=6)
 
 
 @pytest.fixture(scope="module")
@@ -623,7 +623,7 @@ def test_a_streamed_query_cites_each_sentence_while_it_streams(loaded):
         def _retrieve(self, query_bundle):
             return list(nodes)
 
-    llm = MidlensLLM(loaded, evidence=EVIDENCE, max_new_tokens=32)
+    llm = MidlensLLM(loaded, method="baseline", evidence=EVIDENCE, max_new_tokens=32)
     engine = MidlensQueryEngine(Fixed(), llm=llm, streaming=True)
     stream = engine.query("Tell me about the Zorbland expedition. Then tell me its code word.")
     rows_while_streaming, counted = [], []

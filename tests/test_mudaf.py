@@ -127,7 +127,7 @@ def test_trained_delta_is_per_call_and_base_logits_are_restored_exactly(loaded, 
     assert meta["base_model_sha256"] == loaded.sha256 and meta["training"]["steps_done"] == 2
     assert result["log"]["steps_done"] == 2
 
-    base = Generator(loaded)
+    base = Generator(loaded, method="baseline")
     tuned = Generator(loaded, method=f"mudaf(artefact='{out}')")
     prompt = base.prompt(QUESTION, planted_passages(6, gold_at=3), max_new_tokens=8)
     ids = prompt.input_ids

@@ -220,7 +220,7 @@ def test_query_engine_restacks_and_keeps_the_retrieved_order(loaded):
         def _retrieve(self, query_bundle):
             return list(nodes)
 
-    llm = MidlensLLM(loaded, max_new_tokens=6, prompt_style="short")
+    llm = MidlensLLM(loaded, method="baseline", max_new_tokens=6, prompt_style="short")
     engine = MidlensQueryEngine(Fixed(), llm=llm, restack="baseline")
     response = engine.query(QUESTION)
     record = response.metadata["midlens"]["restack"]

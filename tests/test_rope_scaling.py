@@ -30,7 +30,7 @@ def _same(a, b) -> None:
 
 
 def test_factor_one_is_the_baseline_and_pi_is_ms_poe_with_one_ratio_everywhere(loaded):
-    baseline = _answer(Generator(loaded))
+    baseline = _answer(Generator(loaded, method="baseline"))
     for kind in ("linear", "ntk"):
         _same(baseline, _answer(Generator(loaded, method=f"rope-scaling(kind='{kind}', factor=1.0)")))
     layers = list(range(loaded.model.config.num_hidden_layers))

@@ -55,6 +55,7 @@ def server():
 
     options = ServeOptions(
         model="smollm2-135m",
+        method="baseline",  # the stock model, as the in-process `generator` fixture it is compared with
         port=_free_port(),
         max_new_tokens=MAX_NEW,
         threads=1,
@@ -165,7 +166,7 @@ def test_midlens_llm_with_a_base_url_answers_as_in_process(server, loaded):
         for p in PASSAGES
     ]
     remote = MidlensLLM(base_url=server, max_new_tokens=MAX_NEW)
-    local = MidlensLLM(loaded, max_new_tokens=MAX_NEW)
+    local = MidlensLLM(loaded, method="baseline", max_new_tokens=MAX_NEW)
     assert isinstance(remote, MidlensLLM) and remote.model == "smollm2-135m"
     with ThreadPoolExecutor(4) as pool:
         served = list(pool.map(lambda q: remote.complete(q, passages=nodes), QUESTIONS))
@@ -409,7 +410,8 @@ def test_a_request_cancelled_mid_batch_stops_while_the_live_one_answers_as_alone
     from midlens.serve.engine import Cancelled, Engine, result_of
 
     limit = 16
-    engine = Engine("smollm2-135m", max_new_tokens=MAX_NEW)  # the model the fixtures loaded (one per process)
+    # The model the fixtures loaded (one per process), run as the stock model the other tests compare with.
+    engine = Engine("smollm2-135m", method="baseline", max_new_tokens=MAX_NEW)
     live = engine.answer_job(AnswerRequest(question=QUESTIONS[0], passages=PASSAGES, max_new_tokens=limit))
     leaving = engine.answer_job(AnswerRequest(question=QUESTIONS[2], passages=PASSAGES, max_new_tokens=limit))
     assert live.decoding == leaving.decoding  # one group: one generate_batch with both rows

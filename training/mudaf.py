@@ -169,7 +169,9 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
         probe = training_examples(
             loaded.tokenizer, options["heads_n"], seed=budget.seed + 1, max_words=budget.max_words
         )
-        scores = retrieval_head_scores(Generator(loaded), probe, progress=budget.progress)
+        # The stock model's heads: Generator(loaded) alone would run the model's answering default, which for a
+        # packaged model may be a trained delta (core.names.ANSWER_METHODS).
+        scores = retrieval_head_scores(Generator(loaded, method="baseline"), probe, progress=budget.progress)
         save_scores(scores, Path(out).with_name(Path(out).name + ".heads.json"))
         budget.note_spent(f"retrieval-head scoring ({len(probe)} prompts)")
     heads = select_heads(
