@@ -68,15 +68,16 @@ def test_the_reranker_ranks_by_the_best_ranker_measured_for_its_model(loaded):
     assert [n.score for n in ranked] == pytest.approx([pe.evidence for pe in expected], abs=1e-5)
 
 
-def test_the_default_models_answering_default_is_what_its_committed_sweeps_support():
+@pytest.mark.parametrize("model", ["qwen2.5-coder-0.5b", "smollm2-135m"])
+def test_each_packaged_models_answering_default_is_what_its_committed_sweeps_support(model):
     """The table follows the measurement: the default rule, applied to the committed n = 200 short-answer sweeps of
-    the default model, supports the method core.names names for it."""
+    each packaged model, supports the method core.names names for it."""
     from pathlib import Path
 
     from midlens.eval.report.default_rule import chosen, judge
     from midlens.eval.report.load import load_runs
 
-    runs = Path(__file__).resolve().parent.parent / "docs/results/qwen2.5-coder-0.5b/short-answer/runs"
+    runs = Path(__file__).resolve().parent.parent / f"docs/results/{model}/short-answer/runs"
     configs, rows = load_runs([runs / "hotpotqa", runs / "squad"])
-    assert all(c["examples"] == 200 and c["prompt_style"] == "short" for c in configs)
-    assert method_config(names.answer_method_for(names.DEFAULT_MODEL)).spec() == chosen(judge(rows))
+    assert all(c["model"] == model and c["examples"] == 200 and c["prompt_style"] == "short" for c in configs)
+    assert method_config(names.answer_method_for(model)).spec() == chosen(judge(rows))
