@@ -6,6 +6,7 @@ are resolved here, once, into torch objects, with an error naming what was asked
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from midlens.core.errors import DeviceError, Remedy
@@ -67,3 +68,10 @@ def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def id_tensor(ids: list[int]) -> torch.Tensor:
+    """Token ids as a 1-D long tensor on the CPU. Through numpy: `torch.tensor` on a Python list of 32k ints takes
+    5 ms, numpy under 1, and a prompt is converted on every prefill (on a GPU, where the host bounds a small
+    model's prefill, that was 3 % of a 32k-token one)."""
+    return torch.from_numpy(np.asarray(ids, dtype=np.int64))

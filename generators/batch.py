@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from midlens.core.device import to_device_async
+from midlens.core.device import id_tensor, to_device_async
 from midlens.generators.context import AnsweringView, MethodRun
 from midlens.generators.evidence import EvidenceMaps, RowMaps
 from midlens.generators.loading import LoadedModel, non_finite_error
@@ -70,7 +70,7 @@ def padded_block(
         if not row:
             continue
         cols = slice(width - len(row), width) if right_aligned else slice(0, len(row))
-        ids[b, cols] = torch.tensor(row)
+        ids[b, cols] = id_tensor(row)
         positions[b, cols] = torch.arange(start, start + len(row))
         valid[b, cols] = True
     return ids, positions, valid

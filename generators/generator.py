@@ -27,6 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from midlens.core.checks import check_max_new_tokens
+from midlens.core.device import id_tensor
 from midlens.core.errors import InvalidArgumentError, Remedy
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.passage import Passage
@@ -137,7 +138,7 @@ class Generator:
 
     def forward(self, ids: list[int], cache: DynamicCache, keep: int = 1) -> torch.Tensor:
         """Logits [keep, vocab] for `ids` fed after `cache` (call inside `running()`)."""
-        input_ids = torch.tensor([ids], device=self.device)
+        input_ids = id_tensor(ids)[None].to(self.device)
         out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0]
 

@@ -19,6 +19,7 @@ when it was observed (a decode step's row hides the keys that came later).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from midlens.core.device import to_device_async
@@ -49,6 +50,9 @@ class PassageProbe:
         self.layers = set(range(num_layers)) if layers is None else set(layers)
         self.rows: list[int] | torch.Tensor = []  # scoring queries within the current forward's chunk
         self._rows_on: torch.Tensor | None = None  # `rows` [B, S] on the model's device, made once per call
+        self._index_on: torch.Tensor | None = None  # shared `rows` as one index vector on the model's device
+        self._decode = False  # `rows` is [0]: a decode step's one query
+        self._any_rows = False
         self.collected: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.deferred: list[list[_Pending]] = [[] for _ in range(num_layers)]  # observed, not yet scored
         self.final_keys: list[torch.Tensor | None] = [None] * num_layers
@@ -58,7 +62,9 @@ class PassageProbe:
     def score_rows(self, rows: list[int] | torch.Tensor) -> None:
         """Chunk indices of the queries to score: a list shared by every batch row, or a [B, S] tensor per row."""
         self.rows = rows if isinstance(rows, torch.Tensor) else list(rows)
-        self._rows_on = None
+        self._rows_on = self._index_on = None
+        self._decode = self.rows == [0] if isinstance(self.rows, list) else False
+        self._any_rows = self._has_rows()
 
     def _has_rows(self) -> bool:
         return self.rows.numel() > 0 if isinstance(self.rows, torch.Tensor) else bool(self.rows)
@@ -68,10 +74,11 @@ class PassageProbe:
 
         Layers the probe does not keep come back as zeros, so the first axis stays the model's layer index."""
         self._flush_deferred()
-        per_layer = [torch.cat(rows, dim=2) if rows else None for rows in self.collected]
-        present = next(t for t in per_layer if t is not None)
+        out = _to_host(self.collected, self.num_layers)
         self.collected = [[] for _ in range(self.num_layers)]
-        return torch.stack([t if t is not None else torch.zeros_like(present) for t in per_layer]).cpu()
+        if out is None:
+            raise RuntimeError("PassageProbe.take(): no scoring row was observed since the last take")
+        return out
 
     def take_answer_spans(self) -> torch.Tensor | None:
         """The decode rows' mass over `answer_spans` since the last take, [layers, B, H, S, N] on the CPU (layers
@@ -84,23 +91,24 @@ class PassageProbe:
         """`take_answer_spans` without resetting, the decode rows observed so far scored first: a streamed
         answer reads each sentence's rows when the sentence ends, and the rows stay for the final take."""
         self._flush_deferred()
-        per_layer = [torch.cat(rows, dim=2) if rows else None for rows in self.answer_collected]
-        present = next((t for t in per_layer if t is not None), None)
-        if present is None:
-            return None
-        out = torch.zeros(self.num_layers, *present.shape)
-        for layer, mass in enumerate(per_layer):
-            if mass is not None:
-                out[layer] = mass.cpu()
-        return out
+        return _to_host(self.answer_collected, self.num_layers)
 
     def _device_rows(self, batch: int, device: torch.device) -> torch.Tensor:
         """`rows` as a [B, S] long tensor on `device`: copied once per call without waiting for the stream, and
         the same tensor for every layer (the mask rows computed from it are shared by that identity)."""
         if self._rows_on is None or self._rows_on.device != device or self._rows_on.shape[0] != batch:
-            rows = self.rows if isinstance(self.rows, torch.Tensor) else torch.tensor(self.rows)[None]
-            self._rows_on = to_device_async(rows.long(), device).expand(batch, -1)
+            if isinstance(self.rows, torch.Tensor):
+                self._rows_on = to_device_async(self.rows.long(), device)
+            else:
+                self._rows_on = self._device_index(device)[None]
+            self._rows_on = self._rows_on.expand(batch, -1)
         return self._rows_on
+
+    def _device_index(self, device: torch.device) -> torch.Tensor:
+        """Shared `rows` as one long vector on `device`, copied once per call."""
+        if self._index_on is None or self._index_on.device != device:
+            self._index_on = to_device_async(torch.tensor(self.rows, dtype=torch.long), device)
+        return self._index_on
 
     def _mask_rows(
         self, mask: torch.Tensor | None, rows: torch.Tensor, decode: bool, past: int, total: int
@@ -131,14 +139,21 @@ class PassageProbe:
         mask: torch.Tensor | None,  # the forward's `generators.scores.score_mask`
         scale: float,
     ) -> None:
-        if not self._has_rows() or layer not in self.layers:
+        # Runs between the model's layers, where every microsecond of host time delays the next layer's launches
+        # (a GPU prefill of a small model is host-bound): one index kernel per tensor, nothing else.
+        if not self._any_rows or layer not in self.layers:
             return
         self.scale = scale
         experts, batch, heads, length, dim = q_rot.shape
-        decode = length == 1 and not isinstance(self.rows, torch.Tensor) and self.rows == [0]
+        decode = length == 1 and self._decode
         if decode:  # a decode step: its one query row, whose answer-span mass citations read too
             q_sel, w_sel = q_rot, weights
             rows = self._decode_row(batch, q_rot.device)
+        elif isinstance(self.rows, list):  # the same rows in every batch row
+            index = self._device_index(q_rot.device)
+            q_sel = q_rot.index_select(3, index)
+            w_sel = None if weights is None else weights.index_select(3, index)
+            rows = self._device_rows(batch, q_rot.device)
         else:
             rows = self._device_rows(batch, q_rot.device)  # [B, S]
             index = rows[None, :, None, :, None]
@@ -146,9 +161,11 @@ class PassageProbe:
             q_sel = q_rot.gather(3, index.expand(experts, batch, heads, count, dim))
             w_sel = None if weights is None else weights.gather(3, index.expand(experts, batch, heads, count, 1))
         allowed = self._mask_rows(mask, rows, decode, past, keys.shape[3])
-        w = None if w_sel is None else w_sel.detach()
-        self.deferred[layer].append(_Pending(q_sel.detach(), w, allowed, decode))
-        self.final_keys[layer] = keys.detach()
+        if q_sel.requires_grad:  # a training step's forward: the probe only reads
+            q_sel, keys = q_sel.detach(), keys.detach()
+            w_sel = None if w_sel is None else w_sel.detach()
+        self.deferred[layer].append(_Pending(q_sel, w_sel, allowed, decode))
+        self.final_keys[layer] = keys
 
     def _decode_row(self, batch: int, device: torch.device) -> torch.Tensor:
         if self._zero is None or self._zero.shape[0] != batch or self._zero.device != device:
@@ -164,7 +181,7 @@ class PassageProbe:
         is the attention the mixed output applied to the (shared) values."""
         probs = None
         for e in range(q_sel.shape[0]):
-            p = attention_probs(q_sel[e], keys[:, e], allowed, self.scale)
+            p = attention_probs(q_sel[e], keys[:, e], allowed, self.scale, in_place=True)
             p = p if weights is None else weights[e].float() * p
             probs = p if probs is None else probs + p
         return probs
@@ -250,9 +267,11 @@ class _Merged:
         return (tuple(self.q.shape), tuple(self.keys.shape), self.weights is None, id(self.allowed))
 
     def bytes_to_score(self) -> int:
+        """fp32 bytes of scoring this layer: its logits and probabilities (the scale and mask applied in place)
+        and its keys in fp32."""
         experts, batch, heads, rows, dim = self.q.shape
         total = self.keys.shape[3]
-        return 4 * (3 * batch * heads * rows * total + self.keys.numel())
+        return 4 * (2 * batch * heads * rows * total + self.keys.numel())
 
 
 def _merge(pending: list[_Pending], keys: torch.Tensor, widened: dict[tuple, tuple]) -> _Merged:
@@ -273,6 +292,18 @@ def _merge(pending: list[_Pending], keys: torch.Tensor, widened: dict[tuple, tup
             answer_rows.extend(range(at, at + count))
         at += count
     return _Merged(q, weights, widened[key][0], keys, answer_rows)
+
+
+def _to_host(collected: list[list[torch.Tensor]], num_layers: int) -> torch.Tensor | None:
+    """Per-layer lists of [B, H, S_i, N] blocks -> [layers, B, H, sum S_i, N] on the CPU, zeros where a layer holds
+    none, or None when none does. Stacked on the device with one shared zero block and copied back once: zeroing
+    and filling the megabytes of absent layers on the host took longer than scoring them."""
+    per_layer = [(r[0] if len(r) == 1 else torch.cat(r, dim=2)) if r else None for r in collected[:num_layers]]
+    present = next((t for t in per_layer if t is not None), None)
+    if present is None:
+        return None
+    zero = torch.zeros_like(present) if any(t is None for t in per_layer) else None
+    return torch.stack([zero if t is None else t for t in per_layer]).cpu()
 
 
 def widened_rows(rows: list[torch.Tensor], total: int) -> torch.Tensor:
@@ -316,19 +347,22 @@ class _Spans:
 
 def span_matrix(per_row: list[list[tuple[int, int]]], end: int, width: int, device: torch.device) -> torch.Tensor:
     """The 0/1 [rows, end, width] matrix with matrix[b, t, p] = 1 for t in row b's span p."""
-    rows, keys, columns = [], [], []
-    for b, row in enumerate(per_row):
-        if not row:
-            continue
-        bounds = torch.tensor(row, dtype=torch.long).view(-1, 2)
-        lengths = (bounds[:, 1] - bounds[:, 0]).clamp(min=0)
-        starts = torch.repeat_interleave(bounds[:, 0] - (lengths.cumsum(0) - lengths), lengths)
-        keys.append(torch.arange(int(lengths.sum())) + starts)
-        columns.append(torch.repeat_interleave(torch.arange(len(row)), lengths))
-        rows.append(torch.full_like(columns[-1], b))
     matrix = torch.zeros(len(per_row), end, width, device=device)
-    if keys:
-        index = torch.stack([torch.cat(rows), torch.cat(keys), torch.cat(columns)])  # one host-to-device copy
-        r, k, c = to_device_async(index, device)
+    index = span_index(per_row)
+    if index.shape[1]:
+        r, k, c = to_device_async(torch.from_numpy(index), device)  # one host-to-device copy
         matrix[r, k, c] = 1.0
     return matrix
+
+
+def span_index(per_row: list[list[tuple[int, int]]]) -> np.ndarray:
+    """(row, key, span) of every key inside a span, [3, n]. In numpy: a probe is made per call, and the same
+    dozen steps as torch CPU ops cost more host time than the whole scoring they prepare."""
+    flat = [(b, p, start, stop) for b, row in enumerate(per_row) for p, (start, stop) in enumerate(row)]
+    if not flat:
+        return np.zeros((3, 0), dtype=np.int64)
+    rows, columns, starts, stops = np.asarray(flat, dtype=np.int64).T
+    lengths = np.clip(stops - starts, 0, None)
+    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    keys = np.arange(int(lengths.sum()), dtype=np.int64) + offsets
+    return np.stack([np.repeat(rows, lengths), keys, np.repeat(columns, lengths)])

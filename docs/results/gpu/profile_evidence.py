@@ -22,14 +22,42 @@ from midlens.generators.probe import PassageProbe
 VARIANTS = ("plain", "baseline", "evidence")
 
 
-def _wrap_observe() -> None:
+def earlier_probe_runner(path: Path, model: str, tokens: int, device: str, dtype: str):
+    """The `evidence` variant with the PassageProbe of another version (its probe.py at `path`), so two versions
+    are timed in one process, interleaved, against the same stock prefill."""
+    import importlib.util
+
+    from transformers import DynamicCache
+
+    from midlens.eval.bench_runner import Runner, bench_prompt, synchronize
+    from midlens.generators import Generator, load_model
+
+    spec = importlib.util.spec_from_file_location("earlier_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    gen = Generator(load_model(model, device, dtype), method="baseline")
+    prompt = bench_prompt(gen.tokenizer, tokens)
+
+    def prefill() -> None:
+        probe = module.PassageProbe(prompt.passage_spans, gen.num_layers, gen.probe_layers())
+        with gen.running(probe):
+            probe.score_rows(list(range(*prompt.question_span)) + [prompt.num_tokens - 1])
+            gen.forward(prompt.input_ids, DynamicCache(config=gen.model.config))
+            probe.take()
+        synchronize()
+
+    return Runner(prompt, prefill)
+
+
+def _named_observe():
+    """PassageProbe.observe inside a named range, for the profiler only (timed runs call the library's own)."""
     observe = PassageProbe.observe
 
     def named(self, *args, **kwargs):
         with record_function("probe.observe"):
             return observe(self, *args, **kwargs)
 
-    PassageProbe.observe = named
+    return named
 
 
 def main() -> None:
@@ -40,9 +68,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--earlier-probe", type=Path, help="another version's probe.py, timed as `evidence-before`")
     args = parser.parse_args()
+    variants = VARIANTS + (("evidence-before",) if args.earlier_probe else ())
     args.out.mkdir(parents=True, exist_ok=True)
-    _wrap_observe()
+    library_observe, named_observe = PassageProbe.observe, _named_observe()
     cuda = args.device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     report = {"model": args.model, "device": args.device, "dtype": args.dtype, "sizes": []}
@@ -50,10 +80,14 @@ def main() -> None:
         report["gpu"] = torch.cuda.get_device_name()
     for tokens in [int(t) for t in args.tokens.split(",")]:
         runners = {v: make_runner(v, args.model, tokens, args.device, args.dtype) for v in VARIANTS}
+        if args.earlier_probe:
+            runners["evidence-before"] = earlier_probe_runner(
+                args.earlier_probe, args.model, tokens, args.device, args.dtype
+            )
         for r in runners.values():  # warm-up: kernels, allocator
             r.prefill()
             r.prefill()
-        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        times: dict[str, list[float]] = {v: [] for v in variants}
         for _ in range(args.repeats):  # interleaved, so machine noise hits every variant alike
             for v, r in runners.items():
                 t0 = time.perf_counter()
@@ -63,13 +97,25 @@ def main() -> None:
         row = {
             "prompt_tokens": runners["plain"].prompt.num_tokens,
             "prefill_s": median,
-            "ratio_to_plain": {v: median[v] / median["plain"] for v in VARIANTS},
+            "ratio_to_plain": {v: median[v] / median["plain"] for v in variants},
             "probe_observe_s": None,
         }
+        if cuda:  # peak memory of one prefill above what is held before it (weights, the other variants' models)
+            peak = {}
+            for v, r in runners.items():
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                held = torch.cuda.memory_allocated()
+                r.prefill()
+                peak[v] = torch.cuda.max_memory_allocated() - held
+            row["peak_bytes_above_held"] = peak
+            row["peak_ratio_to_plain"] = {v: peak[v] / peak["plain"] for v in variants}
         for v, r in runners.items():
+            PassageProbe.observe = named_observe
             with profile(activities=activities) as prof:
                 for _ in range(3):
                     r.prefill()
+            PassageProbe.observe = library_observe
             table = prof.key_averages().table(
                 sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=25, max_name_column_width=60
             )
@@ -77,7 +123,7 @@ def main() -> None:
             # The host's side too: a prefill that waits on the host shows it here, not in the kernels.
             host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
             (args.out / f"profile-{v}-{tokens}-host.txt").write_text(host + "\n")
-            if v == "evidence":
+            if v.startswith("evidence"):
                 for event in prof.key_averages():
                     if event.key == "probe.observe":
                         row["probe_observe_s"] = {

@@ -3,7 +3,8 @@
 # midlens laid out as its import name under /tmp/pkg, random weights of a packaged model's shape (speed depends on
 # shapes only), the shape's tokenizer carried in TOKENIZER. Usage: run.sh SHAPE TOKENIZER OUT [STEPS]
 # Steps, run in the order given: profile (evidence prefill), batch (bench batch), hostprofile (one batch of each
-# engine under the profiler), alone (batched vs alone in bf16), evidence (bench evidence).
+# engine under the profiler), alone (batched vs alone in bf16), evidence (bench evidence). PROFILE_ARGS: extra options
+# of the profile step (profile_evidence.py), e.g. "--repeats 20 --earlier-probe OLD/probe.py".
 # Results land in a work folder, packed into OUT/gpu.tgz after each step: what comes back is what finished.
 set -euo pipefail
 shape=$1 tokenizer=$2 out=$3 steps=${4:-profile,batch,hostprofile,alone,evidence}
@@ -19,7 +20,7 @@ python3 -c "import torch, transformers, sys; print('torch', torch.__version__, '
 here=docs/results/gpu
 # One function per step, run in the order named.
 step_profile() {
-  python3 $here/profile_evidence.py "$model" --tokens "$tokens" --device "$device" --dtype "$dtype" --out "$work" 2>&1 | tee "$work/profile.log"
+  python3 $here/profile_evidence.py "$model" --tokens "$tokens" --device "$device" --dtype "$dtype" --out "$work" ${PROFILE_ARGS:-} 2>&1 | tee "$work/profile.log"
 }
 step_batch() {
   python3 -m midlens bench batch --model "$model" --device "$device" --dtype "$dtype" --batch-sizes "${BATCH_SIZES:-1,8,32}" \
