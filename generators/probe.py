@@ -161,11 +161,9 @@ class PassageProbe:
             q_sel = q_rot.gather(3, index.expand(experts, batch, heads, count, dim))
             w_sel = None if weights is None else weights.gather(3, index.expand(experts, batch, heads, count, 1))
         allowed = self._mask_rows(mask, rows, decode, past, keys.shape[3])
-        if q_sel.requires_grad:  # a training step's forward: the probe only reads
-            q_sel, keys = q_sel.detach(), keys.detach()
-            w_sel = None if w_sel is None else w_sel.detach()
-        self.deferred[layer].append(_Pending(q_sel, w_sel, allowed, decode))
-        self.final_keys[layer] = keys
+        # The probe only reads: in a training step's forward (a delta's q or k, MoICE's routers) it holds no graph.
+        self.deferred[layer].append(_Pending(_detached(q_sel), _detached(w_sel), allowed, decode))
+        self.final_keys[layer] = _detached(keys)
 
     def _decode_row(self, batch: int, device: torch.device) -> torch.Tensor:
         if self._zero is None or self._zero.shape[0] != batch or self._zero.device != device:
@@ -292,6 +290,10 @@ def _merge(pending: list[_Pending], keys: torch.Tensor, widened: dict[tuple, tup
             answer_rows.extend(range(at, at + count))
         at += count
     return _Merged(q, weights, widened[key][0], keys, answer_rows)
+
+
+def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return tensor.detach() if tensor is not None and tensor.requires_grad else tensor
 
 
 def _to_host(collected: list[list[torch.Tensor]], num_layers: int) -> torch.Tensor | None:
