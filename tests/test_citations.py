@@ -129,10 +129,12 @@ def test_a_generator_cites_by_the_rule_measured_for_its_model_and_method(loaded,
 
     default_spec = method_config(answer_method_for(DEFAULT_MODEL)).spec()
     assert CitationConfig.measured(DEFAULT_MODEL, default_spec) == CitationConfig(2, 0.0, 0.5)
-    assert Generator(loaded).citations == CitationConfig()  # nothing measured apart: the default rule
+    # SmolLM2's answering default has its own too (section 10); its baseline, nothing measured apart: the default rule.
+    assert Generator(loaded).citations == CitationConfig(3, 0.7, 0.75)
+    assert Generator(loaded, method="baseline").citations == CitationConfig()
     monkeypatch.setitem(MEASURED_RULES, (loaded.name, "mudaf"), {"max_sources": 1, "min_share": 0.2})
     assert Generator(loaded, method="mudaf").citations == CitationConfig(max_sources=1, min_share=0.2)
-    assert Generator(loaded, method="mudaf(alpha=0)").citations == CitationConfig()  # another method spec
+    assert Generator(loaded, method="attn-calibration").citations == CitationConfig()  # another method spec
     assert Generator(loaded, method="mudaf", citations=CitationConfig()).citations == CitationConfig()  # given wins
     with pytest.raises(InvalidArgumentError, match=r"citations='auto': pass a CitationConfig, \"measured\""):
         Generator(loaded, citations="auto")
