@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from midlens.core.device import to_device_async
+from midlens.core.device import id_tensor, to_device_async
 from midlens.generators.scores import attention_probs, mask_rows
 
 
@@ -107,7 +107,7 @@ class PassageProbe:
     def _device_index(self, device: torch.device) -> torch.Tensor:
         """Shared `rows` as one long vector on `device`, copied once per call."""
         if self._index_on is None or self._index_on.device != device:
-            self._index_on = to_device_async(torch.tensor(self.rows, dtype=torch.long), device)
+            self._index_on = to_device_async(id_tensor(self.rows), device)
         return self._index_on
 
     def _mask_rows(
@@ -179,7 +179,7 @@ class PassageProbe:
         is the attention the mixed output applied to the (shared) values."""
         probs = None
         for e in range(q_sel.shape[0]):
-            p = attention_probs(q_sel[e], keys[:, e], allowed, self.scale, in_place=True)
+            p = attention_probs(q_sel[e], keys[:, e], allowed, self.scale)
             p = p if weights is None else weights[e].float() * p
             probs = p if probs is None else probs + p
         return probs
@@ -265,8 +265,8 @@ class _Merged:
         return (tuple(self.q.shape), tuple(self.keys.shape), self.weights is None, id(self.allowed))
 
     def bytes_to_score(self) -> int:
-        """fp32 bytes of scoring this layer: its logits and probabilities (the scale and mask applied in place)
-        and its keys in fp32."""
+        """fp32 bytes of scoring this layer: its logits and probabilities (`attention_probs` scales and masks in
+        place) and its keys in fp32."""
         experts, batch, heads, rows, dim = self.q.shape
         total = self.keys.shape[3]
         return 4 * (2 * batch * heads * rows * total + self.keys.numel())

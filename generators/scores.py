@@ -84,23 +84,21 @@ def attend(
     )
 
 
-def attention_probs(
-    q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, scale: float, in_place: bool = False
-) -> torch.Tensor:
+def attention_probs(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """softmax(q K^T * scale + mask) written out, in fp32: [B, H, S, T]. For a few rows only (S << T); the
-    explicit form of `attend`'s weights, so what is read equals what is applied. `in_place`: the scale and mask
-    are applied to the logits in place, so scoring holds two [B, H, S, T] tensors instead of three (a mask that
-    broadcasts over fewer heads or rows than the logits' is allowed; one of more is not)."""
+    explicit form of `attend`'s weights, so what is read equals what is applied."""
     batch, heads, rows, dim = q.shape
     key_heads, total = keys.shape[1], keys.shape[2]
     # The query heads that share a key head are grouped instead of copying K per query head (GQA).
     grouped = q.float().reshape(batch, key_heads, -1, dim)
     logits = (grouped @ keys.float().transpose(-1, -2)).view(batch, heads, rows, total)
-    logits = logits.mul_(scale) if in_place else logits * scale
+    # Scale and mask in place on the product this function owns (autograd keeps the product's inputs, not it):
+    # scoring holds two [B, H, S, T] tensors instead of three. A mask broadcasts over [B, H, S, T], never beyond.
+    logits.mul_(scale)
     if mask is None:
         mask = mask_rows(None, torch.arange(total - rows, total, device=q.device)[None], 0, total)
     if mask.dtype == torch.bool:
-        logits = logits.masked_fill_(~mask, float("-inf")) if in_place else logits.masked_fill(~mask, float("-inf"))
+        logits.masked_fill_(~mask, float("-inf"))
     else:
-        logits = logits.add_(mask.float()) if in_place else logits + mask.float()
+        logits.add_(mask.float())
     return torch.softmax(logits, dim=-1)

@@ -35,22 +35,22 @@ def test_span_matrix_marks_exactly_each_spans_keys():
 
 
 @pytest.mark.parametrize("mask_kind", ["causal", "bool", "additive"])
-def test_in_place_scores_equal_the_written_out_softmax(mask_kind):
+def test_scores_equal_the_written_out_softmax(mask_kind):
     torch.manual_seed(0)
     batch, heads, key_heads, rows, total, dim = 2, 6, 2, 3, 17, 8
     q, keys = torch.randn(batch, heads, rows, dim), torch.randn(batch, key_heads, total, dim)
-    picked = torch.tensor([[4, 9, 16], [2, 3, 16]])
-    mask = None if mask_kind == "causal" else mask_rows(None, picked, 0, total)
-    if mask_kind == "additive":
-        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf")) + torch.randn(batch, 1, rows, total)
-    if mask is None:
-        rows_mask = mask_rows(None, torch.arange(total - rows, total)[None], 0, total)
-        reference = (q.reshape(batch, key_heads, -1, dim) @ keys.transpose(-1, -2)).view(batch, heads, rows, total)
-        reference = torch.softmax((reference * 0.3).masked_fill(~rows_mask, float("-inf")), -1)
+    if mask_kind == "causal":
+        mask, visible, bias = None, mask_rows(None, torch.arange(total - rows, total)[None], 0, total), 0.0
     else:
-        reference = attention_probs(q, keys, mask, 0.3)
-    # The same products in the same order: in place changes where the result is written, not its value.
-    assert torch.equal(attention_probs(q, keys, mask, 0.3, in_place=True), reference)
+        visible = mask_rows(None, torch.tensor([[4, 9, 16], [2, 3, 16]]), 0, total)
+        bias = torch.randn(batch, 1, rows, total) if mask_kind == "additive" else 0.0
+        additive = torch.zeros(visible.shape).masked_fill(~visible, float("-inf")) + bias
+        mask = visible if mask_kind == "bool" else additive
+    expanded = keys.repeat_interleave(heads // key_heads, dim=1)  # each key head copied for its query heads
+    logits = (q @ expanded.transpose(-1, -2)) * 0.3 + bias
+    reference = torch.softmax(logits.masked_fill(~visible, float("-inf")), -1)
+    # Grouped heads and in-place scaling sum the same products in the same order up to fp32 rounding.
+    assert torch.allclose(attention_probs(q, keys, mask, 0.3), reference, atol=1e-6)
 
 
 def test_take_returns_zeros_for_layers_it_does_not_keep():
