@@ -64,10 +64,7 @@ class PassageProbe:
         self.rows = rows if isinstance(rows, torch.Tensor) else list(rows)
         self._rows_on = self._index_on = None
         self._decode = self.rows == [0] if isinstance(self.rows, list) else False
-        self._any_rows = self._has_rows()
-
-    def _has_rows(self) -> bool:
-        return self.rows.numel() > 0 if isinstance(self.rows, torch.Tensor) else bool(self.rows)
+        self._any_rows = self.rows.numel() > 0 if isinstance(self.rows, torch.Tensor) else bool(self.rows)
 
     def take(self) -> torch.Tensor:
         """All rows observed since the last take, as [layers, B, H, S, P] on the CPU; resets the buffer.
@@ -300,7 +297,7 @@ def _to_host(collected: list[list[torch.Tensor]], num_layers: int) -> torch.Tens
     """Per-layer lists of [B, H, S_i, N] blocks -> [layers, B, H, sum S_i, N] on the CPU, zeros where a layer holds
     none, or None when none does. Stacked on the device with one shared zero block and copied back once: zeroing
     and filling the megabytes of absent layers on the host took longer than scoring them."""
-    per_layer = [(r[0] if len(r) == 1 else torch.cat(r, dim=2)) if r else None for r in collected[:num_layers]]
+    per_layer = [(r[0] if len(r) == 1 else torch.cat(r, dim=2)) if r else None for r in collected]
     present = next((t for t in per_layer if t is not None), None)
     if present is None:
         return None
