@@ -138,6 +138,7 @@ def row_of(example: Example, answer: Answer, logprob: bool) -> dict:
     if restack is not None and restack["scores"]:
         last = restack["scores"][-1]
         row["restack_gold_rank"] = 1 + sum(s > last[gold.position - 1] for s in last)
+        row["slot_order"] = restack["slot_order"]  # which measured order placed it (the reader's own, or its base's)
     return row
 
 

@@ -15,8 +15,11 @@ batches: a batch's prompts are scored in one `score_batch` per round and answere
 
 Which slots a model reads best is measured, not assumed: a position sweep over every slot on HotpotQA's train
 split ranks them by accuracy (EM, then F1, then the gold answer's log-probability) and the order ships per
-packaged model in `generators/trained/slot-orders/<model>.json` (made by eval.slots). A prompt with another
-number of passages than the sweep's K reads the measured slot at the same relative depth.
+packaged model and answering method in `generators/trained/slot-orders/` (made by eval.slots; each file names the
+model and the method that answered). Training moves where a model reads best (SmolLM2's fine-tune reads the first
+slot best, its base model the last), so the answering generator's own order is used where one was measured, else
+its base model's (`Answer.restack["slot_order"]` names the file). A prompt with another number of passages than the
+sweep's K reads the measured slot at the same relative depth.
 
 The answer comes back in the caller's numbering: `Answer.passages` in the order given, each `position` the one the
 caller gave it, citations' `position`s likewise; the raw maps are permuted the same way. `Answer.restack` says
@@ -169,16 +172,33 @@ def read_slot_order(path: str | Path, model_sha256: str | None = None) -> SlotOr
     return SlotOrder(order, str(path))
 
 
+@lru_cache(maxsize=1)
+def shipped_slot_orders() -> dict[tuple[str, str], Path]:
+    """(model, answering method spec) -> the shipped slot-order file measured with that model answering so."""
+    found = {}
+    for path in sorted(SHIPPED.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            found[(data["model"], data.get("method", "baseline"))] = path
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ArtefactError(
+                f"{path}: not a slot-order file ({type(err).__name__}: {err}); reinstall midlens."
+            ) from None
+    return found
+
+
 def slot_order(generator: Generator, slots: tuple[int, ...] | str | Path | None = None) -> SlotOrder:
-    """The slots `generator`'s model reads best: given, read from a file, or the shipped measurement."""
+    """The slots `generator` reads best: given, read from a file, or the shipped measurement of its model answering
+    with its method (else with the base model, `baseline`)."""
     if isinstance(slots, tuple):  # checked by Restack
         return SlotOrder(slots, "given")
     if slots is not None:
         return read_slot_order(str(slots))
     loaded = generator.loaded
-    path = SHIPPED / f"{loaded.name}.json"
-    if not path.is_file():
-        shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.json"))) or "none"
+    shipped_orders = shipped_slot_orders()
+    path = shipped_orders.get((loaded.name, generator.method.spec())) or shipped_orders.get((loaded.name, "baseline"))
+    if path is None:
+        shipped = ", ".join(sorted({model for model, _ in shipped_orders})) or "none"
         raise ArtefactError(
             f"no measured slot order for model {loaded.name!r} (measured: {shipped}). Measure one with a position "
             "sweep over every slot (`midlens eval sweep --split train --positions 1,2,...,10 ...`, then "
@@ -341,6 +361,7 @@ class Restacker:
             "scorer": self.restack.scorer_spec,
             "rounds": self.restack.rounds,
             "slots": restacked.slots,
+            "slot_order": Path(self.slot_order.source).name if self.slot_order.source != "given" else "given",
             "order": [i + 1 for i in restacked.order],
             "scores": restacked.scores,
             "numbering": "prompt",

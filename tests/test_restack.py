@@ -27,17 +27,36 @@ def restacker(generator):
 
 def test_slot_orders_ship_for_every_packaged_model_and_scale_to_other_counts():
     from midlens.generators.packaged_models import REGISTRY
-    from midlens.generators.restack import SHIPPED, SlotOrder, read_slot_order
+    from midlens.generators.restack import SlotOrder, read_slot_order, shipped_slot_orders
 
-    for model in REGISTRY:
-        record = json.loads((SHIPPED / f"{model}.json").read_text())
-        order = read_slot_order(SHIPPED / f"{model}.json").order
+    shipped = shipped_slot_orders()
+    assert all((model, "baseline") in shipped for model in REGISTRY)  # what any reader of the model falls back to
+    for (model, method), path in shipped.items():
+        record = json.loads(path.read_text())
+        assert record["model"] == model and record.get("method", "baseline") == method
+        order = read_slot_order(path).order
         assert sorted(order) == list(range(1, record["k"] + 1))
         assert record["dataset"] == "hotpotqa-train" and record["questions"] >= 8 and "eval sweep" in record["command"]
+        assert f"--methods {method}" in record["command"].replace('"', "")  # the file's reader is the one swept
     measured = SlotOrder((10, 1, 9, 2, 8, 3, 7, 4, 6, 5), "given")  # ends first, the middle last
     assert measured.for_count(10) == list(measured.order)
     assert measured.for_count(5) == [5, 1, 4, 2, 3]  # first and last keep their measured places
     assert sorted(measured.for_count(13)) == list(range(1, 14)) and measured.for_count(1) == [1]
+
+
+def test_a_reader_gets_its_own_measured_order_else_its_base_models(generator, loaded):
+    from midlens.generators.generator import Generator
+    from midlens.generators.restack import Restack, Restacker, shipped_slot_orders, slot_order
+
+    shipped = shipped_slot_orders()
+    finetuned = Generator(loaded, method="finetuned")
+    assert slot_order(finetuned).source == str(shipped[(loaded.name, "mudaf(alpha=0)")])
+    assert slot_order(generator).source == str(shipped[(loaded.name, "baseline")])
+    unmeasured = Generator(loaded, method="attn-calibration")  # no sweep of its own: the base model's order
+    assert slot_order(unmeasured).source == str(shipped[(loaded.name, "baseline")])
+    answer = Restacker(finetuned, Restack("baseline")).generate(_prompt(finetuned), max_new_tokens=4)
+    assert answer.restack["slot_order"] == shipped[(loaded.name, "mudaf(alpha=0)")].name
+    assert slot_order(finetuned, (2, 1)).source == "given"
 
 
 def test_slots_rank_by_em_then_f1_then_log_probability_over_questions_answered_at_every_slot(tmp_path):
