@@ -87,6 +87,7 @@ class CiteOptions:
     drops: tuple[int, ...] = ()
     ablations: int = 0
     batch_size: int = 1
+    shard: tuple[int, int] = (0, 1)  # (i, n): every n-th question from the i-th, as sweeps shard (runner.parse_shard)
     limit: int | None = None
     progress: bool = True
 
@@ -491,13 +492,13 @@ def run(options: CiteOptions) -> list[dict]:
     def prefix_sha256(count: int) -> str:
         return data_sha256(examples[:count])
 
-    _, _, _, todo = runner.pending_units(options.out, config, units, (0, 1), options.limit, prefix_sha256)
+    results, _, _, todo = runner.pending_units(options.out, config, units, options.shard, options.limit, prefix_sha256)
     # Rows keep every passage's share, so the rule is not part of the run: it is read by the report, and a later
     # `eval cite` on the same folder with another rule changes only this file.
     rule = run_rule(options, config["methods"])
     write_atomic(Path(options.out) / RULE_FILE, json.dumps(rule, indent=2) + "\n")
     if not todo:
-        return runner.read_rows(Path(options.out) / runner.RESULTS)
+        return runner.read_rows(results)
     loaded = load_model(options.model, options.device, options.dtype)
     gens = {m: Generator(loaded, method=m, evidence=options.evidence) for m in config["methods"]}
     evaluator = CiteEvaluator(gens, options)
@@ -505,4 +506,6 @@ def run(options: CiteOptions) -> list[dict]:
     def evaluate(unit: dict) -> dict:
         return evaluator(examples[unit["example"]], unit["position"], unit["method"], unit["key"])
 
-    return runner.run_units(options.out, config, units, evaluate, limit=options.limit, progress=options.progress)
+    return runner.run_units(
+        options.out, config, units, evaluate, options.shard, limit=options.limit, progress=options.progress
+    )

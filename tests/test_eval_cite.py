@@ -114,6 +114,26 @@ def test_cite_runs_end_to_end_resumes_and_reports(tmp_path):
     assert "| midlens |" in report and "top-1 drop" in report and "Rule grid, midlens" in report
 
 
+@pytest.mark.model
+def test_cite_shards_split_the_questions_and_merge_into_one_run(tmp_path):
+    out = tmp_path / "cite"
+    args = ["eval", "cite", "--n", "2", "--positions", "1", "--max-words", "20", "--max-new-tokens", "4"]
+    args += ["--split", "train", "--no-prompted", "--no-progress", "--out", str(out)]
+    assert main([*args, "--shard", "1/2"]) == 0
+    assert not (out / "results.jsonl").exists()
+    shard = read_rows(out / "results.shard-1-of-2.jsonl")
+    assert [r["example"] for r in shard] == [1]  # every 2nd question from the 2nd: the second alone
+    assert main([*args, "--shard", "0/2"]) == 0
+    assert main(["eval", "merge", str(out), "--out", str(out)]) == 0
+    assert sorted(r["example"] for r in read_rows(out / "results.jsonl")) == [0, 1]
+    assert main([*args, "--shard", "2/2"]) == 2  # no such shard: refused, nothing written
+    assert sorted(p.name for p in out.glob("results*.jsonl")) == [
+        "results.jsonl",
+        "results.shard-0-of-2.jsonl",
+        "results.shard-1-of-2.jsonl",
+    ]
+
+
 def test_cite_cost_times_each_variant_and_the_first_streamed_delta():
     """One alternating measurement, in this process: the four timed variants on one prompt; a stream's first
     delta comes before its answer is done."""

@@ -4,6 +4,8 @@ citations cost (midlens.eval.cite, midlens.eval.cite_cost).
 midlens eval cite --n 100 --methods baseline,mudaf --max-words 60 --out runs/cite
 midlens eval cite --split train --n 40 --out runs/cite-train        # choose the citation rule here
 midlens eval cite --n 10 --drops 1,2 --ablations 32 --no-prompted --out runs/cite-drops
+midlens eval cite --n 200 --shard 0/2 --out runs/cite & midlens eval cite --n 200 --shard 1/2 --out runs/cite
+midlens eval merge runs/cite --out runs/cite                        # one process per core, then one file
 midlens eval cite-cost --n 5 --out runs/cite-cost.json
 """
 
@@ -72,6 +74,7 @@ def add_parsers(esub) -> None:
     ct.add_argument("--drops", type=_ints, default=(), help="k of the top-k log-probability drops, e.g. 1,2")
     ct.add_argument("--ablations", type=int, default=0, help="random ablations of the ContextCite-style reference")
     ct.add_argument("--batch-size", type=positive_int, default=1, help="ablated prompts scored at once")
+    ct.add_argument("--shard", help="i/n: run only every n-th question starting at i (0-based; join with eval merge)")
     ct.add_argument("--limit", type=int, help="stop after this many new units")
     ct.add_argument("--no-progress", action="store_true")
     add_evidence_args(ct)
@@ -92,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from midlens.core.method_spec import split_top_level
     from midlens.eval import cite, runner
 
+    shard = runner.parse_shard(args.shard)
     options = cite.CiteOptions(
         out=args.out,
         model=args.model,
@@ -113,11 +117,12 @@ def run(args: argparse.Namespace) -> int:
         drops=args.drops,
         ablations=args.ablations,
         batch_size=args.batch_size,
+        shard=shard,
         limit=args.limit,
         progress=not args.no_progress,
     )
     rows = cite.run(options)
-    print(f"{len(rows)} results in {options.out / runner.RESULTS}")
+    print(f"{len(rows)} results in {options.out / runner.results_name(shard)}")
     return 0
 
 
