@@ -57,12 +57,20 @@ class GenerationOptions(BaseModel):
     calibrate: bool = Field(default=True, description="Also compute calibrated evidence (content-free query).")
 
 
+RESTACK_HELP = (
+    "A method spec (e.g. mudaf) whose evidence scores the passages first; the strongest are stacked where the model "
+    "reads best, then the request's method answers. Positions, evidence and citations stay in the order given."
+)
+
+
 class AnswerRequest(GenerationOptions):
     question: str
     passages: list[PassageIn] = Field(default_factory=list)
     method: str | None = Field(default=None, description="Method spec (default: the server's); same weights.")
     truncate: Truncate = "error"
     prompt_style: str | None = Field(default=None, description="litm or short (default: the server's).")
+    restack: str | None = Field(default=None, description=RESTACK_HELP)
+    restack_rounds: int = Field(default=1, ge=1, description="Scoring passes before answering (with `restack`).")
 
 
 class ScoreRequest(BaseModel):
@@ -113,6 +121,9 @@ class MidlensResult(BaseModel):
     batch_size: int = Field(description="How many requests the server answered in the same batch as this one.")
     citations: list[Any] | None = Field(
         default=None, description="Per answer sentence, the passages (and their sentences) it rests on."
+    )
+    restack: dict[str, Any] | None = Field(
+        default=None, description="Restacked answers: the scorer, its rounds and scores, and what each slot held."
     )
 
 
@@ -327,7 +338,8 @@ class MidlensClient:
 
     def answer(self, question: str, passages: Sequence[Any] = (), **options: Any) -> AnswerResponse:
         """`options`: AnswerRequest's fields (max_new_tokens, temperature, top_p, seed, calibrate, method, truncate,
-        prompt_style); a wrong name or type raises pydantic's ValidationError before anything is sent."""
+        prompt_style, restack, restack_rounds); a wrong name or type raises pydantic's ValidationError before
+        anything is sent."""
         request = AnswerRequest(question=question, passages=[passage_json(p) for p in passages], **options)
         return AnswerResponse.model_validate(self._send("POST", "/v1/midlens/answer", _body(request)).json())
 

@@ -4,7 +4,9 @@ both drive it).
 A request becomes a `Job` in the request's own path: its prompt is built and checked there, so a bad request is
 refused alone with the library's message and never fails the batch it would have joined. A batch of jobs is split
 into groups that share a method and decoding options (what one `generate_batch` call shares); each group is one
-left-padded batch in which every row is answered as it would be alone (text, evidence, sampling stream).
+left-padded batch in which every row is answered as it would be alone (text, evidence, sampling stream). A group
+that asks for restacking (`restack`: a scorer method) is answered through a `Restacker` on the same generator: one
+scoring batch per round, then the answering batch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style
+from midlens.generators.restack import Restacker, as_restack
 from midlens.rag.remote import AnswerRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
 from midlens.serve.schemas import ChatCompletionRequest
 
@@ -68,6 +71,8 @@ class Decoding:
     top_p: float
     seed: int | None
     calibrate: bool
+    restack: str | None = None  # the scorer's canonical spec; None: answered in the order given
+    restack_rounds: int = 1
 
 
 @dataclass
@@ -170,6 +175,7 @@ class Engine:
 
     def _decoding(self, method: str | None, options: dict[str, Any]) -> Decoding:
         max_new = options.get("max_new_tokens")
+        restack = as_restack(options.get("restack"), options.get("restack_rounds", 1))  # a bad scorer fails here
         return Decoding(
             method=self.method_spec(method),
             max_new_tokens=self.max_new_tokens if max_new is None else max_new,
@@ -177,6 +183,8 @@ class Engine:
             top_p=options.get("top_p", 1.0),
             seed=options.get("seed", 0),
             calibrate=options.get("calibrate", True),
+            restack=None if restack is None else restack.scorer_spec,
+            restack_rounds=1 if restack is None else restack.rounds,
         )
 
     def _stacked(
@@ -234,11 +242,17 @@ class Engine:
         if ext is not None and ext.passages is not None:
             if ext.calibrate is not None:
                 options["calibrate"] = ext.calibrate
+            options.update(restack=ext.restack, restack_rounds=ext.restack_rounds)
             decoding = self._decoding(method, options)
             users = [m.text() for m in request.messages if m.role == "user"]
             if not users:
                 raise InvalidArgumentError("the conversation has no user message: the last one is the question.")
             return Job(self._stacked(users[-1], ext.passages, decoding, ext.truncate, ext.prompt_style), decoding)
+        if ext is not None and (ext.restack is not None or ext.restack_rounds != 1):
+            raise InvalidArgumentError(
+                "restack re-orders the passages of a RAG prompt, and this conversation has none: send them in "
+                "midlens.passages, or leave out midlens.restack."
+            )
         options["calibrate"] = False  # a chat has no passages to calibrate
         decoding = self._decoding(method, options)
         turns = [
@@ -299,7 +313,9 @@ class Engine:
     def _generate(self, decoding: Decoding, jobs: list[Job]) -> list[Answer | Cancelled]:
         """One `generate_batch` over the jobs: an Answer per job, or Cancelled for a job whose row was stopped
         before it was done (what it generated so far is nobody's answer). Raises Cancelled when every job is."""
-        generator = self._generator(decoding.method)
+        generator: Generator | Restacker = self._generator(decoding.method)
+        if decoding.restack is not None:  # cheap: the scorer's generator is kept per answering generator
+            generator = Restacker(generator, as_restack(decoding.restack, decoding.restack_rounds))
         sinks = [job.on_token for job in jobs]
         citation_sinks = [job.on_citation for job in jobs]
         stopped: set[int] = set()
@@ -394,4 +410,5 @@ def result_of(answer: Answer, batch_size: int) -> MidlensResult:
         timings=answer.timings,
         batch_size=batch_size,
         citations=[citation_json(c) for c in answer.citations],
+        restack=answer.restack,
     )

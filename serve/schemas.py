@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from midlens.rag.remote import PassageIn, Truncate
+from midlens.rag.remote import RESTACK_HELP, PassageIn, Truncate
 
 # ---- OpenAI chat completions ----
 
@@ -50,6 +50,8 @@ class ChatExtension(BaseModel):
     calibrate: bool | None = None
     truncate: Truncate = "error"
     prompt_style: str | None = None
+    restack: str | None = Field(default=None, description=RESTACK_HELP + " Needs `passages`.")
+    restack_rounds: int = Field(default=1, ge=1)
 
 
 class StreamOptions(BaseModel):

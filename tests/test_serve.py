@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from midlens.core.errors import MidlensError, PromptTooLongError
+from midlens.core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
 from midlens.core.passage import Passage
 from tests.conftest import PLANTED_FACT
 
@@ -184,6 +184,56 @@ def test_midlens_llm_with_a_base_url_answers_as_in_process(server, loaded):
     assert [c.additional_kwargs["citation"].span for c in local_chunks if "citation" in c.additional_kwargs] == [
         c.span for c in cited
     ]
+
+
+def test_restacked_requests_are_answered_as_restacked_in_process(server, client, loaded, generator):
+    from midlens.generators.restack import Restack, Restacker
+    from midlens.rag.llamaindex import MidlensLLM, MidlensQueryEngine
+
+    passages = [Passage(p["text"], p["title"], p["id"]) for p in PASSAGES]
+    alone = Restacker(generator, Restack("baseline")).generate(
+        generator.prompt(QUESTIONS[0], passages, MAX_NEW), max_new_tokens=MAX_NEW
+    )
+    assert alone.restack["order"] != [1, 2, 3], "the planted fact should move: nothing here would show a restack"
+    out = client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW, restack="baseline")
+    assert out.text == alone.text and out.restack["order"] == alone.restack["order"]
+    assert [row.id for row in out.passages] == ["p1", "gold", "p3"]  # positions as the caller gave them
+    _same_evidence(out.passages, alone)
+    done = client.chat(
+        [{"role": "user", "content": QUESTIONS[0]}],
+        max_tokens=MAX_NEW,
+        midlens={"passages": PASSAGES, "restack": "baseline"},
+    )
+    assert done.choices[0].message.content == alone.text and done.midlens.restack["order"] == alone.restack["order"]
+    # LlamaIndex through the server: the LLM's restack option and the query engine's travel as request fields.
+    remote = MidlensLLM(base_url=server, max_new_tokens=MAX_NEW)
+    completion = remote.complete(QUESTIONS[0], passages=_nodes(), restack="baseline")
+    assert completion.text == alone.text
+    assert completion.additional_kwargs["answer"].restack["order"] == alone.restack["order"]
+    chunks = list(remote.stream_complete(QUESTIONS[0], passages=_nodes(), restack="baseline"))
+    assert "".join(c.delta or "" for c in chunks) == alone.text
+    engine = MidlensQueryEngine(retriever=_fixed_retriever(), llm=remote, restack="baseline")
+    response = engine.query(QUESTIONS[0])
+    assert str(response) == alone.text and response.metadata["midlens"]["restack"]["order"] == alone.restack["order"]
+    with pytest.raises(InvalidArgumentError, match="not sent to a server"):
+        remote.complete(QUESTIONS[0], passages=_nodes(), restack=Restack("baseline", slots=(3, 2, 1)))
+    # Refused with the library's message: a scorer that is no method, and restacking a chat that has no passages.
+    bad = _post(server, "/v1/midlens/answer", json.dumps({"question": "hi", "passages": PASSAGES, "restack": "nope"}))
+    assert bad.status_code == 400 and "restacking scores the passages with a method's evidence" in bad.text
+    chat = {"messages": [{"role": "user", "content": "hi"}], "midlens": {"restack": "baseline"}}
+    bad = _post(server, "/v1/chat/completions", json.dumps(chat))
+    assert bad.status_code == 400 and "this conversation has none" in bad.text
+
+
+def _fixed_retriever():
+    """A LlamaIndex retriever that returns PASSAGES' nodes for any question."""
+    from llama_index.core.retrievers import BaseRetriever
+
+    class Fixed(BaseRetriever):
+        def _retrieve(self, query_bundle):
+            return _nodes()
+
+    return Fixed()
 
 
 def _nodes() -> list:

@@ -311,12 +311,15 @@ class RemoteMidlensLLM(MidlensLLM):
         )
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        restack = _restack_request(kwargs.pop("restack", None))
         question, passages, options = self._request(prompt, formatted, kwargs)
-        return self._served.complete(self, question, passages, options)
+        return self._served.complete(self, question, passages, {**options, **restack})
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        restack = _restack_request(kwargs.pop("restack", None))
         question, passages, options = self._request(prompt, formatted, kwargs)
-        return self._served.stream(self, [{"role": "user", "content": question}], passages, options, question)
+        messages = [{"role": "user", "content": question}]
+        return self._served.stream(self, messages, passages, {**options, **restack}, question)
 
     def _chat_request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[list[dict], dict]:
         passages, options = self._options(kwargs)
@@ -334,3 +337,17 @@ class RemoteMidlensLLM(MidlensLLM):
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         turns, options = self._chat_request(messages, kwargs)
         return self._served.stream_chat(self, turns, options)
+
+
+def _restack_request(restack: str | Restack | None) -> dict[str, Any]:
+    """A complete call's restack option as a server request's fields (none when not restacking). The server
+    restacks by its model's measured slots: slots given here would not travel, so they are refused."""
+    restack = as_restack(restack)
+    if restack is None:
+        return {}
+    if restack.slots is not None:
+        raise InvalidArgumentError(
+            "Restack(slots=...) is not sent to a server: it restacks by its model's measured slots. Leave slots out, "
+            "or restack with a MidlensLLM that runs the model here."
+        )
+    return {"restack": restack.scorer_spec, "restack_rounds": restack.rounds}

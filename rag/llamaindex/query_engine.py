@@ -106,11 +106,6 @@ class MidlensQueryEngine(CustomQueryEngine):
                 f"verify=True re-scores answers with the model, and this MidlensLLM answers through the server at "
                 f"{llm.base_url}: use a MidlensLLM with a local model, or verify=False."
             )
-        if restack is not None and llm.base_url is not None:
-            raise InvalidArgumentError(
-                f"restack scores the nodes with the model before answering, and this MidlensLLM answers through the "
-                f"server at {llm.base_url}: use a MidlensLLM with a local model, or restack=None."
-            )
         # The rerankers read the answering model's attention whichever was built first (one model in memory). A
         # MidlensLLM answered by a server has no model here to share (an AttentionReranker may use that server).
         for postprocessor in node_postprocessors:

@@ -61,6 +61,7 @@ def answer_of(result: MidlensResult, question: str, text: str, passages: Sequenc
     )
     if result.citations is not None:  # JSON rows back into Citation objects, as a local Answer holds them
         answer.citations = citations_from_json(result.citations)
+    answer.restack = result.restack
     return answer
 
 
@@ -94,6 +95,7 @@ class Served:
                 passages=[passage_json(p) for p in passages],
                 truncate=settings.truncate,
                 prompt_style=settings.prompt_style,
+                **{k: options[k] for k in ("restack", "restack_rounds") if k in options},
             )
         return ext
 
