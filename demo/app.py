@@ -130,6 +130,7 @@ class Controls:
     corpus: gr.File
     max_new: gr.Slider
     check: gr.Checkbox
+    restack: gr.Checkbox
 
 
 @dataclass
@@ -188,6 +189,12 @@ def _controls(backend: DemoBackend) -> Controls:
                 value=False,
                 elem_id="check-citations",
             )
+            # Off by default: one more reading of the prompt (what it gains, per model: docs/results/restack/).
+            restack = gr.Checkbox(
+                label="Re-order the passages first: the ones the model judges most relevant go where it reads best",
+                value=False,
+                elem_id="restack",
+            )
             top_k = gr.Slider(1, MAX_TOP_K, value=backend.top_k, step=1, label="How many passages to give the model")
             with gr.Accordion("Corpus and answer length", open=False):
                 corpus = gr.File(
@@ -198,7 +205,7 @@ def _controls(backend: DemoBackend) -> Controls:
                 max_new = gr.Slider(
                     1, MAX_NEW_TOKENS, value=backend.max_new_tokens, step=1, label="Longest answer (tokens)"
                 )
-    return Controls(question, ask, model, method, compare, top_k, corpus, max_new, check)
+    return Controls(question, ask, model, method, compare, top_k, corpus, max_new, check, restack)
 
 
 def _results() -> Results:
@@ -283,7 +290,7 @@ def _wire(demo: gr.Blocks, on: Handlers, controls: Controls, results: Results, s
     import gradio as gr
 
     c = controls
-    inputs = [c.question, c.model, c.method, c.compare, c.top_k, results.view, c.corpus, c.max_new, c.check]
+    inputs = [c.question, c.model, c.method, c.compare, c.top_k, results.view, c.corpus, c.max_new, c.check, c.restack]
     state = gr.State(None)
     outputs = [*results.outputs, state]
     asked = [

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from midlens.core.errors import CorpusError, Remedies
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RESTACK_SCORER
 
 if TYPE_CHECKING:  # torch loads slowly: only the requests themselves import it
     from midlens.core.passage import Passage
@@ -148,8 +148,11 @@ class DemoBackend:
 
         return available(model)
 
-    def pipeline(self, model: str, method: str, corpus_file: str | None = None, progress: Any = None) -> Pipeline:
-        """A pipeline for (model, method) on the chosen corpus; methods share the model's weights."""
+    def pipeline(
+        self, model: str, method: str, corpus_file: str | None = None, progress: Any = None, restack: bool = False
+    ) -> Pipeline:
+        """A pipeline for (model, method) on the chosen corpus; methods share the model's weights. `restack`: the
+        passages re-stacked by MuDAF's evidence (generators.restack's default scorer) before each answer."""
         from midlens.generators.generator import Generator
         from midlens.generators.loading import load_model
         from midlens.rag.pipeline import Pipeline
@@ -171,7 +174,10 @@ class DemoBackend:
                 config = self.startup_method if method == self.method else method
                 self._methods[(model, method)] = base.with_method(config)
             chosen = self._methods[(model, method)]
-        return Pipeline(retriever, chosen.generator, chosen.top_k, chosen.max_new_tokens, chosen.truncate)
+        restacked = DEFAULT_RESTACK_SCORER if restack else None
+        return Pipeline(
+            retriever, chosen.generator, chosen.top_k, chosen.max_new_tokens, chosen.truncate, restack=restacked
+        )
 
     def prepare(self, progress: Any = None) -> str:
         """Load the startup model and index (on page load, so the first question does not wait)."""
@@ -191,10 +197,13 @@ class DemoBackend:
         corpus_file: str | None = None,
         max_new_tokens: float | None = None,
         check_citations: bool = False,
+        restack: bool = False,
         progress: Any = None,
     ) -> dict:
         """Retrieve once, answer with `method` (and with baseline on the same passages when comparing).
-        `check_citations`: verify each answer's citations (Generator.verify: one more prefill per cited passage)."""
+        `check_citations`: verify each answer's citations (Generator.verify: one more prefill per cited passage).
+        `restack`: `method`'s answer reads the passages re-stacked by MuDAF's evidence (one more prefill); the
+        side-by-side baseline reads them as retrieved, so the comparison is with the plain model as it is."""
         from midlens.core.errors import MidlensError, PromptTooLongError
         from midlens.demo.views import gold_titles, known_answers
 
@@ -206,7 +215,7 @@ class DemoBackend:
         k = _int_in_range("top-k", top_k, 1, MAX_TOP_K)
         new_tokens = _int_in_range("max new tokens", max_new_tokens or self.max_new_tokens, 1, MAX_NEW_TOKENS)
         try:
-            pipe = self.pipeline(model, method, corpus_file, progress)
+            pipe = self.pipeline(model, method, corpus_file, progress, restack=bool(restack))
             _progress(progress, 0.3, "retrieving passages")
             passages = pipe.retrieve(question, k)
             pipes = [pipe]

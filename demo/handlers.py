@@ -91,6 +91,7 @@ class Handlers:
         corpus_file: str | None,
         max_new_tokens: float,
         check_citations: bool = False,
+        restack: bool = False,
         progress: gr.Progress = TRACKED,
     ) -> tuple[Any, ...]:
         if compare and method == "baseline":
@@ -105,6 +106,7 @@ class Handlers:
                 corpus_file,
                 max_new_tokens,
                 check_citations=bool(check_citations),
+                restack=bool(restack),
                 progress=progress,
             )
         except UserError as err:

@@ -460,6 +460,12 @@ def answer_markdown(
         lines.append(legend)
     if answer.passages:
         lines.append(f"It read {_named(most_read(answer, view))}, the most.")
+    if answer.restack is not None:
+        held = ", ".join(f"[{n}]" for n in answer.restack["order"])
+        lines.append(
+            f"The passages were re-ordered before it answered, the most relevant first where this model reads best: "
+            f"its prompt held {held}, in that order (numbers as listed below)."
+        )
     lines.append(trust(answer, view).text)
     if known:
         verdict = "same as this answer" if same_answer(answer.text, known) else "not this answer"

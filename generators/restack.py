@@ -44,6 +44,7 @@ import torch
 from midlens.core.checks import check_restack_rounds
 from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError, Remedy
 from midlens.core.method_spec import parse_scorer_spec
+from midlens.core.names import DEFAULT_RESTACK_SCORER
 from midlens.generators.citations import Citation
 from midlens.generators.evidence import Answer
 from midlens.generators.generator import GenerationStream, Generator
@@ -51,7 +52,7 @@ from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.prompt import StackedPrompt, render
 
 SHIPPED = Path(__file__).parent / "trained" / "slot-orders"
-DEFAULT_SCORER = "mudaf"  # the strongest ranker measured here (MuDAF's evidence, R@2 0.735 on SmolLM2)
+DEFAULT_SCORER = DEFAULT_RESTACK_SCORER
 _MAP_FIELDS = ("last", "question", "answer", "null_last", "null_question")
 
 

@@ -63,8 +63,17 @@ def client(server):
     return Client(server, verbose=False)
 
 
-def ask(client: Client, question: str, method="baseline", compare=False, top_k=3, view="calibrated", corpus=None):
-    outputs = client.predict(question, MODEL, method, compare, top_k, view, corpus, 4, False, api_name="/ask")
+def ask(
+    client: Client,
+    question: str,
+    method="baseline",
+    compare=False,
+    top_k=3,
+    view="calibrated",
+    corpus=None,
+    restack=False,
+):
+    outputs = client.predict(question, MODEL, method, compare, top_k, view, corpus, 4, False, restack, api_name="/ask")
     return tuple(unwrap(o) for o in outputs)
 
 
@@ -179,6 +188,18 @@ def test_method_switch_runs_side_by_side_on_the_same_passages(client):
     assert max(heat(passages) + heat(base_passages)) == pytest.approx(MAX_SHADE)
     assert min(heat(passages) + heat(base_passages)) == 0.0
     assert legend_range(legend) == pytest.approx((min(ms_poe + baseline), max(ms_poe + baseline)), abs=1e-4)
+
+
+def test_restacked_answers_say_what_the_prompt_held_and_keep_the_retrieved_numbering(client):
+    question = example_questions()[0][0]
+    plain = ask(client, question, top_k=4)
+    answer_md, passages, base_md, *_ = ask(client, question, compare=True, top_k=4, restack=True, method="ms-poe")
+    held = re.search(r"its prompt held ((?:\[\d\], )*\[\d\]), in that order", answer_md)
+    assert held, answer_md
+    assert sorted(int(n) for n in re.findall(r"\d", held.group(1))) == [1, 2, 3, 4]
+    assert [h.split("  ·  ")[0] for h in headers(passages)] == [h.split("  ·  ")[0] for h in headers(plain[1])]
+    assert "re-ordered" not in base_md and "re-ordered" not in plain[0]  # the baseline column reads them as retrieved
+    assert not any(word in answer_md.lower() for word in JARGON)
 
 
 def test_raw_scores_view(client):

@@ -192,6 +192,7 @@ def test_page_answers_and_highlights_passages(browser, pipeline, tmp_path):
         wait.until(lambda _: box.get_attribute("value") == question)
         compare = browser.find_element(By.XPATH, "//label[contains(., 'Side by side')]//input[@type='checkbox']")
         compare.click()
+        browser.find_element(By.CSS_SELECTOR, "#restack input[type='checkbox']").click()
         browser.find_element(By.CSS_SELECTOR, "#ask").click()
 
         wait.until(ec.text_to_be_present_in_element((By.ID, "baseline-passages"), f"[{len(expected)}] "))
@@ -201,6 +202,9 @@ def test_page_answers_and_highlights_passages(browser, pipeline, tmp_path):
         assert KEY_MARK in passages
         assert browser.find_element(By.ID, "answer").text.startswith("Answer (ms-poe, smollm2-135m):")
         assert browser.find_element(By.ID, "baseline-answer").text.startswith("Answer (baseline, smollm2-135m):")
+        # Re-ordered for the chosen method only; the side-by-side baseline reads the passages as retrieved.
+        assert "re-ordered before it answered" in browser.find_element(By.ID, "answer").text
+        assert "re-ordered" not in browser.find_element(By.ID, "baseline-answer").text
         # The heat scale: each passage's text carries a background colour from its score; headers do not.
         shaded = browser.execute_script(
             "return [...document.querySelectorAll('#passages [style*=\"background-color\"]')]"

@@ -13,6 +13,7 @@ from midlens.core.errors import InvalidArgumentError, MidlensError, PromptTooLon
 from midlens.core.names import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PROMPT_STYLE,
+    DEFAULT_RESTACK_SCORER,
     DEFAULT_RETRIEVAL,
     DEFAULT_TOP_K,
     PROMPT_STYLES,
@@ -59,7 +60,7 @@ def add_parser(sub) -> None:
     ask.add_argument(
         "--restack",
         nargs="?",
-        const="mudaf",
+        const=DEFAULT_RESTACK_SCORER,
         metavar="SCORER",
         help="score the passages with this method's evidence (alone: mudaf), place the strongest in the slots the "
         "model reads best (measured per model), then answer with --method; positions shown stay as retrieved",
