@@ -101,6 +101,9 @@ def parse_scorer_spec(spec: object, option: str = "restack") -> tuple[str, dict]
     return name, options
 
 
+RESTACK_MARK = "+restack("  # what a restacked system's label adds to its method's
+
+
 def restacked_label(method: str, scorer: str, rounds: int) -> str:
     """What a restacked system is called in runs and reports: `baseline+restack(mudaf)`, with `, rounds=N` past 1."""
-    return f"{method}+restack({scorer}{'' if rounds == 1 else f', rounds={rounds}'})"
+    return f"{method}{RESTACK_MARK}{scorer}{'' if rounds == 1 else f', rounds={rounds}'})"

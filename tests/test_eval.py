@@ -827,3 +827,11 @@ def test_the_default_rule_needs_both_corpora_both_metrics_and_no_worse_position(
     assert "The answering default" not in markdown([{"kind": "sweep", "model": "m", "methods": {}}], one_corpus)
     no_winner = [r for r in rows if r["method"] != "good"]
     assert chosen(judge(no_winner)) == "baseline"
+    # Restacking adds a prefill per answer: it must also beat its method alone (paired over both corpora's questions).
+    same = [{**r, "method": "good+restack(mudaf)", "key": r["key"] + "r"} for r in rows if r["method"] == "good"]
+    tie = {v.method: v for v in judge(rows + same)}
+    assert not tie["good+restack(mudaf)"].passes and "over good alone" in tie["good+restack(mudaf)"].reasons[0]
+    assert chosen(judge(rows + same)) == "good"
+    best = {p: [1.0] * n for p in (1, 5, 10)}
+    gains = [r for ds in ("hotpotqa", "squad") for r in rows_for(ds, "good+restack(mudaf)", best, 0.3)]
+    assert chosen(judge(rows + gains)) == "good+restack(mudaf)"
