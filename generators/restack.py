@@ -52,7 +52,6 @@ from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.prompt import StackedPrompt, render
 
 SHIPPED = Path(__file__).parent / "trained" / "slot-orders"
-DEFAULT_SCORER = DEFAULT_RESTACK_SCORER
 _MAP_FIELDS = ("last", "question", "answer", "null_last", "null_question")
 
 
@@ -63,7 +62,7 @@ class Restack:
     positions best first (1-based, one per passage), a slot-order JSON file, or None for the answering model's
     measured order."""
 
-    scorer: str | MethodConfig = DEFAULT_SCORER
+    scorer: str | MethodConfig = DEFAULT_RESTACK_SCORER
     rounds: int = 1
     slots: tuple[int, ...] | str | Path | None = None
     config: MethodConfig = field(init=False, repr=False, compare=False)
