@@ -152,7 +152,7 @@ class DemoBackend:
         self, model: str, method: str, corpus_file: str | None = None, progress: Any = None, restack: bool = False
     ) -> Pipeline:
         """A pipeline for (model, method) on the chosen corpus; methods share the model's weights. `restack`: the
-        passages re-stacked by MuDAF's evidence (generators.restack's default scorer) before each answer."""
+        passages re-stacked by the default scorer's evidence (core.names.DEFAULT_RESTACK_SCORER) before each answer."""
         from midlens.generators.generator import Generator
         from midlens.generators.loading import load_model
         from midlens.rag.pipeline import Pipeline

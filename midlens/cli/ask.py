@@ -63,7 +63,8 @@ def add_parser(sub) -> None:
         const=DEFAULT_RESTACK_SCORER,
         metavar="SCORER",
         help="score the passages with this method's evidence (alone: mudaf), place the strongest in the slots the "
-        "model reads best (measured per model), then answer with --method; positions shown stay as retrieved",
+        "model reads best (measured per model and answering method), then answer with --method; positions shown stay "
+        "as retrieved",
     )
     ask.add_argument(
         "--restack-rounds",
