@@ -55,6 +55,26 @@ DEFAULT_MAX_NEW_TOKENS = 48
 # SmolLM2, 0.843 on the default model; docs/results/).
 DEFAULT_RESTACK_SCORER = "mudaf"
 
+# Whether a model's answers are restacked where the user does not say, per (model, canonical answering method spec):
+# the restack that passes eval/report/default_rule.py's rule for that system, which for a restacked system also
+# asks it to beat the method alone (EM pooled over both corpora; restacking costs a prefill). SmolLM2's default,
+# restacked once by MuDAF's evidence: HotpotQA 23.2 EM / 30.7 F1, SQuAD 23.2 / 29.0 (finetuned alone 20.8 / 26.1
+# and 20.7 / 25.4), over the method alone EM +2.4 [+0.2, +4.7] and F1 +4.1 [+2.0, +6.3] pooled, position gap
+# 10.0 -> 4.5 and 6.0 -> 3.0, 1.95x the time per answer (docs/results/restack/eval-smollm2-finetuned/). Not yet
+# measured for the default model's default, so it answers in the order retrieved.
+MEASURED_RESTACKS = {("smollm2-135m", "mudaf(alpha=0)"): "mudaf"}
+# The value of every interface's `restack` option that means "what MEASURED_RESTACKS says for the model and method
+# answering" (the default everywhere a user answers: ask, Pipeline, the demo, the LlamaIndex classes, the server).
+# None (--no-restack, `restack: null`) answers in the order given; a method spec restacks by that method's evidence.
+RESTACK_MEASURED = "measured"
+
+
+def measured_restack_for(model: str, method_spec: str) -> str | None:
+    """The scorer `model` (a registry name, an old alias, or a folder) restacks by when answering with
+    `method_spec` (canonical) and no restack is named; None: it answers the passages in the order given."""
+    return MEASURED_RESTACKS.get((MODEL_ALIASES.get(model, model), method_spec))
+
+
 # How passages are retrieved (retrievers.build.build_retriever) and the default: following the titles the top 2
 # passages mention (retrievers.links) gained on a train-split tuning copy (docs/results/answer-path/, fifth round).
 RETRIEVALS = ("dense", "hybrid", "dense+links", "hybrid+links")

@@ -189,10 +189,11 @@ def _controls(backend: DemoBackend) -> Controls:
                 value=False,
                 elem_id="check-citations",
             )
-            # Off by default: one more reading of the prompt (what it gains, per model: docs/results/restack/).
+            # On where it was measured to help the chosen model and method (one more reading of the prompt; what it
+            # gains, per model: docs/results/restack/), and set again when either changes.
             restack = gr.Checkbox(
                 label="Re-order the passages first: the ones the model judges most relevant go where it reads best",
-                value=False,
+                value=backend.measured_restack(backend.model, backend.method) is not None,
                 elem_id="restack",
             )
             top_k = gr.Slider(1, MAX_TOP_K, value=backend.top_k, step=1, label="How many passages to give the model")
@@ -301,6 +302,8 @@ def _wire(demo: gr.Blocks, on: Handlers, controls: Controls, results: Results, s
         event.success(lambda: gr.Column(visible=True), None, results.shown, api_visibility="private", queue=False)
     results.view.change(on.view, [state, results.view], results.outputs, api_visibility="private", queue=False)
     c.model.change(on.model, [c.model, c.method], c.method, api_visibility="private", queue=False)
+    for choice in (c.model, c.method):  # a model change that keeps the method name changes no method
+        choice.change(on.restack_default, [c.model, c.method], c.restack, api_visibility="private", queue=False)
     c.compare.change(
         lambda shown: [gr.Column(visible=shown)] * len(results.base_cols),
         c.compare,

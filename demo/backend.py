@@ -10,8 +10,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from midlens.core.errors import CorpusError, Remedies
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RESTACK_SCORER
+from midlens.core.errors import CorpusError, MidlensError, Remedies
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RESTACK_SCORER, measured_restack_for
 
 if TYPE_CHECKING:  # torch loads slowly: only the requests themselves import it
     from midlens.core.passage import Passage
@@ -142,6 +142,18 @@ class DemoBackend:
 
         return default_method(model)
 
+    def measured_restack(self, model: str, method: str) -> str | None:
+        """The scorer `model` answering with `method` restacks by by default (core.names.MEASURED_RESTACKS), or
+        None where restacking was not measured to help it: what the page's "Re-order" switch starts at."""
+        from midlens.generators.methods.registry import method_config
+
+        config = self.startup_method if method == self.method else method
+        try:
+            spec = method_config(config).spec()
+        except MidlensError:  # a method not offered: asking with it says so
+            return None
+        return measured_restack_for(model, spec)
+
     def methods_of(self, model: str) -> list[str]:
         """The methods offered with `model`: one trained per model (MuDAF, MoICE) only where it ships for it."""
         from midlens.generators.methods.registry import available
@@ -152,7 +164,8 @@ class DemoBackend:
         self, model: str, method: str, corpus_file: str | None = None, progress: Any = None, restack: bool = False
     ) -> Pipeline:
         """A pipeline for (model, method) on the chosen corpus; methods share the model's weights. `restack`: the
-        passages re-stacked by the default scorer's evidence (core.names.DEFAULT_RESTACK_SCORER) before each answer."""
+        passages re-stacked before each answer by the evidence of the scorer measured for (model, method), else of
+        the default scorer (core.names.DEFAULT_RESTACK_SCORER)."""
         from midlens.generators.generator import Generator
         from midlens.generators.loading import load_model
         from midlens.rag.pipeline import Pipeline
@@ -168,13 +181,13 @@ class DemoBackend:
                 _progress(progress, 0.15, f"loading model {model} (first use only)")
                 loaded = load_model(model, self.device, self.dtype)
                 generator = Generator(loaded, method="baseline", evidence=self.evidence)
-                self._bases[model] = Pipeline(retriever, generator, self.top_k, self.max_new_tokens)
+                self._bases[model] = Pipeline(retriever, generator, self.top_k, self.max_new_tokens, restack=None)
             base = self._bases[model]
             if (model, method) not in self._methods:
                 config = self.startup_method if method == self.method else method
                 self._methods[(model, method)] = base.with_method(config)
             chosen = self._methods[(model, method)]
-        restacked = DEFAULT_RESTACK_SCORER if restack else None
+        restacked = (self.measured_restack(model, method) or DEFAULT_RESTACK_SCORER) if restack else None
         return Pipeline(
             retriever, chosen.generator, chosen.top_k, chosen.max_new_tokens, chosen.truncate, restack=restacked
         )
@@ -204,7 +217,7 @@ class DemoBackend:
         `check_citations`: verify each answer's citations (Generator.verify: one more prefill per cited passage).
         `restack`: `method`'s answer reads the passages re-stacked by MuDAF's evidence (one more prefill); the
         side-by-side baseline reads them as retrieved, so the comparison is with the plain model as it is."""
-        from midlens.core.errors import MidlensError, PromptTooLongError
+        from midlens.core.errors import PromptTooLongError
         from midlens.demo.views import gold_titles, known_answers
 
         question = (question or "").strip()

@@ -65,6 +65,10 @@ class Handlers:
         chosen = method if method in offered else self.backend.default_method_of(model)
         return gr.Dropdown(choices=offered, value=chosen)
 
+    def restack_default(self, model: str, method: str) -> bool:
+        """The "Re-order" switch for a newly chosen model or method: on where restacking was measured to help."""
+        return self.backend.measured_restack(model, method) is not None
+
     def upload(self, corpus_file: str | None, progress: gr.Progress = TRACKED) -> str:
         try:
             retriever, label = self.backend.retriever(corpus_file, progress)

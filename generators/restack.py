@@ -21,6 +21,10 @@ slot best, its base model the last), so the answering generator's own order is u
 its base model's (`Answer.restack["slot_order"]` names the file). A prompt with another number of passages than the
 sweep's K reads the measured slot at the same relative depth.
 
+Whether an interface restacks where its caller does not say is measured too: its `restack` option defaults to
+"measured" (`check_restack_option` keeps it, `resolve_restack` turns it into the Restack core.names.MEASURED_RESTACKS
+names for the answering model and method, or None where restacking was not measured to help).
+
 The answer comes back in the caller's numbering: `Answer.passages` in the order given, each `position` the one the
 caller gave it, citations' `position`s likewise; the raw maps are permuted the same way. `Answer.restack` says
 what the prompt held; a passage's `span` stays its tokens in the prompt as answered.
@@ -44,7 +48,7 @@ import torch
 from midlens.core.checks import check_restack_rounds
 from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError, Remedy
 from midlens.core.method_spec import parse_scorer_spec
-from midlens.core.names import DEFAULT_RESTACK_SCORER
+from midlens.core.names import DEFAULT_RESTACK_SCORER, RESTACK_MEASURED, measured_restack_for
 from midlens.generators.citations import Citation
 from midlens.generators.evidence import Answer
 from midlens.generators.generator import GenerationStream, Generator
@@ -115,6 +119,35 @@ def as_restack(restack: str | MethodConfig | Restack | None, rounds: int = 1) ->
             )
         return restack
     return Restack(restack, rounds)
+
+
+# What an interface's `restack` option takes: RESTACK_MEASURED (the default: what core.names.MEASURED_RESTACKS says
+# for the model and method answering), a scorer spec or config, a Restack, or None (the order given).
+RestackOption = str | MethodConfig | Restack | None
+
+
+def check_restack_option(restack: RestackOption, rounds: int = 1) -> Restack | str | None:
+    """`restack` checked, not yet resolved: RESTACK_MEASURED stays as it is (what it means depends on the generator
+    that answers: `resolve_restack`), anything else is `as_restack`'s."""
+    if isinstance(restack, str) and restack == RESTACK_MEASURED:
+        check_restack_rounds(rounds)
+        if rounds != 1:
+            raise InvalidArgumentError(
+                f"restack_rounds={rounds!r} needs a named scorer: the measured default restacks once, or not at "
+                f'all. Pass restack="{DEFAULT_RESTACK_SCORER}" (or another method spec) with it.'
+            )
+        return RESTACK_MEASURED
+    return as_restack(restack, rounds)
+
+
+def resolve_restack(restack: RestackOption, generator: Generator) -> Restack | None:
+    """How `generator` restacks under `restack`: RESTACK_MEASURED becomes its model's measured restack for its
+    method (core.names.MEASURED_RESTACKS), None where none was measured to help; anything else as given."""
+    restack = check_restack_option(restack)
+    if restack != RESTACK_MEASURED:
+        return restack  # type: ignore[return-value]
+    scorer = measured_restack_for(generator.loaded.name, generator.method.spec())
+    return None if scorer is None else Restack(scorer)
 
 
 # ---------------------------------------------------------------------------------------------------------- slots

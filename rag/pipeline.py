@@ -1,6 +1,6 @@
 """The one pipeline every shell (CLI, LlamaIndex, demo, eval) calls: retrieve -> stack -> generate.
 
-pipe = Pipeline.from_corpus(device="auto")         # embedded HotpotQA corpus, Qwen2.5-Coder-0.5B-Instruct, baseline
+pipe = Pipeline.from_corpus(device="auto")         # embedded HotpotQA corpus, Qwen2.5-Coder-0.5B-Instruct, its default
 answer = pipe.ask("Who directed Wings of Desire?")
 for p in answer.ranked(): print(p.rank, p.passage.title, p.calibrated)
 print(marked_answer(answer).text)                  # "... [1]." after each cited sentence
@@ -9,7 +9,9 @@ Every way of answering takes `verify=True`: the answer's citations are then chec
 cited passage removed, the answer re-scored) before the Answer is returned.
 
 `restack="mudaf"` (generators.restack) scores the passages with that method's evidence, places the strongest in the
-slots the model reads best and answers with the pipeline's method; answers stay numbered as retrieved.
+slots the model reads best and answers with the pipeline's method; answers stay numbered as retrieved. By default
+(`restack="measured"`) a pipeline restacks where that was measured to help its model and method
+(core.names.MEASURED_RESTACKS: SmolLM2's default); `restack=None` answers the passages in the order retrieved.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Literal
 from midlens.core.batch_size import BatchSize, parse_batch_size, units_per_group
 from midlens.core.checks import check_max_new_tokens, check_prompt_style, check_question, check_top_k
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, RESTACK_MEASURED
 from midlens.core.passage import Passage
 from midlens.generators.citations import Citation
 from midlens.generators.evidence import Answer, EvidenceConfig
@@ -32,7 +34,14 @@ from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt
-from midlens.generators.restack import Restack, RestackedStream, Restacker, as_restack, in_prompt_order
+from midlens.generators.restack import (
+    RestackedStream,
+    Restacker,
+    RestackOption,
+    check_restack_option,
+    in_prompt_order,
+    resolve_restack,
+)
 from midlens.generators.scheduling import generate_all
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
@@ -49,21 +58,25 @@ class Pipeline:
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         truncate: Literal["error", "drop_last"] = "error",
         prompt_style: str = DEFAULT_STYLE,
-        restack: str | MethodConfig | Restack | None = None,
+        restack: RestackOption = RESTACK_MEASURED,
         restack_rounds: int = 1,
     ):
         """`prompt_style`: the instruction above the passages (generators.prompt.STYLES). `retriever=None`: a
         pipeline that answers over passages its caller retrieved (`answer`, `answer_stream`), as a LlamaIndex engine
         does with its own retriever. `restack`: the method whose evidence re-stacks the passages before each answer
         (a spec such as "mudaf", or a generators.restack.Restack), `restack_rounds` its scoring passes; None: the
-        passages are answered in the order given."""
+        passages are answered in the order given; "measured" (the default): restacked where that was measured to
+        help this model and method (core.names.MEASURED_RESTACKS), else in the order given. `self.restack` is
+        what was chosen."""
         self.retriever = retriever
         self.generator = generator
         self.top_k = check_top_k(top_k)
         self.max_new_tokens = check_max_new_tokens(max_new_tokens)
         self.truncate = truncate
         self.prompt_style = check_prompt_style(prompt_style)
-        self.restack = as_restack(restack, restack_rounds)
+        # As asked (kept so that with_method re-resolves "measured" for its method), and as resolved.
+        self.restack_option = check_restack_option(restack, restack_rounds)
+        self.restack = resolve_restack(self.restack_option, generator)
         # What answers: the generator, or the generator behind a restacker (same calls, same signatures).
         self.answerer: Generator | Restacker = generator if self.restack is None else Restacker(generator, self.restack)
 
@@ -82,7 +95,7 @@ class Pipeline:
         prompt_style: str = DEFAULT_STYLE,
         retrieval: Retrieval = DEFAULT_RETRIEVAL,
         truncate: Literal["error", "drop_last"] = "error",
-        restack: str | MethodConfig | Restack | None = None,
+        restack: RestackOption = RESTACK_MEASURED,
         restack_rounds: int = 1,
         **method_options,
     ) -> Pipeline:
@@ -96,7 +109,7 @@ class Pipeline:
         check_retrieval(retrieval)
         # A bad spec fails before the index and the model.
         method = method_config(default_method(model) if method is None else method, method_options)
-        restack = as_restack(restack, restack_rounds)  # so does a bad scorer or round count
+        restack = check_restack_option(restack, restack_rounds)  # so does a bad scorer or round count
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
         generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype)
@@ -114,7 +127,7 @@ class Pipeline:
             self.max_new_tokens,
             self.truncate,
             self.prompt_style,
-            restack=self.restack,
+            restack=self.restack_option,
         )
 
     def retrieve(self, question: str, top_k: int | None = None) -> list[Passage]:

@@ -29,7 +29,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from midlens.core.errors import MidlensError
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED
 
 Truncate = Literal["error", "drop_last"]
 
@@ -59,7 +59,9 @@ class GenerationOptions(BaseModel):
 
 RESTACK_HELP = (
     "A method spec (e.g. mudaf) whose evidence scores the passages first; the strongest are stacked where the model "
-    "reads best, then the request's method answers. Positions, evidence and citations stay in the order given."
+    "reads best, then the request's method answers. Positions, evidence and citations stay in the order given. "
+    f"'{RESTACK_MEASURED}' (the default): restacked where that was measured to help the served model and the "
+    "request's method; null: answered in the order given."
 )
 
 
@@ -69,7 +71,7 @@ class AnswerRequest(GenerationOptions):
     method: str | None = Field(default=None, description="Method spec (default: the server's); same weights.")
     truncate: Truncate = "error"
     prompt_style: str | None = Field(default=None, description="litm or short (default: the server's).")
-    restack: str | None = Field(default=None, description=RESTACK_HELP)
+    restack: str | None = Field(default=RESTACK_MEASURED, description=RESTACK_HELP)
     restack_rounds: int = Field(default=1, ge=1, description="Scoring passes before answering (with `restack`).")
 
 

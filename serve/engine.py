@@ -5,7 +5,8 @@ A request becomes a `Job` in the request's own path: its prompt is built and che
 refused alone with the library's message and never fails the batch it would have joined. A batch of jobs is split
 into groups that share a method and decoding options (what one `generate_batch` call shares); each group is one
 left-padded batch in which every row is answered as it would be alone (text, evidence, sampling stream). A group
-that asks for restacking (`restack`: a scorer method) is answered through a `Restacker` on the same generator: one
+that asks for restacking (`restack`: a scorer method; by default, the one measured to help the model and method, if
+any) is answered through a `Restacker` on the same generator: one
 scoring batch per round, then the answering batch.
 """
 
@@ -20,14 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from midlens.core.errors import InvalidArgumentError, MidlensError, Remedies
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, measured_restack_for
 from midlens.core.passage import Passage
 from midlens.generators.citations import Citation
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style
-from midlens.generators.restack import Restacker, as_restack
+from midlens.generators.restack import Restacker, as_restack, check_restack_option
 from midlens.rag.remote import AnswerRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
 from midlens.serve.schemas import ChatCompletionRequest
 
@@ -175,9 +176,14 @@ class Engine:
 
     def _decoding(self, method: str | None, options: dict[str, Any]) -> Decoding:
         max_new = options.get("max_new_tokens")
-        restack = as_restack(options.get("restack"), options.get("restack_rounds", 1))  # a bad scorer fails here
+        spec = self.method_spec(method)
+        # A bad scorer fails here; "measured" is what was measured to help this model answering with `spec`.
+        restack = check_restack_option(options.get("restack"), options.get("restack_rounds", 1))
+        if restack == RESTACK_MEASURED:
+            scorer = measured_restack_for(self.model_name, spec)
+            restack = None if scorer is None else as_restack(scorer)
         return Decoding(
-            method=self.method_spec(method),
+            method=spec,
             max_new_tokens=self.max_new_tokens if max_new is None else max_new,
             temperature=options.get("temperature", 0.0),
             top_p=options.get("top_p", 1.0),
@@ -248,7 +254,7 @@ class Engine:
             if not users:
                 raise InvalidArgumentError("the conversation has no user message: the last one is the question.")
             return Job(self._stacked(users[-1], ext.passages, decoding, ext.truncate, ext.prompt_style), decoding)
-        if ext is not None and (ext.restack is not None or ext.restack_rounds != 1):
+        if ext is not None and (ext.restack not in (None, RESTACK_MEASURED) or ext.restack_rounds != 1):
             raise InvalidArgumentError(
                 "restack re-orders the passages of a RAG prompt, and this conversation has none: send them in "
                 "midlens.passages, or leave out midlens.restack."

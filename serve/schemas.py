@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from midlens.core.names import RESTACK_MEASURED
 from midlens.rag.remote import RESTACK_HELP, PassageIn, Truncate
 
 # ---- OpenAI chat completions ----
@@ -50,7 +51,7 @@ class ChatExtension(BaseModel):
     calibrate: bool | None = None
     truncate: Truncate = "error"
     prompt_style: str | None = None
-    restack: str | None = Field(default=None, description=RESTACK_HELP + " Needs `passages`.")
+    restack: str | None = Field(default=RESTACK_MEASURED, description=RESTACK_HELP + " Needs `passages`.")
     restack_rounds: int = Field(default=1, ge=1)
 
 

@@ -325,7 +325,9 @@ def test_one_message_per_value_whichever_interface_passes_it():
     with pytest.raises(InvalidArgumentError, match=r"^prompt style 'terse': expected one of litm, short"):
         Pipeline(None, None, prompt_style="terse")
     with pytest.raises(InvalidArgumentError, match=r"^the question is empty: pass the text to answer\.$"):
-        Pipeline(None, None).ask("  ")  # refused before retrieval, which would call it an empty query
+        # Refused before retrieval, which would call it an empty query (restack=None: with no generator there is no
+        # model and method to read the measured restack of).
+        Pipeline(None, None, restack=None).ask("  ")
     out = run_cli("ask", "  ")
     assert "midlens: error: the question is empty: pass the text to answer." in out.stderr
 

@@ -6,10 +6,13 @@ hard-coded "baseline" would fail here."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from midlens.core import names
+from midlens.core.errors import InvalidArgumentError, MethodConfigError
+from midlens.core.method_spec import RESTACK_MARK
 from midlens.generators import Generator
 from midlens.generators.methods.registry import method_config
 from midlens.generators.prompt import build_prompt
@@ -68,16 +71,94 @@ def test_the_reranker_ranks_by_the_best_ranker_measured_for_its_model(loaded):
     assert [n.score for n in ranked] == pytest.approx([pe.evidence for pe in expected], abs=1e-5)
 
 
+# The committed n = 200 sweeps each packaged model's default is chosen on: the short-answer sweeps of every method,
+# and the sweeps of its answering default restacked where they were run.
+RESULTS = Path(__file__).resolve().parent.parent / "docs/results"
+RESTACKED_RUNS = {"smollm2-135m": RESULTS / "restack/eval-smollm2-finetuned/runs"}
+
+
 @pytest.mark.parametrize("model", ["qwen2.5-coder-0.5b", "smollm2-135m"])
 def test_each_packaged_models_answering_default_is_what_its_committed_sweeps_support(model):
-    """The table follows the measurement: the default rule, applied to the committed n = 200 short-answer sweeps of
-    each packaged model, supports the method core.names names for it."""
-    from pathlib import Path
-
+    """The tables follow the measurement: the default rule, applied to the committed n = 200 short-answer sweeps of
+    each packaged model (restacked ones included), supports the method core.names names for it and whether it
+    restacks (a model whose default was never measured restacked does not restack)."""
     from midlens.eval.report.default_rule import chosen, judge
     from midlens.eval.report.load import load_runs
 
-    runs = Path(__file__).resolve().parent.parent / f"docs/results/{model}/short-answer/runs"
-    configs, rows = load_runs([runs / "hotpotqa", runs / "squad"])
+    folders = [RESULTS / model / "short-answer/runs" / corpus for corpus in ("hotpotqa", "squad")]
+    if model in RESTACKED_RUNS:
+        folders += [RESTACKED_RUNS[model] / corpus for corpus in ("hotpotqa", "squad")]
+    configs, rows = load_runs(folders)
     assert all(c["model"] == model and c["examples"] == 200 and c["prompt_style"] == "short" for c in configs)
-    assert method_config(names.answer_method_for(model)).spec() == chosen(judge(rows))
+    method = method_config(names.answer_method_for(model)).spec()
+    scorer = names.measured_restack_for(model, method)
+    assert chosen(judge(rows)) == (method if scorer is None else f"{method}{RESTACK_MARK}{scorer})")
+    assert (scorer is not None) == (model in RESTACKED_RUNS)
+
+
+def test_every_answering_interface_restacks_where_it_was_measured_to_help(loaded, monkeypatch, tmp_path):
+    """Where restacking was measured to help a model's default (SmolLM2's), Pipeline, `ask`, the LlamaIndex LLM and
+    engine, the demo's switch and the server restack its answers unless told not to; other methods do not, and
+    None (--no-restack, `restack: null`) turns it off everywhere."""
+    from midlens.cli import build_parser
+    from midlens.demo.backend import DemoBackend
+    from midlens.rag.llamaindex import MidlensLLM, MidlensQueryEngine
+    from midlens.rag.pipeline import Pipeline
+    from midlens.rag.remote import AnswerRequest
+    from midlens.serve.engine import Engine
+    from midlens.serve.schemas import ChatExtension
+
+    default = names.answer_method_for(loaded.name)
+    spec = method_config(default).spec()
+    assert names.measured_restack_for(loaded.name, spec) == "mudaf"
+    assert names.measured_restack_for(loaded.name, "baseline") is None
+    assert names.measured_restack_for("/models/my-own", spec) is None  # a folder: never measured
+
+    generator = Generator(loaded)
+    pipe = Pipeline(None, generator)
+    assert pipe.restack is not None and pipe.restack.scorer_spec == "mudaf" and pipe.restack.rounds == 1
+    assert pipe.with_method("baseline").restack is None  # "measured" is re-read for the new method
+    assert pipe.with_method("baseline").with_method(default).restack.scorer_spec == "mudaf"
+    assert Pipeline(None, generator, restack=None).restack is None
+    assert Pipeline(None, generator, restack="baseline").restack.scorer_spec == "baseline"  # named: as named
+    assert Pipeline(None, Generator(loaded, method="baseline")).restack is None
+    with pytest.raises(InvalidArgumentError, match='restack_rounds=2 needs a named scorer.*restack="mudaf"'):
+        Pipeline(None, generator, restack_rounds=2)
+
+    ask = build_parser()
+    assert ask.parse_args(["ask", QUESTION]).restack == names.RESTACK_MEASURED
+    assert ask.parse_args(["ask", QUESTION, "--no-restack"]).restack is None
+    assert ask.parse_args(["ask", QUESTION, "--restack"]).restack == names.DEFAULT_RESTACK_SCORER
+    with pytest.raises(SystemExit):  # one or the other
+        ask.parse_args(["ask", QUESTION, "--restack", "--no-restack"])
+
+    llm = MidlensLLM(generator)
+    assert llm.restack == names.RESTACK_MEASURED and llm.pipeline.restack.scorer_spec == "mudaf"
+    assert MidlensLLM(generator, restack=None).pipeline.restack is None
+    with pytest.raises(MethodConfigError, match="restack=.no-such-scorer.: restacking scores"):
+        MidlensLLM(generator, restack="no-such-scorer")
+    assert MidlensQueryEngine(_no_retriever(), llm=llm)._restack() == {}  # the LLM's field decides
+    assert MidlensQueryEngine(_no_retriever(), llm=llm, restack=None)._restack() == {"restack": None}
+
+    backend = DemoBackend(model=loaded.name)
+    assert backend.measured_restack(loaded.name, backend.method) == "mudaf"
+    assert backend.measured_restack(loaded.name, "baseline") is None
+
+    assert AnswerRequest(question=QUESTION).restack == ChatExtension().restack == names.RESTACK_MEASURED
+    engine = Engine(loaded.name)
+    assert engine._decoding(None, {"restack": names.RESTACK_MEASURED}).restack == "mudaf"
+    assert engine._decoding("baseline", {"restack": names.RESTACK_MEASURED}).restack is None
+    assert engine._decoding(None, {"restack": None}).restack is None
+    assert engine._decoding(None, {}).restack is None  # a score request: nothing is answered
+
+
+def _no_retriever():
+    from llama_index.core.retrievers import BaseRetriever
+
+    class NoRetriever(BaseRetriever):
+        """Only for building an engine here: no query is run."""
+
+        def _retrieve(self, query_bundle):
+            return []
+
+    return NoRetriever()

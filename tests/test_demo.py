@@ -460,3 +460,17 @@ def test_check_citations_verifies_against_the_prompt_answered_from(pipeline):
     from midlens.demo import views
 
     assert TRUST.search(views.trust(checked, "calibrated").text)
+
+
+def test_the_restack_switch_starts_where_restacking_was_measured_to_help(pipeline):
+    """The "Re-order" switch is on for a model and method restacking was measured to help (SmolLM2's default,
+    core.names.MEASURED_RESTACKS), off otherwise, and both the model and the method menus set it again."""
+    from midlens.demo.app import build_blocks
+
+    for backend, on in ((DemoBackend(pipeline), False), (DemoBackend(pipeline.with_method("finetuned")), True)):
+        blocks = build_blocks(backend)
+        switch = next(b for b in blocks.blocks.values() if getattr(b, "elem_id", None) == "restack")
+        assert switch.value is on, backend.method
+        setters = [f for f in blocks.fns.values() if getattr(f.fn, "__name__", "") == "restack_default"]
+        assert len(setters) == 2 and all([o._id for o in f.outputs] == [switch._id] for f in setters)
+        assert {f.inputs[0].label for f in setters} == {"Model"} and {f.inputs[1].label for f in setters} == {"Method"}

@@ -167,7 +167,9 @@ def test_bad_restack_options_name_the_option_and_what_to_do(generator):
     with pytest.raises(InvalidArgumentError, match=r"restack_rounds=0"):
         Pipeline(None, generator, restack="baseline", restack_rounds=0)
     with pytest.raises(InvalidArgumentError, match=r"restack_rounds=2 has no effect without restacking"):
-        Pipeline(None, generator, restack_rounds=2)
+        Pipeline(None, generator, restack=None, restack_rounds=2)
+    with pytest.raises(InvalidArgumentError, match=r'restack_rounds=2 needs a named scorer.*restack="mudaf"'):
+        Pipeline(None, generator, restack_rounds=2)  # the measured default restacks once or not at all
     with pytest.raises(InvalidArgumentError, match=r"rounds=1.5"):
         Restack("baseline", rounds=1.5)
     with pytest.raises(InvalidArgumentError, match=r"slots=\(1, 1\): expected the prompt positions 1..n"):
@@ -184,7 +186,7 @@ def test_cli_refuses_bad_restack_options_before_loading(capsys):
     assert main(["ask", QUESTION, "--restack", "mudaff"]) == 2
     assert "--restack mudaff: restacking scores the passages with a method's evidence" in capsys.readouterr().err
     assert main(["ask", QUESTION, "--restack-rounds", "2"]) == 2
-    assert "--restack-rounds 2 has no effect without --restack" in capsys.readouterr().err
+    assert "--restack-rounds 2 needs --restack: add --restack" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["ask", QUESTION, "--restack", "--restack-rounds", "0"])
     assert "--restack-rounds: 0 is not allowed: use 1 or more" in capsys.readouterr().err

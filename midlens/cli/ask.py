@@ -17,6 +17,7 @@ from midlens.core.names import (
     DEFAULT_RETRIEVAL,
     DEFAULT_TOP_K,
     PROMPT_STYLES,
+    RESTACK_MEASURED,
     RETRIEVALS,
 )
 
@@ -26,6 +27,7 @@ EXAMPLES = """examples:
   midlens ask "Who directed Wings of Desire?" --verify      # check each citation: [1?] marks one that fails
   midlens ask "Who directed Wings of Desire?" --restack     # MuDAF's evidence puts the strongest passages where
                                                             # the model reads best, then --method answers
+  midlens ask "Who directed Wings of Desire?" --model smollm2-135m --no-restack   # its default restacks: not now
   midlens ask "Who directed Wings of Desire?" --json --device cpu > answer.json
 """
 BAR_WIDTH = 24
@@ -57,14 +59,24 @@ def add_parser(sub) -> None:
         help="check each citation: re-score the answer with the cited passage removed; one that costs the sentence "
         "too little log-probability is marked [n?]",
     )
-    ask.add_argument(
+    order = ask.add_mutually_exclusive_group()
+    order.add_argument(
         "--restack",
         nargs="?",
         const=DEFAULT_RESTACK_SCORER,
+        default=RESTACK_MEASURED,
         metavar="SCORER",
         help="score the passages with this method's evidence (alone: mudaf), place the strongest in the slots the "
         "model reads best (measured per model and answering method), then answer with --method; positions shown stay "
-        "as retrieved",
+        "as retrieved. Default: restack where it was measured to help the model and method (SmolLM2's default "
+        "method), else answer in the order retrieved",
+    )
+    order.add_argument(
+        "--no-restack",
+        dest="restack",
+        action="store_const",
+        const=None,
+        help="answer the passages in the order retrieved, also where restacking is the default",
     )
     ask.add_argument(
         "--restack-rounds",
@@ -84,12 +96,12 @@ def run(args: argparse.Namespace) -> int:
             "--verify checks the citations of an answer, and --max-new-tokens 0 generates none (it only scores the "
             "passages): drop --verify, or give --max-new-tokens 1 or more."
         )
-    if args.restack is None and args.restack_rounds != 1:
+    if args.restack in (None, RESTACK_MEASURED) and args.restack_rounds != 1:
         raise InvalidArgumentError(
-            f"--restack-rounds {args.restack_rounds} has no effect without --restack: add --restack (its scorer "
-            "method, mudaf by default), or drop --restack-rounds."
+            f"--restack-rounds {args.restack_rounds} needs --restack: add --restack (its scorer method, "
+            f"{DEFAULT_RESTACK_SCORER} by default), or drop --restack-rounds."
         )
-    if args.restack is not None:
+    if args.restack not in (None, RESTACK_MEASURED):
         from midlens.core.method_spec import parse_scorer_spec
 
         parse_scorer_spec(args.restack)  # a misspelt scorer fails before torch loads, naming --restack
@@ -188,7 +200,8 @@ def print_answer(answer, max_new_tokens: int | None = None) -> None:
         rounds = f"{r['rounds']} round{'s' if r['rounds'] > 1 else ''}"
         print(
             f"restacked by {r['scorer']} evidence ({rounds}): the prompt held passages "
-            f"{', '.join(map(str, r['order']))} in slots 1..{len(r['order'])} (numbers below: as retrieved)\n"
+            f"{', '.join(map(str, r['order']))} in slots 1..{len(r['order'])} (numbers below: as retrieved; "
+            "--no-restack answers them in that order)\n"
         )
     calibrated = answer.passages and answer.passages[0].calibrated is not None
     top = max((p.score for p in answer.passages), default=0.0)

@@ -19,16 +19,16 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
 from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED
 from midlens.generators.citations import Citation
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
-from midlens.generators.restack import Restack, as_restack
+from midlens.generators.restack import Restacker, RestackOption, check_restack_option
 from midlens.rag.llamaindex.common import (
     GENERATE_OPTIONS,
     GeneratorBacked,
@@ -74,7 +74,9 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     prompt is the question of a stacked prompt with no documents. Passages are answered by `pipeline`, the same
     Pipeline.answer the CLI and the demo use. `complete(..., passages=nodes, restack="mudaf")` (or a
     generators.restack.Restack) restacks them by that method's evidence first (what MidlensQueryEngine's `restack`
-    passes); the evidence rows stay in the order the nodes were given.
+    passes); the evidence rows stay in the order the nodes were given. Without a `restack` in the call the LLM's
+    `restack` field decides: "measured" (the default) restacks where that was measured to help its model and
+    method (core.names.MEASURED_RESTACKS: SmolLM2's default), None never does.
     """
 
     max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=0, description="Most tokens generated per call.")
@@ -91,12 +93,24 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     base_url: str | None = Field(
         default=None, description="A `midlens serve` server that answers instead of a model loaded in this process."
     )
+    restack: str | None = Field(
+        default=RESTACK_MEASURED,
+        description="How passages are re-stacked before answering where a call does not say: 'measured' restacks "
+        "where that was measured to help this model and method; a method spec (e.g. mudaf) restacks by its "
+        "evidence; None answers them in the order given.",
+    )
 
     read_stock_prompts: bool = Field(
         default=True,
         description="Answer LlamaIndex's default text-QA / tree-summarize / refine prompts through the midlens "
         "prompt, their context chunks stacked as passages (False: the formatted template is the question).",
     )
+
+    @field_validator("restack")
+    @classmethod
+    def _known_restack(cls, restack: str | None) -> str | None:
+        check_restack_option(restack)  # a misspelt scorer fails when the LLM is made, not at its first answer
+        return restack
 
     def __new__(cls, *args: Any, base_url: str | None = None, **kwargs: Any) -> MidlensLLM:
         # A server URL instead of a model: the same class, its calls answered over HTTP by a `midlens serve` server
@@ -121,12 +135,13 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     @property
     def pipeline(self) -> Pipeline:
         """The Pipeline that answers this LLM's passages, with its answer length, truncation and instruction style
-        as they are now; retrieval stays with the caller (MidlensQueryEngine's LlamaIndex retriever)."""
-        return self._pipeline(None)
+        as they are now, and its `restack`; retrieval stays with the caller (MidlensQueryEngine's LlamaIndex
+        retriever)."""
+        return self._pipeline(self.restack)
 
-    def _pipeline(self, restack: Restack | None) -> Pipeline:
-        """`pipeline`, restacking by `restack` (None: answering the passages in the order given). Cheap to make per
-        call: the scorer's generator is built once per answering generator (generators.restack.scorer_for)."""
+    def _pipeline(self, restack: RestackOption) -> Pipeline:
+        """`pipeline`, restacking by `restack` (as Pipeline's). Cheap to make per call: the scorer's generator is
+        built once per answering generator (generators.restack.scorer_for)."""
         return Pipeline(
             None,
             self.generator,
@@ -192,26 +207,32 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
             return None
         return self._stock(last.content or "")
 
-    def _prepare_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[StackedPrompt, dict]:
+    def _prepare_chat(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> tuple[Generator | Restacker, StackedPrompt, dict]:
+        """What answers the chat, its prompt and options: a QA template's passages the way `complete` answers
+        them (restacked as the LLM's `restack` says), any other conversation in the model's chat template."""
         passages, options = self._options(kwargs)
         if passages:
             raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
         stock = self._stock_chat(messages) if messages else None
         if stock is not None:
-            return self.pipeline.prompt(stock.question, stock.passages, options["max_new_tokens"]), options
+            pipeline = self.pipeline
+            prompt = pipeline.prompt(stock.question, stock.passages, options["max_new_tokens"])
+            return pipeline.answerer, prompt, options
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
         window = self.generator.context_window - options["max_new_tokens"]
         options["calibrate"] = False
-        return chat_prompt(self.generator.tokenizer, turns, window), options
+        return self.generator, chat_prompt(self.generator.tokenizer, turns, window), options
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        restack = as_restack(kwargs.pop("restack", None))
+        restack = check_restack_option(kwargs.pop("restack", self.restack))
         question, passages, options = self._request(prompt, formatted, kwargs)
         return _completion(self._pipeline(restack).answer(question, passages, **options))
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         # Prompt errors (empty question, too long) raise here, at call time, not on the first next().
-        restack = as_restack(kwargs.pop("restack", None))
+        restack = check_restack_option(kwargs.pop("restack", self.restack))
         question, passages, options = self._request(prompt, formatted, kwargs)
         return _chunks(self._pipeline(restack).answer_stream(question, passages, **options))
 
@@ -219,14 +240,14 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     # this class as Settings.llm send whole conversations (system turns included).
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        stacked, options = self._prepare_chat(messages, kwargs)
-        return _as_chat(_completion(self.generator.generate(stacked, **options)))
+        answerer, stacked, options = self._prepare_chat(messages, kwargs)
+        return _as_chat(_completion(answerer.generate(stacked, **options)))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        stacked, options = self._prepare_chat(messages, kwargs)
+        answerer, stacked, options = self._prepare_chat(messages, kwargs)
         # A generator, not a map: LlamaIndex's callback tells a stream from a response by that type.
-        return (_as_chat(chunk) for chunk in _chunks(self.generator.stream(stacked, **options)))
+        return (_as_chat(chunk) for chunk in _chunks(answerer.stream(stacked, **options)))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -311,12 +332,12 @@ class RemoteMidlensLLM(MidlensLLM):
         )
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        restack = _restack_request(kwargs.pop("restack", None))
+        restack = _restack_request(kwargs.pop("restack", self.restack))
         question, passages, options = self._request(prompt, formatted, kwargs)
         return self._served.complete(self, question, passages, {**options, **restack})
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        restack = _restack_request(kwargs.pop("restack", None))
+        restack = _restack_request(kwargs.pop("restack", self.restack))
         question, passages, options = self._request(prompt, formatted, kwargs)
         messages = [{"role": "user", "content": question}]
         return self._served.stream(self, messages, passages, {**options, **restack}, question)
@@ -339,12 +360,15 @@ class RemoteMidlensLLM(MidlensLLM):
         return self._served.stream_chat(self, turns, options)
 
 
-def _restack_request(restack: str | Restack | None) -> dict[str, Any]:
-    """A complete call's restack option as a server request's fields (none when not restacking). The server
-    restacks by its model's measured slots: slots given here would not travel, so they are refused."""
-    restack = as_restack(restack)
-    if restack is None:
+def _restack_request(restack: RestackOption) -> dict[str, Any]:
+    """A complete call's restack option as a server request's fields: none for "measured" (the server's default
+    resolves it for its model and method), `restack: null` for None. The server restacks by its model's measured
+    slots: slots given here would not travel, so they are refused."""
+    restack = check_restack_option(restack)
+    if restack == RESTACK_MEASURED:
         return {}
+    if restack is None:
+        return {"restack": None}
     if restack.slots is not None:
         raise InvalidArgumentError(
             "Restack(slots=...) is not sent to a server: it restacks by its model's measured slots. Leave slots out, "

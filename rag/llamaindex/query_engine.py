@@ -22,11 +22,11 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from midlens.core.checks import check_top_k
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_TOP_K
+from midlens.core.names import DEFAULT_TOP_K, RESTACK_MEASURED
 from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
 from midlens.generators.loading import LoadedModel
 from midlens.generators.packaged_models import DEFAULT_MODEL
-from midlens.generators.restack import Restack, as_restack
+from midlens.generators.restack import Restack, check_restack_option
 from midlens.rag.llamaindex.citations import citation_rows, sentence_rows
 from midlens.rag.llamaindex.common import (
     _response_kwargs,
@@ -66,7 +66,8 @@ class MidlensQueryEngine(CustomQueryEngine):
     spec, or a generators.restack.Restack) scores the nodes with that method's evidence and stacks the strongest in
     the slots the model reads best before answering (`restack_rounds` scoring passes); positions, markers and
     metadata keep the order the nodes were retrieved in, and `metadata["midlens"]["restack"]` says what the prompt
-    held.
+    held. By default (`restack="measured"`) the LLM's own `restack` decides, which restacks where that was measured
+    to help its model and method; `restack=None` answers the nodes in the order retrieved.
     """
 
     retriever: BaseRetriever
@@ -74,7 +75,7 @@ class MidlensQueryEngine(CustomQueryEngine):
     node_postprocessors: list[BaseNodePostprocessor] = Field(default_factory=list)
     streaming: bool = False
     verify: bool = False
-    restack: Any = None  # a generators.restack.Restack, or None
+    restack: Any = RESTACK_MEASURED  # a generators.restack.Restack, RESTACK_MEASURED, or None
 
     def __init__(
         self,
@@ -88,7 +89,7 @@ class MidlensQueryEngine(CustomQueryEngine):
         streaming: bool = False,
         callback_manager: CallbackManager | None = None,
         verify: bool = False,
-        restack: str | Restack | None = None,
+        restack: str | Restack | None = RESTACK_MEASURED,
         restack_rounds: int = 1,
         **llm_kwargs: Any,
     ) -> None:
@@ -96,7 +97,8 @@ class MidlensQueryEngine(CustomQueryEngine):
         one prefill per cited node); it needs the model in this process, not a server."""
         if not isinstance(verify, bool):
             raise InvalidArgumentError(f"verify={verify!r}: pass True (check each citation) or False.")
-        restack = as_restack(restack, restack_rounds)  # a bad scorer or round count fails before the model loads
+        # A bad scorer or round count fails before the model loads.
+        restack = check_restack_option(restack, restack_rounds)
         if llm is None:
             llm = MidlensLLM(model, method=method, method_options=method_options, evidence=evidence, **llm_kwargs)
         elif llm_kwargs or method_options or method is not None:
@@ -164,8 +166,8 @@ class MidlensQueryEngine(CustomQueryEngine):
         return completion.text
 
     def _restack(self) -> dict[str, Any]:
-        """The LLM call's restack option, only when restacking: an LLM of another class need not know the word."""
-        return {} if self.restack is None else {"restack": self.restack}
+        """The LLM call's restack option: none for "measured", so that the LLM's own `restack` field decides."""
+        return {} if self.restack == RESTACK_MEASURED else {"restack": self.restack}
 
     def _verified(self, answer: Answer) -> Answer:
         if self.verify:

@@ -24,7 +24,7 @@ def run(answer: Callable[[Pipeline, str], Answer]) -> None:
     model, out, shard = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     i, n = map(int, shard.split("/"))
     qs = load_questions(sys.argv[4])[i::n]
-    pipe = Pipeline.from_corpus(sys.argv[5], model=model, index_dir=sys.argv[6])
+    pipe = Pipeline.from_corpus(sys.argv[5], model=model, index_dir=sys.argv[6], restack=None)
     done = {json.loads(line)["id"] for line in out.open()} if out.exists() else set()
     for q in qs:
         if q["id"] in done:

@@ -16,7 +16,9 @@ model, out = sys.argv[1], Path(sys.argv[2])
 shard, shards = map(int, sys.argv[3].split("/"))
 variants = [(5, 2), (10, 2), (10, 3)]
 qs = load_questions("runs/tune-e2e/hotpotqa_questions.jsonl")[shard::shards]
-pipe = Pipeline.from_corpus("runs/tune-e2e/hotpotqa_corpus.jsonl", model=model, index_dir="runs/tune-e2e/index-dense10")
+pipe = Pipeline.from_corpus(
+    "runs/tune-e2e/hotpotqa_corpus.jsonl", model=model, index_dir="runs/tune-e2e/index-dense10", restack=None
+)
 done = {json.loads(line)["id"] for line in out.open()} if out.exists() else set()
 for q in qs:
     if q["id"] in done:
