@@ -297,3 +297,4 @@ def test_ask_restacks_and_shows_what_the_prompt_held(generator, restacker, defau
     print_answer(restacker.generate(_prompt(generator), max_new_tokens=6))
     out = capsys.readouterr().out
     assert "restacked by baseline evidence (1 round): the prompt held passages " in out
+    assert "(pos = position as retrieved, ret = retrieval cosine)" in out

@@ -158,6 +158,11 @@ def quote(text: str, width: int = QUOTE_WIDTH) -> str:
     return flat if len(flat) <= width else flat[: width - 1].rstrip() + "\u2026"
 
 
+def _numbered(answer) -> str:
+    """What a passage's number means: a restacked answer keeps the retrieved numbering, not its prompt's."""
+    return "position in the prompt" if answer.restack is None else "position as retrieved"
+
+
 def print_citations(answer) -> None:
     """Under the answer: each cited passage (its marker = its prompt position) with the sentence it is cited for,
     its share of the citing sentence's attention and, once verified, the log-probability the sentence loses
@@ -168,7 +173,7 @@ def print_citations(answer) -> None:
             cited.setdefault((source.position, source.sentence), []).append(source)
     if not cited:
         return
-    print("cited (n = position in the prompt; share of the sentence's attention to passages):")
+    print(f"cited (n = {_numbered(answer)}; share of the sentence's attention to passages):")
     for (position, sentence), sources in sorted(cited.items(), key=lambda item: item[0][0]):
         passage = answer.passages[position - 1].passage
         best = max(sources, key=lambda s: s.score)
@@ -206,7 +211,7 @@ def print_answer(answer, max_new_tokens: int | None = None) -> None:
     calibrated = answer.passages and answer.passages[0].calibrated is not None
     top = max((p.score for p in answer.passages), default=0.0)
     label = "calibrated evidence" if calibrated else "evidence"
-    print(f"passages ranked by {label} (pos = position in the prompt, ret = retrieval cosine):")
+    print(f"passages ranked by {label} (pos = {_numbered(answer)}, ret = retrieval cosine):")
     for p in answer.ranked():
         ret = "  -  " if p.retrieval_score is None else f"{p.retrieval_score:.3f}"
         via = p.passage.metadata.get("linked_from")
