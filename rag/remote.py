@@ -203,6 +203,11 @@ class Spec(BaseModel):
     model: str
     method: dict[str, Any]
     method_spec: str
+    restack: str | None = Field(
+        default=None,
+        description="The scorer whose evidence restacks the passages of a request that asks for the server's method "
+        "and names no restack (measured for the model and method), or null: answered in the order given.",
+    )
     methods: list[str] = Field(description="Method names a request may ask for (same weights).")
     context_window: int
     evidence_config: dict[str, Any]

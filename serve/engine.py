@@ -136,6 +136,7 @@ class Engine:
             "model": loaded.name,
             "method": self.default.method.to_dict(),
             "method_spec": self.default.method.spec(),
+            "restack": measured_restack_for(loaded.name, self.default.method.spec()),
             "methods": list(REGISTRY),
             "context_window": self.default.context_window,
             "evidence_config": dataclasses.asdict(self.default.evidence_config),

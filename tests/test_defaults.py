@@ -146,6 +146,7 @@ def test_every_answering_interface_restacks_where_it_was_measured_to_help(loaded
 
     assert AnswerRequest(question=QUESTION).restack == ChatExtension().restack == names.RESTACK_MEASURED
     engine = Engine(loaded.name)
+    assert engine.spec()["restack"] == "mudaf"  # what a client learns from GET /v1/midlens/spec
     assert engine._decoding(None, {"restack": names.RESTACK_MEASURED}).restack == "mudaf"
     assert engine._decoding("baseline", {"restack": names.RESTACK_MEASURED}).restack is None
     assert engine._decoding(None, {"restack": None}).restack is None

@@ -352,7 +352,7 @@ def test_score_spec_health_and_openapi(server, client, generator):
     _same_evidence(scored.passages, generator.score(prompt))
     assert scored.generated_tokens == 0
     spec = client.spec()
-    assert spec.model == "smollm2-135m" and spec.method_spec == "baseline"
+    assert spec.model == "smollm2-135m" and spec.method_spec == "baseline" and spec.restack is None
     assert spec.max_body_bytes == MAX_BODY and spec.request_timeout_s == TIMEOUT_S
     assert httpx.get(server + "/healthz").json() == {"ok": True}
     assert httpx.get(server + "/readyz").json()["ready"] is True
