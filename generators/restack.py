@@ -143,9 +143,9 @@ def check_restack_option(restack: RestackOption, rounds: int = 1) -> Restack | s
 def resolve_restack(restack: RestackOption, generator: Generator) -> Restack | None:
     """How `generator` restacks under `restack`: RESTACK_MEASURED becomes its model's measured restack for its
     method (core.names.MEASURED_RESTACKS), None where none was measured to help; anything else as given."""
-    restack = check_restack_option(restack)
-    if restack != RESTACK_MEASURED:
-        return restack  # type: ignore[return-value]
+    checked = check_restack_option(restack)
+    if not isinstance(checked, str):  # a Restack or None; the only string left is RESTACK_MEASURED
+        return checked
     scorer = measured_restack_for(generator.loaded.name, generator.method.spec())
     return None if scorer is None else Restack(scorer)
 
