@@ -140,13 +140,14 @@ def check_restack_option(restack: RestackOption, rounds: int = 1) -> Restack | s
     return as_restack(restack, rounds)
 
 
-def resolve_restack(restack: RestackOption, generator: Generator) -> Restack | None:
-    """How `generator` restacks under `restack`: RESTACK_MEASURED becomes its model's measured restack for its
-    method (core.names.MEASURED_RESTACKS), None where none was measured to help; anything else as given."""
+def resolve_restack(restack: RestackOption, model: str, method_spec: str) -> Restack | None:
+    """How `model` answering with `method_spec` (canonical) restacks under `restack`: RESTACK_MEASURED becomes the
+    restack measured for them (core.names.MEASURED_RESTACKS), None where none was measured to help; anything else
+    as given."""
     checked = check_restack_option(restack)
     if not isinstance(checked, str):  # a Restack or None; the only string left is RESTACK_MEASURED
         return checked
-    scorer = measured_restack_for(generator.loaded.name, generator.method.spec())
+    scorer = measured_restack_for(model, method_spec)
     return None if scorer is None else Restack(scorer)
 
 

@@ -6,8 +6,7 @@ refused alone with the library's message and never fails the batch it would have
 into groups that share a method and decoding options (what one `generate_batch` call shares); each group is one
 left-padded batch in which every row is answered as it would be alone (text, evidence, sampling stream). A group
 that asks for restacking (`restack`: a scorer method; by default, the one measured to help the model and method, if
-any) is answered through a `Restacker` on the same generator: one
-scoring batch per round, then the answering batch.
+any) is answered through a `Restacker` on the same generator: one scoring batch per round, then the answering batch.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style
-from midlens.generators.restack import Restacker, as_restack, check_restack_option
+from midlens.generators.restack import Restacker, as_restack, check_restack_option, resolve_restack
 from midlens.rag.remote import AnswerRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
 from midlens.serve.schemas import ChatCompletionRequest
 
@@ -179,10 +178,9 @@ class Engine:
         max_new = options.get("max_new_tokens")
         spec = self.method_spec(method)
         # A bad scorer fails here; "measured" is what was measured to help this model answering with `spec`.
-        restack = check_restack_option(options.get("restack"), options.get("restack_rounds", 1))
-        if restack == RESTACK_MEASURED:
-            scorer = measured_restack_for(self.model_name, spec)
-            restack = None if scorer is None else as_restack(scorer)
+        restack = resolve_restack(
+            check_restack_option(options.get("restack"), options.get("restack_rounds", 1)), self.model_name, spec
+        )
         return Decoding(
             method=spec,
             max_new_tokens=self.max_new_tokens if max_new is None else max_new,
