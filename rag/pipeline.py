@@ -76,7 +76,13 @@ class Pipeline:
         self.prompt_style = check_prompt_style(prompt_style)
         # As asked (kept so that with_method re-resolves "measured" for its method), and as resolved.
         self.restack_option = check_restack_option(restack, restack_rounds)
-        self.restack = resolve_restack(self.restack_option, generator.loaded.name, generator.method.spec())
+        option = self.restack_option
+        # Only "measured" reads the generator (a pipeline made to check its other arguments may have none).
+        self.restack = (
+            option
+            if option != RESTACK_MEASURED
+            else resolve_restack(option, generator.loaded.name, generator.method.spec())
+        )
         # What answers: the generator, or the generator behind a restacker (same calls, same signatures).
         self.answerer: Generator | Restacker = generator if self.restack is None else Restacker(generator, self.restack)
 
