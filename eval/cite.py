@@ -3,15 +3,17 @@
 Each unit is one question under one method with its answer-bearing supporting paragraph at one prompt position
 (the other supporting paragraph sits at a seeded slot among the distractors, the same for every position). The
 answer is generated once with citations read permissively (every passage's attention share and its
-most-attended sentence, per answer sentence, and the prompt's passage evidence), so any citation rule
-(`max_sources`, `min_share`, `evidence_weight`: core.citation_rule, as the library applies it) can be applied
-afterwards to the same answer: the rule is a report-time choice, tuned on the train split without regenerating.
+most-attended sentence, per answer sentence, and the prompt's passage evidence, calibrated and raw), so any
+citation rule (`max_sources`, `min_share`, `evidence_weight`, `evidence_kind`: core.citation_rule, as the library
+applies it) can be applied afterwards to the same answer: the rule is a report-time choice, tuned on the train
+split without regenerating.
 
 On the same answer the row also keeps what the baselines need:
   lexical    BM25 (bm25s) between each answer sentence and every passage sentence; a passage scores its best
              sentence, and the same rule picks passages;
   retrieval  the first passages in prompt order; evidence: the top passages by `PassageEvidence.score`
-             (both cite a passage's first sentence at sentence level);
+             (calibrated); evidence_raw: by the raw evidence (all three cite a passage's first sentence at
+             sentence level);
   prompted   a separate greedy pass whose instruction asks for [n] markers (LlamaIndex's CitationQueryEngine
              way), parsed from its own text; it has no sentence-level citations.
 With `drops`, the answer's tokens are re-scored teacher-forced with the top-k passages of each ranking removed
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from midlens.core.citation_rule import apply_rule, citation_scores
+from midlens.core.errors import MidlensError, Remedy
 from midlens.core.files import write_atomic
 from midlens.core.names import DEFAULT_PROMPT_STYLE, EVAL_MODEL
 
@@ -44,7 +47,7 @@ if TYPE_CHECKING:  # torch loads with these, after the cheap checks
 # Rankings whose top-k passages are removed to measure the answer's log-probability drop.
 DROP_RANKINGS = ("midlens", "contextcite", "lexical", "evidence", "retrieval", "random")
 # Citation sources compared against the labels, in table order.
-CITERS = ("midlens", "prompted", "lexical", "evidence", "retrieval")
+CITERS = ("midlens", "prompted", "lexical", "evidence", "evidence_raw", "retrieval")
 PROMPTED_INSTRUCTION = (
     "Write a high-quality answer for the given question using only the provided search results "
     "(some of which might be irrelevant). After each sentence, cite the search results it uses as [n], "
@@ -54,8 +57,10 @@ PROMPTED_INSTRUCTION = (
 PROMPTED_EXTRA_TOKENS = 16
 RULE_FILE = "rule.json"  # the citation rule the report applies to a run's rows
 # CitationConfig's defaults (not imported: that module loads torch; tests/test_citations.py checks they agree). A
-# rule.json without evidence_weight predates it: the answer's attention alone, weight 0.
-DEFAULT_RULE = {"max_sources": 3, "min_share": 0.7, "evidence_weight": 1.0}
+# rule.json without evidence_weight predates it: the answer's attention alone, weight 0; without evidence_kind, the
+# calibrated evidence (all the rows had then).
+DEFAULT_RULE = {"max_sources": 3, "min_share": 0.7, "evidence_weight": 1.0, "evidence_kind": "calibrated"}
+EVIDENCE_ROW_KEYS = {"calibrated": "evidence", "raw": "evidence_raw"}
 LASSO_ALPHA = 0.01  # nats; ContextCite's default regularisation for its surrogate
 
 
@@ -83,6 +88,7 @@ class CiteOptions:
     max_sources: int | None = None
     min_share: float | None = None
     evidence_weight: float | None = None
+    evidence_kind: str | None = None
     prompted: bool = True
     drops: tuple[int, ...] = ()
     ablations: int = 0
@@ -105,30 +111,49 @@ def prf(cited: set[str], gold: set[str]) -> dict[str, float]:
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
+def row_evidence(row: dict, kind: str) -> list[float]:
+    """The row's passage evidence of `kind` ("calibrated" or "raw"; rows made before 2026-11-27 have calibrated
+    only)."""
+    key = EVIDENCE_ROW_KEYS.get(kind)
+    if key is None:
+        raise MidlensError(f"evidence_kind={kind!r}: one of {', '.join(EVIDENCE_ROW_KEYS)}.")
+    if key not in row:
+        raise MidlensError(
+            f"the row {row.get('key', '?')} has no {kind} evidence: its run predates rows that keep it.",
+            remedies=[Remedy("evidence_kind", "calibrated", "for this run, or run `eval cite` again in a new folder")],
+        )
+    return row[key]
+
+
 def cited_sets(
-    row: dict, citer: str, max_sources: int, min_share: float, evidence_weight: float = 0.0
+    row: dict,
+    citer: str,
+    max_sources: int,
+    min_share: float,
+    evidence_weight: float = 0.0,
+    evidence_kind: str = "calibrated",
 ) -> tuple[set[str], set[str] | None]:
     """(cited passage positions, cited sentence labels or None where the citer has no sentences) of one row's
     answer, over all its sentences. Positions are strings, so passage and sentence sets compare alike.
-    `evidence_weight` blends the row's passage evidence into midlens's scores as the library does (lexical scores
-    are BM25's alone)."""
+    `evidence_weight` blends the row's passage evidence (`evidence_kind`) into midlens's scores as the library does
+    (lexical scores are BM25's alone); the `evidence` citer ranks by calibrated evidence, `evidence_raw` by raw."""
     passages: set[str] = set()
     sentences: set[str] = set()
     if citer == "prompted":
         return {str(p) for p in row["prompted"]["cited"]}, None
-    if citer in ("retrieval", "evidence"):
+    if citer in ("retrieval", "evidence", "evidence_raw"):
         k = len(row["first_sentence"])
         if citer == "retrieval":
             chosen = list(range(1, min(max_sources, k) + 1))
         else:
-            scores = row["evidence"]
+            scores = row_evidence(row, "raw" if citer == "evidence_raw" else "calibrated")
             chosen = [i + 1 for i in sorted(range(k), key=lambda i: -scores[i])[:max_sources]]
         return {str(p) for p in chosen}, {row["first_sentence"][p - 1] for p in chosen}
     key = {"midlens": "attention", "lexical": "lexical"}[citer]
     for sentence in row["sentences"]:
         scores = sentence[key]
         if citer == "midlens":
-            scores = citation_scores(scores, row["evidence"], evidence_weight)
+            scores = citation_scores(scores, row_evidence(row, evidence_kind), evidence_weight)
         for p in apply_rule(scores, max_sources, min_share):
             passages.add(str(p))
             sentences.add(sentence[key + "_sentence"][p - 1])
@@ -270,6 +295,7 @@ class CiteEvaluator:
             "gold_sentences": gold_sentences,
             "first_sentence": first,
             "evidence": [pe.score for pe in answer.passages],
+            "evidence_raw": [pe.evidence for pe in answer.passages],
             "sentences": self._sentences(example, prompt, answer),
             "prompt_tokens": answer.prompt_tokens,
             "answer_tokens": len(answer.answer_ids),

@@ -18,14 +18,17 @@ removed: a citation is verified when the answer sentence's log-probability drops
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from midlens.core.citation_rule import apply_rule, citation_scores
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.sentences import sentence_spans
-from midlens.generators.evidence import EvidenceConfig, aggregate
+from midlens.generators.evidence import EvidenceConfig, PassageEvidence, aggregate
 from midlens.generators.prompt import StackedPrompt
+
+EVIDENCE_KINDS = ("calibrated", "raw")
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,9 @@ class CitationConfig:
     """How attention becomes citations. `max_sources`: passages cited per answer sentence at most; `min_share`:
     a passage is cited when its score is at least this fraction of the top passage's; `evidence_weight`: the
     weight of the prompt's calibrated passage evidence in that score, against the answer sentence's attention
-    share (0: the answer's attention alone); `margin`: nats the answer sentence must lose without a passage for
-    the citation to count as verified."""
+    share (0: the answer's attention alone); `evidence_kind`: which evidence that is, "calibrated" (minus a
+    content-free query's, as the ranking uses it) or "raw" (the question's attention mass as it is); `margin`:
+    nats the answer sentence must lose without a passage for the citation to count as verified."""
 
     # The rule was chosen on the HotpotQA train split (SmolLM2-135M, 40 questions x gold at 1/5/10, passage-level
     # F1 against the supporting paragraphs) over evidence_weight 0/0.25/0.5/0.75/1 x max_sources 1-3 x min_share
@@ -48,6 +52,9 @@ class CitationConfig:
     max_sources: int = 3
     min_share: float = 0.7
     evidence_weight: float = 1.0
+    # Raw evidence ranks supporting paragraphs better than calibrated for some (model, method) pairs (the reranker
+    # measurements, README), so which one a rule blends in is chosen on the train split like its other values.
+    evidence_kind: Literal["calibrated", "raw"] = "calibrated"
     margin: float = 0.5
 
     def __post_init__(self) -> None:
@@ -59,8 +66,19 @@ class CitationConfig:
             raise InvalidArgumentError(
                 f"citations evidence_weight={self.evidence_weight!r}: a fraction between 0 and 1."
             )
+        if self.evidence_kind not in EVIDENCE_KINDS:
+            raise InvalidArgumentError(
+                f"citations evidence_kind={self.evidence_kind!r}: one of {', '.join(EVIDENCE_KINDS)}."
+            )
         if self.margin < 0:
             raise InvalidArgumentError(f"citations margin={self.margin!r}: nats >= 0.")
+
+    def passage_scores(self, passages: list[PassageEvidence]) -> list[float]:
+        """The prompt's passage evidence this rule blends in, in prompt order (raw evidence when calibrated was
+        asked for but not computed: `PassageEvidence.score`)."""
+        if self.evidence_kind == "raw":
+            return [pe.evidence for pe in passages]
+        return [pe.score for pe in passages]
 
     @classmethod
     def measured(cls, model: str, method_spec: str) -> CitationConfig:
@@ -83,7 +101,7 @@ class CitationConfig:
 #   smollm2-135m + mudaf(alpha=0), SmolLM2's answering default since it too answers with `finetuned`: the same command
 #   with `--n 40 --model smollm2-135m --methods "mudaf(alpha=0)"` (section 10): 64.9 train passage-level F1 against
 #   60.5 under the default rule; its neighbours 0.75 / 3 / 0.5 (64.1) and 0.75 / 3 / 0.3 (63.4) are close behind.
-MEASURED_RULES: dict[tuple[str, str], dict[str, float | int]] = {
+MEASURED_RULES: dict[tuple[str, str], dict[str, float | int | str]] = {
     ("qwen2.5-coder-0.5b", "mudaf"): {"max_sources": 2, "min_share": 0.0, "evidence_weight": 0.75},
     ("qwen2.5-coder-0.5b", "mudaf(alpha=0)"): {"max_sources": 2, "min_share": 0.0, "evidence_weight": 0.5},
     ("smollm2-135m", "mudaf"): {"max_sources": 3, "min_share": 0.5, "evidence_weight": 1.0},

@@ -367,8 +367,8 @@ class Generator:
         citations = []
         if self.citations is not None:
             t0 = time.perf_counter()
-            # The calibrated evidence the citation score blends in.
-            citations = self._cite(prompt, decoded, ids, segment_mass, [pe.score for pe in passages], ends)
+            scores = self.citations.passage_scores(passages)  # the evidence the citation score blends in
+            citations = self._cite(prompt, decoded, ids, segment_mass, scores, ends)
             run.timings["cite_s"] = run.timings.get("cite_s", 0.0) + time.perf_counter() - t0
         return Answer(
             question=prompt.question,
@@ -575,7 +575,7 @@ class _SentenceCiter:
         if b not in self._scores:
             maps = self.mixture.maps(self.run.maps, b)
             passages = self.generator._passage_evidence(self.prompts[b], maps)
-            self._scores[b] = [pe.score for pe in passages]
+            self._scores[b] = self.generator.citations.passage_scores(passages)
         return self._scores[b]
 
 

@@ -48,6 +48,23 @@ def test_the_answer_cites_the_planted_sentence_and_verification_keeps_it(generat
     assert answer.to_dict()["citations"][0]["sources"][0]["verified"] is True
 
 
+def test_a_rule_on_raw_evidence_ranks_passages_by_the_raw_evidence(generator, planted):
+    prompt, _ = planted
+    for kind in ("calibrated", "raw"):
+        # Evidence alone picks the passages (weight 1), every passage cited, strongest first.
+        config = CitationConfig(max_sources=10, min_share=0.0, evidence_weight=1.0, evidence_kind=kind)
+        gen = Generator(generator.loaded, method=generator.method.spec(), citations=config)
+        answer = gen.generate(prompt, max_new_tokens=8)
+        evidence = config.passage_scores(answer.passages)
+        assert evidence == [pe.evidence if kind == "raw" else pe.calibrated for pe in answer.passages]
+        assert max(evidence) > 0  # something to blend in, so the ranking below is the evidence's
+        ranked = [s.position for s in answer.citations[0].sources]
+        assert ranked[0] == max(range(len(evidence)), key=evidence.__getitem__) + 1
+        # Evidence below zero earns no share (core.citation_rule.evidence_shares), so those tie at zero.
+        shares = [max(e, 0.0) for e in evidence]
+        assert [shares[p - 1] for p in ranked] == sorted(shares, reverse=True)
+
+
 def test_batched_citations_equal_each_answer_alone(generator):
     prompts = [
         generator.prompt(QUESTION, planted_passages(5, 2)),
@@ -104,7 +121,13 @@ def test_verification_of_a_prompt_that_no_longer_fits_is_refused(generator, plan
 
 
 def test_citation_options_are_checked():
-    bad_options = ({"max_sources": 0}, {"min_share": 2}, {"margin": -1}, {"evidence_weight": 1.5})
+    bad_options = (
+        {"max_sources": 0},
+        {"min_share": 2},
+        {"margin": -1},
+        {"evidence_weight": 1.5},
+        {"evidence_kind": "uncalibrated"},
+    )
     for bad in bad_options:
         with pytest.raises(InvalidArgumentError, match=next(iter(bad))):
             CitationConfig(**bad)

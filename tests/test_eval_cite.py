@@ -78,6 +78,29 @@ def test_the_report_applies_the_rule_json_and_its_grid_covers_the_evidence_weigh
     assert grid[(w, m, s)] == max(grid.values()) and m == 3  # only three sources reach passage 1 here
 
 
+def test_a_rule_can_blend_in_the_raw_evidence_instead_of_the_calibrated():
+    from midlens.core.errors import MidlensError
+    from midlens.eval.report.cite import has_raw_evidence, rule_grid, unit_scores
+
+    # Raw evidence puts passage 1 first where calibrated puts passage 2 first (a content-free query attends passage
+    # 1 most, so calibration takes most of it away).
+    row = {**_row(), "position": 1, "evidence_raw": [0.6, 0.3, 0.1]}
+    assert cited_sets(row, "midlens", 1, 0.5, evidence_weight=1.0) == ({"2"}, {"2@10"})
+    assert cited_sets(row, "midlens", 1, 0.5, evidence_weight=1.0, evidence_kind="raw") == ({"1"}, {"1#0"})
+    assert cited_sets(row, "evidence_raw", 2, 0.5) == ({"1", "2"}, {"1#0", "2@0"})
+    raw_rule = {"max_sources": 1, "min_share": 0.5, "evidence_weight": 1.0, "evidence_kind": "raw"}
+    assert unit_scores(row, "midlens", raw_rule)["passage"]["f1"] == pytest.approx(2 / 3)
+    assert rule_grid([row], evidence_kind="raw")[(1.0, 1, 0.5)] == pytest.approx(2 / 3)
+    assert rule_grid([row])[(1.0, 1, 0.5)] == pytest.approx(0.0)
+    assert has_raw_evidence([row]) and not has_raw_evidence([_row()])
+    # A run from before rows kept raw evidence: its raw citer did not run, and a raw rule says why it cannot grade it.
+    assert unit_scores(_row(), "evidence_raw", DEFAULT_RULE) is None
+    with pytest.raises(MidlensError, match="no raw evidence: its run predates"):
+        unit_scores(_row(), "midlens", raw_rule)
+    with pytest.raises(MidlensError, match="evidence_kind='fresh'"):
+        cited_sets(row, "midlens", 1, 0.5, evidence_weight=1.0, evidence_kind="fresh")
+
+
 def test_markers_and_the_sparse_fit():
     assert parse_markers("Paris [2][5]. Also [2] and [11] [0].", 10) == [2, 5]
     assert strip_markers("Paris [2][5].") == "Paris ."
@@ -98,7 +121,7 @@ def test_cite_runs_end_to_end_resumes_and_reports(tmp_path):
     rows = read_rows(out / "results.jsonl")
     assert sorted(r["key"] for r in rows) == sorted({r["key"] for r in rows}) and len(rows) == 2
     for row in rows:
-        assert len(row["first_sentence"]) == len(row["evidence"]) >= 2
+        assert len(row["first_sentence"]) == len(row["evidence"]) == len(row["evidence_raw"]) >= 2
         assert set(row["drops"]) >= {"midlens", "lexical", "retrieval", "random", "contextcite"}
         assert "cited" in row["prompted"]
         for sentence in row["sentences"]:
@@ -111,7 +134,7 @@ def test_cite_runs_end_to_end_resumes_and_reports(tmp_path):
     assert main(["eval", "report", str(out)]) == 0
     report = (out / "report.md").read_text()
     assert "## Citations: hotpotqa-train" in report and "Passage-level citations, all answers" in report
-    assert "| midlens |" in report and "top-1 drop" in report and "Rule grid, midlens" in report
+    assert "| midlens |" in report and "top-1 drop" in report and "Rule grid, midlens, raw evidence" in report
 
 
 @pytest.mark.model

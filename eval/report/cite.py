@@ -53,8 +53,11 @@ def unit_scores(row: dict, citer: str, rule: dict) -> dict[str, dict[str, float]
     """{"passage": prf, "sentence": prf or absent} of one unit's citations by `citer` (None: the citer did not run)."""
     if citer == "prompted" and "prompted" not in row:
         return None
+    if citer == "evidence_raw" and "evidence_raw" not in row:
+        return None  # a run from before rows kept raw evidence
     weight = rule.get("evidence_weight", 0.0)  # a rule.json from before the weight: the answer's attention alone
-    passages, sentences = cited_sets(row, citer, rule["max_sources"], rule["min_share"], weight)
+    kind = rule.get("evidence_kind", "calibrated")
+    passages, sentences = cited_sets(row, citer, rule["max_sources"], rule["min_share"], weight, kind)
     gold_passages, gold_sentences = gold_sets(row)
     out = {"passage": prf(passages, gold_passages)}
     if sentences is not None:
@@ -144,14 +147,18 @@ def _usable(x: float) -> bool:
     return x == x and x != 0
 
 
-def rule_grid(rs: list[dict], citer: str = "midlens") -> dict[tuple[float, int, float], float]:
+def rule_grid(
+    rs: list[dict], citer: str = "midlens", evidence_kind: str = "calibrated"
+) -> dict[tuple[float, int, float], float]:
     """Mean passage-level F1 (all answers) of `citer` under every rule of the grid, keyed (evidence_weight,
-    max_sources, min_share)."""
+    max_sources, min_share), the evidence blended in being `evidence_kind`."""
     weights = GRID_WEIGHTS if citer == "midlens" else (0.0,)
     return {
         (w, m, s): _mean(
             [
-                unit_scores(r, citer, {"max_sources": m, "min_share": s, "evidence_weight": w})["passage"]["f1"]
+                unit_scores(
+                    r, citer, {"max_sources": m, "min_share": s, "evidence_weight": w, "evidence_kind": evidence_kind}
+                )["passage"]["f1"]
                 for r in rs
             ]
         )
@@ -167,15 +174,22 @@ def best_rule(grid: dict[tuple[float, int, float], float]) -> tuple[float, int, 
     return max(grid, key=lambda key: (grid[key], -key[1], key[2], -key[0]))
 
 
+def has_raw_evidence(rs: list[dict]) -> bool:
+    """Whether every row keeps raw evidence too (runs from 2026-11-27 on), so raw-evidence rules can be graded."""
+    return bool(rs) and all("evidence_raw" in r for r in rs)
+
+
 def _grid_table(rs: list[dict]) -> list[str]:
     lines = []
-    for citer in ("midlens", "lexical"):
-        grid = rule_grid(rs, citer)
+    grids = [("midlens", "calibrated")] + ([("midlens", "raw")] if has_raw_evidence(rs) else []) + [("lexical", "")]
+    for citer, kind in grids:
+        grid = rule_grid(rs, citer, kind or "calibrated")
         best = best_rule(grid)
         weights = sorted({key[0] for key in grid})
+        label = f"{citer}, {kind} evidence" if kind else citer
         lines += [
             "",
-            f"Rule grid, {citer}: passage-level F1 % (all answers) by evidence_weight and max_sources (rows) and "
+            f"Rule grid, {label}: passage-level F1 % (all answers) by evidence_weight and max_sources (rows) and "
             f"min_share (columns); best: evidence_weight={best[0]}, max_sources={best[1]}, min_share={best[2]}:",
             "",
             "| evidence_weight | max_sources | " + " | ".join(f"{s}" for s in GRID_SHARES) + " |",
@@ -237,7 +251,8 @@ def cite_markdown(configs: list[dict], rows: list[dict], run_dirs: Sequence[Path
             f"{len(positions)} positions = {len(rs)} answers ({right} right)",
             "",
             f"Rule: max_sources={rule['max_sources']}, min_share={rule['min_share']}, "
-            f"evidence_weight={rule.get('evidence_weight', 0.0)} (midlens only). F1 % [95 % interval].",
+            f"evidence_weight={rule.get('evidence_weight', 0.0)}, "
+            f"evidence_kind={rule.get('evidence_kind', 'calibrated')} (midlens only). F1 % [95 % interval].",
         ]
         for level in ("passage", "sentence"):
             for right_only in (False, True):

@@ -70,6 +70,11 @@ def add_parsers(esub) -> None:
         type=_fraction,
         help="the rule: weight of the prompt's evidence in the score" + measured.format(1.0),
     )
+    ct.add_argument(
+        "--evidence-kind",
+        choices=["calibrated", "raw"],
+        help="the rule: which prompt evidence is blended in" + measured.format("calibrated"),
+    )
     ct.add_argument("--no-prompted", action="store_true", help="skip the prompted-citation pass")
     ct.add_argument("--drops", type=_ints, default=(), help="k of the top-k log-probability drops, e.g. 1,2")
     ct.add_argument("--ablations", type=int, default=0, help="random ablations of the ContextCite-style reference")
@@ -113,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         max_sources=args.max_sources,
         min_share=args.min_share,
         evidence_weight=args.evidence_weight,
+        evidence_kind=args.evidence_kind,
         prompted=not args.no_prompted,
         drops=args.drops,
         ablations=args.ablations,
