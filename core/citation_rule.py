@@ -20,21 +20,35 @@ def evidence_shares(evidence: Sequence[float]) -> list[float] | None:
 
 
 def citation_scores(
-    answer_shares: Sequence[float], evidence: Sequence[float] | None, evidence_weight: float
+    answer_shares: Sequence[float],
+    evidence: Sequence[float] | None,
+    evidence_weight: float,
+    raw_evidence: Sequence[float] | None = None,
+    raw_evidence_weight: float = 0.0,
 ) -> list[float]:
-    """Each passage's citation score for one answer sentence: (1 - w) * its share of the sentence's attention to
-    passages + w * its share of the prompt's evidence, w = `evidence_weight`.
+    """Each passage's citation score for one answer sentence: w * its share of the prompt's calibrated evidence
+    + r * its share of the prompt's raw evidence + (1 - w - r) * its share of the sentence's attention to passages,
+    w = `evidence_weight`, r = `raw_evidence_weight`.
 
     Why the blend: the answer's attention share carries the model's position bias (on the HotpotQA train split,
     SmolLM2-135M gives the last of 10 slots 27 % of an answer sentence's passage attention on average, a middle
     slot 5-7 %), while calibrated evidence has a content-free query's attention subtracted, which removes that
-    prior. Without evidence (none given, or none positive) the answer share is the score alone."""
-    shares = None if evidence is None or evidence_weight == 0 else evidence_shares(evidence)
-    if shares is None:
-        return [float(a) for a in answer_shares]
-    if len(shares) != len(answer_shares):
-        raise ValueError(f"{len(answer_shares)} answer shares but {len(shares)} evidence scores: one per passage.")
-    return [(1 - evidence_weight) * a + evidence_weight * e for a, e in zip(answer_shares, shares, strict=True)]
+    prior. Raw evidence keeps the prior but ranks the supporting paragraphs better on its own for trained deltas
+    (docs/results/cite/README.md, section 11). Evidence that is not given, or has no positive value, hands its
+    weight to the answer share (with none, the answer share is the score alone)."""
+    if evidence_weight + raw_evidence_weight > 1 + 1e-9:
+        raise ValueError(f"evidence weights {evidence_weight} + {raw_evidence_weight} exceed 1.")
+    score = [0.0] * len(answer_shares)
+    answer_weight = 1.0
+    for values, weight in ((evidence, evidence_weight), (raw_evidence, raw_evidence_weight)):
+        shares = None if values is None or weight == 0 else evidence_shares(values)
+        if shares is None:
+            continue
+        if len(shares) != len(answer_shares):
+            raise ValueError(f"{len(answer_shares)} answer shares but {len(shares)} evidence scores: one per passage.")
+        score = [x + weight * e for x, e in zip(score, shares, strict=True)]
+        answer_weight -= weight
+    return [x + answer_weight * float(a) for x, a in zip(score, answer_shares, strict=True)]
 
 
 def apply_rule(scores: Sequence[float], max_sources: int, min_share: float) -> list[int]:

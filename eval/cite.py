@@ -4,7 +4,7 @@ Each unit is one question under one method with its answer-bearing supporting pa
 (the other supporting paragraph sits at a seeded slot among the distractors, the same for every position). The
 answer is generated once with citations read permissively (every passage's attention share and its
 most-attended sentence, per answer sentence, and the prompt's passage evidence, calibrated and raw), so any
-citation rule (`max_sources`, `min_share`, `evidence_weight`, `evidence_kind`: core.citation_rule, as the library
+citation rule (`max_sources`, `min_share`, `evidence_weight`, `raw_evidence_weight`: core.citation_rule, as the library
 applies it) can be applied afterwards to the same answer: the rule is a report-time choice, tuned on the train
 split without regenerating.
 
@@ -57,10 +57,9 @@ PROMPTED_INSTRUCTION = (
 PROMPTED_EXTRA_TOKENS = 16
 RULE_FILE = "rule.json"  # the citation rule the report applies to a run's rows
 # CitationConfig's defaults (not imported: that module loads torch; tests/test_citations.py checks they agree). A
-# rule.json without evidence_weight predates it: the answer's attention alone, weight 0; without evidence_kind, the
-# calibrated evidence (all the rows had then).
-DEFAULT_RULE = {"max_sources": 3, "min_share": 0.7, "evidence_weight": 1.0, "evidence_kind": "calibrated"}
-EVIDENCE_ROW_KEYS = {"calibrated": "evidence", "raw": "evidence_raw"}
+# rule.json without evidence_weight predates it: the answer's attention alone, weight 0; without raw_evidence_weight,
+# no raw evidence (rows had none then).
+DEFAULT_RULE = {"max_sources": 3, "min_share": 0.7, "evidence_weight": 1.0, "raw_evidence_weight": 0.0}
 LASSO_ALPHA = 0.01  # nats; ContextCite's default regularisation for its surrogate
 
 
@@ -88,7 +87,7 @@ class CiteOptions:
     max_sources: int | None = None
     min_share: float | None = None
     evidence_weight: float | None = None
-    evidence_kind: str | None = None
+    raw_evidence_weight: float | None = None
     prompted: bool = True
     drops: tuple[int, ...] = ()
     ablations: int = 0
@@ -111,18 +110,14 @@ def prf(cited: set[str], gold: set[str]) -> dict[str, float]:
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
-def row_evidence(row: dict, kind: str) -> list[float]:
-    """The row's passage evidence of `kind` ("calibrated" or "raw"; rows made before 2026-11-27 have calibrated
-    only)."""
-    key = EVIDENCE_ROW_KEYS.get(kind)
-    if key is None:
-        raise MidlensError(f"evidence_kind={kind!r}: one of {', '.join(EVIDENCE_ROW_KEYS)}.")
-    if key not in row:
+def raw_evidence(row: dict) -> list[float]:
+    """The row's raw passage evidence (rows made before 2026-11-27 keep the calibrated only)."""
+    if "evidence_raw" not in row:
         raise MidlensError(
-            f"the row {row.get('key', '?')} has no {kind} evidence: its run predates rows that keep it.",
-            remedies=[Remedy("evidence_kind", "calibrated", "for this run, or run `eval cite` again in a new folder")],
+            f"the row {row.get('key', '?')} has no raw evidence: its run predates rows that keep it.",
+            remedies=[Remedy("raw_evidence_weight", 0.0, "for this run, or run `eval cite` again in a new folder")],
         )
-    return row[key]
+    return row["evidence_raw"]
 
 
 def cited_sets(
@@ -131,12 +126,13 @@ def cited_sets(
     max_sources: int,
     min_share: float,
     evidence_weight: float = 0.0,
-    evidence_kind: str = "calibrated",
+    raw_evidence_weight: float = 0.0,
 ) -> tuple[set[str], set[str] | None]:
     """(cited passage positions, cited sentence labels or None where the citer has no sentences) of one row's
     answer, over all its sentences. Positions are strings, so passage and sentence sets compare alike.
-    `evidence_weight` blends the row's passage evidence (`evidence_kind`) into midlens's scores as the library does
-    (lexical scores are BM25's alone); the `evidence` citer ranks by calibrated evidence, `evidence_raw` by raw."""
+    `evidence_weight` / `raw_evidence_weight` blend the row's calibrated / raw passage evidence into midlens's
+    scores as the library does (lexical scores are BM25's alone); the `evidence` citer ranks by the calibrated
+    evidence, `evidence_raw` by the raw."""
     passages: set[str] = set()
     sentences: set[str] = set()
     if citer == "prompted":
@@ -146,14 +142,15 @@ def cited_sets(
         if citer == "retrieval":
             chosen = list(range(1, min(max_sources, k) + 1))
         else:
-            scores = row_evidence(row, "raw" if citer == "evidence_raw" else "calibrated")
+            scores = raw_evidence(row) if citer == "evidence_raw" else row["evidence"]
             chosen = [i + 1 for i in sorted(range(k), key=lambda i: -scores[i])[:max_sources]]
         return {str(p) for p in chosen}, {row["first_sentence"][p - 1] for p in chosen}
     key = {"midlens": "attention", "lexical": "lexical"}[citer]
     for sentence in row["sentences"]:
         scores = sentence[key]
         if citer == "midlens":
-            scores = citation_scores(scores, row_evidence(row, evidence_kind), evidence_weight)
+            raw = raw_evidence(row) if raw_evidence_weight else None
+            scores = citation_scores(scores, row["evidence"], evidence_weight, raw, raw_evidence_weight)
         for p in apply_rule(scores, max_sources, min_share):
             passages.add(str(p))
             sentences.add(sentence[key + "_sentence"][p - 1])

@@ -331,7 +331,7 @@ class Generator:
         decoded: str,
         ids: list[int],
         segment_mass: torch.Tensor | None,
-        scores: list[float],
+        passages: list[PassageEvidence],
         ends: list[int] | None,
     ) -> list[Citation]:
         """The citations of an answer (`decoded`, possibly still growing) from its rows' segment mass: the one
@@ -345,7 +345,7 @@ class Generator:
             segment_mass,
             self.evidence_config,
             self.citations,
-            scores,
+            passages,
             ends,
         )
 
@@ -367,8 +367,7 @@ class Generator:
         citations = []
         if self.citations is not None:
             t0 = time.perf_counter()
-            scores = self.citations.passage_scores(passages)  # the evidence the citation score blends in
-            citations = self._cite(prompt, decoded, ids, segment_mass, scores, ends)
+            citations = self._cite(prompt, decoded, ids, segment_mass, passages, ends)
             run.timings["cite_s"] = run.timings.get("cite_s", 0.0) + time.perf_counter() - t0
         return Answer(
             question=prompt.question,
@@ -548,12 +547,12 @@ def _segments_per_row(
 class _SentenceCiter:
     """Citations of a streamed answer's sentences as they end: a sentence has ended once the splitter sees the
     next one begin. Each is computed as the final Answer's will be (`cite` on the answer so far, with the rows fed
-    so far and the calibrated passage scores), so the streamed Citation equals the final one."""
+    so far and the passage evidence), so the streamed Citation equals the final one."""
 
     def __init__(self, generator: Generator, run: BatchRun, mixture: Mixture, prompts: list[StackedPrompt]):
         self.generator, self.run, self.mixture, self.prompts = generator, run, mixture, prompts
         self.emitted = [0] * len(prompts)
-        self._scores: dict[int, list[float]] = {}
+        self._evidence: dict[int, list[PassageEvidence]] = {}
 
     def ended(self, b: int, rows: _Rows) -> Iterator[tuple[int, Citation]]:
         text = rows.texts[b]
@@ -562,7 +561,7 @@ class _SentenceCiter:
             return
         mass = self.mixture.mass(_segments_per_row(self.run, rows, self.mixture.count, self._segments()), b)
         citations = self.generator._cite(
-            self.prompts[b], text, rows.generated[b], mass, self._passage_scores(b), rows.ends[b]
+            self.prompts[b], text, rows.generated[b], mass, self._passages(b), rows.ends[b]
         )
         for citation in citations[self.emitted[b] : ended]:
             yield b, citation
@@ -571,12 +570,11 @@ class _SentenceCiter:
     def _segments(self) -> torch.Tensor | None:
         return self.run.probe.answer_spans_so_far()
 
-    def _passage_scores(self, b: int) -> list[float]:
-        if b not in self._scores:
+    def _passages(self, b: int) -> list[PassageEvidence]:
+        if b not in self._evidence:
             maps = self.mixture.maps(self.run.maps, b)
-            passages = self.generator._passage_evidence(self.prompts[b], maps)
-            self._scores[b] = self.generator.citations.passage_scores(passages)
-        return self._scores[b]
+            self._evidence[b] = self.generator._passage_evidence(self.prompts[b], maps)
+        return self._evidence[b]
 
 
 def _drain(

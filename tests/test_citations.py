@@ -50,13 +50,13 @@ def test_the_answer_cites_the_planted_sentence_and_verification_keeps_it(generat
 
 def test_a_rule_on_raw_evidence_ranks_passages_by_the_raw_evidence(generator, planted):
     prompt, _ = planted
-    for kind in ("calibrated", "raw"):
-        # Evidence alone picks the passages (weight 1), every passage cited, strongest first.
-        config = CitationConfig(max_sources=10, min_share=0.0, evidence_weight=1.0, evidence_kind=kind)
+    for weights in ({"evidence_weight": 1.0}, {"evidence_weight": 0.0, "raw_evidence_weight": 1.0}):
+        # Evidence alone picks the passages, every passage cited, strongest first.
+        config = CitationConfig(max_sources=10, min_share=0.0, **weights)
         gen = Generator(generator.loaded, method=generator.method.spec(), citations=config)
         answer = gen.generate(prompt, max_new_tokens=8)
-        evidence = config.passage_scores(answer.passages)
-        assert evidence == [pe.evidence if kind == "raw" else pe.calibrated for pe in answer.passages]
+        raw = "raw_evidence_weight" in weights
+        evidence = [pe.evidence if raw else pe.calibrated for pe in answer.passages]
         assert max(evidence) > 0  # something to blend in, so the ranking below is the evidence's
         ranked = [s.position for s in answer.citations[0].sources]
         assert ranked[0] == max(range(len(evidence)), key=evidence.__getitem__) + 1
@@ -126,7 +126,8 @@ def test_citation_options_are_checked():
         {"min_share": 2},
         {"margin": -1},
         {"evidence_weight": 1.5},
-        {"evidence_kind": "uncalibrated"},
+        {"raw_evidence_weight": -0.1},
+        {"evidence_weight": 0.75, "raw_evidence_weight": 0.5},
     )
     for bad in bad_options:
         with pytest.raises(InvalidArgumentError, match=next(iter(bad))):
@@ -151,7 +152,7 @@ def test_a_generator_cites_by_the_rule_measured_for_its_model_and_method(loaded,
     from midlens.generators.methods.registry import method_config
 
     default_spec = method_config(answer_method_for(DEFAULT_MODEL)).spec()
-    assert CitationConfig.measured(DEFAULT_MODEL, default_spec) == CitationConfig(2, 0.0, 0.5)
+    assert CitationConfig.measured(DEFAULT_MODEL, default_spec) == CitationConfig(2, 0.3, 0.25, raw_evidence_weight=0.5)
     # SmolLM2's answering default has its own too (section 10); its baseline, nothing measured apart: the default rule.
     assert Generator(loaded).citations == CitationConfig(3, 0.7, 0.75)
     assert Generator(loaded, method="baseline").citations == CitationConfig()

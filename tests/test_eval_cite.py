@@ -78,7 +78,7 @@ def test_the_report_applies_the_rule_json_and_its_grid_covers_the_evidence_weigh
     assert grid[(w, m, s)] == max(grid.values()) and m == 3  # only three sources reach passage 1 here
 
 
-def test_a_rule_can_blend_in_the_raw_evidence_instead_of_the_calibrated():
+def test_a_rule_can_blend_in_the_raw_evidence_beside_the_calibrated():
     from midlens.core.errors import MidlensError
     from midlens.eval.report.cite import has_raw_evidence, rule_grid, unit_scores
 
@@ -86,19 +86,23 @@ def test_a_rule_can_blend_in_the_raw_evidence_instead_of_the_calibrated():
     # 1 most, so calibration takes most of it away).
     row = {**_row(), "position": 1, "evidence_raw": [0.6, 0.3, 0.1]}
     assert cited_sets(row, "midlens", 1, 0.5, evidence_weight=1.0) == ({"2"}, {"2@10"})
-    assert cited_sets(row, "midlens", 1, 0.5, evidence_weight=1.0, evidence_kind="raw") == ({"1"}, {"1#0"})
+    assert cited_sets(row, "midlens", 1, 0.5, raw_evidence_weight=1.0) == ({"1"}, {"1#0"})
+    # Half and half: shares calibrated 1/9, 5/9, 3/9 and raw 6/10, 3/10, 1/10 average to passage 2 (0.43) first,
+    # passage 1 (0.36) second.
+    assert cited_sets(row, "midlens", 2, 0.0, 0.5, 0.5)[0] == {"2", "1"}
     assert cited_sets(row, "evidence_raw", 2, 0.5) == ({"1", "2"}, {"1#0", "2@0"})
-    raw_rule = {"max_sources": 1, "min_share": 0.5, "evidence_weight": 1.0, "evidence_kind": "raw"}
+    raw_rule = {"max_sources": 1, "min_share": 0.5, "evidence_weight": 0.0, "raw_evidence_weight": 1.0}
     assert unit_scores(row, "midlens", raw_rule)["passage"]["f1"] == pytest.approx(2 / 3)
-    assert rule_grid([row], evidence_kind="raw")[(1.0, 1, 0.5)] == pytest.approx(2 / 3)
+    assert rule_grid([row], raw_evidence_weight=1.0)[(0.0, 1, 0.5)] == pytest.approx(2 / 3)
+    assert {w for w, _, _ in rule_grid([row], raw_evidence_weight=0.5)} == {0.0, 0.25, 0.5}  # weights sum to 1
     assert rule_grid([row])[(1.0, 1, 0.5)] == pytest.approx(0.0)
     assert has_raw_evidence([row]) and not has_raw_evidence([_row()])
     # A run from before rows kept raw evidence: its raw citer did not run, and a raw rule says why it cannot grade it.
     assert unit_scores(_row(), "evidence_raw", DEFAULT_RULE) is None
     with pytest.raises(MidlensError, match="no raw evidence: its run predates"):
         unit_scores(_row(), "midlens", raw_rule)
-    with pytest.raises(MidlensError, match="evidence_kind='fresh'"):
-        cited_sets(row, "midlens", 1, 0.5, evidence_weight=1.0, evidence_kind="fresh")
+    with pytest.raises(ValueError, match="exceed 1"):
+        cited_sets(row, "midlens", 1, 0.5, evidence_weight=0.75, raw_evidence_weight=0.5)
 
 
 def test_markers_and_the_sparse_fit():

@@ -56,8 +56,8 @@ def unit_scores(row: dict, citer: str, rule: dict) -> dict[str, dict[str, float]
     if citer == "evidence_raw" and "evidence_raw" not in row:
         return None  # a run from before rows kept raw evidence
     weight = rule.get("evidence_weight", 0.0)  # a rule.json from before the weight: the answer's attention alone
-    kind = rule.get("evidence_kind", "calibrated")
-    passages, sentences = cited_sets(row, citer, rule["max_sources"], rule["min_share"], weight, kind)
+    raw = rule.get("raw_evidence_weight", 0.0)
+    passages, sentences = cited_sets(row, citer, rule["max_sources"], rule["min_share"], weight, raw)
     gold_passages, gold_sentences = gold_sets(row)
     out = {"passage": prf(passages, gold_passages)}
     if sentences is not None:
@@ -147,17 +147,33 @@ def _usable(x: float) -> bool:
     return x == x and x != 0
 
 
+def _rule(max_sources: int, min_share: float, evidence_weight: float, raw_evidence_weight: float) -> dict:
+    return {
+        "max_sources": max_sources,
+        "min_share": min_share,
+        "evidence_weight": evidence_weight,
+        "raw_evidence_weight": raw_evidence_weight,
+    }
+
+
 def rule_grid(
-    rs: list[dict], citer: str = "midlens", evidence_kind: str = "calibrated"
+    rs: list[dict], citer: str = "midlens", raw_evidence_weight: float = 0.0
 ) -> dict[tuple[float, int, float], float]:
     """Mean passage-level F1 (all answers) of `citer` under every rule of the grid, keyed (evidence_weight,
-    max_sources, min_share), the evidence blended in being `evidence_kind`."""
-    weights = GRID_WEIGHTS if citer == "midlens" else (0.0,)
+    max_sources, min_share), `raw_evidence_weight` of raw evidence blended in beside (weights summing to 1 at most)."""
+    weights = [w for w in GRID_WEIGHTS if w + raw_evidence_weight <= 1] if citer == "midlens" else (0.0,)
     return {
         (w, m, s): _mean(
             [
                 unit_scores(
-                    r, citer, {"max_sources": m, "min_share": s, "evidence_weight": w, "evidence_kind": evidence_kind}
+                    r,
+                    citer,
+                    {
+                        "max_sources": m,
+                        "min_share": s,
+                        "evidence_weight": w,
+                        "raw_evidence_weight": raw_evidence_weight,
+                    },
                 )["passage"]["f1"]
                 for r in rs
             ]
@@ -181,12 +197,12 @@ def has_raw_evidence(rs: list[dict]) -> bool:
 
 def _grid_table(rs: list[dict]) -> list[str]:
     lines = []
-    grids = [("midlens", "calibrated")] + ([("midlens", "raw")] if has_raw_evidence(rs) else []) + [("lexical", "")]
-    for citer, kind in grids:
-        grid = rule_grid(rs, citer, kind or "calibrated")
+    raws = GRID_WEIGHTS if has_raw_evidence(rs) else (0.0,)
+    for citer, raw in [("midlens", r) for r in raws] + [("lexical", 0.0)]:
+        grid = rule_grid(rs, citer, raw)
         best = best_rule(grid)
         weights = sorted({key[0] for key in grid})
-        label = f"{citer}, {kind} evidence" if kind else citer
+        label = f"{citer}, raw_evidence_weight={raw}" if citer == "midlens" and len(raws) > 1 else citer
         lines += [
             "",
             f"Rule grid, {label}: passage-level F1 % (all answers) by evidence_weight and max_sources (rows) and "
@@ -252,7 +268,7 @@ def cite_markdown(configs: list[dict], rows: list[dict], run_dirs: Sequence[Path
             "",
             f"Rule: max_sources={rule['max_sources']}, min_share={rule['min_share']}, "
             f"evidence_weight={rule.get('evidence_weight', 0.0)}, "
-            f"evidence_kind={rule.get('evidence_kind', 'calibrated')} (midlens only). F1 % [95 % interval].",
+            f"raw_evidence_weight={rule.get('raw_evidence_weight', 0.0)} (midlens only). F1 % [95 % interval].",
         ]
         for level in ("passage", "sentence"):
             for right_only in (False, True):

@@ -71,9 +71,9 @@ def add_parsers(esub) -> None:
         help="the rule: weight of the prompt's evidence in the score" + measured.format(1.0),
     )
     ct.add_argument(
-        "--evidence-kind",
-        choices=["calibrated", "raw"],
-        help="the rule: which prompt evidence is blended in" + measured.format("calibrated"),
+        "--raw-evidence-weight",
+        type=_fraction,
+        help="the rule: weight of the prompt's raw (uncalibrated) evidence" + measured.format(0.0),
     )
     ct.add_argument("--no-prompted", action="store_true", help="skip the prompted-citation pass")
     ct.add_argument("--drops", type=_ints, default=(), help="k of the top-k log-probability drops, e.g. 1,2")
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         max_sources=args.max_sources,
         min_share=args.min_share,
         evidence_weight=args.evidence_weight,
-        evidence_kind=args.evidence_kind,
+        raw_evidence_weight=args.raw_evidence_weight,
         prompted=not args.no_prompted,
         drops=args.drops,
         ablations=args.ablations,
