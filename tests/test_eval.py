@@ -786,6 +786,25 @@ def test_the_sweep_report_shows_em_f1_and_answer_length_side_by_side():
     assert "| short | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | 1.0 |" in text
 
 
+def test_the_sweep_report_marks_timings_made_in_different_runs():
+    """Rows copied from another run keep that run's timing: the s/example column says it is no cost ratio then."""
+    from midlens.eval.report.render import markdown
+
+    def row(i: int, method: str, run: str) -> dict:
+        return {
+            "key": f"q{i}|{method}|1", "kind": "sweep", "dataset": "d", "k": 2, "method": method, "position": 1,
+            "example_id": f"q{i}", "prediction": "Paris", "em": 1.0, "f1": 1.0, "gold_rank": 1, "gold_share": 0.5,
+            "logprob": -1.0, "seconds": 1.0 if method == "a" else 2.0, "config_sha256": run,
+        }  # fmt: skip
+
+    config = [{"kind": "sweep", "model": "m", "methods": {}}]
+    one_run = [row(i, m, "r1") for i in range(3) for m in ("a", "b")]
+    assert "| 1.00 |" in markdown(config, one_run) and "†" not in markdown(config, one_run)
+    copied = [row(i, m, "r0" if m == "a" else "r1") for i in range(3) for m in ("a", "b")]
+    text = markdown(config, copied)
+    assert "| 1.00 † |" in text and "| 2.00 † |" in text and "no cost ratio" in text
+
+
 def test_the_default_rule_needs_both_corpora_both_metrics_and_no_worse_position():
     """A method replaces the baseline only if it is better on HotpotQA and SQuAD, in EM and F1 (paired interval
     above zero), and worse at no gold position; the report says which default its sweeps support."""

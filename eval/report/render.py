@@ -49,12 +49,21 @@ def markdown(configs: list[dict], rows: list[dict], against: str = "baseline") -
         lines += ["", f"## Position sweep: {ds}, n = {s['n']} questions complete for every method and position", ""]
         head = ["method"] + [f"gold@{p}" for p in pos] + ["average", "gap", "evidence R@2", "s/example"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        # Seconds compare only between rows timed in one run (the same machine, the same load).
+        timed_apart = len({tuple(t["timed_in"]) for t in s["methods"].values()}) > 1
+        mark = " †" if timed_apart else ""
         for m, t in s["methods"].items():
             cells = [_pct_ci(t["positions"][p]["em"], t["positions"][p]["em_ci"]) for p in pos]
             lines.append(
                 f"| {m} | " + " | ".join(cells) + f" | {_pct_ci(t['avg'], t['avg_ci'])} | {_pct(t['gap'])} | "
-                f"{_pct(t['recall@2'])} | {t['seconds']:.2f} |"
+                f"{_pct(t['recall@2'])} | {t['seconds']:.2f}{mark} |"
             )
+        if timed_apart:
+            lines += [
+                "",
+                "† These methods' rows were timed in different runs (rows copied from another run keep its timing), "
+                "so s/example is no cost ratio here: compare costs measured in one process.",
+            ]
         lines += [
             "",
             "EM, F1 and answer length side by side (average over positions; each metric alone turns answer style "

@@ -78,6 +78,8 @@ def sweep_summary(rows: list[dict], against: str = "baseline") -> dict:
                 "f1": _mean([per_pos[p]["f1"] for p in positions]),
                 "f1_ci": bootstrap_ci([_mean(v) for v in per_example_f1.values()]),
                 "words": _mean([per_pos[p]["words"] for p in positions]),
+                # The runs that timed these rows (rows copied between runs keep the hash of the run that made them).
+                "timed_in": sorted({r.get("config_sha256", "") for r in rs if r["method"] == m}),
             }
         out[ds] = {
             "n": len(complete),
