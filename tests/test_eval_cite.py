@@ -138,7 +138,8 @@ def test_cite_runs_end_to_end_resumes_and_reports(tmp_path):
     assert main(["eval", "report", str(out)]) == 0
     report = (out / "report.md").read_text()
     assert "## Citations: hotpotqa-train" in report and "Passage-level citations, all answers" in report
-    assert "| midlens |" in report and "top-1 drop" in report and "Rule grid, midlens, raw evidence" in report
+    assert "| midlens |" in report and "top-1 drop" in report
+    assert "Rule grid, midlens, raw_evidence_weight=0.5" in report and "| evidence_raw |" in report
 
 
 @pytest.mark.model
