@@ -71,14 +71,12 @@ class CitationConfig:
         if self.margin < 0:
             raise InvalidArgumentError(f"citations margin={self.margin!r}: nats >= 0.")
 
-    def scores(self, answer_shares: list[float], passages: list[PassageEvidence] | None) -> list[float]:
+    def scores(self, answer_shares: list[float], evidence: list[PassageEvidence] | None) -> list[float]:
         """Each passage's citation score for one answer sentence (core.citation_rule.citation_scores): its share of
-        the sentence's attention blended with the prompt's evidence of `passages` (in prompt order; calibrated is
+        the sentence's attention blended with the prompt's passage `evidence` (in prompt order; calibrated is
         `PassageEvidence.score`, raw where calibration was not computed; None: the answer's share alone)."""
-        if passages is None:
-            return [float(a) for a in answer_shares]
-        calibrated = [pe.score for pe in passages]
-        raw = [pe.evidence for pe in passages]
+        calibrated = None if evidence is None else [pe.score for pe in evidence]
+        raw = None if evidence is None else [pe.evidence for pe in evidence]
         return citation_scores(answer_shares, calibrated, self.evidence_weight, raw, self.raw_evidence_weight)
 
     @classmethod
@@ -185,11 +183,11 @@ def cite(
     segment_mass: torch.Tensor | None,
     evidence: EvidenceConfig,
     config: CitationConfig,
-    passages: list[PassageEvidence] | None = None,
+    passage_evidence: list[PassageEvidence] | None = None,
     ends: list[int] | None = None,
 ) -> list[Citation]:
     """The citations of one answer. `segment_mass` [layers, heads, fed, segments]: the attention of each fed-back
-    answer token over `prompt.segments()`; `decoded` the answer as decoded, `text` as stripped; `passages`
+    answer token over `prompt.segments()`; `decoded` the answer as decoded, `text` as stripped; `passage_evidence`
     the prompt's passage evidence in prompt order (None: the answer's attention alone scores); `ends`
     `token_ends(tokenizer, ids)` when the caller already has them (the decode loop records them as it goes)."""
     if not text or not prompt.passages:
@@ -203,7 +201,7 @@ def cite(
         rows = list(range(max(first - 1, 0), max(last - 1, 1)))
         if segment_mass is not None and rows[-1] < segment_mass.shape[2]:
             scores = aggregate(segment_mass[:, :, rows].mean(2), evidence)
-            citation.sources = _sources(prompt, scores, owner, config, passages)
+            citation.sources = _sources(prompt, scores, owner, config, passage_evidence)
         citations.append(citation)
     return citations
 

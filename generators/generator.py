@@ -331,7 +331,7 @@ class Generator:
         decoded: str,
         ids: list[int],
         segment_mass: torch.Tensor | None,
-        passages: list[PassageEvidence],
+        evidence: list[PassageEvidence],
         ends: list[int] | None,
     ) -> list[Citation]:
         """The citations of an answer (`decoded`, possibly still growing) from its rows' segment mass: the one
@@ -345,7 +345,7 @@ class Generator:
             segment_mass,
             self.evidence_config,
             self.citations,
-            passages,
+            evidence,
             ends,
         )
 
@@ -561,7 +561,7 @@ class _SentenceCiter:
             return
         mass = self.mixture.mass(_segments_per_row(self.run, rows, self.mixture.count, self._segments()), b)
         citations = self.generator._cite(
-            self.prompts[b], text, rows.generated[b], mass, self._passages(b), rows.ends[b]
+            self.prompts[b], text, rows.generated[b], mass, self._evidence_of(b), rows.ends[b]
         )
         for citation in citations[self.emitted[b] : ended]:
             yield b, citation
@@ -570,7 +570,7 @@ class _SentenceCiter:
     def _segments(self) -> torch.Tensor | None:
         return self.run.probe.answer_spans_so_far()
 
-    def _passages(self, b: int) -> list[PassageEvidence]:
+    def _evidence_of(self, b: int) -> list[PassageEvidence]:
         if b not in self._evidence:
             maps = self.mixture.maps(self.run.maps, b)
             self._evidence[b] = self.generator._passage_evidence(self.prompts[b], maps)
