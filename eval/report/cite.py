@@ -147,15 +147,6 @@ def _usable(x: float) -> bool:
     return x == x and x != 0
 
 
-def _rule(max_sources: int, min_share: float, evidence_weight: float, raw_evidence_weight: float) -> dict:
-    return {
-        "max_sources": max_sources,
-        "min_share": min_share,
-        "evidence_weight": evidence_weight,
-        "raw_evidence_weight": raw_evidence_weight,
-    }
-
-
 def rule_grid(
     rs: list[dict], citer: str = "midlens", raw_evidence_weight: float = 0.0
 ) -> dict[tuple[float, int, float], float]:
