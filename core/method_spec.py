@@ -79,12 +79,13 @@ def parse_known_specs(specs: list[str], also: tuple[str, ...] = ()) -> dict[str,
     return parsed
 
 
-def parse_scorer_spec(spec: object, option: str = "restack") -> tuple[str, dict]:
-    """The method spec restacking scores passages with (`mudaf`, `mudaf(alpha=0)`), parsed and its name checked
-    without torch; the error names `option`, so every interface says which of its settings was wrong."""
+def parse_scorer_spec(spec: object, option: str = "restack", purpose: str = "restacking") -> tuple[str, dict]:
+    """The method spec whose evidence scores passages (`mudaf`, `mudaf(alpha=0)`) for `purpose` (restacking, or
+    the evidence citations blend in), parsed and its name checked without torch; the error names `option`, so every
+    interface says which of its settings was wrong."""
     if not isinstance(spec, str) or not spec.strip():
         raise MethodConfigError(
-            "restacking needs the method whose evidence scores the passages, e.g. mudaf or baseline.",
+            f"{purpose} needs the method whose evidence scores the passages, e.g. mudaf or baseline.",
             about=Remedy(option, spec),
         )
     try:
@@ -94,7 +95,7 @@ def parse_scorer_spec(spec: object, option: str = "restack") -> tuple[str, dict]
     known = method_names()
     if name not in known:
         raise MethodConfigError(
-            f"restacking scores the passages with a method's evidence, and {name!r} is no method: choose one of "
+            f"{purpose} scores the passages with a method's evidence, and {name!r} is no method: choose one of "
             f"{', '.join(known)}.",
             about=Remedy(option, spec),
         )

@@ -1,12 +1,13 @@
 """Generators: a RoPE model run with one method through one attention module, reading per-passage evidence.
 
 Public API: `Generator` (`generate`, `generate_batch`, `stream`, `score`), `generate_all` (many prompts in batches
-of a fixed size or `auto`), `load_model` (once per process; `release_model` forgets one), the method registry
-(`method_config`, `register`, `Method`, `available`), `Restack` / `Restacker` (passages re-stacked by a method's
-evidence before any method answers) and `method_context` for code that drives the model itself (training loops,
-benchmarks).
+of a fixed size or `auto`), `CitationConfig` / `MeasuredCitations` (how answers cite), `load_model` (once per
+process; `release_model` forgets one), the method registry (`method_config`, `register`, `Method`, `available`),
+`Restack` / `Restacker` (passages re-stacked by a method's evidence before any method answers) and
+`method_context` for code that drives the model itself (training loops, benchmarks).
 """
 
+from midlens.generators.citations import CitationConfig, MeasuredCitations
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.loading import LoadedModel, load_model, release_model
@@ -17,9 +18,11 @@ from midlens.generators.scheduling import generate_all
 
 __all__ = [
     "DEFAULT_MODEL",
+    "CitationConfig",
     "GenerationStream",
     "Generator",
     "LoadedModel",
+    "MeasuredCitations",
     "Method",
     "MethodConfig",
     "MethodParts",

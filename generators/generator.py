@@ -28,12 +28,12 @@ from transformers import DynamicCache
 
 from midlens.core.checks import check_max_new_tokens
 from midlens.core.device import id_tensor
-from midlens.core.errors import InvalidArgumentError, Remedy
+from midlens.core.errors import InvalidArgumentError, MethodConfigError, Remedy
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.passage import Passage
 from midlens.core.sentences import sentence_spans
 from midlens.generators.batch import BatchRun, pad_token_id
-from midlens.generators.citations import Citation, CitationConfig, cite, token_end
+from midlens.generators.citations import Citation, CitationConfig, MeasuredCitations, cite, token_end
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence, passage_evidence
 from midlens.generators.instances import Mixture, expand
@@ -58,28 +58,32 @@ class Generator:
         evidence: EvidenceConfig | None = None,
         device: str = "auto",
         dtype: str = "auto",
-        citations: CitationConfig | Literal["measured"] | None = "measured",
+        citations: CitationConfig | MeasuredCitations | Literal["measured"] | None = "measured",
         **method_options,
     ):
         """`method` is a registry name or spec (`"ms-poe(ratio_max=1.5)"`); keyword options override the spec's.
         None: the model's measured default (core.names.answer_method_for; the baseline for a model folder).
         `device`/`dtype` apply when `model` is a name; a LoadedModel keeps the device and dtype it has.
         `citations`: how each answer sentence's citations are read from its attention (None: no citations;
-        "measured": the rule chosen on the train split for this model and method, `CitationConfig.measured`)."""
+        "measured": the rule chosen on the train split for this model and method, `CitationConfig.measured`;
+        `MeasuredCitations(evidence_from="mudaf")`: the rule measured with MuDAF's evidence blended in)."""
         if method is None:
             method = default_method(model)
         self.method: MethodConfig = method_config(method, method_options)  # before loading: fail fast
         self.loaded = load_model(model, device, dtype) if isinstance(model, str) else model
         self.evidence_config = resolve_evidence(evidence or EvidenceConfig(), self.loaded)
-        if citations == "measured":
-            citations = CitationConfig.measured(self.loaded.name, self.method.spec())
+        if isinstance(citations, str) and citations == "measured":
+            citations = MeasuredCitations()
+        if isinstance(citations, MeasuredCitations):
+            citations = citations.resolve(self.loaded.name, self.method.spec())
         elif citations is not None and not isinstance(citations, CitationConfig):
             raise InvalidArgumentError(
                 f'citations={citations!r}: pass a CitationConfig, "measured" (the rule measured for this model '
-                "and method) or None (no citations)."
+                "and method), MeasuredCitations(evidence_from=...) or None (no citations)."
             )
         self.citations = citations
         self.parts: MethodParts = build_parts(self.method, self.loaded)
+        self._evidence_scorer = self._citation_scorer()
         self.evidence_config.layer_indices(self.num_layers)  # validate early
         eos = self.loaded.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
@@ -89,6 +93,27 @@ class Generator:
         # (<|im_start|> where <|im_end|> was due, as briefly fine-tuned deltas do) would glue "system\nuser..."
         # onto its answer.
         self.eos_ids |= set(self.tokenizer.all_special_ids)
+
+    def _citation_scorer(self) -> Generator | None:
+        """The generator whose evidence citations blend in when `CitationConfig.evidence_from` names another method
+        than this one (built now: its parts load and are checked once, not at the first answer); else None."""
+        spec = None if self.citations is None else self.citations.evidence_from
+        if spec is None:
+            return None
+        try:
+            config = method_config(spec)
+        except MethodConfigError as err:  # a bad spec is the citations setting's fault, whatever it broke
+            raise MethodConfigError(err.problem, about=Remedy("evidence_from", spec)) from None
+        if config == self.method:
+            return None
+        return Generator(self.loaded, method=config, evidence=self.evidence_config, citations=None)
+
+    def _citation_evidence(self, prompts: list[StackedPrompt], calibrate: bool) -> list[list[PassageEvidence]] | None:
+        """Each prompt's passage evidence as `CitationConfig.evidence_from`'s method reads it (one prefill per
+        prompt, batched); None where citations blend in the answering pass's own."""
+        if self._evidence_scorer is None:
+            return None
+        return [answer.passages for answer in self._evidence_scorer.score_batch(prompts, calibrate=calibrate)]
 
     @property
     def tokenizer(self):
@@ -213,6 +238,11 @@ class Generator:
         mixture = Mixture(self.parts.instances, len(prompts))  # one row per prompt unless the method runs several
         reference_logprobs: list[list[float] | None] = [None] * len(prompts)
         citer: _SentenceCiter | None = None
+        # Before this method is installed: the scorer runs its own on the same shared model. Nothing to cite when
+        # nothing is generated (scoring, verification's teacher-forced passes).
+        t0 = time.perf_counter()
+        cited_evidence = None if max_new_tokens == 0 else self._citation_evidence(prompts, calibrate)
+        cite_evidence_s = time.perf_counter() - t0
         with self.running() as method_run:
             run = BatchRun(
                 self.loaded,
@@ -221,6 +251,8 @@ class Generator:
                 self.probe_layers(),
                 cite=self.citations is not None,
             )
+            if cited_evidence is not None:
+                run.timings["cite_evidence_s"] = cite_evidence_s
             with method_run.probe(run.probe):
                 t0 = time.perf_counter()
                 logits = first_logits = mixture.logits(run.prefill())
@@ -232,7 +264,7 @@ class Generator:
                     if cite_as_you_go and self.citations is not None:
                         if calibrate:  # the cache holds the prompt alone, as after decoding: the same maps
                             run.content_free_maps()
-                        citer = _SentenceCiter(self, run, mixture, prompts)
+                        citer = _SentenceCiter(self, run, mixture, prompts, cited_evidence)
                     yield from self._decode(
                         run, mixture, rows, logits, temperature, top_p, stop_at_line_end, ignore_eos, citer
                     )
@@ -252,7 +284,16 @@ class Generator:
             mass = None if segment_mass is None else mixture.mass(segment_mass, b)
             answers.append(
                 self._answer(
-                    run, mixture, b, prompt, final, rows.generated[b], mass, reference_logprobs[b], rows.ends[b]
+                    run,
+                    mixture,
+                    b,
+                    prompt,
+                    final,
+                    rows.generated[b],
+                    mass,
+                    reference_logprobs[b],
+                    rows.ends[b],
+                    None if cited_evidence is None else cited_evidence[b],
                 )
             )
         if citer is not None:  # the citations still due (the last sentence's, or a row's that ended mid-sentence)
@@ -360,14 +401,17 @@ class Generator:
         segment_mass: torch.Tensor | None,
         reference_logprobs: list[float] | None,
         ends: list[int] | None = None,
+        cited_evidence: list[PassageEvidence] | None = None,
     ) -> Answer:
+        """`cited_evidence`: the evidence citations blend in when it is not this pass's own (`evidence_from`)."""
         text = decoded.strip()
         maps = mixture.maps(run.maps, b)
         passages = self._passage_evidence(prompt, maps)
         citations = []
         if self.citations is not None:
             t0 = time.perf_counter()
-            citations = self._cite(prompt, decoded, ids, segment_mass, passages, ends)
+            evidence = passages if cited_evidence is None else cited_evidence
+            citations = self._cite(prompt, decoded, ids, segment_mass, evidence, ends)
             run.timings["cite_s"] = run.timings.get("cite_s", 0.0) + time.perf_counter() - t0
         return Answer(
             question=prompt.question,
@@ -549,10 +593,17 @@ class _SentenceCiter:
     next one begin. Each is computed as the final Answer's will be (`cite` on the answer so far, with the rows fed
     so far and the passage evidence), so the streamed Citation equals the final one."""
 
-    def __init__(self, generator: Generator, run: BatchRun, mixture: Mixture, prompts: list[StackedPrompt]):
+    def __init__(
+        self,
+        generator: Generator,
+        run: BatchRun,
+        mixture: Mixture,
+        prompts: list[StackedPrompt],
+        cited_evidence: list[list[PassageEvidence]] | None = None,
+    ):
         self.generator, self.run, self.mixture, self.prompts = generator, run, mixture, prompts
         self.emitted = [0] * len(prompts)
-        self._evidence: dict[int, list[PassageEvidence]] = {}
+        self._evidence: dict[int, list[PassageEvidence]] = dict(enumerate(cited_evidence or []))
 
     def ended(self, b: int, rows: _Rows) -> Iterator[tuple[int, Citation]]:
         text = rows.texts[b]

@@ -27,7 +27,7 @@ from midlens.core.checks import check_max_new_tokens, check_prompt_style, check_
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, RESTACK_MEASURED
 from midlens.core.passage import Passage
-from midlens.generators.citations import Citation
+from midlens.generators.citations import Citation, CitationConfig, MeasuredCitations
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.loading import LoadedModel
@@ -103,13 +103,14 @@ class Pipeline:
         truncate: Literal["error", "drop_last"] = "error",
         restack: RestackOption = RESTACK_MEASURED,
         restack_rounds: int = 1,
+        citations: CitationConfig | MeasuredCitations | Literal["measured"] | None = "measured",
         **method_options,
     ) -> Pipeline:
         """`method` is a registry name or spec (None: the model's measured default, generators.packaged_models.
         default_method); `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU;
         `retrieval`: "dense" (faiss) or "hybrid" (dense + BM25 fused by rank, retrievers.hybrid); "+links" after
         either also stacks the passages whose titles the top 2 mention (retrievers.links); `restack`,
-        `restack_rounds`: as in `Pipeline`."""
+        `restack_rounds`: as in `Pipeline`; `citations`: as in `Generator`."""
         check_top_k(top_k)  # before the model loads
         check_prompt_style(prompt_style)
         check_retrieval(retrieval)
@@ -118,7 +119,7 @@ class Pipeline:
         restack = check_restack_option(restack, restack_rounds)  # so does a bad scorer or round count
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
-        generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype)
+        generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, citations=citations)
         return cls(retriever, generator, top_k=top_k, truncate=truncate, prompt_style=prompt_style, restack=restack)
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:

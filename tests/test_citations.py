@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from midlens.core.errors import InvalidArgumentError
+from midlens.core.errors import InvalidArgumentError, MethodConfigError
 from midlens.core.passage import Passage
 from midlens.core.sentences import sentence_spans
 from midlens.generators import Generator
@@ -63,6 +63,38 @@ def test_a_rule_on_raw_evidence_ranks_passages_by_the_raw_evidence(generator, pl
         # Evidence below zero earns no share (core.citation_rule.evidence_shares), so those tie at zero.
         shares = [max(e, 0.0) for e in evidence]
         assert [shares[p - 1] for p in ranked] == sorted(shares, reverse=True)
+
+
+def test_citations_from_another_methods_evidence_rank_by_that_methods_evidence(generator, planted, loaded):
+    prompt, _ = planted
+    # Evidence alone picks the passages, so the cited order is the evidence's; the baseline answers, MuDAF's delta
+    # reads the prompt (one more prefill) and its evidence is what is blended in.
+    config = CitationConfig(max_sources=6, min_share=0.0, evidence_weight=1.0, evidence_from="mudaf")
+    gen = Generator(loaded, method="baseline", citations=config)
+    answer = gen.generate(prompt, max_new_tokens=8)
+    assert "cite_evidence_s" in answer.timings
+    mudaf = Generator(loaded, method="mudaf", citations=None).score(prompt).passages
+    own = [pe.score for pe in answer.passages]
+    theirs = [pe.score for pe in mudaf]
+    assert own != theirs  # two readings of the prompt: the check below can tell them apart
+    assert [pe.score for pe in generator.generate(prompt, max_new_tokens=8).passages] == pytest.approx(own)
+    shares = [max(e, 0.0) for e in theirs]
+    ranked = [s.position for s in answer.citations[0].sources]
+    assert [shares[p - 1] for p in ranked] == sorted(shares, reverse=True)[: len(ranked)]
+    assert len(ranked) == len(shares)  # min_share 0: every passage, strongest first
+    # Streamed citations read the same evidence: each equals its entry in the final answer.
+    streamed = []
+    again = gen.generate(prompt, max_new_tokens=8, on_citation=streamed.append)
+    assert [[s.position for s in c.sources] for c in streamed] == [
+        [s.position for s in c.sources] for c in again.citations
+    ]
+    assert [[s.position for s in c.sources] for c in again.citations] == [
+        [s.position for s in c.sources] for c in answer.citations
+    ]
+    # Naming the answering method itself is its own evidence: no second reading.
+    assert Generator(loaded, method="mudaf", citations=config)._evidence_scorer is None
+    with pytest.raises(MethodConfigError, match="evidence_from"):
+        Generator(loaded, method="baseline", citations=CitationConfig(evidence_from="no-such-method"))
 
 
 def test_batched_citations_equal_each_answer_alone(generator):
@@ -128,6 +160,7 @@ def test_citation_options_are_checked():
         {"evidence_weight": 1.5},
         {"raw_evidence_weight": -0.1},
         {"evidence_weight": 0.75, "raw_evidence_weight": 0.5},
+        {"evidence_from": ""},
     )
     for bad in bad_options:
         with pytest.raises(InvalidArgumentError, match=next(iter(bad))):
@@ -160,6 +193,11 @@ def test_a_generator_cites_by_the_rule_measured_for_its_model_and_method(loaded,
     assert Generator(loaded, method="mudaf").citations == CitationConfig(max_sources=1, min_share=0.2)
     assert Generator(loaded, method="attn-calibration").citations == CitationConfig()  # another method spec
     assert Generator(loaded, method="mudaf", citations=CitationConfig()).citations == CitationConfig()  # given wins
+    # With another method's evidence (section 12): its own entry where one was measured, else the method's rule.
+    finetuned = CitationConfig.measured(DEFAULT_MODEL, default_spec, evidence_from="mudaf")
+    assert finetuned == CitationConfig(2, 0.0, 0.0, raw_evidence_weight=0.75, evidence_from="mudaf")
+    unmeasured = CitationConfig.measured(DEFAULT_MODEL, "mudaf", evidence_from="baseline")
+    assert unmeasured == CitationConfig(2, 0.0, 0.75, evidence_from="baseline")
     with pytest.raises(InvalidArgumentError, match=r"citations='auto': pass a CitationConfig, \"measured\""):
         Generator(loaded, citations="auto")
 

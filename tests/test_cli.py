@@ -373,6 +373,22 @@ def test_verify_without_an_answer_is_refused_before_the_model_loads():
     assert "Loading weights" not in out.stderr
 
 
+def test_ask_cites_with_another_methods_evidence_and_refuses_a_misspelt_one(capsys):
+    from midlens.cli import main
+
+    assert main(["ask", CITED_QUESTION, "--cite-evidence", "mudaff", *SMOL]) == 2
+    err = capsys.readouterr().err
+    assert "--cite-evidence mudaff: citing scores the passages with a method's evidence" in err
+    assert "Loading weights" not in err  # refused before the model loads
+    args = ("--top-k", "3", "--max-new-tokens", "12", "--no-restack", "--json", *SMOL)
+    out = run_cli("ask", CITED_QUESTION, "--cite-evidence", "mudaf", *args)
+    assert out.returncode == 0, out.stderr[-2000:]
+    record = json.loads(out.stdout)
+    # MuDAF's delta read the prompt before SmolLM2's default (finetuned) answered: that prefill is timed apart.
+    assert record["timings"]["cite_evidence_s"] > 0 and record["citations"]
+    assert "cite_evidence_s" not in json.loads(run_cli("ask", CITED_QUESTION, *args).stdout)["timings"]
+
+
 def test_train_offers_only_the_budget_flags_a_recipe_reads(capsys):
     """channel-scaling is a search with no training loop: --lr, --warmup and --max-minutes are refused rather
     than taken and ignored, and its --examples says what they are; mudaf still takes them all."""

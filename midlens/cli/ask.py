@@ -84,6 +84,13 @@ def add_parser(sub) -> None:
         default=1,
         help="scoring passes before answering: each re-scores the passages where the last one placed them",
     )
+    ask.add_argument(
+        "--cite-evidence",
+        metavar="METHOD",
+        help="choose the cited passages with this method's evidence of the prompt (one more prefill) instead of the "
+        "answering pass's own: mudaf raised the default model's citation F1 on HotpotQA (docs/results/cite, "
+        "section 12)",
+    )
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_model_args(ask)
     ask.set_defaults(func=run)
@@ -105,11 +112,16 @@ def run(args: argparse.Namespace) -> int:
         from midlens.core.method_spec import parse_scorer_spec
 
         parse_scorer_spec(args.restack)  # a misspelt scorer fails before torch loads, naming --restack
+    if args.cite_evidence is not None:
+        from midlens.core.method_spec import parse_scorer_spec
+
+        parse_scorer_spec(args.cite_evidence, "cite_evidence", "citing")
     from midlens.cli.options import check_device, chosen_model, evidence_config, method_spec
 
     method = method_spec(args)  # a typo in --method fails before the model loads
     args.model = chosen_model(args, method)  # the over-length message names it too
     check_device(args)
+    from midlens.generators.citations import MeasuredCitations
     from midlens.rag.pipeline import Pipeline
 
     pipe = Pipeline.from_corpus(
@@ -126,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         truncate=args.truncate,
         restack=args.restack,
         restack_rounds=args.restack_rounds,
+        citations=MeasuredCitations(args.cite_evidence),
     )
     try:
         answer = pipe.ask(
