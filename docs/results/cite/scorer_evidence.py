@@ -7,7 +7,7 @@ run answered with a scorer method (one prefill each, batched, no generation; res
 grades the library's rule with the scorer's evidence in place of the answering pass's own. The rule is chosen on the
 train rows; the eval rows only report what it scores, paired against the run's own rule on the same answers.
 
-    python docs/results/cite/scorer_evidence.py score RUN_DIR SCORER OUT.jsonl     # e.g. ... score train-... mudaf x
+    python docs/results/cite/scorer_evidence.py score RUN_DIR SCORER OUT.jsonl [QUESTIONS]   # resumable
     python docs/results/cite/scorer_evidence.py grade TRAIN_DIR TRAIN_SCORES EVAL_DIR EVAL_SCORES
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from midlens.eval.cite import CiteOptions, cited_sets, gold_sets, layout, plan, prf
+from midlens.eval.cite import CiteOptions, cited_sets, gold_sets, layout, plan, prf, run_rule
 
 GRID = [
     (w, r, max_sources, min_share)
@@ -58,7 +58,8 @@ def rows_of(run: Path) -> dict[tuple[str, int], dict]:
         return {(r["example_id"], r["position"]): r for r in map(json.loads, f) if r.get("kind") == "cite"}
 
 
-def score(run: Path, scorer: str, out: Path) -> None:
+def score(run: Path, scorer: str, out: Path, questions: int | None = None) -> None:
+    """`questions`: score only the run's first so many questions (every position of each)."""
     from midlens.generators.evidence import EvidenceConfig
     from midlens.generators.generator import Generator
     from midlens.generators.loading import load_model
@@ -69,7 +70,7 @@ def score(run: Path, scorer: str, out: Path) -> None:
     done = set()
     if out.exists():
         done = {(d["example_id"], d["position"]) for d in map(json.loads, out.read_text().splitlines())}
-    todo = [(ex, p) for ex in examples for p in config["positions"] if (ex.id, p) not in done]
+    todo = [(ex, p) for ex in examples[:questions] for p in config["positions"] if (ex.id, p) not in done]
     gen = Generator(load_model(options.model), method=scorer, evidence=EvidenceConfig(**config["evidence"]))
     with out.open("a") as f, tqdm(total=len(todo), desc=f"{scorer} evidence") as bar:
         for start in range(0, len(todo), BATCH):
@@ -127,8 +128,10 @@ def paired(a: list[float], b: list[float], rows: list[dict], seed: int = 0) -> s
 
 def grade(train_dir: Path, train_scores: Path, eval_dir: Path, eval_scores: Path) -> None:
     def shipped(run: Path) -> tuple[float, float, int, float]:
-        rule = json.loads((run / "rule.json").read_text())
-        return (rule["evidence_weight"], rule.get("raw_evidence_weight", 0.0), rule["max_sources"], rule["min_share"])
+        """The rule the library applies today to the run's model and method (its rule.json is the one of its day)."""
+        methods = list(json.loads((run / "config.json").read_text())["methods"])
+        rule = run_rule(options_of(run), methods)
+        return (rule["evidence_weight"], rule["raw_evidence_weight"], rule["max_sources"], rule["min_share"])
 
     train_own, train_other = swapped(rows_of(train_dir), train_scores)
     grid = sorted(((sum(f1s(train_other, g)) / len(train_other), g) for g in GRID), reverse=True)
@@ -156,6 +159,6 @@ def grade(train_dir: Path, train_scores: Path, eval_dir: Path, eval_scores: Path
 
 if __name__ == "__main__":
     if sys.argv[1] == "score":
-        score(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))
+        score(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else None)
     else:
         grade(*(Path(a) for a in sys.argv[2:6]))
