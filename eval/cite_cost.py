@@ -35,9 +35,12 @@ def _prompts(gen, n: int, max_words: int, max_new_tokens: int) -> list:
     return [gen.prompt(ex.question, layout(ex, 1, 0), max_new_tokens=max_new_tokens) for ex in examples]
 
 
-def child(task: str, model: str, n: int, repeats: int, max_words: int, max_new_tokens: int) -> dict:
+def child(
+    task: str, model: str, n: int, repeats: int, max_words: int, max_new_tokens: int, evidence_from: str | None = None
+) -> dict:
     """One measurement in this process: `plain` or `cite` (that variant only, for its memory peak; `cite` also
-    verifies), or `alternate` (both generators, alternating, for the time ratio)."""
+    verifies), or `alternate` (both generators, alternating, for the time ratio). `evidence_from`: the citing
+    generator blends in that method's evidence (`CitationConfig.evidence_from`: one more prefill per answer)."""
     import torch
 
     from midlens.generators.citations import CitationConfig
@@ -47,7 +50,7 @@ def child(task: str, model: str, n: int, repeats: int, max_words: int, max_new_t
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     loaded = load_model(model, "cpu", "float32")
     plain = Generator(loaded, citations=None)
-    cited = Generator(loaded, citations=CitationConfig())
+    cited = Generator(loaded, citations=CitationConfig(evidence_from=evidence_from))
     prompts = _prompts(plain, n, max_words, max_new_tokens)
     out: dict = {"task": task, "prompts": len(prompts), "prompt_tokens": [p.num_tokens for p in prompts]}
     if task in VARIANTS:
@@ -109,13 +112,16 @@ def child(task: str, model: str, n: int, repeats: int, max_words: int, max_new_t
     return out
 
 
-def measure(model: str, n: int, repeats: int, max_words: int, max_new_tokens: int, out: Path) -> dict:
+def measure(
+    model: str, n: int, repeats: int, max_words: int, max_new_tokens: int, out: Path, evidence_from: str | None = None
+) -> dict:
     """Each measurement in a fresh subprocess; the summary written to `out` (JSON) and returned."""
     results = {}
     for task in ("alternate", *VARIANTS):
+        arguments = f"{task!r}, {model!r}, {n}, {repeats}, {max_words}, {max_new_tokens}, {evidence_from!r}"
         code = (
             "import json, sys; from midlens.eval.cite_cost import child; "
-            f"print('RESULT ' + json.dumps(child({task!r}, {model!r}, {n}, {repeats}, {max_words}, {max_new_tokens})))"
+            f"print('RESULT ' + json.dumps(child({arguments})))"
         )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
@@ -127,6 +133,7 @@ def measure(model: str, n: int, repeats: int, max_words: int, max_new_tokens: in
         "repeats": repeats,
         "max_words": max_words,
         "max_new_tokens": max_new_tokens,
+        "evidence_from": evidence_from,
         "threads": int(os.environ.get("OMP_NUM_THREADS", "1")),
         "ratio": alternate["ratio"],
         "cpu_ratio": alternate["cpu_ratio"],

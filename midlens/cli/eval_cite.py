@@ -92,6 +92,11 @@ def add_parsers(esub) -> None:
     cc.add_argument("--repeats", type=positive_int, default=2, help="alternating timings per question")
     cc.add_argument("--max-words", type=int, default=100)
     cc.add_argument("--max-new-tokens", type=int, default=24)
+    cc.add_argument(
+        "--cite-evidence",
+        metavar="METHOD",
+        help="the citing generator blends in this method's evidence (one more prefill per answer), as ask's option",
+    )
     cc.set_defaults(func=cost)
 
 
@@ -135,7 +140,13 @@ def run(args: argparse.Namespace) -> int:
 def cost(args: argparse.Namespace) -> int:
     from midlens.eval.cite_cost import measure
 
-    result = measure(args.model, args.n, args.repeats, args.max_words, args.max_new_tokens, args.out)
+    if args.cite_evidence is not None:
+        from midlens.core.method_spec import parse_scorer_spec
+
+        parse_scorer_spec(args.cite_evidence, "cite_evidence", "citing")  # before any process loads the model
+    result = measure(
+        args.model, args.n, args.repeats, args.max_words, args.max_new_tokens, args.out, args.cite_evidence
+    )
     print(
         f"generation with citations: {result['ratio']:.3f}x the wall time, {result['cpu_ratio']:.3f}x the CPU time "
         f"of generation without; streamed (each sentence cited as it ends): {result['stream_ratio']:.3f}x the wall "
