@@ -71,6 +71,7 @@ def child(
     cpu: dict[str, list[float]] = {v: [] for v in TIMED}
     first_delta: dict[str, list[float]] = {v: [] for v in TIMED if v.endswith("-stream")}
     answers = []
+    cite_evidence_s: list[float] = []
     for r in range(repeats):
         for i, prompt in enumerate(prompts):
             order = TIMED if (r + i) % 2 == 0 else TIMED[::-1]
@@ -91,6 +92,8 @@ def child(
                 cpu[variant].append(time.process_time() - c0)
                 if variant == "cite" and r == 0:
                     answers.append(answer)
+                if variant == "cite":  # the scorer's prefill, inside the cite time (evidence_from only)
+                    cite_evidence_s.append(answer.timings.get("cite_evidence_s", 0.0))
     t0, c0 = time.perf_counter(), time.process_time()
     cited.verify(prompts, answers)
     verify_s, verify_cpu_s = time.perf_counter() - t0, time.process_time() - c0
@@ -103,6 +106,7 @@ def child(
         stream_ratio=sum(times["cite-stream"]) / sum(times["plain-stream"]),
         stream_cpu_ratio=sum(cpu["cite-stream"]) / sum(cpu["plain-stream"]),
         first_delta_ratio=sum(first_delta["cite-stream"]) / max(sum(first_delta["plain-stream"]), 1e-9),
+        cite_evidence_s=cite_evidence_s,
         verify_s=verify_s,
         verify_multiple=verify_s / (sum(times["cite"]) / repeats),
         verify_cpu_multiple=verify_cpu_s / (sum(cpu["cite"]) / repeats),

@@ -172,6 +172,9 @@ def test_cite_cost_times_each_variant_and_the_first_streamed_delta():
     for variant, firsts in out["first_delta"].items():
         assert 0 < firsts[0] <= out["times"][variant][0]
     assert out["stream_ratio"] > 0 and out["first_delta_ratio"] > 0
+    assert out["cite_evidence_s"] == [0.0]  # citations read the answering pass's own evidence: no scorer ran
+    scored = child("alternate", "smollm2-135m", 1, 1, 60, 6, evidence_from="mudaf")
+    assert len(scored["cite_evidence_s"]) == 1 and 0 < scored["cite_evidence_s"][0] < scored["times"]["cite"][0]
 
 
 def test_a_run_grades_the_rule_the_library_cites_by_for_its_model_and_method(tmp_path):
