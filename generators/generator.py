@@ -16,7 +16,9 @@ single prompt is a batch of one.
 from __future__ import annotations
 
 import inspect
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from collections.abc import Generator as Generator_
 from contextlib import contextmanager, nullcontext
@@ -104,9 +106,8 @@ class Generator:
             config = method_config(spec)
         except MethodConfigError as err:  # a bad spec is the citations setting's fault, whatever it broke
             raise MethodConfigError(err.problem, about=Remedy("evidence_from", spec)) from None
-        if config == self.method:
-            return None
-        return Generator(self.loaded, method=config, evidence=self.evidence_config, citations=None)
+        scorer = scorer_for(self, config)
+        return None if scorer is self else scorer
 
     def _citation_evidence(self, prompts: list[StackedPrompt], calibrate: bool) -> list[list[PassageEvidence]] | None:
         """Each prompt's passage evidence as `CitationConfig.evidence_from`'s method reads it (one prefill per
@@ -713,3 +714,27 @@ class _Rows:
             limit,
             cancelled,
         )
+
+
+# ------------------------------------------------------------------------------------------------ scorer generators
+
+# Scoring generators by answering generator and scorer method: building one loads the method's parts (MuDAF's delta,
+# hashed), which a Pipeline made per call (the LlamaIndex LLM's) must not pay each time. Restacking (generators.
+# restack) and citations blending in another method's evidence (`CitationConfig.evidence_from`) share them.
+# (A MethodConfig holds a dict, so it is no dictionary key: each answering generator keeps a short list.)
+_SCORERS: weakref.WeakKeyDictionary[Generator, list[tuple[MethodConfig, Generator]]] = weakref.WeakKeyDictionary()
+_SCORERS_LOCK = threading.Lock()
+
+
+def scorer_for(generator: Generator, config: MethodConfig) -> Generator:
+    """A generator on `generator`'s model running `config`, with its evidence settings and no citations (scoring
+    generates nothing to cite); `generator` itself when it already runs `config`."""
+    if config == generator.method:
+        return generator
+    with _SCORERS_LOCK:
+        cached = _SCORERS.setdefault(generator, [])
+        found = next((g for c, g in cached if c == config), None)
+        if found is None:
+            found = Generator(generator.loaded, method=config, evidence=generator.evidence_config, citations=None)
+            cached.append((config, found))
+        return found

@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,7 +49,7 @@ from midlens.core.method_spec import parse_scorer_spec
 from midlens.core.names import DEFAULT_RESTACK_SCORER, RESTACK_MEASURED, measured_restack_for
 from midlens.generators.citations import Citation
 from midlens.generators.evidence import Answer
-from midlens.generators.generator import GenerationStream, Generator
+from midlens.generators.generator import GenerationStream, Generator, scorer_for
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.prompt import StackedPrompt, render
 
@@ -240,29 +238,6 @@ def slot_order(generator: Generator, slots: tuple[int, ...] | str | Path | None 
             remedies=[Remedy("slots", "FILE.json"), Remedy("slots", (1, 2, 3), "best first, one per passage")],
         )
     return read_slot_order(str(path), loaded.sha256)
-
-
-# ------------------------------------------------------------------------------------------------ scorer generators
-
-# Scoring generators by answering generator and scorer method: building one loads the method's parts (MuDAF's delta,
-# hashed), which a Pipeline made per call (the LlamaIndex LLM's) must not pay each time.
-# (A MethodConfig holds a dict, so it is no dictionary key: each answering generator keeps a short list.)
-_SCORERS: weakref.WeakKeyDictionary[Generator, list[tuple[MethodConfig, Generator]]] = weakref.WeakKeyDictionary()
-_SCORERS_LOCK = threading.Lock()
-
-
-def scorer_for(generator: Generator, config: MethodConfig) -> Generator:
-    """A generator on `generator`'s model running `config`, with its evidence settings and no citations (scoring
-    generates nothing to cite); `generator` itself when it already runs `config`."""
-    if config == generator.method:
-        return generator
-    with _SCORERS_LOCK:
-        cached = _SCORERS.setdefault(generator, [])
-        found = next((g for c, g in cached if c == config), None)
-        if found is None:
-            found = Generator(generator.loaded, method=config, evidence=generator.evidence_config, citations=None)
-            cached.append((config, found))
-        return found
 
 
 # ------------------------------------------------------------------------------------------------- restacking

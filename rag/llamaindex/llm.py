@@ -141,7 +141,7 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
     def _pipeline(self, restack: RestackOption) -> Pipeline:
         """`pipeline`, restacking by `restack` (as Pipeline's). Cheap to make per call: the scorer's generator is
-        built once per answering generator (generators.restack.scorer_for)."""
+        built once per answering generator (generators.generator.scorer_for)."""
         return Pipeline(
             None,
             self.generator,
