@@ -16,9 +16,13 @@ On the same answer the row also keeps what the baselines need:
              sentence level);
   prompted   a separate greedy pass whose instruction asks for [n] markers (LlamaIndex's CitationQueryEngine
              way), parsed from its own text; it has no sentence-level citations.
+With `cite_evidence` (a method spec, `CitationConfig.evidence_from`'s), that method also reads each prompt (one
+more prefill, as the library runs it) and the row keeps its evidence as `evidence_from`: the rule blends that in
+instead of the answering pass's own, and the run grades what `MeasuredCitations(evidence_from=...)` cites.
 With `drops`, the answer's tokens are re-scored teacher-forced with the top-k passages of each ranking removed
 (batched like `Generator.verify`); with `ablations`, a ContextCite-style linear surrogate is fitted to that many
-random half-ablations and its top-k removed too: the reference a cheap attribution is compared with.
+random half-ablations and its top-k removed too: the reference a cheap attribution is compared with. The `cited`
+ranking is the rule's own passage scores (the blend the library cites by), token-weighted over the answer.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import json
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,7 +49,7 @@ if TYPE_CHECKING:  # torch loads with these, after the cheap checks
     from midlens.generators.generator import Generator
 
 # Rankings whose top-k passages are removed to measure the answer's log-probability drop.
-DROP_RANKINGS = ("midlens", "contextcite", "lexical", "evidence", "retrieval", "random")
+DROP_RANKINGS = ("cited", "midlens", "contextcite", "lexical", "evidence", "evidence_from", "retrieval", "random")
 # Citation sources compared against the labels, in table order.
 CITERS = ("midlens", "prompted", "lexical", "evidence", "evidence_raw", "retrieval")
 PROMPTED_INSTRUCTION = (
@@ -69,7 +73,8 @@ class CiteOptions:
     keep every passage's share and the evidence, so a rule is chosen afterwards); None: the rule the library applies
     for this model and method (`run_rule`); `drops`: the k of the top-k
     log-probability drops (empty: none); `ablations`: random ablations of the ContextCite-style reference (0:
-    none)."""
+    none); `cite_evidence`: the method whose evidence of the prompt the rule blends in (None: the answering
+    pass's own)."""
 
     out: Path
     model: str = EVAL_MODEL
@@ -89,6 +94,7 @@ class CiteOptions:
     evidence_weight: float | None = None
     raw_evidence_weight: float | None = None
     prompted: bool = True
+    cite_evidence: str | None = None
     drops: tuple[int, ...] = ()
     ablations: int = 0
     batch_size: int = 1
@@ -120,6 +126,19 @@ def raw_evidence(row: dict) -> list[float]:
     return row["evidence_raw"]
 
 
+def blended_evidence(row: dict) -> dict:
+    """The evidence the rule blends in for this row: the `cite_evidence` method's (`evidence_from`) where the run
+    had one, else the answering pass's own (the row itself)."""
+    return row.get("evidence_from", row)
+
+
+def rule_scores(row: dict, sentence: dict, evidence_weight: float, raw_evidence_weight: float) -> list[float]:
+    """One answer sentence's citation scores under the rule's weights: what the library cites by."""
+    source = blended_evidence(row)
+    raw = raw_evidence(source) if raw_evidence_weight else None
+    return citation_scores(sentence["attention"], source["evidence"], evidence_weight, raw, raw_evidence_weight)
+
+
 def cited_sets(
     row: dict,
     citer: str,
@@ -130,9 +149,9 @@ def cited_sets(
 ) -> tuple[set[str], set[str] | None]:
     """(cited passage positions, cited sentence labels or None where the citer has no sentences) of one row's
     answer, over all its sentences. Positions are strings, so passage and sentence sets compare alike.
-    `evidence_weight` / `raw_evidence_weight` blend the row's calibrated / raw passage evidence into midlens's
-    scores as the library does (lexical scores are BM25's alone); the `evidence` citer ranks by the calibrated
-    evidence, `evidence_raw` by the raw."""
+    `evidence_weight` / `raw_evidence_weight` blend the row's calibrated / raw passage evidence (`blended_evidence`)
+    into midlens's scores as the library does (lexical scores are BM25's alone); the `evidence` citer ranks by the
+    answering pass's calibrated evidence, `evidence_raw` by its raw."""
     passages: set[str] = set()
     sentences: set[str] = set()
     if citer == "prompted":
@@ -149,8 +168,7 @@ def cited_sets(
     for sentence in row["sentences"]:
         scores = sentence[key]
         if citer == "midlens":
-            raw = raw_evidence(row) if raw_evidence_weight else None
-            scores = citation_scores(scores, row["evidence"], evidence_weight, raw, raw_evidence_weight)
+            scores = rule_scores(row, sentence, evidence_weight, raw_evidence_weight)
         for p in apply_rule(scores, max_sources, min_share):
             passages.add(str(p))
             sentences.add(sentence[key + "_sentence"][p - 1])
@@ -161,12 +179,14 @@ def gold_sets(row: dict) -> tuple[set[str], set[str]]:
     return {str(p) for p in row["gold_positions"]}, set(row["gold_sentences"])
 
 
-def answer_ranking(row: dict, key: str) -> list[float]:
-    """One score per passage for the whole answer: each sentence's scores weighted by its tokens."""
+def answer_ranking(row: dict, key: str | Callable[[dict], list[float]]) -> list[float]:
+    """One score per passage for the whole answer: each sentence's scores (its `key` list, or what `key` makes of
+    the sentence) weighted by its tokens."""
     sentences = row["sentences"]
     k = len(row["first_sentence"])
     weight = sum(s["tokens"] for s in sentences) or 1
-    return [sum(s["tokens"] * s[key][p] for s in sentences) / weight for p in range(k)]
+    per = [s[key] if isinstance(key, str) else key(s) for s in sentences]
+    return [sum(s["tokens"] * scores[p] for s, scores in zip(sentences, per, strict=True)) / weight for p in range(k)]
 
 
 def lasso(masks, targets, alpha: float = LASSO_ALPHA) -> tuple[list[float], float]:
@@ -259,10 +279,14 @@ def strip_markers(text: str) -> str:
 class CiteEvaluator:
     """Evaluates `eval cite` units: one answer, its citations and baselines, and the optional ablation scores."""
 
-    def __init__(self, gens: dict[str, Generator], options: CiteOptions):
+    def __init__(
+        self, gens: dict[str, Generator], options: CiteOptions, rule: dict, scorers: dict[str, Generator] | None = None
+    ):
+        """`rule`: the citation rule the run is graded by (the `cited` drop ranking applies it); `scorers`: per
+        method, the generator whose evidence the rule blends in (`cite_evidence`), None for the answering pass's."""
         from midlens.generators.citations import CitationConfig
 
-        self.gens, self.options = gens, options
+        self.gens, self.options, self.rule, self.scorers = gens, options, rule, scorers or {}
         for gen in gens.values():
             # Every passage's share of the answer's attention (no evidence blended in: the row keeps the evidence
             # apart) and best sentence, so the rule is applied (and chosen) afterwards.
@@ -298,6 +322,15 @@ class CiteEvaluator:
             "answer_tokens": len(answer.answer_ids),
             "generate_s": generate_s,
         }
+        scorer = self.scorers.get(method)
+        if scorer is not None:  # a prefill of its own, as the library's citing generator runs it
+            t1 = time.perf_counter()
+            scored = answer.passages if scorer is gen else scorer.score(prompt).passages
+            row["evidence_from"] = {
+                "evidence": [pe.score for pe in scored],
+                "evidence_raw": [pe.evidence for pe in scored],
+                "seconds": time.perf_counter() - t1,
+            }
         if o.prompted:
             t1 = time.perf_counter()
             ids = prompted_prompt_ids(gen.tokenizer, passages, example.question)
@@ -368,13 +401,19 @@ class CiteEvaluator:
         seed = int(hashlib.sha256(f"{o.seed}:{key}".encode()).hexdigest()[:8], 16)
         rng = np.random.default_rng(seed)
         masks = [tuple(bool(x) for x in rng.random(k) < 0.5) for _ in range(o.ablations)]
+        rule = self.rule
         rankings = {
+            "cited": answer_ranking(
+                row, lambda s: rule_scores(row, s, rule["evidence_weight"], rule["raw_evidence_weight"])
+            ),
             "midlens": answer_ranking(row, "attention"),
             "lexical": answer_ranking(row, "lexical"),
             "evidence": list(row["evidence"]),
             "retrieval": [-float(p) for p in range(k)],
             "random": list(rng.random(k)),
         }
+        if "evidence_from" in row:
+            rankings["evidence_from"] = list(row["evidence_from"]["evidence_raw"])
         removed = {name: self._top(scores, o.drops) for name, scores in rankings.items()}
         wanted: dict[frozenset, None] = {frozenset(): None}
         for mask in masks:
@@ -427,7 +466,7 @@ def plan(options: CiteOptions) -> tuple[dict, list[dict], list]:
 
     from midlens.core.device import dtype_name, resolve_device, resolve_dtype
     from midlens.core.files import sha256_json
-    from midlens.core.method_spec import parse_known_specs
+    from midlens.core.method_spec import parse_known_specs, parse_scorer_spec
     from midlens.eval.datasets import data_sha256, load_hotpotqa
     from midlens.generators.evidence import EvidenceConfig
     from midlens.generators.methods.registry import method_config
@@ -466,6 +505,9 @@ def plan(options: CiteOptions) -> tuple[dict, list[dict], list]:
         "ablations": options.ablations,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if options.cite_evidence is not None:  # only when given: runs made without it keep their config and resume
+        name_, opts_ = parse_scorer_spec(options.cite_evidence, "cite_evidence", "citing")
+        config["cite_evidence"] = {"spec": options.cite_evidence, **method_config(name_, opts_).to_dict()}
     config["methods_sha256"] = {m: sha256_json(c) for m, c in config["methods"].items()}
     per = len(configs) * len(positions)
     units = [
@@ -496,7 +538,8 @@ def run_rule(options: CiteOptions, methods: list[str]) -> dict:
     from midlens.generators.packaged_models import canonical_name
 
     model = canonical_name(options.model)
-    configs = [CitationConfig.measured(model, spec) for spec in methods]  # the lookup Generator(citations=) makes
+    # the lookup MeasuredCitations makes for Generator(citations=)
+    configs = [CitationConfig.measured(model, spec, options.cite_evidence) for spec in methods]
     measured = [{k: getattr(c, k) for k in DEFAULT_RULE} for c in configs]
     base = measured[0] if measured and all(r == measured[0] for r in measured) else DEFAULT_RULE
     given = {k: getattr(options, k) for k in DEFAULT_RULE if getattr(options, k) is not None}
@@ -506,8 +549,9 @@ def run_rule(options: CiteOptions, methods: list[str]) -> dict:
 def run(options: CiteOptions) -> list[dict]:
     """Evaluate the run's units not yet in its results file (resumable: one appended line per unit)."""
     from midlens.eval import runner
-    from midlens.generators.generator import Generator
+    from midlens.generators.generator import Generator, scorer_for
     from midlens.generators.loading import load_model
+    from midlens.generators.methods.registry import method_config
 
     config, units, examples = plan(options)
     from midlens.eval.datasets import data_sha256
@@ -524,7 +568,11 @@ def run(options: CiteOptions) -> list[dict]:
         return runner.read_rows(results)
     loaded = load_model(options.model, options.device, options.dtype)
     gens = {m: Generator(loaded, method=m, evidence=options.evidence) for m in config["methods"]}
-    evaluator = CiteEvaluator(gens, options)
+    scorers = None
+    if options.cite_evidence is not None:
+        scorer_config = method_config(options.cite_evidence)
+        scorers = {m: scorer_for(gen, scorer_config) for m, gen in gens.items()}
+    evaluator = CiteEvaluator(gens, options, rule, scorers)
 
     def evaluate(unit: dict) -> dict:
         return evaluator(examples[unit["example"]], unit["position"], unit["method"], unit["key"])

@@ -194,3 +194,56 @@ def test_a_run_grades_the_rule_the_library_cites_by_for_its_model_and_method(tmp
     assert run_rule(CiteOptions(tmp_path, model="smollm2-135m"), ["baseline"]) == DEFAULT_RULE
     given = CiteOptions(tmp_path, model="qwen2.5-coder-0.5b", max_sources=4)
     assert run_rule(given, ["mudaf"]) == {**measured, "max_sources": 4}
+
+
+@pytest.mark.model
+def test_a_run_with_another_methods_evidence_grades_what_the_library_cites(tmp_path, loaded):
+    """`--cite-evidence mudaf`: each row keeps MuDAF's evidence of its prompt beside the answering pass's own, the
+    rule measured with it is the run's, and the passages the report grades are the ones
+    `Generator(citations=MeasuredCitations(evidence_from="mudaf"))` cites on the same prompt."""
+    from midlens.eval.cite import layout, rule_scores
+    from midlens.eval.datasets import load_hotpotqa
+    from midlens.generators import Generator
+    from midlens.generators.citations import CitationConfig, MeasuredCitations
+
+    out = tmp_path / "cite"
+    args = ["eval", "cite", "--n", "1", "--positions", "1", "--max-words", "20", "--max-new-tokens", "12"]
+    args += ["--split", "train", "--no-prompted", "--drops", "1", "--no-progress", "--cite-evidence", "mudaf"]
+    assert main([*args, "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["cite_evidence"]["spec"] == "mudaf" and config["cite_evidence"]["name"] == "mudaf"
+    measured = CitationConfig.measured("smollm2-135m", "baseline", "mudaf")
+    rule = json.loads((out / "rule.json").read_text())
+    assert rule == {k: getattr(measured, k) for k in DEFAULT_RULE}
+    (row,) = read_rows(out / "results.jsonl")
+    k = len(row["evidence"])
+    assert len(row["evidence_from"]["evidence"]) == len(row["evidence_from"]["evidence_raw"]) == k
+    # MuDAF's delta reads the prompt differently: were these the answering pass's own scores, nothing was blended.
+    assert (
+        max(abs(a - b) for a, b in zip(row["evidence_from"]["evidence_raw"], row["evidence_raw"], strict=True)) > 1e-4
+    )
+    assert set(row["drops"]) >= {"cited", "evidence_from", "midlens", "evidence"}
+    assert row["sentences"], "the answer has a sentence to cite"
+
+    example = load_hotpotqa(1, 0, mode="cite", max_words=20, split="train")[0]
+    gen = Generator(loaded, method="baseline", citations=MeasuredCitations(evidence_from="mudaf"))
+    prompt = gen.prompt(example.question, layout(example, 1, 0), max_new_tokens=12)
+    answer = gen.generate(prompt, max_new_tokens=12)
+    assert answer.text == row["prediction"]
+    library = [sorted(s.position for s in c.sources) for c in answer.citations]
+    graded = [
+        sorted(
+            apply_rule(
+                rule_scores(row, s, rule["evidence_weight"], rule["raw_evidence_weight"]),
+                rule["max_sources"],
+                rule["min_share"],
+            )
+        )
+        for s in row["sentences"]
+    ]
+    assert library == graded
+    assert main(["eval", "report", str(out)]) == 0
+    assert "the evidence blended in is mudaf's" in (out / "report.md").read_text()
+
+    assert main([*args[:-1], "no-such-method", "--out", str(tmp_path / "bad")]) == 2  # refused before loading
+    assert not (tmp_path / "bad").exists()

@@ -242,11 +242,13 @@ def cite_markdown(configs: list[dict], rows: list[dict], run_dirs: Sequence[Path
     """The cite section of report.md ("" when no run holds cite rows)."""
     groups = _groups(rows)
     lines: list[str] = []
-    rules = {}
+    rules, evidence_from = {}, {}
     for config, run in zip(configs, run_dirs, strict=False):
         path = Path(run) / RULE_FILE
         if config.get("kind") == "cite" and path.is_file():
             rules[config.get("dataset")] = json.loads(path.read_text())
+        if config.get("kind") == "cite" and "cite_evidence" in config:
+            evidence_from[config.get("dataset")] = config["cite_evidence"]["spec"]
     for (ds, model, method, max_words), rs in groups.items():
         rule = rules.get(ds) or DEFAULT_RULE
         positions = sorted({r["position"] for r in rs})
@@ -259,7 +261,9 @@ def cite_markdown(configs: list[dict], rows: list[dict], run_dirs: Sequence[Path
             "",
             f"Rule: max_sources={rule['max_sources']}, min_share={rule['min_share']}, "
             f"evidence_weight={rule.get('evidence_weight', 0.0)}, "
-            f"raw_evidence_weight={rule.get('raw_evidence_weight', 0.0)} (midlens only). F1 % [95 % interval].",
+            f"raw_evidence_weight={rule.get('raw_evidence_weight', 0.0)} (midlens only"
+            + (f"; the evidence blended in is {evidence_from[ds]}'s" if ds in evidence_from else "")
+            + "). F1 % [95 % interval].",
         ]
         for level in ("passage", "sentence"):
             for right_only in (False, True):

@@ -7,7 +7,14 @@ import argparse
 import json
 import sys
 
-from midlens.cli.options import RETRIEVAL_HELP, add_model_args, positive_int, prompt_error_for_cli
+from midlens.cli.options import (
+    RETRIEVAL_HELP,
+    add_cite_evidence_arg,
+    add_model_args,
+    check_cite_evidence,
+    positive_int,
+    prompt_error_for_cli,
+)
 from midlens.core.checks import check_question
 from midlens.core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
 from midlens.core.names import (
@@ -84,10 +91,9 @@ def add_parser(sub) -> None:
         default=1,
         help="scoring passes before answering: each re-scores the passages where the last one placed them",
     )
-    ask.add_argument(
-        "--cite-evidence",
-        metavar="METHOD",
-        help="choose the cited passages with this method's evidence of the prompt (one more prefill) instead of the "
+    add_cite_evidence_arg(
+        ask,
+        "choose the cited passages with this method's evidence of the prompt (one more prefill) instead of the "
         "answering pass's own: mudaf raised the default model's citation F1 on HotpotQA (docs/results/cite, "
         "section 12)",
     )
@@ -112,10 +118,7 @@ def run(args: argparse.Namespace) -> int:
         from midlens.core.method_spec import parse_scorer_spec
 
         parse_scorer_spec(args.restack)  # a misspelt scorer fails before torch loads, naming --restack
-    if args.cite_evidence is not None:
-        from midlens.core.method_spec import parse_scorer_spec
-
-        parse_scorer_spec(args.cite_evidence, "cite_evidence", "citing")
+    check_cite_evidence(args)
     from midlens.cli.options import check_device, chosen_model, evidence_config, method_spec
 
     method = method_spec(args)  # a typo in --method fails before the model loads

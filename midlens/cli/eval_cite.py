@@ -14,7 +14,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from midlens.cli.options import add_device_args, add_evidence_args, positive_int
+from midlens.cli.options import (
+    add_cite_evidence_arg,
+    add_device_args,
+    add_evidence_args,
+    check_cite_evidence,
+    positive_int,
+)
 from midlens.core.names import DEFAULT_PROMPT_STYLE, EVAL_MODEL, PROMPT_STYLES
 
 EXAMPLES = """examples:
@@ -75,6 +81,11 @@ def add_parsers(esub) -> None:
         type=_fraction,
         help="the rule: weight of the prompt's raw (uncalibrated) evidence" + measured.format(0.0),
     )
+    add_cite_evidence_arg(
+        ct,
+        "the rule blends in this method's evidence of the prompt, read in one more prefill (rows keep it as "
+        "evidence_from), and the rule measured with it applies: what `ask --cite-evidence` cites",
+    )
     ct.add_argument("--no-prompted", action="store_true", help="skip the prompted-citation pass")
     ct.add_argument("--drops", type=_ints, default=(), help="k of the top-k log-probability drops, e.g. 1,2")
     ct.add_argument("--ablations", type=int, default=0, help="random ablations of the ContextCite-style reference")
@@ -92,10 +103,8 @@ def add_parsers(esub) -> None:
     cc.add_argument("--repeats", type=positive_int, default=2, help="alternating timings per question")
     cc.add_argument("--max-words", type=int, default=100)
     cc.add_argument("--max-new-tokens", type=int, default=24)
-    cc.add_argument(
-        "--cite-evidence",
-        metavar="METHOD",
-        help="the citing generator blends in this method's evidence (one more prefill per answer), as ask's option",
+    add_cite_evidence_arg(
+        cc, "the citing generator blends in this method's evidence (one more prefill per answer), as ask's option"
     )
     cc.set_defaults(func=cost)
 
@@ -105,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from midlens.core.method_spec import split_top_level
     from midlens.eval import cite, runner
 
+    check_cite_evidence(args)
     shard = runner.parse_shard(args.shard)
     options = cite.CiteOptions(
         out=args.out,
@@ -125,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         evidence_weight=args.evidence_weight,
         raw_evidence_weight=args.raw_evidence_weight,
         prompted=not args.no_prompted,
+        cite_evidence=args.cite_evidence,
         drops=args.drops,
         ablations=args.ablations,
         batch_size=args.batch_size,
@@ -140,10 +151,7 @@ def run(args: argparse.Namespace) -> int:
 def cost(args: argparse.Namespace) -> int:
     from midlens.eval.cite_cost import measure
 
-    if args.cite_evidence is not None:
-        from midlens.core.method_spec import parse_scorer_spec
-
-        parse_scorer_spec(args.cite_evidence, "cite_evidence", "citing")  # before any process loads the model
+    check_cite_evidence(args)
     result = measure(
         args.model, args.n, args.repeats, args.max_words, args.max_new_tokens, args.out, args.cite_evidence
     )

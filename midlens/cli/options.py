@@ -123,6 +123,19 @@ def evidence_config(args: argparse.Namespace):
         raise InvalidArgumentError("--evidence-" + str(err).removeprefix("evidence ")) from None
 
 
+def add_cite_evidence_arg(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--cite-evidence", metavar="METHOD", help=help)
+
+
+def check_cite_evidence(args: argparse.Namespace) -> None:
+    """A misspelt --cite-evidence fails before torch and the model load (seconds, or a process per worker), naming
+    the option."""
+    if args.cite_evidence is not None:
+        from midlens.core.method_spec import parse_scorer_spec
+
+        parse_scorer_spec(args.cite_evidence, "cite_evidence", "citing")
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults after every option's help; descriptions and example epilogs keep their line breaks."""
 
