@@ -79,6 +79,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     address: str | None = None
+    cite_evidence: str | None = None  # the method whose evidence citations blend in (None: the answering pass's)
 
 
 class BodyLimit:
@@ -217,6 +218,7 @@ class MidlensServer:
             self.options.prompt_style,
             self.options.max_new_tokens,
             self.options.threads,
+            self.options.cite_evidence,
         )
         # One thread runs the model: a batch at a time, while the event loop stays free.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="midlens-generate")

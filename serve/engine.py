@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from midlens.core.errors import InvalidArgumentError, MidlensError, Remedies
+from midlens.core.method_spec import parse_scorer_spec
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, measured_restack_for
 from midlens.core.passage import Passage
-from midlens.generators.citations import Citation
+from midlens.generators.citations import Citation, MeasuredCitations
 from midlens.generators.evidence import Answer, EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
@@ -111,14 +112,22 @@ class Engine:
         prompt_style: str = DEFAULT_STYLE,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         threads: int | None = None,
+        cite_evidence: str | None = None,
     ):
+        """`cite_evidence`: every answer's citations blend in this method's evidence of the prompt (one more prefill
+        per answer: `MeasuredCitations(evidence_from=...)`); None: the answering pass's own."""
         if threads:
             import torch
 
             torch.set_num_threads(threads)
         self.prompt_style = check_style(prompt_style)
         self.max_new_tokens = max_new_tokens
-        self.default = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype)
+        if cite_evidence is not None:  # in this option's name, not the library's evidence_from it becomes
+            parse_scorer_spec(cite_evidence, "cite_evidence", "citing")
+        self.citations = MeasuredCitations(cite_evidence)
+        self.default = Generator(
+            model, method=method, evidence=evidence, device=device, dtype=dtype, citations=self.citations
+        )
         self._generators: dict[str, Generator] = {self.default.method.spec(): self.default}
         self._lock = threading.Lock()
         self.batches: Counter[int] = Counter()  # size of every batch `run` was handed
@@ -136,6 +145,7 @@ class Engine:
             "method": self.default.method.to_dict(),
             "method_spec": self.default.method.spec(),
             "restack": measured_restack_for(loaded.name, self.default.method.spec()),
+            "cite_evidence": self.citations.evidence_from,
             "methods": list(REGISTRY),
             "context_window": self.default.context_window,
             "evidence_config": dataclasses.asdict(self.default.evidence_config),
@@ -276,7 +286,9 @@ class Engine:
                 del self._generators[next(k for k in self._generators if k != self.default.method.spec())]
             config: MethodConfig = method_config(spec)
             evidence = self.default.evidence_config
-            self._generators[spec] = Generator(self.default.loaded, method=config, evidence=evidence)
+            self._generators[spec] = Generator(
+                self.default.loaded, method=config, evidence=evidence, citations=self.citations
+            )
         return self._generators[spec]
 
     def run(self, jobs: Sequence[Job]) -> list[Outcome]:

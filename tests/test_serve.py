@@ -509,6 +509,35 @@ def test_a_request_cancelled_mid_batch_stops_while_the_live_one_answers_as_alone
     assert engine.stats()["cancelled"] == 3
 
 
+def test_a_server_citing_with_another_methods_evidence_cites_as_in_process(loaded):
+    """`midlens serve --cite-evidence mudaf`: the engine's answers cite what the in-process generator with
+    `MeasuredCitations(evidence_from="mudaf")` cites (same passages, same sentences), and its spec says so."""
+    from midlens.generators import Generator
+    from midlens.generators.citations import MeasuredCitations
+    from midlens.rag.remote import AnswerRequest
+    from midlens.serve.engine import Engine
+
+    engine = Engine("smollm2-135m", method="baseline", max_new_tokens=MAX_NEW, cite_evidence="mudaf")
+    assert engine.spec()["cite_evidence"] == "mudaf"
+    job = engine.answer_job(AnswerRequest(question=QUESTIONS[0], passages=PASSAGES, max_new_tokens=16))
+    (outcome,) = engine.run([job])
+    local = Generator(loaded, method="baseline", citations=MeasuredCitations(evidence_from="mudaf"))
+    alone = _local(local, QUESTIONS[0], max_new=16)
+    assert outcome.error is None and outcome.answer.text == alone.text and alone.citations
+    served = [[(s.position, s.sentence) for s in c.sources] for c in outcome.answer.citations]
+    assert served == [[(s.position, s.sentence) for s in c.sources] for c in alone.citations]
+    assert outcome.answer.timings["cite_evidence_s"] > 0  # the scorer's prefill ran
+    with pytest.raises(MidlensError, match="cite_evidence"):
+        Engine("smollm2-135m", method="baseline", cite_evidence="mudaff")
+
+
+def test_serve_refuses_a_misspelt_cite_evidence_before_ray_starts(capsys):
+    from midlens.cli import main
+
+    assert main(["serve", "--model", "smollm2-135m", "--cite-evidence", "mudaff"]) == 2
+    assert "--cite-evidence mudaff" in capsys.readouterr().err
+
+
 # Sampled at a high temperature the answer rarely ends early: far more tokens than any timeout here allows.
 RUNAWAY = {"max_new_tokens": 4000, "temperature": 2.0, "seed": 1}
 

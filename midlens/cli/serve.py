@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from midlens.cli.options import add_model_args, positive_int
+from midlens.cli.options import add_cite_evidence_arg, add_model_args, check_cite_evidence, positive_int
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT_STYLE, PROMPT_STYLES
 
@@ -41,6 +41,11 @@ def add_parser(sub) -> None:
         "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="answer length when a request sets none"
     )
     serve.add_argument("--prompt-style", default=DEFAULT_PROMPT_STYLE, choices=PROMPT_STYLES)
+    add_cite_evidence_arg(
+        serve,
+        "every answer's citations choose their passages with this method's evidence of the prompt (one more prefill "
+        "per answer), as ask's option",
+    )
     add_model_args(serve)
     serve.set_defaults(func=run)
 
@@ -57,6 +62,7 @@ def options_of(args: argparse.Namespace):
     args.model = chosen_model(args, method)
     check_device(args)
     evidence_config(args)
+    check_cite_evidence(args)
     from midlens.serve.app import ServeOptions
 
     return ServeOptions(
@@ -69,6 +75,7 @@ def options_of(args: argparse.Namespace):
         evidence_heads=args.evidence_heads,
         prompt_style=args.prompt_style,
         max_new_tokens=args.max_new_tokens,
+        cite_evidence=args.cite_evidence,
         replicas=args.replicas,
         num_cpus=args.num_cpus,
         num_gpus=args.num_gpus,
