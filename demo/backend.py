@@ -61,8 +61,12 @@ class DemoBackend:
         max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
         device: str = "auto",
         dtype: str = "auto",
+        cite_evidence: str | None = None,
     ):
+        """`cite_evidence`: every method's citations choose their passages with this method's evidence of the prompt
+        (`MeasuredCitations(evidence_from=...)`; one more prefill per answer); a given `pipeline` cites as it does."""
         from midlens.core.names import METHOD_SHORTHANDS
+        from midlens.generators.citations import MeasuredCitations
         from midlens.generators.methods.registry import method_config
         from midlens.generators.packaged_models import DEFAULT_MODEL, REGISTRY, default_method
 
@@ -73,6 +77,7 @@ class DemoBackend:
         self.corpus = corpus
         self.evidence = evidence
         self.device, self.dtype = device, dtype
+        self.citations = MeasuredCitations(cite_evidence)
         self.max_upload_bytes = int(max_upload_mb * 1024 * 1024)
         if pipeline is not None:
             name = pipeline.generator.loaded.name
@@ -82,6 +87,7 @@ class DemoBackend:
             self.top_k = pipeline.top_k
             self.max_new_tokens = pipeline.max_new_tokens
             self.evidence = pipeline.generator.evidence_config
+            self.citations = pipeline.generator.citation_setting
             method = pipeline.generator.method
         else:
             self.model = model or DEFAULT_MODEL
@@ -180,7 +186,7 @@ class DemoBackend:
             if model not in self._bases:
                 _progress(progress, 0.15, f"loading model {model} (first use only)")
                 loaded = load_model(model, self.device, self.dtype)
-                generator = Generator(loaded, method="baseline", evidence=self.evidence)
+                generator = Generator(loaded, method="baseline", evidence=self.evidence, citations=self.citations)
                 self._bases[model] = Pipeline(retriever, generator, self.top_k, self.max_new_tokens, restack=None)
             base = self._bases[model]
             if (model, method) not in self._methods:

@@ -76,6 +76,9 @@ class Generator:
         self.evidence_config = resolve_evidence(evidence or EvidenceConfig(), self.loaded)
         if isinstance(citations, str) and citations == "measured":
             citations = MeasuredCitations()
+        # As given, before it is resolved for this model and method: another method on the same model
+        # (Pipeline.with_method) resolves the same setting for itself, not this method's rule.
+        self.citation_setting: CitationConfig | MeasuredCitations | None = citations
         if isinstance(citations, MeasuredCitations):
             citations = citations.resolve(self.loaded.name, self.method.spec())
         elif citations is not None and not isinstance(citations, CitationConfig):

@@ -123,9 +123,14 @@ class Pipeline:
         return cls(retriever, generator, top_k=top_k, truncate=truncate, prompt_style=prompt_style, restack=restack)
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:
-        """The same retriever and loaded model, another method (weights are shared, not reloaded)."""
+        """The same retriever and loaded model, another method (weights are shared, not reloaded), citing as this
+        pipeline's generator was asked to (its measured rule resolved for the new method)."""
         generator = Generator(
-            self.generator.loaded, method=method, evidence=self.generator.evidence_config, **method_options
+            self.generator.loaded,
+            method=method,
+            evidence=self.generator.evidence_config,
+            citations=self.generator.citation_setting,
+            **method_options,
         )
         return Pipeline(
             self.retriever,

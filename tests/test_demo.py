@@ -474,3 +474,26 @@ def test_the_restack_switch_starts_where_restacking_was_measured_to_help(pipelin
         setters = [f for f in blocks.fns.values() if getattr(f.fn, "__name__", "") == "restack_default"]
         assert len(setters) == 2 and all([o._id for o in f.outputs] == [switch._id] for f in setters)
         assert {f.inputs[0].label for f in setters} == {"Model"} and {f.inputs[1].label for f in setters} == {"Method"}
+
+
+def test_every_method_on_the_page_cites_with_the_evidence_the_demo_was_started_with(pipeline, default_retriever):
+    """`midlens demo --cite-evidence mudaf`: the startup pipeline and every method picked on the page cite with
+    MuDAF's evidence (each under the rule measured for itself with it); a page started on a pipeline cites as that
+    pipeline does, citations off included."""
+    from midlens.generators import Generator
+    from midlens.generators.citations import CitationConfig, MeasuredCitations
+
+    gen = Generator(pipeline.generator.loaded, method="baseline", citations=MeasuredCitations(evidence_from="mudaf"))
+    backend = DemoBackend(Pipeline(default_retriever, gen, top_k=3))
+    for method in ("baseline", "ms-poe", "mudaf"):
+        cites = backend.pipeline(MODEL, method).generator.citations
+        assert cites == CitationConfig.measured(MODEL, method, evidence_from="mudaf"), method
+    silent = DemoBackend(Pipeline(default_retriever, Generator(gen.loaded, method="baseline", citations=None)))
+    assert silent.pipeline(MODEL, "ms-poe").generator.citations is None
+
+
+def test_demo_refuses_a_misspelt_cite_evidence_before_a_server_starts(capsys):
+    from midlens.cli import main
+
+    assert main(["demo", "--model", MODEL, "--cite-evidence", "mudaff"]) == 2
+    assert "--cite-evidence mudaff" in capsys.readouterr().err

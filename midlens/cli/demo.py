@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from midlens.cli.options import add_model_args
+from midlens.cli.options import add_cite_evidence_arg, add_model_args, check_cite_evidence
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.demo.backend import DEFAULT_MAX_UPLOAD_MB, HOST, MAX_NEW_TOKENS, MAX_TOP_K
 
@@ -29,6 +29,11 @@ def add_parser(sub) -> None:
         help="address to serve on; 0.0.0.0 serves every interface (the demo has no login: only on a trusted network)",
     )
     demo.add_argument("--max-upload-mb", type=float, default=DEFAULT_MAX_UPLOAD_MB, help="corpus upload size limit")
+    add_cite_evidence_arg(
+        demo,
+        "every method's citations choose their passages with this method's evidence of the prompt (one more prefill "
+        "per answer), as ask's option",
+    )
     add_model_args(demo)
     demo.set_defaults(func=run)
 
@@ -39,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = chosen_model(args, method_spec(args))  # refuse a bad method spec or device before starting a server
     check_device(args)
+    check_cite_evidence(args)
     if not 1 <= args.top_k <= MAX_TOP_K:
         raise MidlensError(f"--top-k {args.top_k}: the demo offers 1 to {MAX_TOP_K} passages.")
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
@@ -59,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         max_upload_mb=args.max_upload_mb,
         device=args.device,
         dtype=args.dtype,
+        cite_evidence=args.cite_evidence,
     )
     launch(demo, port=args.port, max_upload_mb=args.max_upload_mb, host=args.host)
     return 0
