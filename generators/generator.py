@@ -117,6 +117,9 @@ class Generator:
         prompt, batched); None where citations blend in the answering pass's own."""
         if self._evidence_scorer is None:
             return None
+        # A rule that blends in only the raw evidence (the default model's, measured) has no use for the
+        # scorer's content-free pass.
+        calibrate = calibrate and self.citations.evidence_weight > 0
         return [answer.passages for answer in self._evidence_scorer.score_batch(prompts, calibrate=calibrate)]
 
     @property

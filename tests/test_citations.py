@@ -91,6 +91,11 @@ def test_citations_from_another_methods_evidence_rank_by_that_methods_evidence(g
     assert [[s.position for s in c.sources] for c in again.citations] == [
         [s.position for s in c.sources] for c in answer.citations
     ]
+    # A rule on the raw evidence alone (the scorer's content-free pass is then skipped) ranks by MuDAF's raw reading.
+    raw_rule = CitationConfig(6, 0.0, 0.0, raw_evidence_weight=1.0, evidence_from="mudaf")
+    raw_answer = Generator(loaded, method="baseline", citations=raw_rule).generate(prompt, max_new_tokens=8)
+    raw = [pe.evidence for pe in mudaf]
+    assert [raw[s.position - 1] for s in raw_answer.citations[0].sources] == sorted(raw, reverse=True)
     # Naming the answering method itself is its own evidence: no second reading.
     assert Generator(loaded, method="mudaf", citations=config)._evidence_scorer is None
     with pytest.raises(MethodConfigError, match="evidence_from"):
