@@ -87,6 +87,28 @@ def ranking_metrics(ranked: Sequence[str], gold: set[str]) -> dict[str, float]:
 BOOTSTRAP_RESAMPLES = 2000
 
 
+def ratio_ci(
+    numerators: Sequence[float], denominators: Sequence[float], confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean(numerators) / mean(denominators), resampling the pairs together (one
+    per answer: e.g. a ranking's log-probability drop against the reference's on the same answer)."""
+    a, b = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
+    if a.size != b.size:
+        raise ValueError(f"{a.size} numerators but {b.size} denominators: one pair per unit.")
+    if a.size < 2:
+        return float("nan"), float("nan")
+    res = bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis),
+        paired=True,
+        confidence_level=confidence,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
 def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean over `values` (one per question); (nan, nan) when empty."""
     data = np.asarray(values, dtype=float)

@@ -367,6 +367,25 @@ def test_bootstrap_interval_matches_the_normal_approximation():
     assert all(x != x for x in bootstrap_ci([]))
 
 
+def test_a_ratio_interval_resamples_the_pairs_together():
+    import numpy as np
+
+    from midlens.eval.metrics import ratio_ci
+
+    rng = np.random.default_rng(1)
+    reference = rng.exponential(10.0, 40)
+    # Each answer's drop a fixed share of the reference's: resampled in pairs, every resample has that ratio.
+    assert ratio_ci(0.8 * reference, reference) == pytest.approx((0.8, 0.8))
+    noisy = 0.8 * reference + rng.normal(0, 2.0, 40)
+    lo, hi = ratio_ci(noisy, reference)
+    assert lo < noisy.mean() / reference.mean() < hi and hi - lo < 0.3
+    # Unpaired, the two means' spreads would add up: the paired interval is the narrower.
+    shuffled = ratio_ci(noisy, rng.permutation(reference))
+    assert hi - lo < shuffled[1] - shuffled[0]
+    with pytest.raises(ValueError, match="one pair per unit"):
+        ratio_ci([1.0, 2.0], [1.0])
+
+
 def test_paired_difference_against_the_baseline_is_narrower_than_unpaired():
     from midlens.eval.report.summarise import sweep_summary
 

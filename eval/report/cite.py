@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from midlens.eval.cite import CITERS, DEFAULT_RULE, DROP_RANKINGS, RULE_FILE, cited_sets, gold_sets, prf
-from midlens.eval.metrics import bootstrap_ci
+from midlens.eval.metrics import bootstrap_ci, ratio_ci
 from midlens.eval.report.groups import method_order
 
 GRID_SOURCES = (1, 2, 3)
@@ -127,18 +127,26 @@ def _drop_table(rs: list[dict]) -> list[str]:
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    reference = {k: _mean([r["drops"]["contextcite"][k] for r in rows if "contextcite" in r["drops"]]) for k in ks}
     for name in DROP_RANKINGS:
         have = [r for r in rows if name in r["drops"]]
         if not have:
             continue
-        means = {k: _mean([r["drops"][name][k] for r in have]) for k in ks}
-        cells = [
-            f"{means[k]:.2f} [{bootstrap_ci([r['drops'][name][k] for r in have])[0]:.2f}, "
-            f"{bootstrap_ci([r['drops'][name][k] for r in have])[1]:.2f}]"
-            for k in ks
-        ]
-        cells += [f"{means[k] / reference[k]:.2f}" if _usable(reference[k]) else "-" for k in ks]
+        cells = []
+        for k in ks:
+            drops = [r["drops"][name][k] for r in have]
+            lo, hi = bootstrap_ci(drops)
+            cells.append(f"{_mean(drops):.2f} [{lo:.2f}, {hi:.2f}]")
+        for k in ks:
+            # On the answers that have both, resampled together: the ratio's interval, not two intervals'.
+            both = [r for r in have if "contextcite" in r["drops"]]
+            mine = [r["drops"][name][k] for r in both]
+            reference = [r["drops"]["contextcite"][k] for r in both]
+            if not both or not _usable(_mean(reference)):
+                cells.append("-")
+                continue
+            ratio = _mean(mine) / _mean(reference)
+            lo, hi = ratio_ci(mine, reference) if name != "contextcite" else (1.0, 1.0)
+            cells.append(f"{ratio:.2f} [{lo:.2f}, {hi:.2f}]" if lo == lo else f"{ratio:.2f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
