@@ -13,7 +13,6 @@ train rows; the eval rows only report what it scores, paired against the run's o
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import os
@@ -24,6 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from midlens.eval.cite import CiteOptions, cited_sets, gold_sets, layout, plan, prf, run_rule
+from midlens.eval.runner import read_rows
 
 GRID = [
     (w, r, max_sources, min_share)
@@ -54,8 +54,11 @@ def options_of(run: Path) -> CiteOptions:
 
 
 def rows_of(run: Path) -> dict[tuple[str, int], dict]:
-    with gzip.open(run / "results.jsonl.gz", "rt") as f:
-        return {(r["example_id"], r["position"]): r for r in map(json.loads, f) if r.get("kind") == "cite"}
+    """The run's rows: its committed results.jsonl.gz, else the results files of a run in progress (shards too)."""
+    packed = run / "results.jsonl.gz"
+    paths = [packed] if packed.exists() else sorted(run.glob("results*.jsonl"))
+    rows = [r for path in paths for r in read_rows(path)]  # a torn last line (a run still writing) is left out
+    return {(r["example_id"], r["position"]): r for r in rows if r.get("kind") == "cite"}
 
 
 def score(run: Path, scorer: str, out: Path, questions: int | None = None) -> None:
@@ -70,7 +73,13 @@ def score(run: Path, scorer: str, out: Path, questions: int | None = None) -> No
     done = set()
     if out.exists():
         done = {(d["example_id"], d["position"]) for d in map(json.loads, out.read_text().splitlines())}
-    todo = [(ex, p) for ex in examples[:questions] for p in config["positions"] if (ex.id, p) not in done]
+    # Only prompts the run has answered (a run still growing, or one shard of it, has rows for some questions).
+    todo = [
+        (ex, p)
+        for ex in examples[:questions]
+        for p in config["positions"]
+        if (ex.id, p) not in done and (ex.id, p) in rows
+    ]
     gen = Generator(load_model(options.model), method=scorer, evidence=EvidenceConfig(**config["evidence"]))
     with out.open("a") as f, tqdm(total=len(todo), desc=f"{scorer} evidence") as bar:
         for start in range(0, len(todo), BATCH):
