@@ -208,6 +208,11 @@ class Spec(BaseModel):
         description="The scorer whose evidence restacks the passages of a request that asks for the server's method "
         "and names no restack (measured for the model and method), or null: answered in the order given.",
     )
+    cite_evidence: str | None = Field(
+        default=None,
+        description="The method whose evidence of the prompt every answer's citations blend in (`midlens serve "
+        "--cite-evidence`), or null: the answering pass's own.",
+    )
     methods: list[str] = Field(description="Method names a request may ask for (same weights).")
     context_window: int
     evidence_config: dict[str, Any]

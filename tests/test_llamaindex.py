@@ -679,3 +679,19 @@ def test_citation_engine_numbers_sources_as_its_markers_and_the_prompt_do(llm, f
 def test_verify_is_refused_where_it_cannot_run(llm, faiss_index):
     with pytest.raises(InvalidArgumentError, match=r"verify='no': pass True"):
         MidlensQueryEngine.from_index(faiss_index, llm=llm, verify="no")
+
+
+def test_an_llm_can_cite_with_another_methods_evidence(loaded):
+    """`MidlensLLM(..., cite_evidence="mudaf")` (and so `MidlensQueryEngine(..., cite_evidence=...)`) cites as
+    `Generator(citations=MeasuredCitations(evidence_from="mudaf"))`: the rule measured with MuDAF's evidence, read by
+    a scorer of its own; built around a generator, the field says how that one cites."""
+    from midlens.core.errors import MidlensError
+    from midlens.generators.citations import CitationConfig
+
+    measured = CitationConfig.measured("smollm2-135m", "baseline", evidence_from="mudaf")
+    llm = MidlensLLM(loaded, method="baseline", cite_evidence="mudaf")
+    assert llm.generator.citations == measured and llm.generator._evidence_scorer is not None
+    assert MidlensLLM.from_generator(llm.generator).cite_evidence == "mudaf"
+    assert MidlensLLM.from_generator(MidlensLLM(loaded, method="baseline").generator).cite_evidence is None
+    with pytest.raises(MidlensError, match="cite_evidence"):
+        MidlensLLM(loaded, method="baseline", cite_evidence="mudaff")

@@ -87,7 +87,13 @@ class GeneratorBacked(BaseModel):
         elif model is not None:
             method = method or self._default_method(model)
             generator = Generator(
-                model, method=method, evidence=evidence, device=device, dtype=dtype, **(method_options or {})
+                model,
+                method=method,
+                evidence=evidence,
+                device=device,
+                dtype=dtype,
+                citations=self._citations(kwargs),
+                **(method_options or {}),
             )
         elif method is not None:  # the model is resolved at first use; a bad method spec still fails now
             method_config(method, method_options or {})
@@ -121,8 +127,15 @@ class GeneratorBacked(BaseModel):
             evidence=self._evidence,
             device=self.device,
             dtype=self.dtype,
+            citations=self._citations(dict(self)),
             **self.method_options,
         )
+
+    @classmethod
+    def _citations(cls, fields: dict[str, Any]) -> Any:
+        """How the generator cites, from the object's fields (in __init__, before pydantic has set them: the
+        keyword arguments): the rule measured for its model and method."""
+        return "measured"
 
     def _default_model(self) -> str | LoadedModel:
         """The model a deferred generator loads at first use."""

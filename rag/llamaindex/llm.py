@@ -24,8 +24,9 @@ from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 
 from midlens.core.errors import InvalidArgumentError
+from midlens.core.method_spec import parse_scorer_spec
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED
-from midlens.generators.citations import Citation
+from midlens.generators.citations import Citation, MeasuredCitations
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
 from midlens.generators.restack import Restacker, RestackOption, check_restack_option
@@ -100,6 +101,12 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         "evidence; None answers them in the order given.",
     )
 
+    cite_evidence: str | None = Field(
+        default=None,
+        description="The method whose evidence of the prompt each answer's citations blend in (one more prefill per "
+        "answer; e.g. mudaf, which raised the default model's citation F1): None, the answering pass's own.",
+    )
+
     read_stock_prompts: bool = Field(
         default=True,
         description="Answer LlamaIndex's default text-QA / tree-summarize / refine prompts through the midlens "
@@ -111,6 +118,13 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     def _known_restack(cls, restack: str | None) -> str | None:
         check_restack_option(restack)  # a misspelt scorer fails when the LLM is made, not at its first answer
         return restack
+
+    @classmethod
+    def _citations(cls, fields: dict[str, Any]) -> MeasuredCitations:
+        spec = fields.get("cite_evidence")
+        if spec is not None:  # in this field's name, not the library's evidence_from it becomes
+            parse_scorer_spec(spec, "cite_evidence", "citing")
+        return MeasuredCitations(spec)
 
     def __new__(cls, *args: Any, base_url: str | None = None, **kwargs: Any) -> MidlensLLM:
         # A server URL instead of a model: the same class, its calls answered over HTTP by a `midlens serve` server
@@ -126,6 +140,8 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     def from_generator(cls, generator: Generator, **kwargs: Any) -> MidlensLLM:
         """Wrap an existing Generator (shares its loaded model, method and evidence settings). It is the LLM's
         generator: none is built (building one would load the method's parts again, an artefact re-hashed)."""
+        # The field describes the generator's citations; they are its own (set on the Generator), not this call's.
+        kwargs["cite_evidence"] = getattr(generator.citations, "evidence_from", None)
         return cls(generator, method=generator.method.spec(), evidence=generator.evidence_config, **kwargs)
 
     @classmethod
@@ -290,7 +306,7 @@ class RemoteMidlensLLM(MidlensLLM):
     ) -> None:
         """`model`: left out, or the served model's name; `method`: a spec run on the server's weights (default: the
         server's); the other fields are MidlensLLM's (max_new_tokens, temperature, truncate, prompt_style, ...)."""
-        for local in ("evidence", "device", "dtype", "method_options"):
+        for local in ("evidence", "device", "dtype", "method_options", "cite_evidence"):
             if kwargs.get(local):
                 raise InvalidArgumentError(f"{local}= is the server's to choose: set it on `midlens serve`.")
             kwargs.pop(local, None)
@@ -306,6 +322,7 @@ class RemoteMidlensLLM(MidlensLLM):
             device=spec.device,
             dtype=spec.dtype,
             base_url=base_url,
+            cite_evidence=spec.cite_evidence,
             **kwargs,
         )
         self._served = Served(client, spec)
