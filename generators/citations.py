@@ -134,7 +134,7 @@ class CitationConfig:
 #   was graded. A key of three parts: (model, answering method, the method whose evidence is blended in).
 #   smollm2-135m + mudaf(alpha=0) citing with MuDAF's evidence: the same on its 120 train answers: raw MuDAF evidence
 #   0.75, 2 sources, min_share 0.5: 66.4 against 64.9 for its shipped rule, past the 1-point margin; declared before
-#   its eval split was graded.
+#   its eval split was graded. Eval (200 questions x 3 positions): 64.9 against 62.1, paired +2.7 [+0.9, +4.6].
 MEASURED_RULES: dict[tuple[str, ...], dict[str, float | int]] = {
     ("qwen2.5-coder-0.5b", "mudaf"): {"max_sources": 2, "min_share": 0.0, "evidence_weight": 0.75},
     ("qwen2.5-coder-0.5b", "mudaf(alpha=0)"): {
