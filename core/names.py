@@ -62,7 +62,7 @@ DEFAULT_RESTACK_SCORER = "mudaf"
 # and 20.7 / 25.4), over the method alone EM +2.4 [+0.2, +4.7] and F1 +4.1 [+2.0, +6.3] pooled, position gap
 # 10.0 -> 4.5 and 6.0 -> 3.0, 1.95x the time per answer (docs/results/restack/eval-smollm2-finetuned/). The default
 # model's default has no entry: restacking adds nothing to it (EM -0.5 [-4.8, +3.5] on HotpotQA's 200 questions,
-# -0.6 [-4.2, +2.5] on 174 of SQuAD's; docs/results/restack/eval-qwen-finetuned/), so it answers in the order retrieved.
+# +0.0 [-3.3, +3.3] on SQuAD's 200; docs/results/restack/eval-qwen-finetuned/), so it answers in the order retrieved.
 MEASURED_RESTACKS = {("smollm2-135m", "mudaf(alpha=0)"): "mudaf"}
 # The value of every interface's `restack` option that means "what MEASURED_RESTACKS says for the model and method
 # answering" (the default everywhere a user answers: ask, Pipeline, the demo, the LlamaIndex classes, the server).
