@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # torch loads with these, after the cheap checks
 # Rankings whose top-k passages are removed to measure the answer's log-probability drop.
 DROP_RANKINGS = ("cited", "midlens", "contextcite", "lexical", "evidence", "evidence_from", "retrieval", "random")
 # Citation sources compared against the labels, in table order.
-CITERS = ("midlens", "prompted", "lexical", "evidence", "evidence_raw", "retrieval")
+CITERS = ("midlens", "prompted", "lexical", "evidence", "evidence_raw", "evidence_from", "retrieval")
 PROMPTED_INSTRUCTION = (
     "Write a high-quality answer for the given question using only the provided search results "
     "(some of which might be irrelevant). After each sentence, cite the search results it uses as [n], "
@@ -151,17 +151,22 @@ def cited_sets(
     answer, over all its sentences. Positions are strings, so passage and sentence sets compare alike.
     `evidence_weight` / `raw_evidence_weight` blend the row's calibrated / raw passage evidence (`blended_evidence`)
     into midlens's scores as the library does (lexical scores are BM25's alone); the `evidence` citer ranks by the
-    answering pass's calibrated evidence, `evidence_raw` by its raw."""
+    answering pass's calibrated evidence, `evidence_raw` by its raw, `evidence_from` by the `cite_evidence` method's
+    raw evidence (the ranking the library blends in, alone)."""
     passages: set[str] = set()
     sentences: set[str] = set()
     if citer == "prompted":
         return {str(p) for p in row["prompted"]["cited"]}, None
-    if citer in ("retrieval", "evidence", "evidence_raw"):
+    if citer in ("retrieval", "evidence", "evidence_raw", "evidence_from"):
         k = len(row["first_sentence"])
         if citer == "retrieval":
             chosen = list(range(1, min(max_sources, k) + 1))
         else:
-            scores = raw_evidence(row) if citer == "evidence_raw" else row["evidence"]
+            scores = {
+                "evidence": lambda: row["evidence"],
+                "evidence_raw": lambda: raw_evidence(row),
+                "evidence_from": lambda: row["evidence_from"]["evidence_raw"],
+            }[citer]()
             chosen = [i + 1 for i in sorted(range(k), key=lambda i: -scores[i])[:max_sources]]
         return {str(p) for p in chosen}, {row["first_sentence"][p - 1] for p in chosen}
     key = {"midlens": "attention", "lexical": "lexical"}[citer]

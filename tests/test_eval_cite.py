@@ -97,6 +97,14 @@ def test_a_rule_can_blend_in_the_raw_evidence_beside_the_calibrated():
     assert {w for w, _, _ in rule_grid([row], raw_evidence_weight=0.5)} == {0.0, 0.25, 0.5}  # weights sum to 1
     assert rule_grid([row])[(1.0, 1, 0.5)] == pytest.approx(0.0)
     assert has_raw_evidence([row]) and not has_raw_evidence([_row()])
+    # Another method's evidence (`--cite-evidence`): the rule blends it in instead of the row's own, and it is a
+    # citer of its own (its raw evidence, top passages); a run without it has no such citer.
+    scored = {**row, "evidence_from": {"evidence": [0.0, 0.1, 0.9], "evidence_raw": [0.1, 0.2, 0.7]}}
+    assert cited_sets(scored, "midlens", 1, 0.5, evidence_weight=1.0) == ({"3"}, {"3#2"})
+    assert cited_sets(scored, "midlens", 1, 0.5, raw_evidence_weight=1.0) == ({"3"}, {"3#2"})
+    assert cited_sets(scored, "evidence_from", 2, 0.5) == ({"3", "2"}, {"3#0", "2@0"})
+    assert cited_sets(scored, "evidence", 1, 0.5) == cited_sets(row, "evidence", 1, 0.5)  # still the row's own
+    assert unit_scores(row, "evidence_from", DEFAULT_RULE) is None
     # A run from before rows kept raw evidence: its raw citer did not run, and a raw rule says why it cannot grade it.
     assert unit_scores(_row(), "evidence_raw", DEFAULT_RULE) is None
     with pytest.raises(MidlensError, match="no raw evidence: its run predates"):

@@ -55,6 +55,8 @@ def unit_scores(row: dict, citer: str, rule: dict) -> dict[str, dict[str, float]
         return None
     if citer == "evidence_raw" and "evidence_raw" not in row:
         return None  # a run from before rows kept raw evidence
+    if citer == "evidence_from" and "evidence_from" not in row:
+        return None  # a run without --cite-evidence
     weight = rule.get("evidence_weight", 0.0)  # a rule.json from before the weight: the answer's attention alone
     raw = rule.get("raw_evidence_weight", 0.0)
     passages, sentences = cited_sets(row, citer, rule["max_sources"], rule["min_share"], weight, raw)
