@@ -102,6 +102,15 @@ def parse_scorer_spec(spec: object, option: str = "restack", purpose: str = "res
     return name, options
 
 
+def check_cite_evidence(spec: str | None) -> str | None:
+    """The `cite_evidence` setting (the method whose evidence citations blend in, `CitationConfig.evidence_from`),
+    checked without torch in its own name, whichever interface it was given to; None (the answering pass's own)
+    passes."""
+    if spec is not None:
+        parse_scorer_spec(spec, "cite_evidence", "citing")
+    return spec
+
+
 RESTACK_MARK = "+restack("  # what a restacked system's label adds to its method's
 
 

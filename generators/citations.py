@@ -131,7 +131,8 @@ class CitationConfig:
 #   answers, each prompt scored again under MuDAF's delta (docs/results/cite/scorer_evidence.py, section 12), over
 #   the grid of raw and calibrated weights above: raw MuDAF evidence 0.75 + the answer's attention 0.25, 2 sources,
 #   min_share 0: 82.5 against 73.9 for the answers' own evidence under their rule; declared before the eval split
-#   was graded. Eval (200 questions x 3 positions): 79.7 against 73.4, paired +6.3 [+4.0, +8.8]. A key of three parts: (model, answering method, the method whose evidence is blended in).
+#   was graded. Eval (200 questions x 3 positions): 79.7 against 73.4, paired +6.3 [+4.0, +8.8]. A key of three
+#   parts: (model, answering method, the method whose evidence is blended in).
 #   smollm2-135m + mudaf(alpha=0) citing with MuDAF's evidence: the same on its 120 train answers: raw MuDAF evidence
 #   0.75, 2 sources, min_share 0.5: 66.4 against 64.9 for its shipped rule, past the 1-point margin; declared before
 #   its eval split was graded. Eval (200 questions x 3 positions): 64.9 against 62.1, paired +2.7 [+0.9, +4.6].

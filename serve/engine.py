@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from midlens.core.errors import InvalidArgumentError, MidlensError, Remedies
-from midlens.core.method_spec import parse_scorer_spec
+from midlens.core.method_spec import check_cite_evidence
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, measured_restack_for
 from midlens.core.passage import Passage
 from midlens.generators.citations import Citation, MeasuredCitations
@@ -122,9 +122,8 @@ class Engine:
             torch.set_num_threads(threads)
         self.prompt_style = check_style(prompt_style)
         self.max_new_tokens = max_new_tokens
-        if cite_evidence is not None:  # in this option's name, not the library's evidence_from it becomes
-            parse_scorer_spec(cite_evidence, "cite_evidence", "citing")
-        self.citations = MeasuredCitations(cite_evidence)
+        # Checked in this option's name, not as the library's evidence_from it becomes.
+        self.citations = MeasuredCitations(check_cite_evidence(cite_evidence))
         self.default = Generator(
             model, method=method, evidence=evidence, device=device, dtype=dtype, citations=self.citations
         )

@@ -130,10 +130,9 @@ def add_cite_evidence_arg(parser: argparse.ArgumentParser, help: str) -> None:
 def check_cite_evidence(args: argparse.Namespace) -> None:
     """A misspelt --cite-evidence fails before torch and the model load (seconds, or a process per worker), naming
     the option."""
-    if args.cite_evidence is not None:
-        from midlens.core.method_spec import parse_scorer_spec
+    from midlens.core.method_spec import check_cite_evidence as check_spec
 
-        parse_scorer_spec(args.cite_evidence, "cite_evidence", "citing")
+    check_spec(args.cite_evidence)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

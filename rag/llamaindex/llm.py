@@ -24,7 +24,7 @@ from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.method_spec import parse_scorer_spec
+from midlens.core.method_spec import check_cite_evidence
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED
 from midlens.generators.citations import Citation, MeasuredCitations
 from midlens.generators.generator import GenerationStream, Generator
@@ -121,10 +121,8 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
     @classmethod
     def _citations(cls, fields: dict[str, Any]) -> MeasuredCitations:
-        spec = fields.get("cite_evidence")
-        if spec is not None:  # in this field's name, not the library's evidence_from it becomes
-            parse_scorer_spec(spec, "cite_evidence", "citing")
-        return MeasuredCitations(spec)
+        # Checked in this field's name, not as the library's evidence_from it becomes.
+        return MeasuredCitations(check_cite_evidence(fields.get("cite_evidence")))
 
     def __new__(cls, *args: Any, base_url: str | None = None, **kwargs: Any) -> MidlensLLM:
         # A server URL instead of a model: the same class, its calls answered over HTTP by a `midlens serve` server
