@@ -162,11 +162,12 @@ def cited_sets(
         if citer == "retrieval":
             chosen = list(range(1, min(max_sources, k) + 1))
         else:
-            scores = {
-                "evidence": lambda: row["evidence"],
-                "evidence_raw": lambda: raw_evidence(row),
-                "evidence_from": lambda: row["evidence_from"]["evidence_raw"],
-            }[citer]()
+            if citer == "evidence":
+                scores = row["evidence"]
+            elif citer == "evidence_raw":
+                scores = raw_evidence(row)
+            else:
+                scores = row["evidence_from"]["evidence_raw"]
             chosen = [i + 1 for i in sorted(range(k), key=lambda i: -scores[i])[:max_sources]]
         return {str(p) for p in chosen}, {row["first_sentence"][p - 1] for p in chosen}
     key = {"midlens": "attention", "lexical": "lexical"}[citer]
@@ -471,7 +472,7 @@ def plan(options: CiteOptions) -> tuple[dict, list[dict], list]:
 
     from midlens.core.device import dtype_name, resolve_device, resolve_dtype
     from midlens.core.files import sha256_json
-    from midlens.core.method_spec import parse_known_specs, parse_scorer_spec
+    from midlens.core.method_spec import check_cite_evidence, parse_known_specs
     from midlens.eval.datasets import data_sha256, load_hotpotqa
     from midlens.generators.evidence import EvidenceConfig
     from midlens.generators.methods.registry import method_config
@@ -510,9 +511,8 @@ def plan(options: CiteOptions) -> tuple[dict, list[dict], list]:
         "ablations": options.ablations,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    if options.cite_evidence is not None:  # only when given: runs made without it keep their config and resume
-        name_, opts_ = parse_scorer_spec(options.cite_evidence, "cite_evidence", "citing")
-        config["cite_evidence"] = {"spec": options.cite_evidence, **method_config(name_, opts_).to_dict()}
+    if check_cite_evidence(options.cite_evidence) is not None:  # only when given: runs without it keep their config
+        config["cite_evidence"] = {"spec": options.cite_evidence, **method_config(options.cite_evidence).to_dict()}
     config["methods_sha256"] = {m: sha256_json(c) for m, c in config["methods"].items()}
     per = len(configs) * len(positions)
     units = [

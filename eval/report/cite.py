@@ -138,9 +138,9 @@ def _drop_table(rs: list[dict]) -> list[str]:
             drops = [r["drops"][name][k] for r in have]
             lo, hi = bootstrap_ci(drops)
             cells.append(f"{_mean(drops):.2f} [{lo:.2f}, {hi:.2f}]")
+        # On the answers that have both, resampled together: the ratio's interval, not two intervals'.
+        both = [r for r in have if "contextcite" in r["drops"]]
         for k in ks:
-            # On the answers that have both, resampled together: the ratio's interval, not two intervals'.
-            both = [r for r in have if "contextcite" in r["drops"]]
             mine = [r["drops"][name][k] for r in both]
             reference = [r["drops"]["contextcite"][k] for r in both]
             if not both or not _usable(_mean(reference)):
