@@ -349,6 +349,8 @@ def test_ask_marks_cited_sentences_and_quotes_what_they_rest_on():
         assert marker in answer_line, (marker, answer_line)  # "... California [1]." after each cited sentence
         assert ("NOT verified" in about) == marker.endswith("?]") and "log-prob drop" in about
         assert len(quoted) <= 160
+    # The warning under the sources exactly when no citation verified.
+    assert ("none verified:" in listing) == all(marker.endswith("?]") for marker, _, _ in entries)
 
     plain = run_cli("ask", CITED_QUESTION, "--top-k", "3", "--max-new-tokens", "12", "--json", *SMOL)
     assert plain.returncode == 0, plain.stderr[-2000:]

@@ -166,3 +166,20 @@ def test_markers_go_before_closing_punctuation_and_unverified_ones_are_told_apar
         "It opened at the Brea Mall in Brea, California [1][3]. It was 1987! No source here"
     )
     assert marked_answer(SimpleNamespace(text="", citations=[])).text == ""
+
+
+def test_ask_warns_under_the_sources_when_no_citation_verified(capsys):
+    from midlens.cli.ask import print_citations
+
+    passages = [SimpleNamespace(passage=SimpleNamespace(title=t, text=f"{t} is a passage.")) for t in "AB"]
+
+    def printed(*verified: bool | None) -> str:
+        sources = [
+            CitedSource(p, str(p), 0.5, (0, 6), v, 0.1 if v is not None else None) for p, v in enumerate(verified, 1)
+        ]
+        print_citations(SimpleNamespace(citations=[Citation((0, 5), (0, 2), sources)], passages=passages, restack=None))
+        return capsys.readouterr().out
+
+    assert "none verified:" in printed(False, False) and "[1?]" in printed(False, False)
+    assert "none verified:" not in printed(True, False)  # one passage the answer needs is enough
+    assert "none verified:" not in printed(None, None)  # not checked: nothing to warn about
