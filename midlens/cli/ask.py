@@ -205,7 +205,8 @@ def print_citations(answer) -> None:
         print(f'        "{quote(said)}"')
     checked = [s for sources in cited.values() for s in sources if s.verified is not None]
     if checked and not any(s.verified for s in checked):
-        # Measured (docs/results/cite, section 14): such answers were right a third as often as fully verified ones.
+        # Measured (docs/results/cite, section 14): the default model's such answers were right a third as often as
+        # fully verified ones.
         print("  none verified: the answer needs none of the passages it cites; check it against the sources.")
     print()
 
