@@ -61,6 +61,15 @@ def rows_of(run: Path) -> dict[tuple[str, int], dict]:
     return {(r["example_id"], r["position"]): r for r in rows if r.get("kind") == "cite"}
 
 
+def pending(out: Path, examples: list, positions: list[int], rows: dict) -> list[tuple]:
+    """(example, position) pairs with a row in the run and no line yet in `out` (the resumable output). Only prompts
+    the run has answered: a run still growing, or one shard of it, has rows for some questions."""
+    done = set()
+    if out.exists():
+        done = {(d["example_id"], d["position"]) for d in map(json.loads, out.read_text().splitlines())}
+    return [(ex, p) for ex in examples for p in positions if (ex.id, p) in rows and (ex.id, p) not in done]
+
+
 def score(run: Path, scorer: str, out: Path, questions: int | None = None) -> None:
     """`questions`: score only the run's first so many questions (every position of each)."""
     from midlens.generators.evidence import EvidenceConfig
@@ -70,16 +79,7 @@ def score(run: Path, scorer: str, out: Path, questions: int | None = None) -> No
     options = options_of(run)
     config, _, examples = plan(options)
     rows = rows_of(run)
-    done = set()
-    if out.exists():
-        done = {(d["example_id"], d["position"]) for d in map(json.loads, out.read_text().splitlines())}
-    # Only prompts the run has answered (a run still growing, or one shard of it, has rows for some questions).
-    todo = [
-        (ex, p)
-        for ex in examples[:questions]
-        for p in config["positions"]
-        if (ex.id, p) not in done and (ex.id, p) in rows
-    ]
+    todo = pending(out, examples[:questions], config["positions"], rows)
     gen = Generator(load_model(options.model), method=scorer, evidence=EvidenceConfig(**config["evidence"]))
     with out.open("a") as f, tqdm(total=len(todo), desc=f"{scorer} evidence") as bar:
         for start in range(0, len(todo), BATCH):

@@ -21,7 +21,7 @@ import random
 import sys
 from pathlib import Path
 
-from scorer_evidence import options_of, paired, rows_of, swapped
+from scorer_evidence import options_of, paired, pending, rows_of, swapped
 from tqdm import tqdm
 
 from midlens.core.citation_rule import apply_rule
@@ -63,15 +63,7 @@ def verify(run: Path, out: Path, questions: int, scores: Path | None, scorer: st
         rows = {(r["example_id"], r["position"]): r for r in with_scorer}
     rule = rule_of(run, scorer)
     margin = CitationConfig().margin
-    done = set()
-    if out.exists():
-        done = {(d["example_id"], d["position"]) for d in map(json.loads, out.read_text().splitlines())}
-    todo = [
-        (ex, p)
-        for ex in examples[:questions]
-        for p in config["positions"]
-        if (ex.id, p) in rows and (ex.id, p) not in done
-    ]
+    todo = pending(out, examples[:questions], config["positions"], rows)
     gen = Generator(load_model(options.model), method=method, evidence=EvidenceConfig(**config["evidence"]))
     with out.open("a") as f:
         for ex, p in tqdm(todo, desc="verify"):
