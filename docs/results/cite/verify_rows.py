@@ -108,7 +108,9 @@ def verified_gap(graded: list[tuple[dict, dict]], seed: int = 0) -> str:
     by: dict[str, list[tuple[str, float]]] = {}
     for d, row in graded:
         verified = [c["verified"] for c in d["citations"]]
-        group = "all" if verified and all(verified) else "none" if not any(verified) else "some"
+        if not verified:  # an answer that cites nothing has nothing to verify
+            continue
+        group = "all" if all(verified) else "none" if not any(verified) else "some"
         by.setdefault(row["example_id"], []).append((group, row["em"]))
 
     def gap(questions: list[str]) -> float | None:
@@ -137,6 +139,8 @@ def grade(run: Path, out: Path) -> None:
     # citations verify.
     right: dict[int, list[float]] = {}
     for d, row in graded:
+        if not d["citations"]:
+            continue
         right.setdefault(sum(c["verified"] for c in d["citations"]), []).append(row["em"])
     for count, ems in sorted(right.items()):
         print(f"  answers with {count} verified citations: {len(ems)}, right {100 * sum(ems) / len(ems):.1f} %")
