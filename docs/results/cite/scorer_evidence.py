@@ -13,6 +13,7 @@ train rows; the eval rows only report what it scores, paired against the run's o
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -51,6 +52,13 @@ def options_of(run: Path) -> CiteOptions:
         max_new_tokens=c["max_new_tokens"],
         prompt_style=c["prompt_style"],
     )
+
+
+def rule_of(run: Path, scorer: str | None) -> dict:
+    """The rule the library applies today to the run's model and method, with `scorer`'s evidence blended in (None:
+    the answering pass's own); the run's rule.json is the one of its day."""
+    methods = list(json.loads((run / "config.json").read_text())["methods"])
+    return run_rule(dataclasses.replace(options_of(run), cite_evidence=scorer), methods)
 
 
 def rows_of(run: Path) -> dict[tuple[str, int], dict]:
@@ -137,9 +145,7 @@ def paired(a: list[float], b: list[float], rows: list[dict], seed: int = 0) -> s
 
 def grade(train_dir: Path, train_scores: Path, eval_dir: Path, eval_scores: Path) -> None:
     def shipped(run: Path) -> tuple[float, float, int, float]:
-        """The rule the library applies today to the run's model and method (its rule.json is the one of its day)."""
-        methods = list(json.loads((run / "config.json").read_text())["methods"])
-        rule = run_rule(options_of(run), methods)
+        rule = rule_of(run, None)
         return (rule["evidence_weight"], rule["raw_evidence_weight"], rule["max_sources"], rule["min_share"])
 
     train_own, train_other = swapped(rows_of(train_dir), train_scores)

@@ -13,7 +13,6 @@ must give as many tokens as were generated (a row that does not is counted and l
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 import os
@@ -21,18 +20,13 @@ import random
 import sys
 from pathlib import Path
 
-from scorer_evidence import options_of, paired, pending, rows_of, swapped
+from scorer_evidence import options_of, paired, pending, rows_of, rule_of, swapped
 from tqdm import tqdm
 
 from midlens.core.citation_rule import apply_rule
-from midlens.eval.cite import gold_sets, layout, plan, prf, rule_scores, run_rule
+from midlens.eval.cite import gold_sets, layout, plan, prf, rule_scores
 
 BATCH = 4
-
-
-def rule_of(run: Path, scorer: str | None) -> dict:
-    methods = list(json.loads((run / "config.json").read_text())["methods"])
-    return run_rule(dataclasses.replace(options_of(run), cite_evidence=scorer), methods)
 
 
 def cited(row: dict, rule: dict) -> list[list[int]]:
