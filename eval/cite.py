@@ -326,6 +326,9 @@ class CiteEvaluator:
             "sentences": self._sentences(example, prompt, answer),
             "prompt_tokens": answer.prompt_tokens,
             "answer_tokens": len(answer.answer_ids),
+            # the generated ids themselves: re-tokenising the text need not give them back, and verifying the
+            # answer later (teacher-forced) must score exactly what was generated
+            "answer_ids": [int(t) for t in answer.answer_ids],
             "generate_s": generate_s,
         }
         scorer = self.scorers.get(method)

@@ -136,6 +136,8 @@ def test_cite_runs_end_to_end_resumes_and_reports(tmp_path):
         assert len(row["first_sentence"]) == len(row["evidence"]) == len(row["evidence_raw"]) >= 2
         assert set(row["drops"]) >= {"midlens", "lexical", "retrieval", "random", "contextcite"}
         assert "cited" in row["prompted"]
+        # the generated ids are kept, so a later verification scores what was generated, not a re-tokenisation
+        assert len(row["answer_ids"]) == row["answer_tokens"] == sum(s["tokens"] for s in row["sentences"])
         for sentence in row["sentences"]:
             assert sum(sentence["attention"]) == pytest.approx(1.0, abs=1e-4)
     assert main(args) == 0  # nothing left: no unit twice

@@ -4,8 +4,9 @@
 least `CitationConfig.margin` nats. This script runs that test on the answers of an `eval cite` run, under the rule
 the library cites by for the run's model, method and `cite_evidence` (with a scorer's evidence from
 `scorer_evidence.py score`, as section 12 grades it), then grades the verified citations against the labelled
-supporting paragraphs beside all citations. The answers are not regenerated: each row's text is tokenised again and
-must give as many tokens as were generated (a row that does not is counted and left out).
+supporting paragraphs beside all citations. The answers are not regenerated: a row's generated ids are scored as they
+are (`answer_ids`, in rows written since it was added); an older row's text is tokenised again and must give as many
+tokens as were generated (a row that does not is counted and left out).
 
     python docs/results/cite/verify_rows.py verify RUN_DIR OUT.jsonl QUESTIONS [SCORES.jsonl SCORER]   # resumable
     python docs/results/cite/verify_rows.py grade RUN_DIR OUT.jsonl[.gz]
@@ -62,7 +63,7 @@ def verify(run: Path, out: Path, questions: int, scores: Path | None, scorer: st
     with out.open("a") as f:
         for ex, p in tqdm(todo, desc="verify"):
             row = rows[(ex.id, p)]
-            ids = gen.tokenizer(row["prediction"], add_special_tokens=False)["input_ids"]
+            ids = row.get("answer_ids") or gen.tokenizer(row["prediction"], add_special_tokens=False)["input_ids"]
             line: dict = {"example_id": ex.id, "position": p, "rule": rule, "margin": margin}
             bounds = [0]
             for s in row["sentences"]:
