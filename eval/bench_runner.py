@@ -101,13 +101,16 @@ def _generator_runner(variant: str, loaded, prompt: StackedPrompt) -> Runner:
 
     gen = Generator(loaded, method="baseline" if variant == "evidence" else variant)
     with_probe = variant == "evidence"
+    # A method that answers each prompt with several instances (Attention Buckets) runs them as batch rows: one
+    # row alone would time its native-base instance, i.e. the baseline.
+    rows = 1 if gen.parts.instances is None else gen.parts.instances.count
 
     def prefill() -> None:
         probe = gen.new_probe(prompt) if with_probe else None
         with gen.running(probe):
             if probe is not None:
                 probe.score_rows(list(range(*prompt.question_span)) + [prompt.num_tokens - 1])
-            gen.forward(prompt.input_ids, DynamicCache(config=gen.model.config))
+            gen.forward(prompt.input_ids, DynamicCache(config=gen.model.config), rows=rows)
             if probe is not None:
                 probe.take()
         synchronize()
@@ -116,13 +119,13 @@ def _generator_runner(variant: str, loaded, prompt: StackedPrompt) -> Runner:
         probe = gen.new_probe(prompt) if evidence else None
         with gen.running(probe):
             cache = DynamicCache(config=gen.model.config)
-            logits = gen.forward(prompt.input_ids, cache)[-1]
+            logits = gen.forward(prompt.input_ids, cache, rows=rows)[-1]
             if probe is not None:
                 probe.score_rows([0])
             synchronize()
             t0 = time.perf_counter()
             for _ in range(n):
-                logits = gen.forward([int(logits.argmax())], cache)[-1]
+                logits = gen.forward([int(logits.argmax())], cache, rows=rows)[-1]
             if probe is not None:
                 probe.take()
             synchronize()

@@ -168,9 +168,10 @@ class Generator:
         with torch.inference_mode(), method_context(self.loaded, self.parts, probe) as method_run:
             yield method_run
 
-    def forward(self, ids: list[int], cache: DynamicCache, keep: int = 1) -> torch.Tensor:
-        """Logits [keep, vocab] for `ids` fed after `cache` (call inside `running()`)."""
-        input_ids = id_tensor(ids)[None].to(self.device)
+    def forward(self, ids: list[int], cache: DynamicCache, keep: int = 1, rows: int = 1) -> torch.Tensor:
+        """Logits [keep, vocab] of the first row for `ids` fed after `cache` (call inside `running()`); `rows`
+        feeds the same ids in that many batch rows, as a method with several instances answers (its bench)."""
+        input_ids = id_tensor(ids)[None].expand(rows, -1).to(self.device)
         out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0]
 
