@@ -103,7 +103,7 @@ def _generator_runner(variant: str, loaded, prompt: StackedPrompt) -> Runner:
     with_probe = variant == "evidence"
     # A method that answers each prompt with several instances (Attention Buckets) runs them as batch rows: one
     # row alone would time its native-base instance, i.e. the baseline.
-    rows = 1 if gen.parts.instances is None else gen.parts.instances.count
+    rows = gen.parts.rows_per_prompt
 
     def prefill() -> None:
         probe = gen.new_probe(prompt) if with_probe else None

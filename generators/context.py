@@ -84,6 +84,11 @@ class MethodParts:
     answering: AnsweringHook | None = None
     instances: Instances | None = None
 
+    @property
+    def rows_per_prompt(self) -> int:
+        """How many batch rows each prompt takes: its instances, or one."""
+        return 1 if self.instances is None else self.instances.count
+
     def trainable(self) -> list[nn.Parameter]:
         """The parameters a method may learn (routers, delta factors); the model's own are not among them."""
         params = [p for s in self.schemes for p in s.parameters()]
