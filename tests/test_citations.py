@@ -189,10 +189,15 @@ def test_a_generator_cites_by_the_rule_measured_for_its_model_and_method(loaded,
     from midlens.core.names import DEFAULT_MODEL, answer_method_for
     from midlens.generators.methods.registry import method_config
 
-    default_spec = method_config(answer_method_for(DEFAULT_MODEL)).spec()
+    def default_spec_of(model: str) -> str:
+        return method_config(answer_method_for(model)).spec()
+
+    default_spec = default_spec_of(DEFAULT_MODEL)
     assert CitationConfig.measured(DEFAULT_MODEL, default_spec) == CitationConfig(2, 0.3, 0.25, raw_evidence_weight=0.5)
     # SmolLM2's answering default has its own too (section 10); its baseline, nothing measured apart: the default rule.
-    assert Generator(loaded).citations == CitationConfig(3, 0.7, 0.75)
+    # SmolLM2's answering default verifies at the margin chosen for it (section 15), also with another's evidence.
+    assert Generator(loaded).citations == CitationConfig(3, 0.7, 0.75, margin=0.75)
+    assert CitationConfig.measured(loaded.name, default_spec_of(loaded.name), "mudaf").margin == 0.75
     assert Generator(loaded, method="baseline").citations == CitationConfig()
     monkeypatch.setitem(MEASURED_RULES, (loaded.name, "mudaf"), {"max_sources": 1, "min_share": 0.2})
     assert Generator(loaded, method="mudaf").citations == CitationConfig(max_sources=1, min_share=0.2)
@@ -203,6 +208,7 @@ def test_a_generator_cites_by_the_rule_measured_for_its_model_and_method(loaded,
     assert finetuned == CitationConfig(2, 0.0, 0.0, raw_evidence_weight=0.75, evidence_from="mudaf")
     unmeasured = CitationConfig.measured(DEFAULT_MODEL, "mudaf", evidence_from="baseline")
     assert unmeasured == CitationConfig(2, 0.0, 0.75, evidence_from="baseline")
+    assert unmeasured.margin == CitationConfig().margin  # no margin measured for MuDAF's delta answering
     with pytest.raises(InvalidArgumentError, match=r"citations='auto': pass a CitationConfig, \"measured\""):
         Generator(loaded, citations="auto")
 

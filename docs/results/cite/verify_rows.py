@@ -10,6 +10,10 @@ tokens as were generated (a row that does not is counted and left out).
 
     python docs/results/cite/verify_rows.py verify RUN_DIR OUT.jsonl QUESTIONS [SCORES.jsonl SCORER]   # resumable
     python docs/results/cite/verify_rows.py grade RUN_DIR OUT.jsonl[.gz]
+    python docs/results/cite/verify_rows.py margin TRAIN_RUN TRAIN_OUT.jsonl[.gz] [EVAL_RUN EVAL_OUT.jsonl[.gz]]
+
+`margin` chooses the margin on train answers and checks it on eval ones: each citation's drop is stored, so any margin
+re-applies without scoring again.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def verify(run: Path, out: Path, questions: int, scores: Path | None, scorer: st
         _, with_scorer = swapped(rows, scores)
         rows = {(r["example_id"], r["position"]): r for r in with_scorer}
     rule = rule_of(run, scorer)
-    margin = CitationConfig().margin
+    margin = CitationConfig.measured(options.model, method).margin
     todo = pending(out, examples[:questions], config["positions"], rows)
     gen = Generator(load_model(options.model), method=method, evidence=EvidenceConfig(**config["evidence"]))
     with out.open("a") as f:
@@ -122,10 +126,85 @@ def verified_gap(graded: list[tuple[dict, dict]], seed: int = 0) -> str:
     return f"{point:+.1f} [{samples[len(samples) // 40]:+.1f}, {samples[-(len(samples) // 40) - 1]:+.1f}]"
 
 
+def verified_lines(out: Path) -> list[dict]:
+    text = gzip.decompress(out.read_bytes()).decode() if out.suffix == ".gz" else out.read_text()
+    return [json.loads(x) for x in text.splitlines()]
+
+
+MARGINS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+
+
+def flags(run: Path, out: Path) -> list[tuple[list[float], dict]]:
+    """Per answer that cites something: its citations' drops and its row."""
+    rows = rows_of(run)
+    return [
+        ([c["drop"] for c in d["citations"]], rows[(d["example_id"], d["position"])])
+        for d in verified_lines(out)
+        if "skipped" not in d and d["citations"]
+    ]
+
+
+def youden(answers: list[tuple[list[float], dict]], margin: float) -> tuple[float, float, float]:
+    """How well "no citation verified" flags a wrong answer at this margin: Youden's J (the share of wrong answers
+    flagged minus the share of right ones), and both shares, in %."""
+    wrong = [max(drops) < margin for drops, row in answers if row["em"] <= 0]
+    right = [max(drops) < margin for drops, row in answers if row["em"] > 0]
+    hit = 100 * sum(wrong) / len(wrong) if wrong else 0.0
+    false = 100 * sum(right) / len(right) if right else 0.0
+    return hit - false, hit, false
+
+
+def j_interval(
+    answers: list[tuple[list[float], dict]], margin: float, than: float | None = None, seed: int = 0
+) -> tuple[str, float]:
+    """J (minus J at margin `than`, paired) with a 95 % bootstrap interval over questions (an answer's positions are
+    resampled together), and the interval's lower end."""
+    by: dict[str, list] = {}
+    for a in answers:
+        by.setdefault(a[1]["example_id"], []).append(a)
+
+    def j(sample: list) -> float:
+        return youden(sample, margin)[0] - (0.0 if than is None else youden(sample, than)[0])
+
+    questions = sorted(by)
+    rng = random.Random(seed)
+    samples = sorted(j([a for q in rng.choices(questions, k=len(questions)) for a in by[q]]) for _ in range(2000))
+    return f"{j(answers):+.1f} [{samples[49]:+.1f}, {samples[1949]:+.1f}]", samples[49]
+
+
+def choose_margin(train_run: Path, train_out: Path, eval_run: Path | None, eval_out: Path | None) -> None:
+    """The margin under which an answer none of whose citations verifies is most likely a wrong one (Youden's J of
+    that flag, on train answers), beside the default margin; then both on eval answers. The best margin replaces the
+    default only where it beats it on train with a paired interval above zero (declared before any margin was
+    graded on eval)."""
+    from midlens.generators.citations import CitationConfig
+
+    default = CitationConfig().margin
+    train = flags(train_run, train_out)
+    print(f"train: {len(train)} answers citing something, {sum(r['em'] > 0 for _, r in train)} right")
+    print("| margin, nats | J | wrong answers flagged % | right answers flagged % |")
+    print("|---|---|---|---|")
+    for m in MARGINS:
+        j, hit, false = youden(train, m)
+        print(f"| {m:g} | {j:+.1f} | {hit:.1f} | {false:.1f} |")
+    # Ties go to the smaller margin: it drops fewer citations to the `[n?]` mark.
+    best = max(MARGINS, key=lambda m: (round(youden(train, m)[0], 6), -m))
+    gain, low = j_interval(train, best, default)
+    print(f"best on train: {best:g} nats (J {j_interval(train, best)[0]})")
+    print(f"default: {default:g} nats (J {j_interval(train, default)[0]}); best minus default, paired: {gain}")
+    print(f"verdict: {f'ship {best:g} nats' if low > 0 and best != default else 'keep the default'}")
+    if eval_run is not None and eval_out is not None:
+        held = flags(eval_run, eval_out)
+        print(f"eval: {len(held)} answers citing something, {sum(r['em'] > 0 for _, r in held)} right")
+        for m in sorted({best, default}):
+            j, hit, false = youden(held, m)
+            print(f"  margin {m:g}: J {j_interval(held, m)[0]}, wrong flagged {hit:.1f} %, right flagged {false:.1f} %")
+        print(f"  best minus default, paired: {j_interval(held, best, default)[0]}")
+
+
 def grade(run: Path, out: Path) -> None:
     rows = rows_of(run)
-    text = gzip.decompress(out.read_bytes()).decode() if out.suffix == ".gz" else out.read_text()
-    lines = [json.loads(x) for x in text.splitlines()]
+    lines = verified_lines(out)
     skipped = [d for d in lines if "skipped" in d]
     graded = [(d, rows[(d["example_id"], d["position"])]) for d in lines if "skipped" not in d]
     print(f"{len(lines)} answers, {len(skipped)} left out (tokenised again to another length)")
@@ -198,5 +277,8 @@ if __name__ == "__main__":
             Path(extra[0]) if extra else None,
             extra[1] if extra else None,
         )
+    elif sys.argv[1] == "margin":
+        held_out = [Path(x) for x in sys.argv[4:6]]
+        choose_margin(Path(sys.argv[2]), Path(sys.argv[3]), *(held_out or [None, None]))
     else:
         grade(Path(sys.argv[2]), Path(sys.argv[3]))
