@@ -194,8 +194,8 @@ def test_a_generator_cites_by_the_rule_measured_for_its_model_and_method(loaded,
 
     default_spec = default_spec_of(DEFAULT_MODEL)
     assert CitationConfig.measured(DEFAULT_MODEL, default_spec) == CitationConfig(2, 0.3, 0.25, raw_evidence_weight=0.5)
-    # SmolLM2's answering default has its own too (section 10); its baseline, nothing measured apart: the default rule.
-    # SmolLM2's answering default verifies at the margin chosen for it (section 15), also with another's evidence.
+    # SmolLM2's answering default has its own too (section 10) and verifies at the margin chosen for it (section 15),
+    # also with another method's evidence; its baseline, nothing measured apart: the default rule.
     assert Generator(loaded).citations == CitationConfig(3, 0.7, 0.75, margin=0.75)
     assert CitationConfig.measured(loaded.name, default_spec_of(loaded.name), "mudaf").margin == 0.75
     assert Generator(loaded, method="baseline").citations == CitationConfig()
