@@ -205,8 +205,8 @@ def print_citations(answer) -> None:
         print(f'        "{quote(said)}"')
     checked = [s for sources in cited.values() for s in sources if s.verified is not None]
     if checked and not any(s.verified for s in checked):
-        # Measured (docs/results/cite, section 14): the default model's such answers were right a third as often as
-        # fully verified ones.
+        # Measured (docs/results/cite, sections 14-15): the default model's such answers were right 16 % of the time
+        # against 55 % for fully verified ones (40 eval questions).
         print("  none verified: the answer needs none of the passages it cites; check it against the sources.")
     print()
 
