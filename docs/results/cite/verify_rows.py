@@ -134,7 +134,7 @@ def verified_lines(out: Path) -> list[dict]:
 MARGINS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 
 
-def flags(run: Path, out: Path) -> list[tuple[list[float], dict]]:
+def cited_drops(run: Path, out: Path) -> list[tuple[list[float], dict]]:
     """Per answer that cites something: its citations' drops and its row."""
     rows = rows_of(run)
     return [
@@ -175,12 +175,12 @@ def j_interval(
 def choose_margin(train_run: Path, train_out: Path, eval_run: Path | None, eval_out: Path | None) -> None:
     """The margin under which an answer none of whose citations verifies is most likely a wrong one (Youden's J of
     that flag, on train answers), beside the default margin; then both on eval answers. The best margin replaces the
-    default only where it beats it on train with a paired interval above zero (declared before any margin was
-    graded on eval)."""
+    default only where it beats it on train with a paired interval above zero (README, section 15, says when that bar
+    was set)."""
     from midlens.generators.citations import CitationConfig
 
     default = CitationConfig().margin
-    train = flags(train_run, train_out)
+    train = cited_drops(train_run, train_out)
     print(f"train: {len(train)} answers citing something, {sum(r['em'] > 0 for _, r in train)} right")
     print("| margin, nats | J | wrong answers flagged % | right answers flagged % |")
     print("|---|---|---|---|")
@@ -194,7 +194,7 @@ def choose_margin(train_run: Path, train_out: Path, eval_run: Path | None, eval_
     print(f"default: {default:g} nats (J {j_interval(train, default)[0]}); best minus default, paired: {gain}")
     print(f"verdict: {f'ship {best:g} nats' if low > 0 and best != default else 'keep the default'}")
     if eval_run is not None and eval_out is not None:
-        held = flags(eval_run, eval_out)
+        held = cited_drops(eval_run, eval_out)
         print(f"eval: {len(held)} answers citing something, {sum(r['em'] > 0 for _, r in held)} right")
         for m in sorted({best, default}):
             j, hit, false = youden(held, m)
