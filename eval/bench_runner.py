@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from midlens.generators.attention import new_cache
+
 if TYPE_CHECKING:  # torch loads with the model: `midlens --help` imports the bench modules
     from midlens.generators.prompt import StackedPrompt
 
@@ -95,7 +97,6 @@ def _stock_prefill(variant: str, loaded, prompt: StackedPrompt) -> Callable[[], 
 
 
 def _generator_runner(variant: str, loaded, prompt: StackedPrompt) -> Runner:
-    from transformers import DynamicCache
 
     from midlens.generators import Generator
 
@@ -110,7 +111,7 @@ def _generator_runner(variant: str, loaded, prompt: StackedPrompt) -> Runner:
         with gen.running(probe):
             if probe is not None:
                 probe.score_rows(list(range(*prompt.question_span)) + [prompt.num_tokens - 1])
-            gen.forward(prompt.input_ids, DynamicCache(config=gen.model.config), rows=rows)
+            gen.forward(prompt.input_ids, new_cache(), rows=rows)
             if probe is not None:
                 probe.take()
         synchronize()
@@ -118,7 +119,7 @@ def _generator_runner(variant: str, loaded, prompt: StackedPrompt) -> Runner:
     def decode(n: int, evidence: bool) -> float:
         probe = gen.new_probe(prompt) if evidence else None
         with gen.running(probe):
-            cache = DynamicCache(config=gen.model.config)
+            cache = new_cache()
             logits = gen.forward(prompt.input_ids, cache, rows=rows)[-1]
             if probe is not None:
                 probe.score_rows([0])

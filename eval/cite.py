@@ -41,6 +41,7 @@ from midlens.core.citation_rule import apply_rule, citation_scores
 from midlens.core.errors import MidlensError, Remedy
 from midlens.core.files import write_atomic
 from midlens.core.names import DEFAULT_PROMPT_STYLE, EVAL_MODEL
+from midlens.generators.attention import new_cache
 
 if TYPE_CHECKING:  # torch loads with these, after the cheap checks
     from midlens.core.passage import Passage
@@ -251,11 +252,10 @@ def prompted_prompt_ids(tokenizer, passages: list[Passage], question: str) -> li
 
 def greedy(gen: Generator, ids: list[int], max_new_tokens: int) -> str:
     """Greedy decoding of `ids` under the generator's method, without probes (the prompted pass needs only text)."""
-    from transformers import DynamicCache
 
     out: list[int] = []
     with gen.running():
-        cache = DynamicCache(config=gen.model.config)
+        cache = new_cache()
         logits = gen.forward(ids, cache)[-1]
         for _ in range(max_new_tokens):
             token = int(logits.argmax())

@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from midlens.core.device import id_tensor, to_device_async
+from midlens.generators.attention import new_cache
 from midlens.generators.context import AnsweringView, MethodRun
 from midlens.generators.evidence import EvidenceMaps, RowMaps
 from midlens.generators.loading import LoadedModel, non_finite_error
@@ -124,7 +125,7 @@ class BatchRun:
         self.probe = PassageProbe(
             self.column_spans, len(method_run.modules), layers, answer_spans=segments if cite else None
         )
-        self.cache = DynamicCache(config=loaded.model.config)
+        self.cache = new_cache()
         self.maps: list[EvidenceMaps] = []
         self.scratch: list[dict[str, Any]] = [{} for _ in prompts]  # each row's answering-hook state
         self.timings: dict[str, float] = {}  # the batch's, shared by its rows' answers

@@ -33,9 +33,15 @@ class WeightDelta(nn.Module):
 def projection_shapes(model: nn.Module) -> dict[tuple[int, str], tuple[int, int]]:
     """(layer, projection) -> (in_features, out_features) of the model's attention projections."""
     shapes = {}
+    cfg = model.config
     for i, layer in enumerate(model.model.layers):
         attn = layer.self_attn
+        fused = getattr(attn, "qkv_proj", None)  # Phi-3: one projection, [q | k | v]; a delta adds to each part
         for name in PROJECTIONS:
+            if fused is not None and name != "o":
+                heads = cfg.num_attention_heads if name == "q" else cfg.num_key_value_heads
+                shapes[(i, name)] = (fused.in_features, heads * attn.head_dim)
+                continue
             linear = getattr(attn, f"{name}_proj")
             shapes[(i, name)] = (linear.in_features, linear.out_features)
     return shapes

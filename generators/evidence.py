@@ -133,6 +133,10 @@ class PassageEvidence:
     answer_attribution: float | None
     rank: int  # 1 = strongest evidence (calibrated when available, else raw)
     span: tuple[int, int] | None = None  # the passage's tokens in the prompt, [start, end)
+    # On a model with sliding windows: the aggregated layers whose window reached the passage from the prompt's last
+    # token (a layer it did not reach gave it no attention, so a far passage's score averages zeros in). None on
+    # models whose every layer sees the whole prompt.
+    layers_seen: list[int] | None = None
 
     @property
     def score(self) -> float:
@@ -177,12 +181,27 @@ class Answer:
         return out
 
 
+def layers_reaching(
+    span: tuple[int, int], query_column: int, windows: list[int | None], layers: list[int]
+) -> list[int]:
+    """The `layers` whose sliding window (None: none) lets the query at `query_column` see a key of `span`."""
+    return [i for i in layers if windows[i] is None or query_column - (span[1] - 1) < windows[i]]
+
+
 def passage_evidence(
     passages: list[Passage],
     maps: EvidenceMaps,
     config: EvidenceConfig,
     spans: list[tuple[int, int]] | None = None,
+    windows: list[int | None] | None = None,
+    prompt_tokens: int | None = None,
 ) -> list[PassageEvidence]:
+    """`windows` (per layer) and `prompt_tokens`, on a model with sliding windows: fill `layers_seen`."""
+    seen: list[list[int] | None] = [None] * len(passages)
+    if windows is not None and any(windows) and spans is not None and prompt_tokens is not None:
+        pairs = config.head_pairs
+        layers = sorted({layer for layer, _ in pairs}) if pairs else config.layer_indices(len(windows))
+        seen = [layers_reaching(tuple(span), prompt_tokens - 1, windows, layers) for span in spans]
     raw = maps.scores(config)
     calibrated = maps.calibrated(config)
     attribution = maps.attribution(config)
@@ -199,6 +218,7 @@ def passage_evidence(
             answer_attribution=None if attribution is None else attribution[i],
             rank=rank[i],
             span=None if spans is None else tuple(spans[i]),
+            layers_seen=seen[i],
         )
         for i, p in enumerate(passages)
     ]

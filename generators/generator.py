@@ -34,6 +34,7 @@ from midlens.core.errors import InvalidArgumentError, MethodConfigError, Remedy
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.passage import Passage
 from midlens.core.sentences import sentence_spans
+from midlens.generators.anatomy import model_anatomy
 from midlens.generators.batch import BatchRun, pad_token_id
 from midlens.generators.citations import Citation, CitationConfig, MeasuredCitations, cite, token_end
 from midlens.generators.context import MethodParts, method_context
@@ -88,6 +89,7 @@ class Generator:
             )
         self.citations = citations
         self.parts: MethodParts = build_parts(self.method, self.loaded)
+        self.windows = [layer.window for layer in model_anatomy(self.loaded.model)]  # per layer, None: sees all
         self._evidence_scorer = self._citation_scorer()
         self.evidence_config.layer_indices(self.num_layers)  # validate early
         eos = self.loaded.model.generation_config.eos_token_id
@@ -372,7 +374,9 @@ class Generator:
         return _segments_per_row(run, rows, count, segments)
 
     def _passage_evidence(self, prompt: StackedPrompt, maps) -> list[PassageEvidence]:
-        return passage_evidence(prompt.passages, maps, self.evidence_config, prompt.passage_spans)
+        return passage_evidence(
+            prompt.passages, maps, self.evidence_config, prompt.passage_spans, self.windows, prompt.num_tokens
+        )
 
     def _cite(
         self,

@@ -15,10 +15,9 @@ import torch
 from midlens.core.device import dtype_name, resolve_device, resolve_dtype
 from midlens.core.errors import ModelError, Remedy
 from midlens.core.files import read_manifest
+from midlens.generators.anatomy import UnsupportedAttention, model_anatomy
 from midlens.generators.model_cache import check_model_folder, content_sha256, rebuild_hint, resolve_model_dir
 from midlens.generators.packaged_models import DEFAULT_MODEL, canonical_name
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 
 @dataclass
@@ -74,24 +73,14 @@ def load_model(
             config = AutoConfig.from_pretrained(model_dir)
         except Exception as err:
             raise _load_failure(name_or_path, model_dir, err) from err
-        arch = (config.architectures or ["?"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelError(
-                f"model '{name_or_path}' is a {arch}; midlens supports RoPE decoders: "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)}."
-            )
+        implementation = check_attention(name_or_path, model_dir, config)
         window = int(config.max_position_embeddings)
-        sliding = getattr(config, "sliding_window", None)
-        uses_sliding = getattr(config, "use_sliding_window", sliding is not None) and sliding is not None
-        if uses_sliding and sliding < window:
-            raise ModelError(
-                f"model '{name_or_path}' uses sliding-window attention ({sliding} of {window} positions); "
-                "midlens' attention module implements full causal attention only."
-            )
         _check_tokenizer_files(name_or_path, model_dir)
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=torch_dtype, attn_implementation=implementation
+            )
         except torch.OutOfMemoryError:
             raise
         except Exception as err:  # e.g. SafetensorError "invalid JSON in header": find out whether a file is bad
@@ -102,6 +91,36 @@ def load_model(
         )
         _LOADED[key] = loaded
         return loaded
+
+
+def check_attention(name: str, folder: Path, config) -> str:
+    """Refuse, before any weight is read, a model whose layers' attention the one attention module cannot run;
+    return the attention implementation to load it with.
+
+    The layers are built on the meta device (no memory, no weights) and read as the module will read them
+    (`generators.anatomy`), so what is accepted is what runs: there is no list of family names to keep. The
+    implementation only shapes the masks transformers builds (every layer's attention is replaced): SDPA where the
+    class allows it, eager where it refuses SDPA (Gemma 2, whose soft-cap SDPA cannot apply)."""
+    from transformers import AutoModelForCausalLM
+
+    arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
+    where = f"model '{name}' ({arch}, {folder / 'config.json'})"
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except Exception as err:
+        raise ModelError(
+            f"{where}: transformers cannot build a causal language model from this config ({type(err).__name__}: "
+            f"{err}). midlens answers with decoder-only causal LMs; check the config's model_type and architectures."
+        ) from None
+    try:
+        model_anatomy(skeleton)
+    except UnsupportedAttention as err:
+        raise ModelError(
+            f"{where} cannot run through midlens' attention module: {err}. Use a model whose layers it implements "
+            "(docs/guide.md, 'Model families')."
+        ) from None
+    return "sdpa" if getattr(type(skeleton), "_supports_sdpa", False) else "eager"
 
 
 # The files a Hugging Face tokenizer is read from: one of these sets must be in the folder. Without any, transformers

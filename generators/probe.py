@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from midlens.core.device import id_tensor, to_device_async
-from midlens.generators.scores import attention_probs, mask_rows
+from midlens.generators.scores import Scoring, attention_probs, mask_rows
 
 
 class PassageProbe:
@@ -134,13 +134,13 @@ class PassageProbe:
         weights: torch.Tensor | None,  # [E, B, H, L, 1]
         past: int,
         mask: torch.Tensor | None,  # the forward's `generators.scores.score_mask`
-        scale: float,
+        scoring: Scoring,
     ) -> None:
         # Runs between the model's layers, where every microsecond of host time delays the next layer's launches
         # (a GPU prefill of a small model is host-bound): one index kernel per tensor, nothing else.
         if not self._any_rows or layer not in self.layers:
             return
-        self.scale = scale
+        self.scoring = scoring
         experts, batch, heads, length, dim = q_rot.shape
         decode = length == 1 and self._decode
         if decode:  # a decode step: its one query row, whose answer-span mass citations read too
@@ -176,7 +176,7 @@ class PassageProbe:
         is the attention the mixed output applied to the (shared) values."""
         probs = None
         for e in range(q_sel.shape[0]):
-            p = attention_probs(q_sel[e], keys[:, e], allowed, self.scale)
+            p = attention_probs(q_sel[e], keys[:, e], allowed, self.scoring)
             p = p if weights is None else weights[e].float() * p
             probs = p if probs is None else probs + p
         return probs

@@ -10,9 +10,8 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, MistralConfig, PreTrainedConfig, Qwen2Config
-
-CONFIGS: dict[str, type[PreTrainedConfig]] = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 # Shapes of the packaged models; the tokenizer (and so the vocabulary) comes from the folder given.
 RANDOM_SHAPES = {
@@ -43,9 +42,9 @@ RANDOM_SHAPES = {
 
 
 def random_config(model_type: str, **fields) -> PreTrainedConfig:
-    """The config of architecture `model_type` (llama, qwen2, mistral) with `fields`, naming its causal-LM class."""
-    cls = CONFIGS[model_type]
-    return cls(**fields, architectures=[cls.__name__.replace("Config", "ForCausalLM")])
+    """The config of transformers' `model_type` (llama, qwen3, gemma3_text, ...) with `fields`, naming its
+    causal-LM class."""
+    return AutoConfig.for_model(model_type, **fields, architectures=[MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]])
 
 
 def save_random_weights(config: PreTrainedConfig, tokenizer, folder: str | Path, seed: int = 0) -> Path:

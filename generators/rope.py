@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from midlens.generators.scores import attend
+from midlens.generators.scores import Scoring, attend
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -27,7 +27,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin
+    """Half-split RoPE on the first cos.shape[-1] channels of x: all of them, or a prefix (partial rotary, Phi-4)."""
+    dim = cos.shape[-1]
+    if dim == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    head = x[..., :dim]
+    return torch.cat((head * cos + rotate_half(head) * sin, x[..., dim:]), dim=-1)
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,10 +92,10 @@ class RotaryScheme(nn.Module):
         weights: torch.Tensor | None,  # [E, B, H, L, 1] from `mixing_weights`
         mask: torch.Tensor | None,  # from `generators.scores.score_mask`
         past: int,
-        scale: float,
+        scoring: Scoring,
     ) -> torch.Tensor:
         """The attention output [B, H, L, d] of one expert (`weights` is None for a single expert)."""
-        return attend(q_rot[0], keys[:, 0], values, mask, scale)
+        return attend(q_rot[0], keys[:, 0], values, mask, scoring)
 
     def key_bias(self, past: int, length: int, total: int) -> torch.Tensor | None:
         """Additive logits [1 or B, H or 1, length, total] for the queries at positions past..past+length-1, added
@@ -98,10 +103,28 @@ class RotaryScheme(nn.Module):
         return None
 
 
+def rotary_frequencies(rotary_emb: nn.Module, layer_type: str) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention scaling) of a model's rotary embedding for layers of `layer_type`: one table for most
+    models, one per layer type where the model keeps several (Gemma 3's local and global bases)."""
+    inv_freq = getattr(rotary_emb, "inv_freq", None)
+    if inv_freq is not None:
+        return inv_freq, float(getattr(rotary_emb, "attention_scaling", 1.0))
+    inv_freq = getattr(rotary_emb, f"{layer_type}_inv_freq", None)
+    if inv_freq is None:
+        raise ValueError(f"its rotary embedding ({type(rotary_emb).__name__}) has no inverse frequencies")
+    return inv_freq, float(getattr(rotary_emb, f"{layer_type}_attention_scaling", 1.0))
+
+
+def layer_inv_freq(model, layer: int) -> torch.Tensor:
+    """The stock inverse frequencies layer `layer` of `model` rotates with (its layer type's, where types differ)."""
+    types = getattr(model.config, "layer_types", None)
+    return rotary_frequencies(model.model.rotary_emb, types[layer] if types else "full_attention")[0]
+
+
 def baseline_schemes(model) -> list[RotaryScheme]:
     """Plain RoPE on every layer of `model` (a causal LM whose `model.rotary_emb` holds the stock frequencies)."""
     cfg = model.config
-    inv_freq = model.model.rotary_emb.inv_freq
     return [
-        RotaryScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads) for _ in range(cfg.num_hidden_layers)
+        RotaryScheme(layer_inv_freq(model, i), cfg.num_attention_heads, cfg.num_key_value_heads)
+        for i in range(cfg.num_hidden_layers)
     ]

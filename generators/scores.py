@@ -13,8 +13,28 @@ A mask is None (causal, the queries being the chunk's last S positions of T), bo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How a layer turns q . k into logits: times `scale`, then, with `softcap` (Gemma 2), softcap * tanh(x /
+    softcap), before the mask. A plain float where a scale is asked for means no soft-cap."""
+
+    scale: float
+    softcap: float | None = None
+
+
+def as_scoring(scoring: float | Scoring) -> Scoring:
+    return scoring if isinstance(scoring, Scoring) else Scoring(float(scoring))
+
+
+# Soft-capped scores have no fused kernel: they are written out for this many queries at a time, so a long
+# prefill holds [B, H, chunk, T] logits, never [B, H, T, T].
+SOFTCAP_QUERY_CHUNK = 256
 
 
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -34,18 +54,37 @@ def additive(mask: torch.Tensor | None, length: int, total: int, device: torch.d
     return torch.zeros(mask.shape, device=device).masked_fill(~mask, float("-inf"))
 
 
+def window_rows(length: int, total: int, window: int, device: torch.device) -> torch.Tensor:
+    """bool [length, total]: the keys the chunk's last `length` queries see through a sliding window, causal
+    included. Query column i sees key column j when 0 <= i - j < window: in a left-padded row the real tokens
+    are contiguous, so column distance is position distance (transformers' sliding_window_overlay)."""
+    q_cols = torch.arange(total - length, total, device=device)[:, None]
+    distance = q_cols - torch.arange(total, device=device)[None]
+    return (distance >= 0) & (distance < window)
+
+
 def score_mask(
     attention_mask: torch.Tensor | None,
     key_bias: torch.Tensor | None,
     length: int,
     total: int,
     device: torch.device,
+    window: int | None = None,
 ) -> torch.Tensor | None:
     """The mask every score of this forward is computed under: the model's mask (cut to the keys in hand),
-    causal with an offset for a chunk after a cached prefix, plus a method's additive key bias, if any."""
+    causal with an offset for a chunk after a cached prefix, the layer's sliding window, if it has one and the
+    keys reach beyond it, plus a method's additive key bias, if any."""
     mask = attention_mask
     if mask is not None and mask.shape[-1] != total:
         mask = mask[..., :total]
+    if window is not None and total > window:
+        seen = window_rows(length, total, window, device)
+        if mask is None:
+            mask = seen[None, None]
+        elif mask.dtype == torch.bool:
+            mask = mask & seen
+        else:
+            mask = mask.masked_fill(~seen, float("-inf"))
     if mask is None and 1 < length < total:
         mask = torch.ones(length, total, dtype=torch.bool, device=device).tril(total - length)
     if key_bias is not None:
@@ -68,9 +107,14 @@ def mask_rows(mask: torch.Tensor | None, rows: torch.Tensor, past: int, total: i
 
 
 def attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scoring: float | Scoring
 ) -> torch.Tensor:
-    """softmax(q K^T * scale + mask) V, fused (SDPA): what the model applies. [B, H, S, d]."""
+    """softmax(cap(q K^T * scale) + mask) V: what the model applies. [B, H, S, d]. Fused (SDPA) without a
+    soft-cap; with one, `attention_probs`' own rows @ V, a chunk of queries at a time."""
+    scoring = as_scoring(scoring)
+    scale = scoring.scale
+    if scoring.softcap is not None:
+        return _capped_attend(q, keys, values, mask, scoring)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)  # SDPA wants an additive mask in the query's dtype
     return F.scaled_dot_product_attention(
@@ -84,9 +128,28 @@ def attend(
     )
 
 
-def attention_probs(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """softmax(q K^T * scale + mask) written out, in fp32: [B, H, S, T]. For a few rows only (S << T); the
+def _capped_attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scoring: Scoring
+) -> torch.Tensor:
+    rows, total = q.shape[2], keys.shape[2]
+    if mask is None:
+        mask = mask_rows(None, torch.arange(total - rows, total, device=q.device)[None], 0, total)
+    values = expand_heads(values, q.shape[1])
+    out = []
+    for start in range(0, rows, SOFTCAP_QUERY_CHUNK):
+        stop = min(rows, start + SOFTCAP_QUERY_CHUNK)
+        part = mask[:, :, start:stop] if mask.shape[2] > 1 else mask
+        probs = attention_probs(q[:, :, start:stop], keys, part, scoring)
+        out.append((probs @ values.float()).to(q.dtype))
+    return torch.cat(out, dim=2)
+
+
+def attention_probs(
+    q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, scoring: float | Scoring
+) -> torch.Tensor:
+    """softmax(cap(q K^T * scale) + mask) written out, in fp32: [B, H, S, T]. For a few rows only (S << T); the
     explicit form of `attend`'s weights, so what is read equals what is applied."""
+    scoring = as_scoring(scoring)
     batch, heads, rows, dim = q.shape
     key_heads, total = keys.shape[1], keys.shape[2]
     # The query heads that share a key head are grouped instead of copying K per query head (GQA).
@@ -94,7 +157,9 @@ def attention_probs(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | No
     logits = (grouped @ keys.float().transpose(-1, -2)).view(batch, heads, rows, total)
     # Scale and mask in place on the product this function owns (autograd keeps the product's inputs, not it):
     # scoring holds two [B, H, S, T] tensors instead of three. A mask broadcasts over [B, H, S, T], never beyond.
-    logits.mul_(scale)
+    logits.mul_(scoring.scale)
+    if scoring.softcap is not None:
+        logits.div_(scoring.softcap).tanh_().mul_(scoring.softcap)
     if mask is None:
         mask = mask_rows(None, torch.arange(total - rows, total, device=q.device)[None], 0, total)
     if mask.dtype == torch.bool:

@@ -1,5 +1,6 @@
-"""The attention module on every supported architecture: tiny randomly initialised Llama, Qwen2 (q/k/v biases)
-and Mistral configs, saved as local folders and loaded through the same path as any `--model PATH`."""
+"""Ms-PoE's unit ratio and cache on tiny randomly initialised Llama, Qwen2 (q/k/v biases) and Mistral configs with
+SmolLM2's vocabulary, loaded through the same path as any `--model PATH`. Every other family, and sliding windows,
+are in tests/test_families.py."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import shutil
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
 from midlens.generators import Generator
+from midlens.generators.attention import new_cache
 from midlens.generators.loading import load_model
 from midlens.generators.model_cache import resolve_model_dir
 from tests.tiny import ARCHITECTURES, tiny_config
@@ -40,7 +42,7 @@ def test_baseline_and_unit_ratio_ms_poe_match_stock(tiny):
         ref = stock(ids).logits
     for gen in (Generator(loaded), Generator(loaded, method="ms-poe", ratio_min=1.0, ratio_max=1.0, layers=[0, 3])):
         with gen.running(None):
-            ours = gen.forward(ids[0].tolist(), DynamicCache(config=gen.model.config), keep=40)
+            ours = gen.forward(ids[0].tolist(), new_cache(), keep=40)
         assert (ref[0] - ours).abs().max().item() < LOGIT_TOL
 
 
@@ -50,19 +52,10 @@ def test_ms_poe_cache_matches_recomputation(tiny, gqa):
     gen = Generator(loaded, method="ms-poe", gqa=gqa, layers=[1, 2, 3])
     ids = torch.randint(0, 49152, (30,)).tolist()
     with gen.running(None):
-        cache = DynamicCache(config=gen.model.config)
+        cache = new_cache()
         cached = [gen.forward(ids[:27], cache)[-1]] + [gen.forward([t], cache)[-1] for t in ids[27:]]
     for s in gen.parts.schemes:  # keep the prefill's head order for the one-pass recomputation
         s.start_sequence = lambda q, k, key_mask=None: None
     with gen.running(None):
-        full = gen.forward(ids, DynamicCache(config=gen.model.config), keep=4)
+        full = gen.forward(ids, new_cache(), keep=4)
     assert (torch.stack(cached) - full).abs().max().item() < LOGIT_TOL
-
-
-def test_sliding_window_models_are_refused(tmp_path):
-    from midlens.core.errors import ModelError
-
-    cfg = tiny_config("mistral", SMOL_VOCAB, sliding_window=128)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
-    with pytest.raises(ModelError, match="sliding-window attention \\(128 of 512 positions\\)"):
-        load_model(str(tmp_path))

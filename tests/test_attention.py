@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
+from midlens.generators.attention import new_cache
 from midlens.generators.model_cache import resolve_model_dir
 from midlens.generators.probe import PassageProbe
 from tests.conftest import planted_passages
@@ -47,7 +48,7 @@ def test_logits_match_stock_with_kv_cache(generator, stock, prompt):
     with torch.inference_mode():
         ref = stock(torch.tensor([ids])).logits[0, cut:]
         with generator.running(None):
-            cache = DynamicCache(config=generator.model.config)
+            cache = new_cache()
             generator.forward(ids[:cut], cache)
             chunk = generator.forward(ids[cut : cut + 2], cache, keep=2)
             a = generator.forward(ids[cut + 2 : cut + 3], cache)
@@ -71,7 +72,7 @@ def test_evidence_rows_equal_eager_attention(generator, stock, prompt):
     rows = list(range(*prompt.question_span)) + [prompt.num_tokens - 1]
     probe = PassageProbe(prompt.passage_spans, generator.num_layers)
     probe.score_rows(rows)
-    cache = DynamicCache(config=generator.model.config)
+    cache = new_cache()
     with generator.running(probe):
         logits = generator.forward(prompt.input_ids, cache)
         ours = probe.take()[:, 0]  # [layers, H, S, P]

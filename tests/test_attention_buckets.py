@@ -10,6 +10,7 @@ import torch
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators import Generator
+from midlens.generators.attention import new_cache
 from midlens.generators.methods.attention_buckets import BucketScheme, bucket_bases, mix_logits
 from midlens.generators.methods.registry import method_config
 from midlens.generators.methods.rope_bases import rope_base
@@ -108,18 +109,17 @@ def test_methods_inspection_names_the_bases_and_draws_them_into_a_new_folder(loa
 def test_the_bench_runs_every_instance_as_a_row(loaded):
     """`midlens bench attention-buckets` times N rows, not the native-base instance alone (which is the baseline:
     its prefill, decode and memory read 1.00x the baseline's before)."""
-    from transformers import DynamicCache
 
     from midlens.eval.bench_runner import _generator_runner, bench_prompt
 
     prompt = bench_prompt(loaded.tokenizer, 64)
     gen = Generator(loaded, method="attention-buckets(buckets=3)")
-    cache = DynamicCache(config=gen.model.config)
+    cache = new_cache()
     with gen.running():
         first = gen.forward(prompt.input_ids, cache, rows=3)
     assert cache.layers[0].keys.shape[0] == 3  # three instances cached, as the answer path runs them
     with gen.running():
-        alone = gen.forward(prompt.input_ids, DynamicCache(config=gen.model.config))
+        alone = gen.forward(prompt.input_ids, new_cache())
     torch.testing.assert_close(first, alone)  # row 0 is the native-base instance, whatever rows beside it
     runner = _generator_runner("attention-buckets(buckets=3)", loaded, prompt)
     assert runner.decode(2, False) > 0  # decoding one row after three cached ones would fail on the cache's shape

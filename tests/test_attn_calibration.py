@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators import Generator
+from midlens.generators.attention import new_cache
 from midlens.generators.methods.attn_calibration import dummy_prompt, passage_offsets
 from midlens.generators.methods.registry import method_config
 from tests.conftest import planted_passages
@@ -78,7 +78,7 @@ def test_decoding_with_the_cache_equals_recomputation(loaded, calibrated, prompt
     maps = calibrated.score(prompt).maps
     ids = prompt.input_ids
     with calibrated.running(), _applied(calibrated, maps, prompt):
-        cache = DynamicCache(config=loaded.model.config)
+        cache = new_cache()
         calibrated.forward(ids[:-1], cache)  # the prompt without its last token: unbiased rows
         logits = calibrated.forward(ids[-1:], cache)[-1]
         steps, generated = [logits], []
@@ -86,7 +86,7 @@ def test_decoding_with_the_cache_equals_recomputation(loaded, calibrated, prompt
             generated.append(int(logits.argmax()))
             logits = calibrated.forward(generated[-1:], cache)[-1]
             steps.append(logits)
-        full = calibrated.forward(ids + generated, DynamicCache(config=loaded.model.config), keep=len(generated) + 1)
+        full = calibrated.forward(ids + generated, new_cache(), keep=len(generated) + 1)
     # fp32, same kernels per row: differences are summation order only (logits are O(10)).
     assert (torch.stack(steps) - full).abs().max().item() < 1e-3
 

@@ -10,11 +10,11 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache
 
 from midlens.core.errors import ArtefactError, MethodConfigError
 from midlens.generators import Generator
 from midlens.generators.artefacts import shipped_path
+from midlens.generators.attention import new_cache
 from midlens.generators.context import method_context
 from midlens.generators.methods.channel_scaling import ChannelChoice, channel_parts
 from midlens.generators.methods.registry import build_parts, method_config
@@ -34,7 +34,7 @@ def _prefill(loaded, parts, ids: torch.Tensor, pre_hook=None):
         handle = loaded.model.model.layers[layer].self_attn.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         with torch.inference_mode(), method_context(loaded, parts):
-            cache = DynamicCache(config=loaded.model.config)
+            cache = new_cache()
             out = loaded.model(input_ids=ids, past_key_values=cache, output_hidden_states=True)
     finally:
         if handle is not None:
@@ -97,7 +97,7 @@ def test_decoding_reads_the_scaled_attention_the_prefill_gave_the_last_token(loa
     ids = _ids(loaded)
     parts = build_parts(method_config(f"channel-scaling(channel=7, layers={LAYERS}, scale=0.0)"), loaded)
     with torch.inference_mode(), method_context(loaded, parts):
-        cache = DynamicCache(config=loaded.model.config)
+        cache = new_cache()
         full = loaded.model(input_ids=ids, past_key_values=cache).logits[0, -1]
         cache.crop(-1)  # the last prompt token dropped, to be read again
         again = loaded.model(input_ids=ids[:, -1:], past_key_values=cache).logits[0, -1]

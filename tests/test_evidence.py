@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from transformers import DynamicCache
 
+from midlens.generators.attention import new_cache
 from midlens.generators.evidence import EvidenceConfig, aggregate
 from midlens.generators.prompt import StackedPrompt
 from tests.conftest import PLANTED_FACT, planted_passages
@@ -113,7 +113,7 @@ def test_a_new_turn_ends_the_answer(generator):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     prompt = StackedPrompt(text, ids, [], [], "Say yes.", (len(ids) - 1, len(ids)))
     with generator.running():
-        next_token = int(generator.forward(ids, DynamicCache(config=generator.model.config))[-1].argmax())
+        next_token = int(generator.forward(ids, new_cache())[-1].argmax())
     assert next_token in tokenizer.all_special_ids  # the premise: this prompt does end in a new turn
     answer = generator.generate(prompt, max_new_tokens=5, calibrate=False)
     assert answer.generated_tokens == 0 and answer.text == ""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators import Generator
+from midlens.generators.attention import new_cache
 from midlens.generators.methods.ms_poe import MsPoEScheme, position_awareness, ranks_descending, ratio_ladder
 from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
 from tests.conftest import planted_passages
@@ -23,7 +23,7 @@ def prompt(generator):
 
 def full_logits(gen: Generator, ids: list[int], keep: int) -> torch.Tensor:
     with gen.running(None):
-        return gen.forward(ids, DynamicCache(config=gen.model.config), keep=keep)
+        return gen.forward(ids, new_cache(), keep=keep)
 
 
 def test_unit_ratios_reproduce_the_baseline(generator, loaded, prompt):
@@ -41,7 +41,7 @@ def test_cached_decoding_equals_uncached_recomputation(loaded, prompt, gqa):
     gen = Generator(loaded, method="ms-poe", gqa=gqa)
     steps = 4
     with gen.running(None):
-        cache = DynamicCache(config=gen.model.config)
+        cache = new_cache()
         logits = [gen.forward(prompt.input_ids, cache)[-1]]
         tokens = []
         for _ in range(steps):

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from midlens.generators.attention import new_cache
 from midlens.generators.context import method_context
 from midlens.generators.methods.registry import REGISTRY, build_parts, method_config
 from midlens.generators.probe import PassageProbe
@@ -103,7 +104,7 @@ def test_probe_records_the_attention_the_module_applied(loaded, name, batched):
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     try:
         with torch.inference_mode(), method_context(loaded, parts, probe) as run:
-            cache = DynamicCache(config=loaded.model.config)
+            cache = new_cache()
             rows = list(range(width - 6, width))  # the last prompt tokens, some under the key bias
             probe.score_rows(rows)
             logits = loaded.model(

@@ -7,13 +7,14 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
 from midlens.core.device import resolve_device, resolve_dtype
 from midlens.core.errors import ArtefactError, DeviceError, MethodConfigError
 from midlens.core.passage import Passage
 from midlens.generators import Generator, Method, MethodParts, load_model, method_config, method_context, register
 from midlens.generators.artefacts import load_artefact, save_artefact
+from midlens.generators.attention import new_cache
 from midlens.generators.delta import LoRADelta
 from midlens.generators.methods.registry import REGISTRY, available
 from midlens.generators.rope import baseline_schemes
@@ -42,7 +43,7 @@ def passages(n: int = 4) -> list[Passage]:
 
 def logits_of(gen: Generator, ids: list[int]) -> torch.Tensor:
     with gen.running():
-        return gen.forward(ids, DynamicCache(config=gen.model.config), keep=len(ids))
+        return gen.forward(ids, new_cache(), keep=len(ids))
 
 
 # -- device and dtype -------------------------------------------------------------------------------

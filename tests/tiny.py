@@ -51,13 +51,97 @@ ARCHITECTURES = {
     "qwen2": dict(rope_theta=1e6, use_sliding_window=False),
     "mistral": dict(rope_theta=1e6, sliding_window=None),
 }
+# A window shorter than the test prompts, so the windowed layers really hide keys.
+WINDOW = 16
+# The model families of tests/test_families.py: each a transformers model_type at the tiny shape, keeping what its
+# attention does differently (the quirk named in the comment). Keys are the names the family table uses.
+FAMILIES = {
+    "llama": dict(model_type="llama", rope_theta=10000.0),
+    "llama3-rope-scaling": dict(  # Llama 3.1's frequency-dependent RoPE scaling
+        model_type="llama",
+        rope_parameters=dict(
+            rope_type="llama3",
+            rope_theta=5e5,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        ),
+    ),
+    "qwen2": dict(model_type="qwen2", rope_theta=1e6, use_sliding_window=False),  # q/k/v biases
+    "qwen2-sliding": dict(  # windows on the layers from max_window_layers up
+        model_type="qwen2", rope_theta=1e6, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2
+    ),
+    "qwen3": dict(model_type="qwen3", head_dim=16, rope_theta=1e6),  # q/k RMS norm per head before RoPE
+    "mistral": dict(model_type="mistral", rope_theta=1e6, sliding_window=WINDOW),  # one window, every layer
+    "ministral": dict(  # Ministral: alternating windowed and full layers
+        model_type="ministral",
+        head_dim=16,
+        rope_parameters=dict(rope_type="default", rope_theta=1e6),
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    ),
+    "gemma2": dict(  # logit soft-cap, alternating windows, query_pre_attn_scalar, scaled embeddings
+        model_type="gemma2",
+        head_dim=16,
+        sliding_window=WINDOW,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        query_pre_attn_scalar=24,
+    ),
+    "gemma3": dict(  # q/k norm, local (windowed, own RoPE base) and global layers
+        model_type="gemma3_text",
+        head_dim=16,
+        sliding_window=WINDOW,
+        query_pre_attn_scalar=24,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+            "full_attention": dict(rope_type="linear", rope_theta=1e6, factor=8.0),
+        },
+    ),
+    "phi3": dict(  # fused qkv_proj, partial rotary (Phi-4-mini's 0.75), LongRoPE factors
+        model_type="phi3",
+        partial_rotary_factor=0.75,
+        rope_parameters=dict(
+            rope_type="longrope",
+            rope_theta=1e4,
+            short_factor=[1.0] * 6,
+            long_factor=[1.5] * 6,
+            original_max_position_embeddings=32,
+        ),
+        pad_token_id=0,
+    ),
+    "olmo2": dict(model_type="olmo2", rope_theta=5e5),  # q/k RMS norm over the whole projection
+    "smollm3": dict(  # NoPE layers: every fourth layer has no RoPE
+        model_type="smollm3",
+        rope_theta=2e6,
+        no_rope_layers=[1, 1, 1, 0],
+        use_sliding_window=False,
+        pad_token_id=0,
+    ),
+    "granite": dict(  # attention multiplier as the scale; embedding, residual and logits multipliers
+        model_type="granite",
+        attention_multiplier=0.05,
+        embedding_multiplier=6.0,
+        residual_multiplier=0.3,
+        logits_scaling=4.0,
+    ),
+    "glm4": dict(  # interleaved, half-rotary RoPE
+        model_type="glm4", head_dim=16, partial_rotary_factor=0.5, pad_token_id=0
+    ),
+}
 
 
 def tiny_config(kind: str, vocab_size: int = VOCAB_SIZE, **overrides):
-    """The tiny config of architecture `kind` (llama, qwen2, mistral); `overrides` replace any field."""
+    """The tiny config of architecture `kind` (llama, qwen2, mistral, or a FAMILIES name); `overrides` replace any
+    field."""
+    if kind in FAMILIES:
+        spec = dict(FAMILIES[kind])
+        return random_config(spec.pop("model_type"), **{**SHAPE, **spec, "vocab_size": vocab_size, **overrides})
     return random_config(kind, **{**SHAPE, **ARCHITECTURES[kind], "vocab_size": vocab_size, **overrides})
 
 
-def save_tiny(kind: str, folder: Path, seed: int = 0) -> Path:
+def save_tiny(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
     fast = PreTrainedTokenizerFast(tokenizer_object=_tokenizer(), unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    return save_random_weights(tiny_config(kind, bos_token_id=1, eos_token_id=2), fast, folder, seed)
+    return save_random_weights(tiny_config(kind, bos_token_id=1, eos_token_id=2, **overrides), fast, folder, seed)

@@ -60,7 +60,7 @@ class QueryKeyTap:
         self.queries: list[torch.Tensor] = []
         self.keys: list[torch.Tensor] = []
 
-    def observe(self, layer, q_rot, keys, weights, past, mask, scale) -> None:
+    def observe(self, layer, q_rot, keys, weights, past, mask, scoring) -> None:
         heads = self.by_layer.get(layer)
         if not heads:
             return

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from midlens.core.errors import MidlensError
 from midlens.core.names import PROMPT_STYLES
+from midlens.generators.attention import new_cache
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.delta import LoRADelta
 from midlens.generators.generator import Generator
@@ -117,11 +118,10 @@ class Pos2DistillObjective:
     def teacher_answer(self, prompt: StackedPrompt) -> tuple[list[int], torch.Tensor]:
         """The frozen model's greedy answer and its log-probabilities at each answer position plus the one after
         (where it stopped): [len(answer) + 1, vocab]. One prefill and one step per token, on the prompt's cache."""
-        from transformers import DynamicCache
 
         teacher, tokens, rows = self.teacher, [], []
         with teacher.running():
-            cache = DynamicCache(config=teacher.model.config)
+            cache = new_cache()
             logits = teacher.forward(prompt.input_ids, cache)[-1]
             while True:
                 rows.append(F.log_softmax(logits.float(), dim=-1))

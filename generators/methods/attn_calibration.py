@@ -213,9 +213,8 @@ def build(loaded, opts: dict) -> MethodParts:
             head_mask[layer, head] = True
         chosen = [i for i in chosen if head_mask[i].any()]
     schemes = baseline_schemes(model)
-    inv_freq = model.model.rotary_emb.inv_freq
-    for i in chosen:
-        schemes[i] = CalibratedScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads)
+    for i in chosen:  # each layer keeps its own frequencies (Gemma 3's local and global bases)
+        schemes[i] = CalibratedScheme(schemes[i].inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads)
     hook = Calibration(
         schemes,
         chosen,

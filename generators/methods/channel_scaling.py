@@ -179,15 +179,15 @@ class ChannelScheme(RotaryScheme):
             scaled[:, :, :-1] = 0
         return torch.stack([1 - scaled, scaled])
 
-    def attend(self, q_rot, keys, values, weights, mask, past, scale):
+    def attend(self, q_rot, keys, values, weights, mask, past, scoring):
         if not self._last_only:
-            return attend(q_rot[1], keys[:, 1], values, mask, scale)
+            return attend(q_rot[1], keys[:, 1], values, mask, scoring)
         # The plain attention for every row (the stock computation, bit for bit), then the last row again with the
         # scaled query and keys: one extra row, not a second attention over the prompt.
-        out = attend(q_rot[0], keys[:, 0], values, mask, scale)
+        out = attend(q_rot[0], keys[:, 0], values, mask, scoring)
         batch, length = q_rot.shape[1], q_rot.shape[3]
         last = torch.full((batch, 1), length - 1, dtype=torch.long, device=q_rot.device)
-        row = attend(q_rot[1][:, :, -1:], keys[:, 1], values, mask_rows(mask, last, past, keys.shape[3]), scale)
+        row = attend(q_rot[1][:, :, -1:], keys[:, 1], values, mask_rows(mask, last, past, keys.shape[3]), scoring)
         return torch.cat([out[:, :, :-1], row.to(out.dtype)], dim=2)
 
 
@@ -197,19 +197,32 @@ def channel_parts(model: torch.nn.Module, choice: ChannelChoice, source: str = "
     check_fits(choice, cfg.hidden_size, cfg.num_hidden_layers)
     tap = ChannelTap(choice, source)
     schemes = baseline_schemes(model)
-    inv_freq = model.model.rotary_emb.inv_freq
     for i in choice.layers:
         attn = model.model.layers[i].self_attn
         head_dim = attn.q_proj.out_features // cfg.num_attention_heads
         q_column = attn.q_proj.weight[:, choice.channel].view(cfg.num_attention_heads, head_dim)
         k_column = attn.k_proj.weight[:, choice.channel].view(cfg.num_key_value_heads, head_dim)
         schemes[i] = ChannelScheme(
-            inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads, i, tap, q_column, k_column
+            schemes[i].inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads, i, tap, q_column, k_column
         )
     return MethodParts(schemes, delta=tap)
 
 
 # ---- the registry entry ---------------------------------------------------------------------------------------
+
+
+def channel_problem(model: torch.nn.Module) -> str | None:
+    """Why a hidden channel's share of q and k cannot be added as a column of W_q / W_k after projection."""
+    from midlens.generators.anatomy import model_anatomy
+
+    layers = model_anatomy(model)
+    if any(a.fused_qkv for a in layers):
+        return "its q, k and v come from one fused projection, and the method reads separate W_q / W_k columns"
+    if any(a.qk_norm for a in layers):
+        return "it normalises q and k after projecting them, so a channel's share is not a column of W_q / W_k"
+    if any(a.interleaved for a in layers):
+        return "its RoPE pairs channels interleaved, and the method's columns are read in the half-split order"
+    return None
 
 
 def _whole(value: object) -> bool:
@@ -321,6 +334,7 @@ METHOD = Method(
     NAME,
     "training-free: one positional hidden-state channel scaled for the last token's attention (Yu et al. 2025)",
     build=build,
+    unsupported=channel_problem,
     defaults=DEFAULTS,
     check=check_options,
     bench_variants=BENCH_VARIANTS,

@@ -48,3 +48,7 @@ class Method:
     # `midlens train NAME`: the module holding the method's training recipe (`RECIPE`, midlens.training.recipe),
     # named, not imported: training sits above this layer. None: the method learns nothing.
     trainer: str | None = None
+    # Why the method cannot run on a loaded model (a reason naming what the model's layers do that the method's
+    # parts do not handle), or None when it can: read from the layers' anatomy (`generators.anatomy`), never from
+    # a family name. `build_parts` refuses with it; `midlens methods --model` lists it. None: runs on every model.
+    unsupported: Callable[[Any], str | None] | None = None

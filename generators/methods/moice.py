@@ -26,12 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from midlens.core.errors import MethodConfigError
+from midlens.generators.anatomy import shared_rope_problem
 from midlens.generators.artefacts import Artefact, Section, open_artefact, save_artefact
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method
 from midlens.generators.methods.rope_bases import rope_base
 from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
-from midlens.generators.scores import attend, mask_rows
+from midlens.generators.scores import Scoring, attend, mask_rows
 
 DEFAULTS = {"top_k": None, "artefact": None}  # top_k None: the K the routers were trained with
 # `midlens bench`: the specs timed against the baseline (an expert runs only on the queries routed to it).
@@ -125,7 +126,7 @@ class MoiceScheme(RotaryScheme):
     def aux_loss(self) -> torch.Tensor | None:
         return self._aux
 
-    def attend(self, q_rot, keys, values, weights, mask, past, scale):
+    def attend(self, q_rot, keys, values, weights, mask, past, scoring):
         """sum_j p_j * attention_j over the experts any query or head was routed to (one host sync per layer,
         not one per expert); at prefill an expert runs on its routed queries only where that is cheaper."""
         active = weights.flatten(1).ne(0).any(1).tolist()
@@ -133,9 +134,9 @@ class MoiceScheme(RotaryScheme):
         for e, used in enumerate(active):
             if not used:
                 continue
-            o = routed_attention(q_rot[e], keys[:, e], values, weights[e], mask, past, scale)
+            o = routed_attention(q_rot[e], keys[:, e], values, weights[e], mask, past, scoring)
             if o is None:
-                o = weights[e] * attend(q_rot[e], keys[:, e], values, mask, scale)
+                o = weights[e] * attend(q_rot[e], keys[:, e], values, mask, scoring)
             out = o if out is None else out + o
         return out
 
@@ -150,7 +151,7 @@ def routed_attention(
     weight: torch.Tensor,  # [B, H, L, 1], zero where a query was not routed to this expert
     mask: torch.Tensor | None,  # from `generators.scores.score_mask`
     past: int,
-    scale: float,
+    scoring: Scoring,
 ) -> torch.Tensor | None:
     """weight * attention of one expert, computed for the queries routed to it only (top-K of N routing leaves
     each expert ~K/N of them); None when that would not be cheaper than running every query.
@@ -167,7 +168,7 @@ def routed_attention(
         return None
     order = torch.sort(chosen.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :rows]  # [B, H, m]
     q_sel = q.gather(2, order[..., None].expand(-1, -1, -1, dim))
-    o = attend(q_sel, keys, values, mask_rows(mask, order, past, keys.shape[2]), scale)
+    o = attend(q_sel, keys, values, mask_rows(mask, order, past, keys.shape[2]), scoring)
     o = o * weight.gather(2, order[..., None])
     return torch.zeros_like(q).scatter_add(2, order[..., None].expand(-1, -1, -1, dim), o.to(q.dtype))
 
@@ -279,6 +280,7 @@ METHOD = Method(
     "moice",
     "trained routers mix attention over several RoPE bases per token and head (Lin et al. 2024)",
     build=build,
+    unsupported=shared_rope_problem,
     defaults=DEFAULTS,
     check=check_options,
     bench_variants=BENCH_VARIANTS,

@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 
 from midlens.core.errors import MethodConfigError
+from midlens.generators.anatomy import shared_rope_problem
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method
 from midlens.generators.rope import RotaryScheme, apply_rotary
@@ -208,6 +209,7 @@ METHOD = Method(
     "ms-poe",
     "training-free per-head position rescaling (Zhang et al. 2024)",
     build=build,
+    unsupported=shared_rope_problem,
     defaults=DEFAULTS,
     check=check_options,
     bench_variants=BENCH_VARIANTS,

@@ -143,8 +143,37 @@ def method_config(spec: str | MethodConfig = "baseline", options: dict | None = 
     return MethodConfig(name, merged)
 
 
+def unsupported_reason(name: str, model) -> str | None:
+    """Why method `name` cannot run on `model` (a loaded causal LM), or None when it can."""
+    method = REGISTRY[name]
+    return None if method.unsupported is None else method.unsupported(model)
+
+
+def support_on(loaded) -> dict[str, str | None]:
+    """Every registered method -> None when it runs on `loaded` as it comes, else why it does not: what the model's
+    layers do that it does not handle, or the trained artefact it lacks for this model."""
+    from midlens.generators.artefacts import shipped_artefact
+
+    out: dict[str, str | None] = {}
+    for name, method in REGISTRY.items():
+        reason = unsupported_reason(name, loaded.model)
+        trained = "artefact" in method.defaults and method.defaults["artefact"] is None
+        if (
+            reason is None
+            and trained
+            and shipped_artefact(name, _shipped_name(method, loaded.name, method.defaults)) is None
+        ):
+            how = f"`midlens train {name}`" if method.trainer else "a trained artefact"
+            reason = f"needs an artefact trained for this model ({how}, then artefact=FOLDER)"
+        out[name] = reason
+    return out
+
+
 def build_parts(config: MethodConfig, loaded) -> MethodParts:
     """The per-layer parts of `config` for one loaded model, created on the model's device."""
+    reason = unsupported_reason(config.name, loaded.model)
+    if reason is not None:
+        raise MethodConfigError(f"method {config.name!r} cannot run on model {loaded.name!r}: {reason}.")
     parts = REGISTRY[config.name].build(loaded, dict(config.options))
     device = loaded.device
     for scheme in parts.schemes:

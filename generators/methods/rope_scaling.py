@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from midlens.core.errors import MethodConfigError
+from midlens.generators.anatomy import shared_rope_problem
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method, Options
 from midlens.generators.methods.rope_bases import head_dim_of, rope_base
@@ -69,6 +70,7 @@ METHOD = Method(
     "rope-scaling",
     "Position Interpolation or NTK-aware RoPE scaling, one factor for every layer and head",
     build=build,
+    unsupported=shared_rope_problem,
     defaults=DEFAULTS,
     check=check_options,
 )

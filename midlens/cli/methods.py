@@ -12,6 +12,7 @@ from midlens.core.names import METHOD_SHORTHANDS
 
 EXAMPLES = """examples:
   midlens methods
+  midlens methods --model PATH          # what the model's layers do, and which methods run on it
   midlens methods moice --n 20 --out runs/moice-inspect
   midlens ask "Who directed Wings of Desire?" --method "ms-poe(ratio_min=1.0, ratio_max=1.3)"
   midlens ask "Who directed Wings of Desire?" --method finetuned
@@ -38,12 +39,37 @@ def run(args: argparse.Namespace) -> int:
 
     if getattr(args, "spec", None):
         return _inspect(args)
+    if getattr(args, "model", None):
+        return _support(args)
     width = max(len(name) for name in REGISTRY) + 2  # every summary starts in one column, the longest name's too
     for method in REGISTRY.values():
         options = ", ".join(f"{k}={v!r}" for k, v in method.defaults.items()) or "no options"
         print(f"{method.name:<{width}}{method.summary}\n{'':<{width}}{options}")
     for shorthand, spec in METHOD_SHORTHANDS.items():
         print(f"{shorthand:<{width}}shorthand for {spec}")
+    return 0
+
+
+def _support(args: argparse.Namespace) -> int:
+    """What the model's layers do, as the attention module reads them, and which methods run on it."""
+    check_device(args)
+    from midlens.generators import load_model
+    from midlens.generators.anatomy import index_ranges, model_anatomy
+    from midlens.generators.methods.registry import support_on
+
+    loaded = load_model(args.model, args.device, args.dtype)
+    layers = model_anatomy(loaded.model)
+    arch = (loaded.model.config.architectures or [type(loaded.model).__name__])[0]
+    print(f"{loaded.name}: {arch}, {len(layers)} layers")
+    kinds: dict[str, list[int]] = {}
+    for i, layer in enumerate(layers):
+        kinds.setdefault(layer.describe(), []).append(i)
+    for what, indices in kinds.items():
+        print(f"  layers {index_ranges(indices)}: {what}")
+    support = support_on(loaded)
+    width = max(len(name) for name in support) + 2
+    for name, reason in support.items():
+        print(f"{name:<{width}}{'runs' if reason is None else 'no: ' + reason}")
     return 0
 
 

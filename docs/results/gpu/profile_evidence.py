@@ -17,6 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from midlens.eval.bench_runner import make_runner
+from midlens.generators.attention import new_cache
 from midlens.generators.probe import PassageProbe
 
 VARIANTS = ("plain", "baseline", "evidence")
@@ -26,8 +27,6 @@ def earlier_probe_runner(path: Path, model: str, tokens: int, device: str, dtype
     """The `evidence` variant with the PassageProbe of another version (its probe.py at `path`), so two versions
     are timed in one process, interleaved, against the same stock prefill."""
     import importlib.util
-
-    from transformers import DynamicCache
 
     from midlens.eval.bench_runner import Runner, bench_prompt, synchronize
     from midlens.generators import Generator, load_model
@@ -42,7 +41,7 @@ def earlier_probe_runner(path: Path, model: str, tokens: int, device: str, dtype
         probe = module.PassageProbe(prompt.passage_spans, gen.num_layers, gen.probe_layers())
         with gen.running(probe):
             probe.score_rows(list(range(*prompt.question_span)) + [prompt.num_tokens - 1])
-            gen.forward(prompt.input_ids, DynamicCache(config=gen.model.config))
+            gen.forward(prompt.input_ids, new_cache())
             probe.take()
         synchronize()
 

@@ -1,0 +1,191 @@
+"""Every model family the attention module runs, against transformers' own forward of the same folder.
+
+Each family is a randomly initialised model at the tiny shape (tests/tiny.py, FAMILIES) that keeps what its
+attention does differently: sliding windows shorter than the prompt, soft-caps, q/k norms, a fused qkv projection,
+partial and interleaved RoPE, NoPE layers, per-layer-type RoPE bases, Granite's multipliers. It is saved as a
+folder and loaded like any `--model PATH`.
+
+Tolerances (fp32, CPU): LOGIT_TOL = 1e-4 on logits of size ~1-10, as for the packaged architectures: our module
+and transformers' compute the same products with different kernels (SDPA vs the written-out softmax, fused vs
+split projections), which moves the last bits; a wrong mask, window, scale, norm or rotation moves logits by
+1e-2 or more. The reference is transformers' SDPA forward, except for soft-capped families (Gemma 2), whose
+reference is the eager forward: transformers' SDPA path ignores the soft-cap.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from midlens.core.errors import MethodConfigError, ModelError
+from midlens.core.passage import Passage
+from midlens.generators import Generator
+from midlens.generators.anatomy import model_anatomy
+from midlens.generators.attention import new_cache
+from midlens.generators.loading import load_model
+from tests.test_batch import assert_rows_equal
+from tests.tiny import FAMILIES, VOCAB_SIZE, WINDOW, save_tiny
+
+LOGIT_TOL = 1e-4
+PROMPT = 40  # tokens: longer than every window (WINDOW = 16), so windowed layers hide keys at prefill
+STEPS = 10  # cached decode steps compared one by one
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    folder = save_tiny(request.param, tmp_path_factory.mktemp(request.param))
+    loaded = load_model(str(folder), "cpu", "float32")
+    capped = any(a.softcap for a in model_anatomy(loaded.model))
+    stock = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager" if capped else "sdpa"
+    ).eval()
+    return request.param, loaded, stock
+
+
+def _ids(seed: int, length: int) -> torch.Tensor:
+    return torch.randint(3, VOCAB_SIZE, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_baseline_logits_equal_transformers_at_prefill_and_over_cached_decode_steps(family):
+    name, loaded, stock = family
+    ids = _ids(0, PROMPT + STEPS)
+    gen = Generator(loaded, method="baseline")
+    with torch.inference_mode():
+        cache = DynamicCache(config=stock.config)  # transformers' own cache: windowed layers drop old keys
+        ref = [stock(input_ids=ids[:, :PROMPT], past_key_values=cache, use_cache=True).logits[0]]
+        ref += [
+            stock(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits[0]
+            for t in range(PROMPT, PROMPT + STEPS)
+        ]
+    with gen.running(None):
+        cache = new_cache()
+        ours = [gen.forward(ids[0, :PROMPT].tolist(), cache, keep=PROMPT)]
+        ours += [gen.forward([int(ids[0, t])], cache) for t in range(PROMPT, PROMPT + STEPS)]
+    for step, (a, b) in enumerate(zip(ref, ours, strict=True)):
+        assert a.shape == b.shape
+        diff = (a - b).abs().max().item()
+        assert diff < LOGIT_TOL, f"{name}: {'prefill' if step == 0 else f'decode step {step}'} differs by {diff:.2e}"
+
+
+WINDOWED = ("gemma2", "gemma3", "ministral", "mistral", "qwen2-sliding")
+
+
+@pytest.mark.parametrize("family", WINDOWED, indirect=True)
+def test_the_window_comes_from_the_one_score_mask(family):
+    """A batch hands the model a 4-D mask, which transformers uses as it is for every layer (no window): the
+    windowed layers' logits must then still equal stock, from `score_mask`'s window alone, and differ without it."""
+    name, loaded, stock = family
+    windowed = [i for i, a in enumerate(model_anatomy(loaded.model)) if a.window]
+    assert windowed, f"{name} was listed as windowed"
+    ids = _ids(1, PROMPT)
+    causal = torch.ones(PROMPT, PROMPT, dtype=torch.bool).tril()[None, None]
+    with torch.inference_mode():
+        ref = stock(input_ids=ids).logits[0]
+
+    def ours() -> torch.Tensor:
+        with torch.inference_mode(), Generator(loaded).running(None):
+            return loaded.model(input_ids=ids, attention_mask=causal, past_key_values=new_cache()).logits[0]
+
+    assert (ours() - ref).abs().max() < LOGIT_TOL
+    attns = [loaded.model.model.layers[i].self_attn for i in windowed]
+    saved = [a.anatomy for a in attns]
+    try:
+        for a in attns:
+            a.anatomy = type(a.anatomy)(**{**a.anatomy.__dict__, "window": None})
+        unwindowed = ours()
+    finally:
+        for a, kept in zip(attns, saved, strict=True):
+            a.anatomy = kept
+    assert (unwindowed[:WINDOW] - ref[:WINDOW]).abs().max() < LOGIT_TOL  # within the window: the same
+    assert (unwindowed[WINDOW + 1 :] - ref[WINDOW + 1 :]).abs().max() > 1e-3  # beyond it: not
+
+
+def _passages(n: int) -> list[Passage]:
+    return [Passage(text=f"the code word of city {i} is {i * 7}", title=f"city {i}") for i in range(n)]
+
+
+def test_batched_rows_equal_each_prompt_alone(family):
+    _, loaded, _ = family
+    gen = Generator(loaded)
+    prompts = [
+        gen.prompt("what is the code word of city 2 ?", _passages(4)),
+        gen.prompt("who ?", _passages(1)),
+        gen.prompt("which city ?", _passages(2)),
+    ]
+    assert max(p.num_tokens for p in prompts) > WINDOW  # windows hide keys in the longer rows
+    singles = [gen.generate(p, max_new_tokens=STEPS) for p in prompts]
+    assert_rows_equal(singles, gen.generate_batch(prompts, max_new_tokens=STEPS))
+
+
+def test_evidence_and_citations_on_every_family(family):
+    """The full answering path (evidence, per-sentence citations) runs and gives finite, normalised evidence."""
+    _, loaded, _ = family
+    gen = Generator(loaded)
+    answer = gen.generate(gen.prompt("what is the code word of city 2 ?", _passages(3)), max_new_tokens=6)
+    scores = torch.tensor([p.evidence for p in answer.passages])
+    assert torch.isfinite(scores).all() and len(scores) == 3
+    windows = [a.window for a in model_anatomy(loaded.model)]
+    if not any(windows):
+        assert all(p.layers_seen is None for p in answer.passages)
+        return
+    # The first passage lies beyond the windows from the prompt's last token: only the full layers saw it.
+    aggregated = gen.evidence_config.layer_indices(len(windows))
+    full = [i for i in aggregated if windows[i] is None]
+    first = answer.passages[0]
+    assert answer.prompt_tokens - first.span[1] >= WINDOW
+    assert first.layers_seen == full
+    # Every passage is seen by the full layers, and a later passage by at least the layers an earlier one is.
+    seen = [set(p.layers_seen) for p in answer.passages]
+    assert all(set(full) <= s <= set(aggregated) for s in seen)
+    assert all(a <= b for a, b in zip(seen, seen[1:], strict=False))
+
+
+def test_methods_run_or_refuse_with_a_reason(family):
+    """Every training-free method either answers or is refused naming what the model's layers do."""
+    name, loaded, _ = family
+    for spec in ("ms-poe", "attention-buckets(buckets=2)", "rope-scaling", "attn-calibration", "moice(artefact=None)"):
+        try:
+            gen = Generator(loaded, method=spec)
+        except MethodConfigError as err:  # the reason names the method and what in the model it does not handle
+            assert spec.split("(")[0] in str(err) and ("cannot run on model" in str(err) or "RoPE" in str(err))
+            continue
+        except Exception as err:  # e.g. a trained method that needs an artefact for this model
+            if "artefact" in str(err):
+                continue
+            raise
+        answer = gen.generate(gen.prompt("who ?", _passages(2)), max_new_tokens=3)
+        assert len(answer.passages) == 2
+
+
+def test_unsupported_attention_is_refused_before_loading_with_its_reason(tmp_path):
+    folder = save_tiny("llama", tmp_path / "bidirectional")
+    config_path = folder / "config.json"
+    import json
+
+    config = json.loads(config_path.read_text())
+    config["model_type"] = "gemma3_text"
+    config["architectures"] = ["Gemma3ForCausalLM"]
+    config["use_bidirectional_attention"] = True
+    config["head_dim"] = 16
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="attends bidirectionally") as err:
+        load_model(str(folder))
+    assert "config.json" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["phi3", "gemma3"])  # a fused qkv projection; windows and q/k norms
+def test_training_runs_on_a_new_family_and_its_artefact_answers(name, tmp_path):
+    from midlens.cli import main
+
+    # HotpotQA prompts through the tiny byte-level tokenizer run to ~1.5k tokens: a longer context than the shape's.
+    folder = save_tiny(name, tmp_path / name, max_position_embeddings=4096)
+    out = tmp_path / "mudaf"
+    tiny = ["--examples", "2", "--batch", "2", "--max-words", "15", "--no-progress", "--device", "cpu"]
+    args = ["train", "mudaf", "--model", str(folder), "--heads-n", "2", "--num-heads", "2", "--rank", "2"]
+    assert main([*args, *tiny, "--out", str(out)]) == 0
+    loaded = load_model(str(folder), "cpu", "float32")
+    gen = Generator(loaded, method=f"mudaf(artefact='{out}')")
+    assert gen.parts.delta is not None
+    answer = gen.generate(gen.prompt("who ?", _passages(2)), max_new_tokens=3)
+    assert len(answer.passages) == 2
