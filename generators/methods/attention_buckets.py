@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import shared_rope_problem
+from midlens.generators.anatomy import plain_rope_problem
 from midlens.generators.context import Instances, MethodParts
 from midlens.generators.methods.method import Method, Options
 from midlens.generators.methods.rope_bases import complementary_bases, head_dim_of, rope_base
@@ -121,7 +121,7 @@ METHOD = Method(
     "attention-buckets",
     "N instances with different RoPE bases as batch rows, logits mixed per step (Chen et al. 2023)",
     build=build,
-    unsupported=shared_rope_problem,
+    unsupported=plain_rope_problem,
     defaults=DEFAULTS,
     check=check_options,
     bench_variants=BENCH_VARIANTS,

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import shared_rope_problem
+from midlens.generators.anatomy import plain_rope_problem
 from midlens.generators.artefacts import Artefact, Section, open_artefact, save_artefact
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method
@@ -280,7 +280,7 @@ METHOD = Method(
     "moice",
     "trained routers mix attention over several RoPE bases per token and head (Lin et al. 2024)",
     build=build,
-    unsupported=shared_rope_problem,
+    unsupported=plain_rope_problem,
     defaults=DEFAULTS,
     check=check_options,
     bench_variants=BENCH_VARIANTS,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import shared_rope_problem
+from midlens.generators.anatomy import plain_rope_problem
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method, Options
 from midlens.generators.methods.rope_bases import head_dim_of, rope_base
@@ -70,7 +70,7 @@ METHOD = Method(
     "rope-scaling",
     "Position Interpolation or NTK-aware RoPE scaling, one factor for every layer and head",
     build=build,
-    unsupported=shared_rope_problem,
+    unsupported=plain_rope_problem,
     defaults=DEFAULTS,
     check=check_options,
 )
