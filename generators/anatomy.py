@@ -172,7 +172,8 @@ def shared_rope_problem(model: nn.Module) -> str | None:
     layers = model_anatomy(model)
     nope = [i for i, a in enumerate(layers) if not a.rotary]
     if nope:
-        return f"layers {index_ranges(nope)} have no RoPE (NoPE layers), and the method rewrites every layer's rotation"
+        which = f"layers {index_ranges(nope)} have" if len(nope) > 1 else f"layer {nope[0]} has"
+        return f"{which} no RoPE (NoPE layers), and the method rewrites every layer's rotation"
     if not hasattr(decoder_of(model).rotary_emb, "inv_freq"):
         return "its layer types rotate with their own RoPE bases (local and global), and the method assumes one"
     rotary_emb = decoder_of(model).rotary_emb

@@ -375,7 +375,11 @@ def chat_prompt(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> S
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:  # a model folder without a template: a plain transcript
-        text = plain_prefix(tokenizer) + "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages) + "assistant:"
+        text = (
+            plain_prefix(tokenizer)
+            + "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
+            + "assistant:"
+        )
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     if len(ids) > max_tokens:

@@ -251,3 +251,14 @@ def test_the_packaged_gemma3_equals_transformers_beyond_its_window_and_answers_w
     assert all(math.isfinite(p.evidence) for p in answer.passages) and len(answer.passages) == 4
     aggregated = gen.evidence_config.layer_indices(len(layers))
     assert all(p.layers_seen == aggregated for p in answer.passages)  # a short prompt: inside every window
+
+
+def test_the_committed_family_table_is_what_the_registry_and_families_give():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "docs" / "results" / "families" / "make_table.py"
+    spec = importlib.util.spec_from_file_location("make_table", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.TABLE.read_text() == module.table(), f"regenerate it: python {script.relative_to(script.parents[3])}"

@@ -65,7 +65,7 @@ def _support(args: argparse.Namespace) -> int:
     for i, layer in enumerate(layers):
         kinds.setdefault(layer.describe(), []).append(i)
     for what, indices in kinds.items():
-        print(f"  layers {index_ranges(indices)}: {what}")
+        print(f"  {'layers' if len(indices) > 1 else 'layer'} {index_ranges(indices)}: {what}")
     support = support_on(loaded)
     width = max(len(name) for name in support) + 2
     for name, reason in support.items():
