@@ -275,7 +275,14 @@ def build_run(options: RunOptions) -> Run:
             chosen = [data[u["example"]] for u in units]
             return evaluate_rerank_many(gens[method], chosen, options.batch_size, style=style)
 
-    def evaluate_many(group: list[dict]) -> list[dict]:
-        return runner.per_method(group, many)
+    # Each row says the precision it was computed in (the config does too): rows of runs that differ only in dtype
+    # are compared row by row (docs/results/cpu-bf16/).
+    precision = {"dtype": plan.config["dtype"]}
 
-    return Run(plan, evaluate, evaluate_many)
+    def evaluate_one(u: dict) -> dict:
+        return {**evaluate(u), **precision}
+
+    def evaluate_many(group: list[dict]) -> list[dict]:
+        return [{**row, **precision} for row in runner.per_method(group, many)]
+
+    return Run(plan, evaluate_one, evaluate_many)

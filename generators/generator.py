@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from collections.abc import Generator as Generator_
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -38,6 +38,7 @@ from midlens.generators.anatomy import model_anatomy
 from midlens.generators.batch import BatchRun, pad_token_id
 from midlens.generators.citations import Citation, CitationConfig, MeasuredCitations, cite, token_end
 from midlens.generators.context import MethodParts, method_context
+from midlens.generators.detokenize import IncrementalText
 from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence, passage_evidence
 from midlens.generators.instances import Mixture, expand
 from midlens.generators.loading import LoadedModel, load_model
@@ -244,6 +245,7 @@ class Generator:
         reference_ids = [None if r is None else self._reference_ids(r) for r in references]  # refused before decoding
         sampled = temperature > 0 and seed is not None
         rows = _Rows.start(len(prompts), max_new_tokens, sampled, seed, self.device, cancelled)
+        rows.decoders = [IncrementalText(self.tokenizer) for _ in prompts]
         hook = self.parts.answering
         mixture = Mixture(self.parts.instances, len(prompts))  # one row per prompt unless the method runs several
         reference_logprobs: list[list[float] | None] = [None] * len(prompts)
@@ -340,7 +342,7 @@ class Generator:
                     rows.done[b] = True
                     continue
                 rows.generated[b].append(token)
-                new_text = self.tokenizer.decode(rows.generated[b], skip_special_tokens=True)
+                new_text = rows.decoders[b].push(token)
                 rows.ends[b].append(token_end(new_text, rows.ends[b]))  # citations.token_ends, as each prefix decodes
                 if len(new_text) > len(rows.texts[b]) and not new_text.endswith("\ufffd"):
                     yield b, new_text[len(rows.texts[b]) :]
@@ -703,6 +705,7 @@ class _Rows:
     rngs: list[torch.Generator | None]
     limit: int
     cancelled: Callable[[int], bool] | None = None  # row -> stop it now (its client left)
+    decoders: list[IncrementalText] = field(default_factory=list)  # each row's text, decoded a few tokens a step
 
     @classmethod
     def start(

@@ -146,6 +146,11 @@ def _load_failure(name: str, folder: Path, err: Exception) -> ModelError:
         check_model_folder(name, folder, hashes=True, cause=cause)
     except ModelError as damaged:
         return damaged
+    if "mismatched_sizes" in str(err) or "size mismatch" in str(err):
+        return ModelError(
+            f"model '{name}': the shapes {folder / 'config.json'} describes (layers, heads, head_dim, hidden size) do "
+            f"not match the weights' tensors in {folder}{cause}. Use the config.json the weights were saved with."
+        )
     if read_manifest(folder) is None:
         return ModelError(
             f"model '{name}': could not load {folder}{cause}. Check that it is a complete Hugging Face model folder."

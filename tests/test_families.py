@@ -262,3 +262,15 @@ def test_the_committed_family_table_is_what_the_registry_and_families_give():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.TABLE.read_text() == module.table(), f"regenerate it: python {script.relative_to(script.parents[3])}"
+
+
+def test_a_config_that_contradicts_its_weights_is_named(tmp_path):
+    import json
+
+    folder = save_tiny("qwen3", tmp_path / "qwen3")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(num_attention_heads=8, head_dim=8)  # the weights hold 4 heads of 16
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="do not match the weights' tensors") as err:
+        load_model(str(folder))
+    assert "config.json" in str(err.value)

@@ -16,6 +16,7 @@ from midlens.cli.options import (
     prompt_error_for_cli,
 )
 from midlens.core.checks import check_question
+from midlens.core.device import dtype_name
 from midlens.core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
 from midlens.core.names import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -159,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
         record = {**answer.to_dict(), "marked_text": marked_answer(answer).text}
         print(json.dumps(record, indent=2, ensure_ascii=False))
     else:
-        print_answer(answer, args.max_new_tokens)
+        loaded = pipe.generator.loaded
+        print_answer(answer, args.max_new_tokens, f"{loaded.device.type}, {dtype_name(loaded.dtype)}")
     return 0
 
 
@@ -211,7 +213,8 @@ def print_citations(answer) -> None:
     print()
 
 
-def print_answer(answer, max_new_tokens: int | None = None) -> None:
+def print_answer(answer, max_new_tokens: int | None = None, precision: str = "") -> None:
+    """`precision`: where and in which dtype the model ran ("cpu, bfloat16"), printed with the timings."""
     from midlens.rag.pipeline import marked_answer
 
     text = marked_answer(answer).text
@@ -244,6 +247,7 @@ def print_answer(answer, max_new_tokens: int | None = None) -> None:
     print(
         f"\n{answer.prompt_tokens} prompt tokens, {answer.generated_tokens} generated; "
         + ", ".join(f"{k} {v:.2f}s" for k, v in t.items())
+        + (f"; {precision}" if precision else "")
     )
     if answer.dropped:
         print(f"note: {len(answer.dropped)} passages did not fit the window and were dropped.")

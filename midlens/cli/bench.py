@@ -32,7 +32,9 @@ def add_parser(sub) -> None:
         "midlens serve against in-process batching",
         epilog=BENCH_EXAMPLES,
     )
-    bench.add_argument("kind", choices=["evidence", "batch", "serve", *(m for m in method_names() if m != "baseline")])
+    bench.add_argument(
+        "kind", choices=["evidence", "batch", "serve", "cpu", *(m for m in method_names() if m != "baseline")]
+    )
     bench.add_argument("--model", default=EVAL_MODEL)
     bench.add_argument(
         "--tokens",
@@ -53,6 +55,11 @@ def add_parser(sub) -> None:
     bench.add_argument(
         "--skip-eager", action="store_true", help="evidence: leave out the eager reference (long prompts)"
     )
+    bench.add_argument(
+        "--precisions",
+        default="float32,bfloat16",
+        help="cpu: precisions compared with fp32 (float32, bfloat16, int8: dynamic quantisation of the Linear layers)",
+    )
     bench.add_argument("--json", help="also write the report to this file")
     _add_batch_arguments(bench)
     add_device_args(bench)
@@ -67,6 +74,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_batch(args)
     if args.kind == "serve":
         return _run_serve(args)
+    if args.kind == "cpu":
+        return _run_cpu(args)
 
     device = resolve_device(args.device)
     dtype = dtype_name(resolve_dtype(args.dtype, device))
@@ -91,6 +100,30 @@ def run_bench(args: argparse.Namespace) -> int:
         args.skip_eager,
     )
     print_report(report)
+    if args.json:
+        from midlens.core.files import write_atomic
+
+        write_atomic(Path(args.json), json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _run_cpu(args: argparse.Namespace) -> int:
+    """Each precision against fp32 on this CPU (eval.bench_cpu), and what dtype='auto' picks here."""
+    from midlens.core.errors import InvalidArgumentError
+    from midlens.eval.bench_cpu import PRECISIONS, compare_precisions, render
+
+    chosen = tuple(p.strip() for p in args.precisions.split(",") if p.strip())
+    bad = [p for p in chosen if p not in PRECISIONS]
+    if bad:
+        raise InvalidArgumentError(f"--precisions {','.join(bad)}: choose from {', '.join(PRECISIONS)}.")
+    report = compare_precisions(
+        args.model,
+        n=args.prompts or 8,
+        precisions=chosen,
+        memory_tokens=int((args.tokens or "1024").split(",")[0]),
+        memory_repeats=args.memory_repeats,
+    )
+    print(render(report))
     if args.json:
         from midlens.core.files import write_atomic
 

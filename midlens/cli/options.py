@@ -68,7 +68,10 @@ def add_evidence_args(parser: argparse.ArgumentParser) -> None:
 def add_device_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     parser.add_argument(
-        "--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: bfloat16 on CUDA, else float32)"
+        "--dtype",
+        default="auto",
+        help="auto | float32 | bfloat16 | float16 (auto: bfloat16 on CUDA and on CPUs that run it natively, else "
+        "float32; `midlens bench cpu` shows the comparison)",
     )
 
 
