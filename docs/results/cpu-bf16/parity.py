@@ -63,8 +63,8 @@ def compare(fp32: dict[str, dict], bf16: dict[str, dict], method: str) -> dict |
 def main() -> None:
     report = {}
     lines = [
-        "| model | corpus | method | questions | EM fp32 / bf16 | paired EM, points | F1 fp32 / bf16 | paired F1, points "
-        "| same text | same gold rank | gold log-prob diff (mean / median abs) |",
+        "| model | corpus | method | questions | EM fp32 / bf16 | paired EM, points | F1 fp32 / bf16 "
+        "| paired F1, points | same text | same gold rank | gold log-prob diff (mean / median abs) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (model, corpus), (committed, ours) in SOURCES.items():
