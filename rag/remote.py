@@ -20,6 +20,7 @@ HTTP answer carries the library's own message; the schemas check only shapes and
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -305,11 +306,22 @@ def _error_of(response: httpx.Response) -> ServerError:
 class MidlensClient:
     """Typed calls of every endpoint; `retries` bounds how often a dropped connection or a 5xx is asked again."""
 
-    def __init__(self, base_url: str, timeout: float = 300.0, retries: int = 3, backoff_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 300.0,
+        retries: int = 3,
+        backoff_s: float = 1.0,
+        api_key: str | None = None,
+    ) -> None:
+        """`api_key`: the server's key (`midlens serve --api-key`), sent as `Authorization: Bearer`; default
+        $MIDLENS_API_KEY, as the server reads it."""
         self.base_url = base_url.rstrip("/")
         self.retries = retries
         self.backoff_s = backoff_s
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        key = api_key if api_key is not None else os.environ.get("MIDLENS_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -386,10 +398,12 @@ class MidlensClient:
             time.sleep(self.backoff_s * 2**attempt)
 
 
-def connect(base_url: str, timeout: float = 300.0, retries: int = 3) -> tuple[MidlensClient, Spec]:
+def connect(
+    base_url: str, timeout: float = 300.0, retries: int = 3, api_key: str | None = None
+) -> tuple[MidlensClient, Spec]:
     """A client of the server at `base_url` and what it serves, asked now: a wrong or dead URL fails where the
-    object that needs the server is built (ServerUnreachable), not at its first call."""
-    client = MidlensClient(base_url, timeout=timeout, retries=retries)
+    object that needs the server is built (ServerUnreachable), not at its first call; so does a wrong key."""
+    client = MidlensClient(base_url, timeout=timeout, retries=retries, api_key=api_key)
     try:
         with reaching(client.base_url):
             return client, client.spec()

@@ -80,6 +80,7 @@ class ServeOptions:
     port: int = DEFAULT_PORT
     address: str | None = None
     cite_evidence: str | None = None  # the method whose evidence citations blend in (None: the answering pass's)
+    api_key: str | None = None  # every route but /healthz and /readyz asks for `Authorization: Bearer <key>`
 
 
 class BodyLimit:
@@ -127,8 +128,38 @@ class BodyLimit:
         await error_response(status, message, kind, code)(scope, receive, send)
 
 
-# Set by the replica from its options; read by BodyLimit, which the ASGI stack builds without arguments.
-_LIMITS = {"max_body_bytes": DEFAULT_MAX_BODY_BYTES}
+class ApiKey:
+    """Refuse (401, OpenAI's error object) a request without this server's key, before anything else reads it.
+
+    The key is what OpenAI clients send: `Authorization: Bearer <key>`; compared in constant time. Health checks
+    stay open (a load balancer probes them without credentials)."""
+
+    OPEN = ("/healthz", "/readyz")
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        key = _LIMITS.get("api_key")
+        if scope["type"] != "http" or not key or scope.get("path") in self.OPEN:
+            await self.app(scope, receive, send)
+            return
+        import hmac
+
+        sent = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = sent.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode()):
+            await self.app(scope, receive, send)
+            return
+        message = (
+            "this server needs an API key: send `Authorization: Bearer <key>` (the openai client's api_key, "
+            "RemoteMidlensLLM(api_key=...)); the key given was wrong or missing."
+        )
+        await error_response(401, message, "invalid_request_error", "invalid_api_key")(scope, receive, send)
+
+
+# Set by the replica from its options; read by BodyLimit and ApiKey, which the ASGI stack builds without arguments.
+_LIMITS: dict[str, Any] = {"max_body_bytes": DEFAULT_MAX_BODY_BYTES, "api_key": None}
 
 api = FastAPI(
     title="midlens",
@@ -137,6 +168,7 @@ api = FastAPI(
     responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 504: {"model": ErrorResponse}},
 )
 api.add_middleware(BodyLimit)
+api.add_middleware(ApiKey)  # added last, so it runs first: an unauthorised body is never read
 api.add_exception_handler(RequestValidationError, on_invalid)
 # The library's refusals as 4xx; anything else as a 500 with its message (Starlette's last-resort handler).
 for _refused in (MidlensError, ValueError, TypeError):
@@ -207,6 +239,7 @@ class MidlensServer:
             _replica_grpc_on_loopback()
         # The module's own dict (the class reaches the replica pickled, with copies of the globals it names).
         this_module._LIMITS["max_body_bytes"] = self.options.max_body_bytes
+        this_module._LIMITS["api_key"] = self.options.api_key
         self.engine = Engine(
             self.options.model,
             self.options.method,

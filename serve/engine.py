@@ -40,6 +40,29 @@ HTTP_REMEDIES = Remedies(
     longer="serve a model with a longer context window",
     split="send shorter passages",
 )
+
+
+class ArtefactRefused(MidlensError):
+    """A request named an artefact folder (only the server's operator chooses those)."""
+
+
+ARTEFACT_REFUSED = (
+    "a request cannot name an artefact folder: trained artefacts are chosen by this server's operator (midlens serve "
+    "--method 'NAME(artefact=FOLDER)'). Name the method alone (e.g. 'mudaf'), which runs its shipped artefact."
+)
+
+
+def _names_a_folder(spec: str) -> bool:
+    """Whether a method spec sets an `artefact` option (to anything: the refusal must not depend on the path)."""
+    from midlens.core.method_spec import parse_method_spec
+
+    try:
+        _, options = parse_method_spec(spec)
+    except Exception:  # noqa: BLE001 - a spec that does not parse is refused by method_config with its own words
+        return False
+    return options.get("artefact") is not None
+
+
 # Generators of other methods share the loaded weights; a few are kept so a method asked for again is not rebuilt.
 MAX_METHODS = 4
 
@@ -166,10 +189,14 @@ class Engine:
 
     def method_spec(self, method: str | None) -> str:
         """The canonical spec of a request's method (default: the server's); an unknown name or option raises the
-        registry's error."""
+        registry's error. A request never names a folder: an artefact is the operator's choice (`midlens serve
+        --method`), so a spec with one is refused with the same words whatever the path, before anything reads it."""
         if method is None:
             return self.default.method.spec()
-        return method_config(method).spec()
+        spec = method_config(method).spec()
+        if spec != self.default.method.spec() and _names_a_folder(spec):
+            raise ArtefactRefused(ARTEFACT_REFUSED)
+        return spec
 
     def method_of_model(self, model: str | None) -> str | None:
         """OpenAI's `model` field: the served model's name, or NAME/METHOD-SPEC for another method on its weights."""
@@ -186,6 +213,9 @@ class Engine:
     def _decoding(self, method: str | None, options: dict[str, Any]) -> Decoding:
         max_new = options.get("max_new_tokens")
         spec = self.method_spec(method)
+        scorer = options.get("restack")
+        if isinstance(scorer, str) and scorer != RESTACK_MEASURED and _names_a_folder(scorer):
+            raise ArtefactRefused(ARTEFACT_REFUSED)
         # A bad scorer fails here; "measured" is what was measured to help this model answering with `spec`.
         restack = resolve_restack(
             check_restack_option(options.get("restack"), options.get("restack_rounds", 1)), self.model_name, spec

@@ -390,6 +390,15 @@ def test_bad_requests_are_4xx_with_the_library_s_message(server, generator):
         404,
     )
 
+    # A request never reaches the disk: any artefact path, existing or not, folder or not, gets the same words.
+    from midlens.serve.engine import ARTEFACT_REFUSED
+
+    for path in ("/root", "/nonexistent", str(Path(__file__).parent)):
+        body = {"question": "hi", "passages": [], "method": f"mudaf(artefact='{path}')"}
+        assert refused(_post(server, "/v1/midlens/answer", json.dumps(body)), 400) == ARTEFACT_REFUSED
+        chat_body = {"messages": [{"role": "user", "content": "hi"}], "model": f"smollm2-135m/{body['method']}"}
+        assert refused(_post(server, chat, json.dumps(chat_body)), 400) == ARTEFACT_REFUSED
+
     long = [{"id": "long", "text": "lorem ipsum " * 5000}]  # ~10k tokens, over the 8k window, under the body limit
     with pytest.raises(PromptTooLongError) as too_long:
         generator.prompt("What is it?", [Passage(long[0]["text"], "", "long")], MAX_NEW)

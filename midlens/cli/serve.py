@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -26,6 +27,12 @@ def add_parser(sub) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("MIDLENS_API_KEY"),
+        help="require `Authorization: Bearer KEY` on every route but /healthz and /readyz (default: $MIDLENS_API_KEY); "
+        "needed when --host is not a loopback address",
+    )
     serve.add_argument("--address", help="Ray cluster to deploy on (e.g. auto, ray://host:10001); default: a local one")
     serve.add_argument("--replicas", type=positive_int, default=1, help="model replicas (each loads the model)")
     serve.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica (with --device auto: CUDA)")
@@ -58,6 +65,12 @@ def options_of(args: argparse.Namespace):
         raise InvalidArgumentError("--batch-wait-timeout must be >= 0 and --request-timeout > 0 (seconds).")
     if not 0 < args.port < 65536:
         raise InvalidArgumentError(f"--port {args.port}: use 1 to 65535.")
+    if not args.api_key and not _loopback(args.host):
+        raise InvalidArgumentError(
+            f"--host {args.host} listens beyond this machine, and the server would answer anyone who reaches it: "
+            "give it a key (--api-key KEY, or MIDLENS_API_KEY=KEY), which clients send as `Authorization: Bearer "
+            "KEY`, or listen on 127.0.0.1."
+        )
     method = method_spec(args)
     args.model = chosen_model(args, method)
     check_device(args)
@@ -87,7 +100,19 @@ def options_of(args: argparse.Namespace):
         host=args.host,
         port=args.port,
         address=args.address,
+        api_key=args.api_key or None,
     )
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def run(args: argparse.Namespace) -> int:

@@ -300,15 +300,17 @@ class RemoteMidlensLLM(MidlensLLM):
         method: str | None = None,
         timeout: float = 300.0,
         retries: int = 3,
+        api_key: str | None = None,
         **kwargs: Any,
     ) -> None:
         """`model`: left out, or the served model's name; `method`: a spec run on the server's weights (default: the
-        server's); the other fields are MidlensLLM's (max_new_tokens, temperature, truncate, prompt_style, ...)."""
+        server's); `api_key`: the server's key (default $MIDLENS_API_KEY); the other fields are MidlensLLM's
+        (max_new_tokens, temperature, truncate, prompt_style, ...)."""
         for local in ("evidence", "device", "dtype", "method_options", "cite_evidence"):
             if kwargs.get(local):
                 raise InvalidArgumentError(f"{local}= is the server's to choose: set it on `midlens serve`.")
             kwargs.pop(local, None)
-        client, spec = connect(base_url, timeout=timeout, retries=retries)
+        client, spec = connect(base_url, timeout=timeout, retries=retries, api_key=api_key)
         if model is not None and model != spec.model:
             raise InvalidArgumentError(f"model={model!r}: the server at {base_url} runs {spec.model!r}.")
         # Past GeneratorBacked, whose constructor loads a model: the fields describe the server's.

@@ -95,9 +95,11 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
         base_url: str | None = None,
         timeout: float = 300.0,
         retries: int = 3,
+        api_key: str | None = None,
         **kwargs: Any,
     ) -> None:
-        """`kwargs`: the fields above, and method, method_options, evidence, device and dtype as in MidlensLLM.
+        """`kwargs`: the fields above, and method, method_options, evidence, device and dtype as in MidlensLLM;
+        `api_key`: a `midlens serve` server's key (with `base_url`; default $MIDLENS_API_KEY).
 
         A named model loads now; without one nothing loads until the first rerank (or `share_model`), so a reranker
         built before its query engine's LLM ends up reading that LLM's attention, with one model in memory.
@@ -118,7 +120,7 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
             if kwargs.get(local):
                 raise InvalidArgumentError(f"{local}= is the server's to choose: set it on `midlens serve`.")
             kwargs.pop(local, None)
-        client, spec = connect(base_url, timeout=timeout, retries=retries)
+        client, spec = connect(base_url, timeout=timeout, retries=retries, api_key=api_key)
         # Past GeneratorBacked's constructor, which loads (or defers) a model: the fields describe the server's.
         BaseNodePostprocessor.__init__(
             self,
