@@ -51,8 +51,11 @@ class GenerationOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_new_tokens: int | None = Field(default=None, ge=0, description="Longest answer in tokens (0: score only).")
-    temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
+    # strict: a number sent as a string ("5") is refused, as the Python API refuses it.
+    max_new_tokens: int | None = Field(
+        default=None, ge=0, strict=True, description="Longest answer in tokens (0: score only)."
+    )
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy; at most 2, as OpenAI's.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=0, description="Sampling seed (temperature > 0).")
     calibrate: bool = Field(default=True, description="Also compute calibrated evidence (content-free query).")

@@ -29,6 +29,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from midlens.core.errors import MidlensError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
@@ -46,8 +47,16 @@ from midlens.rag.remote import (
     Spec,
     Stats,
 )
-from midlens.serve.engine import Engine, Job, Outcome, citation_json, result_of
-from midlens.serve.errors import BodyTooLarge, RequestTimeout, describe, error_response, on_error, on_invalid
+from midlens.serve.engine import Engine, Job, Limits, Outcome, citation_json, result_of
+from midlens.serve.errors import (
+    BodyTooLarge,
+    RequestTimeout,
+    describe,
+    error_response,
+    on_error,
+    on_http_error,
+    on_invalid,
+)
 from midlens.serve.schemas import ChatCompletionRequest, ModelList
 
 APP_NAME = "midlens"
@@ -81,6 +90,12 @@ class ServeOptions:
     address: str | None = None
     cite_evidence: str | None = None  # the method whose evidence citations blend in (None: the answering pass's)
     api_key: str | None = None  # every route but /healthz and /readyz asks for `Authorization: Bearer <key>`
+    # The work one request may ask for (serve.engine.Limits); each refused with a 400 naming its option.
+    max_passages: int = 64
+    max_prompt_tokens: int = 8192
+    max_answer_tokens: int = 1024
+    max_restack_rounds: int = 3
+    max_method_cost: float = 8.0
 
 
 class BodyLimit:
@@ -170,6 +185,7 @@ api = FastAPI(
 api.add_middleware(BodyLimit)
 api.add_middleware(ApiKey)  # added last, so it runs first: an unauthorised body is never read
 api.add_exception_handler(RequestValidationError, on_invalid)
+api.add_exception_handler(StarletteHTTPException, on_http_error)
 # The library's refusals as 4xx; anything else as a 500 with its message (Starlette's last-resort handler).
 for _refused in (MidlensError, ValueError, TypeError):
     api.add_exception_handler(_refused, on_error)
@@ -252,6 +268,13 @@ class MidlensServer:
             self.options.max_new_tokens,
             self.options.threads,
             self.options.cite_evidence,
+            Limits(
+                self.options.max_passages,
+                self.options.max_prompt_tokens,
+                self.options.max_answer_tokens,
+                self.options.max_restack_rounds,
+                self.options.max_method_cost,
+            ),
         )
         # One thread runs the model: a batch at a time, while the event loop stays free.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="midlens-generate")

@@ -99,6 +99,59 @@ class Decoding:
     restack_rounds: int = 1
 
 
+@dataclass(frozen=True)
+class Limits:
+    """How much work one request may ask for: what keeps one client from holding a replica for minutes. Each is a
+    `midlens serve` option; a request over one is refused (400) before anything is computed."""
+
+    max_passages: int = 64
+    max_prompt_tokens: int = 8192
+    max_answer_tokens: int = 1024
+    max_restack_rounds: int = 3
+    max_method_cost: float = 8.0  # a method's cost (`Method.cost`: plain answers per answer) from its options
+
+    def check_decoding(self, decoding: Decoding) -> None:
+        if decoding.max_new_tokens > self.max_answer_tokens:
+            raise TooMuchWork(
+                f"max_tokens {decoding.max_new_tokens} is over this server's limit of {self.max_answer_tokens} "
+                "(midlens serve --max-answer-tokens); ask for fewer."
+            )
+        if decoding.restack is not None and decoding.restack_rounds > self.max_restack_rounds:
+            raise TooMuchWork(
+                f"restack_rounds {decoding.restack_rounds} is over this server's limit of {self.max_restack_rounds} "
+                "(midlens serve --max-restack-rounds)."
+            )
+        for spec in (decoding.method, decoding.restack):
+            if spec is None:
+                continue
+            config = method_config(spec)
+            cost = REGISTRY[config.name].cost
+            work = 1.0 if cost is None else float(cost(config.options))
+            if work > self.max_method_cost:
+                raise TooMuchWork(
+                    f"method {spec!r} costs about {work:g} plain answers per answer, over this server's limit of "
+                    f"{self.max_method_cost:g} (midlens serve --max-method-cost); ask for fewer instances."
+                )
+
+    def check_passages(self, count: int) -> None:
+        if count > self.max_passages:
+            raise TooMuchWork(
+                f"the request has {count} passages; this server takes at most {self.max_passages} per request "
+                "(midlens serve --max-passages): send the best ones, or split the request."
+            )
+
+    def check_prompt(self, prompt: StackedPrompt) -> None:
+        if prompt.num_tokens > self.max_prompt_tokens:
+            raise TooMuchWork(
+                f"the prompt is {prompt.num_tokens} tokens, over this server's limit of {self.max_prompt_tokens} "
+                "(midlens serve --max-prompt-tokens): send fewer or shorter passages, or truncate='drop_last'."
+            )
+
+
+class TooMuchWork(MidlensError):
+    """A request asks for more work than the server's limits allow."""
+
+
 @dataclass
 class Job:
     """One request, ready to generate: its prompt, its decoding, and where its text deltas and its answer
@@ -136,6 +189,7 @@ class Engine:
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         threads: int | None = None,
         cite_evidence: str | None = None,
+        limits: Limits | None = None,
     ):
         """`cite_evidence`: every answer's citations blend in this method's evidence of the prompt (one more prefill
         per answer: `MeasuredCitations(evidence_from=...)`); None: the answering pass's own."""
@@ -145,6 +199,7 @@ class Engine:
             torch.set_num_threads(threads)
         self.prompt_style = check_style(prompt_style)
         self.max_new_tokens = max_new_tokens
+        self.limits = limits or Limits()
         # Checked in this option's name, not as the library's evidence_from it becomes.
         self.citations = MeasuredCitations(check_cite_evidence(cite_evidence))
         self.default = Generator(
@@ -241,16 +296,20 @@ class Engine:
         max_prompt_tokens: int | None = None,
     ) -> StackedPrompt:
         # A cap on the prompt leaves the rest of the window unused, as the answer's room does.
+        self.limits.check_passages(len(passages))
+        self.limits.check_decoding(decoding)
         reserve = decoding.max_new_tokens
         if max_prompt_tokens is not None:
             reserve = max(reserve, self.default.context_window - max_prompt_tokens)
-        return self.default.prompt(
+        prompt = self.default.prompt(
             question,
             [Passage(text=p.text, title=p.title, id=p.id, score=p.score) for p in passages],
             max_new_tokens=reserve,
             truncate=truncate,  # type: ignore[arg-type]
             style=check_style(style or self.prompt_style),
         )
+        self.limits.check_prompt(prompt)
+        return prompt
 
     def answer_job(self, request: AnswerRequest) -> Job:
         decoding = self._decoding(request.method, request.model_dump())
@@ -304,8 +363,11 @@ class Engine:
             for m in request.messages
             if m.role in ("system", "developer", "user", "assistant")
         ]
+        self.limits.check_decoding(decoding)
         window = self.default.context_window - decoding.max_new_tokens
-        return Job(chat_prompt(self.default.tokenizer, turns, window), decoding)
+        prompt = chat_prompt(self.default.tokenizer, turns, window)
+        self.limits.check_prompt(prompt)
+        return Job(prompt, decoding)
 
     # ---- jobs -> answers (one thread: the model is installed for one method at a time) ----
 

@@ -12,6 +12,7 @@ import logging
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from midlens.core.errors import MidlensError, PromptTooLongError
 from midlens.rag.remote import ErrorDetail, ErrorResponse
@@ -54,6 +55,21 @@ async def on_error(request: Request, err: Exception) -> JSONResponse:
     return error_response(status, message, kind, code)
 
 
+ROUTES = "/v1/chat/completions, /v1/models, /v1/midlens/answer, /v1/midlens/score, /v1/midlens/spec"
+
+
+async def on_http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own answers (no such route, a method the route does not take) in OpenAI's error shape, which
+    clients parse, instead of `{"detail": ...}`."""
+    if err.status_code == 404:
+        message = f"no route {request.url.path}: this server answers {ROUTES} (no /v1/completions: use chat)."
+        return error_response(404, message, "invalid_request_error", "not_found")
+    if err.status_code == 405:
+        message = f"{request.method} is not accepted on {request.url.path}."
+        return error_response(405, message, "invalid_request_error", "method_not_allowed")
+    return error_response(err.status_code, str(err.detail), "invalid_request_error", None)
+
+
 def _location(loc: tuple) -> str:
     return ".".join(str(part) for part in loc if part != "body") or "body"
 
@@ -63,6 +79,14 @@ async def on_invalid(request: Request, err: RequestValidationError) -> JSONRespo
     field and what is wrong with it."""
     errors = err.errors()
     for item in errors:
+        if tuple(item.get("loc", ())) == ("body",) and item.get("type") in ("model_attributes_type", "dict_type"):
+            content_type = request.headers.get("content-type", "none")
+            return error_response(
+                400,
+                f"the request body must be a JSON object sent as Content-Type: application/json (got {content_type}).",
+                "invalid_request_error",
+                "invalid_body",
+            )
         if item.get("type") == "json_invalid":
             where = item.get("ctx", {}).get("error", "")
             return error_response(

@@ -68,9 +68,12 @@ class ChatCompletionRequest(BaseModel):
 
     model: str | None = Field(default=None, description="The served model's name, or `NAME/METHOD-SPEC`.")
     messages: list[ChatMessage]
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0.0, description="Default 0 (greedy), not OpenAI's 1.")
+    # strict: "5" is refused, as OpenAI and the Python API refuse it; temperature in OpenAI's range.
+    max_tokens: int | None = Field(default=None, ge=0, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=0, strict=True)
+    temperature: float | None = Field(
+        default=None, ge=0.0, le=2.0, description="0 to 2 as OpenAI's; default 0 (greedy), not OpenAI's 1."
+    )
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = None
     n: int = Field(default=1, ge=1, le=1, description="One choice per request.")

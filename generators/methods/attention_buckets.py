@@ -122,6 +122,7 @@ METHOD = Method(
     "N instances with different RoPE bases as batch rows, logits mixed per step (Chen et al. 2023)",
     build=build,
     unsupported=plain_rope_problem,
+    cost=lambda opts: len(opts["bases"]) if opts["bases"] is not None else opts["buckets"],
     defaults=DEFAULTS,
     check=check_options,
     bench_variants=BENCH_VARIANTS,

@@ -44,6 +44,19 @@ def add_parser(sub) -> None:
     )
     serve.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is answered 504")
     serve.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="larger bodies are answered 413")
+    # What one request may ask for: over any of these it is answered 400 before anything is computed.
+    serve.add_argument("--max-passages", type=positive_int, default=64, help="most passages in one request")
+    serve.add_argument("--max-prompt-tokens", type=positive_int, default=8192, help="longest stacked prompt, in tokens")
+    serve.add_argument("--max-answer-tokens", type=positive_int, default=1024, help="most max_tokens a request may ask")
+    serve.add_argument(
+        "--max-restack-rounds", type=positive_int, default=3, help="most restack rounds a request may ask"
+    )
+    serve.add_argument(
+        "--max-method-cost",
+        type=float,
+        default=8.0,
+        help="costliest method a request may name, in plain answers per answer (Attention Buckets: one per base)",
+    )
     serve.add_argument(
         "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="answer length when a request sets none"
     )
@@ -101,6 +114,11 @@ def options_of(args: argparse.Namespace):
         port=args.port,
         address=args.address,
         api_key=args.api_key or None,
+        max_passages=args.max_passages,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_answer_tokens=args.max_answer_tokens,
+        max_restack_rounds=args.max_restack_rounds,
+        max_method_cost=args.max_method_cost,
     )
 
 
