@@ -7,6 +7,8 @@ are resolved here, once, into torch objects, with an error naming what was asked
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -57,10 +59,25 @@ def resolve_dtype(spec: str | torch.dtype = "auto", device: torch.device | None 
         # zero on both packaged models and corpora); elsewhere bf16 is emulated and slower, so fp32.
         if device is not None and device.type == "cuda":
             return torch.bfloat16
-        return torch.bfloat16 if cpu_runs_bf16() else torch.float32
+        return cpu_default_dtype()
     if spec not in DTYPES:
         raise DeviceError(f"dtype {spec!r}: choose one of auto, {', '.join(DTYPES)}.")
     return DTYPES[spec]
+
+
+CPU_DTYPE_ENV = "MIDLENS_CPU_DTYPE"
+
+
+def cpu_default_dtype() -> torch.dtype:
+    """What dtype="auto" means on a CPU: $MIDLENS_CPU_DTYPE when set (float32 or bfloat16: one setting for every
+    process, a test suite's subprocesses included), else bf16 where the CPU runs it natively, else fp32."""
+    chosen = os.environ.get(CPU_DTYPE_ENV, "").strip().lower()
+    if chosen:
+        chosen = DTYPE_ALIASES.get(chosen, chosen)
+        if chosen not in ("float32", "bfloat16"):
+            raise DeviceError(f"${CPU_DTYPE_ENV}={chosen!r}: set it to float32 or bfloat16, or unset it.")
+        return DTYPES[chosen]
+    return torch.bfloat16 if cpu_runs_bf16() else torch.float32
 
 
 def cpu_runs_bf16() -> bool:

@@ -31,11 +31,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from midlens.core.errors import MidlensError
+from midlens.core.errors import InvalidArgumentError, MidlensError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.generators.citations import Citation
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE
+from midlens.rag.pipeline import marked_answer
 from midlens.rag.remote import (
     AnswerRequest,
     AnswerResponse,
@@ -365,6 +366,9 @@ class MidlensServer:
         """OpenAI chat completions. Passages in `midlens.passages` are stacked under the last user message and
         scored; the response's `midlens` object holds the evidence (on the last streamed chunk when streaming)."""
         job = self.engine.chat_job(body)  # a bad request is refused here, before any event is sent
+        marked = bool(body.midlens and body.midlens.marked)
+        if marked and body.stream:
+            raise InvalidArgumentError("midlens.marked writes markers into the whole answer: ask without stream.")
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         model = body.model or self.engine.model_name
         created = int(time.time())
@@ -385,7 +389,10 @@ class MidlensServer:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": answer.text},
+                        "message": {
+                            "role": "assistant",
+                            "content": marked_answer(answer).text if marked else answer.text,
+                        },
                         "finish_reason": _finish_reason(answer.generated_tokens, max_new),
                         "logprobs": None,
                     }

@@ -53,6 +53,12 @@ class ChatExtension(BaseModel):
     prompt_style: str | None = None
     restack: str | None = Field(default=RESTACK_MEASURED, description=RESTACK_HELP + " Needs `passages`.")
     restack_rounds: int = Field(default=1, ge=1)
+    marked: bool = Field(
+        default=False,
+        description="Write `[n]` after each cited sentence in message.content (n: the passage's position), so a stock "
+        "OpenAI client shows the citations; the spans in midlens.citations index the text without them. Not with "
+        "stream.",
+    )
 
 
 class StreamOptions(BaseModel):

@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.model]
 MAX_NEW = 8
 TIMEOUT_S = 20.0  # generous: the machine running the tests may be shared
 MAX_BODY = 256 * 1024
+MAX_PROMPT = 4000  # tokens: under SmolLM2's 8k window, so the server's own limit is what a longer prompt meets
 ROOT = Path(__file__).resolve().parent.parent
 PASSAGES = [
     {"id": "p1", "title": "Brea", "text": "Torrid opened its first store in Brea, California, in 1987."},
@@ -63,6 +64,7 @@ def server():
         batch_wait_timeout_s=0.05,
         request_timeout_s=TIMEOUT_S,
         max_body_bytes=MAX_BODY,
+        max_prompt_tokens=MAX_PROMPT,
     )
     url = start(options)
     try:
@@ -412,6 +414,60 @@ def test_bad_requests_are_4xx_with_the_library_s_message(server, generator):
     with pytest.raises(MidlensError) as empty:
         generator.prompt(" ", [], MAX_NEW)
     assert refused(_post(server, "/v1/midlens/answer", json.dumps({"question": " "})), 400) == str(empty.value)
+
+
+def test_requests_over_the_limits_and_out_of_openai_s_ranges_are_refused_before_any_work(server, client):
+    def refused(response: httpx.Response, status: int) -> dict:
+        assert response.status_code == status, response.text
+        return response.json()["error"]  # OpenAI's error object on every path
+
+    before = client.stats().requests
+    answer = "/v1/midlens/answer"
+    many = [{"id": str(i), "text": "a passage"} for i in range(65)]
+    assert (
+        "takes at most 64"
+        in refused(_post(server, answer, json.dumps({"question": "q", "passages": many})), 400)["message"]
+    )
+    body = {"question": "q", "passages": [], "max_new_tokens": 5000}
+    assert "limit of 1024" in refused(_post(server, answer, json.dumps(body)), 400)["message"]
+    bases = [10000.0 * (1 + i / 10) for i in range(20)]
+    body = {"question": "q", "passages": [], "method": f"attention-buckets(bases={bases})"}
+    assert "costs about 20 plain answers" in refused(_post(server, answer, json.dumps(body)), 400)["message"]
+    body = {"question": "q", "passages": [{"id": "a", "text": "x"}], "restack": "mudaf", "restack_rounds": 4}
+    assert "limit of 3" in refused(_post(server, answer, json.dumps(body)), 400)["message"]
+    long = [{"id": "l", "text": "lorem ipsum dolor " * 1500}]  # ~4.5k tokens: under the window, over the limit
+    message = refused(_post(server, answer, json.dumps({"question": "q", "passages": long})), 400)["message"]
+    assert f"limit of {MAX_PROMPT}" in message and "--max-prompt-tokens" in message
+
+    chat = "/v1/chat/completions"
+    hi = [{"role": "user", "content": "hi"}]
+    assert refused(_post(server, chat, json.dumps({"messages": hi, "temperature": 5})), 400)["param"] == "temperature"
+    assert refused(_post(server, chat, json.dumps({"messages": hi, "max_tokens": "5"})), 400)["param"] == "max_tokens"
+    assert client.stats().requests == before  # none of them reached the model
+
+    missing = refused(httpx.post(server + "/v1/completions", json={"prompt": "hi"}, timeout=30), 404)
+    assert missing["code"] == "not_found" and "/v1/chat/completions" in missing["message"]
+    assert refused(httpx.get(server + chat, timeout=30), 405)["code"] == "method_not_allowed"
+    wrong = httpx.post(server + chat, content=b"hi", headers={"content-type": "text/plain"}, timeout=30)
+    assert "must be a JSON object" in refused(wrong, 400)["message"]
+
+
+def test_marked_content_shows_the_citations_to_a_stock_client(server, generator):
+    from midlens.rag.pipeline import marked_answer
+
+    question = QUESTIONS[0]
+    body = {
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": MAX_NEW,
+        "midlens": {"passages": PASSAGES, "marked": True, "restack": None},
+    }
+    response = _post(server, "/v1/chat/completions", json.dumps(body))
+    assert response.status_code == 200, response.text
+    local = _local(generator, question)
+    assert local.citations  # the in-process answer cites: the markers have something to show
+    assert response.json()["choices"][0]["message"]["content"] == marked_answer(local).text
+    streamed = _post(server, "/v1/chat/completions", json.dumps({**body, "stream": True}))
+    assert streamed.status_code == 400 and "without stream" in streamed.json()["error"]["message"]
 
 
 def test_the_server_listens_on_loopback_only(server):
