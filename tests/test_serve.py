@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.model]
 MAX_NEW = 8
 TIMEOUT_S = 20.0  # generous: the machine running the tests may be shared
 MAX_BODY = 256 * 1024
+SOAK_ROUNDS = 5
+SOAK_BOUND_S = TIMEOUT_S  # a valid request is answered within the server's own timeout, abuse or not
+SOAK_RSS_GROWTH = 0.10  # the replica's memory after the last round, over the first: a leak per round would pass it
 MAX_PROMPT = 4000  # tokens: under SmolLM2's 8k window, so the server's own limit is what a longer prompt meets
 ROOT = Path(__file__).resolve().parent.parent
 PASSAGES = [
@@ -468,6 +471,53 @@ def test_marked_content_shows_the_citations_to_a_stock_client(server, generator)
     assert response.json()["choices"][0]["message"]["content"] == marked_answer(local).text
     streamed = _post(server, "/v1/chat/completions", json.dumps({**body, "stream": True}))
     assert streamed.status_code == 400 and "without stream" in streamed.json()["error"]["message"]
+
+
+def _replica_rss_mb() -> float:
+    import psutil
+
+    replicas = [p for p in psutil.Process().children(recursive=True) if "MidlensServer" in " ".join(p.cmdline() or [])]
+    assert replicas, "no replica process found"
+    return sum(p.memory_info().rss for p in replicas) / 2**20
+
+
+def test_soak_mixed_valid_and_abusive_requests(server, client):
+    """Bounded rounds of valid requests sent together with abusive ones (too many passages, a costly method, an
+    artefact path, broken JSON, an oversized body): every valid request is answered 200 within SOAK_BOUND_S, every
+    abusive one 4xx, and the replica's resident memory grows by less than SOAK_RSS_GROWTH over the rounds (one
+    process; after the first round, which warms the allocator)."""
+    answer = "/v1/midlens/answer"
+    valid = json.dumps({"question": QUESTIONS[1], "passages": PASSAGES, "max_new_tokens": MAX_NEW, "restack": None})
+    abusive = [
+        json.dumps({"question": "q", "passages": [{"id": str(i), "text": "x"} for i in range(500)]}),
+        json.dumps(
+            {"question": "q", "passages": [], "method": f"attention-buckets(bases={[1e4 + i for i in range(200)]})"}
+        ),
+        json.dumps({"question": "q", "passages": [], "method": "mudaf(artefact='/root')"}),
+        '{"question": "q", "passages": [',
+        json.dumps({"question": "q", "passages": [{"id": "x", "text": "a" * (MAX_BODY + 1)}]}),
+    ]
+    codes: dict[int, int] = {}
+    latencies, rss = [], []
+
+    def send(body: str) -> tuple[bool, int, float]:
+        t0 = time.monotonic()
+        response = _post(server, answer, body)
+        return body == valid, response.status_code, time.monotonic() - t0
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for _ in range(SOAK_ROUNDS):
+            for is_valid, status, seconds in pool.map(send, [valid, *abusive, valid]):
+                codes[status] = codes.get(status, 0) + 1
+                if is_valid:
+                    assert status == 200
+                    latencies.append(seconds)
+                else:
+                    assert 400 <= status < 500
+            rss.append(_replica_rss_mb())
+    print(f"soak: {SOAK_ROUNDS} rounds, codes {codes}, valid latency max {max(latencies):.2f} s, RSS MB {rss}")
+    assert max(latencies) < SOAK_BOUND_S
+    assert rss[-1] < rss[0] * (1 + SOAK_RSS_GROWTH)
 
 
 def test_the_server_listens_on_loopback_only(server):
