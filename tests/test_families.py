@@ -274,3 +274,17 @@ def test_a_config_that_contradicts_its_weights_is_named(tmp_path):
     with pytest.raises(ModelError, match="do not match the weights' tensors") as err:
         load_model(str(folder))
     assert "config.json" in str(err.value)
+
+
+def test_methods_command_says_what_the_layers_do_and_which_methods_run(tmp_path, capsys):
+    from midlens.cli import main
+
+    folder = save_tiny("gemma3", tmp_path / "gemma3")
+    assert main(["methods", "--model", str(folder), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "layers 0-1, 3: q/k/v, q/k norm per head, RoPE on 16 channels, window 16" in out
+    assert "layer 2: q/k/v, q/k norm per head, RoPE on 16 channels" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(" ")}
+    assert lines["baseline"].endswith("runs") and lines["attn-calibration"].endswith("runs")
+    assert "own RoPE bases (local and global)" in lines["ms-poe"]
+    assert "midlens train mudaf" in lines["mudaf"]

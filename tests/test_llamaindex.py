@@ -676,6 +676,27 @@ def test_citation_engine_numbers_sources_as_its_markers_and_the_prompt_do(llm, f
     assert "?]" not in checked.response
 
 
+def test_the_stock_citation_engine_gets_attention_read_markers(llm, faiss_index):
+    """LlamaIndex's own CitationQueryEngine, given MidlensLLM: its "Source N:" prompt is read back into passages
+    (numbered as its sources), and the answer comes back with "[N]" markers from the answer's attention, numbering
+    the engine's own source nodes: the same markers as MidlensCitationQueryEngine's on the same question."""
+    from llama_index.core.query_engine import CitationQueryEngine
+
+    from midlens.rag.llamaindex import MidlensCitationQueryEngine
+
+    stock = CitationQueryEngine.from_args(faiss_index, llm=llm, similarity_top_k=3).query(QUESTION)
+    ours = MidlensCitationQueryEngine.from_index(faiss_index, llm=llm, similarity_top_k=3).query(QUESTION)
+    markers = [int(m) for m in re.findall(r"\[(\d+)\]", stock.response)]
+    assert markers, stock.response  # LlamaIndex's engine shows citations now (before: none in 4 answers)
+    assert set(markers) <= set(range(1, len(stock.source_nodes) + 1))
+    assert stock.response == ours.response  # the same prompt order, the same attention, the same markers
+    cited = {r["marker"]: r for r in ours.metadata["midlens"]["citations"]}
+    for n in set(markers):  # each marker's source holds the sentence midlens cites, at its offsets
+        body = stock.source_nodes[n - 1].node.get_content().removeprefix(f"Source {n}:\n")
+        start, end = cited[n]["node_chars"]
+        assert body[start:end].strip()
+
+
 def test_verify_is_refused_where_it_cannot_run(llm, faiss_index):
     with pytest.raises(InvalidArgumentError, match=r"verify='no': pass True"):
         MidlensQueryEngine.from_index(faiss_index, llm=llm, verify="no")

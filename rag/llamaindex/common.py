@@ -22,6 +22,7 @@ from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.registry import method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
 from midlens.generators.prompt import Passage
+from midlens.rag.pipeline import marked_answer
 
 logger = logging.getLogger(__name__)
 # Models the MidlensLLMs of this process use, latest last: an AttentionReranker given no model shares one. Weak
@@ -219,12 +220,12 @@ def _response_kwargs(answer: Answer) -> dict[str, Any]:
     }
 
 
-def _completion(answer: Answer, delta: str | None = None) -> CompletionResponse:
+def _completion(answer: Answer, delta: str | None = None, marked: bool = False) -> CompletionResponse:
     """An Answer as LlamaIndex's completion (whether a local model or a server gave it): the text, and the evidence
-    in additional_kwargs."""
-    return CompletionResponse(
-        text=answer.text, delta=delta, additional_kwargs=_response_kwargs(answer), raw=answer.to_dict()
-    )
+    in additional_kwargs. `marked`: the text with "[n]" after each cited sentence (the passages' prompt positions),
+    for a prompt that asks for citations in the text."""
+    text = marked_answer(answer).text if marked else answer.text
+    return CompletionResponse(text=text, delta=delta, additional_kwargs=_response_kwargs(answer), raw=answer.to_dict())
 
 
 def _as_chat(completion: CompletionResponse) -> ChatResponse:

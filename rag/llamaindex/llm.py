@@ -194,14 +194,15 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
     def _request(
         self, prompt: str, formatted: bool, kwargs: dict[str, Any]
-    ) -> tuple[str, list[Passage], dict[str, Any]]:
-        """The question, the passages and the generation options of a completion call."""
+    ) -> tuple[str, list[Passage], dict[str, Any], bool]:
+        """The question, the passages and the generation options of a completion call, and whether its template
+        asks for "[N]" citations in the answer's text (LlamaIndex's CitationQueryEngine)."""
         passages, options = self._options(kwargs)
         question = prompt if formatted else self.completion_to_prompt(prompt)
         stock = self._stock(question) if passages is None else None
         if stock is not None:
-            return stock.question, stock.passages, options
-        return question, [to_passage(p) for p in passages or []], options
+            return stock.question, stock.passages, options, stock.cites_in_text
+        return question, [to_passage(p) for p in passages or []], options, False
 
     def _stock(self, prompt: str) -> StockRequest | None:
         if not self.read_stock_prompts:
@@ -223,7 +224,7 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
     def _prepare_chat(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
-    ) -> tuple[Generator | Restacker, StackedPrompt, dict]:
+    ) -> tuple[Generator | Restacker, StackedPrompt, dict, bool]:
         """What answers the chat, its prompt and options: a QA template's passages the way `complete` answers
         them (restacked as the LLM's `restack` says), any other conversation in the model's chat template."""
         passages, options = self._options(kwargs)
@@ -233,33 +234,33 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         if stock is not None:
             pipeline = self.pipeline
             prompt = pipeline.prompt(stock.question, stock.passages, options["max_new_tokens"])
-            return pipeline.answerer, prompt, options
+            return pipeline.answerer, prompt, options, stock.cites_in_text
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
         window = self.generator.context_window - options["max_new_tokens"]
         options["calibrate"] = False
-        return self.generator, chat_prompt(self.generator.tokenizer, turns, window), options
+        return self.generator, chat_prompt(self.generator.tokenizer, turns, window), options, False
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         restack = check_restack_option(kwargs.pop("restack", self.restack))
-        question, passages, options = self._request(prompt, formatted, kwargs)
-        return _completion(self._pipeline(restack).answer(question, passages, **options))
+        question, passages, options, marked = self._request(prompt, formatted, kwargs)
+        return _completion(self._pipeline(restack).answer(question, passages, **options), marked=marked)
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         # Prompt errors (empty question, too long) raise here, at call time, not on the first next().
         restack = check_restack_option(kwargs.pop("restack", self.restack))
-        question, passages, options = self._request(prompt, formatted, kwargs)
+        question, passages, options, _ = self._request(prompt, formatted, kwargs)
         return _chunks(self._pipeline(restack).answer_stream(question, passages, **options))
 
     # Chat goes through the model's own chat template, not the RAG prompt: chat engines and agents that use
     # this class as Settings.llm send whole conversations (system turns included).
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        answerer, stacked, options = self._prepare_chat(messages, kwargs)
-        return _as_chat(_completion(answerer.generate(stacked, **options)))
+        answerer, stacked, options, marked = self._prepare_chat(messages, kwargs)
+        return _as_chat(_completion(answerer.generate(stacked, **options), marked=marked))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        answerer, stacked, options = self._prepare_chat(messages, kwargs)
+        answerer, stacked, options, _ = self._prepare_chat(messages, kwargs)
         # A generator, not a map: LlamaIndex's callback tells a stream from a response by that type.
         return (_as_chat(chunk) for chunk in _chunks(answerer.stream(stacked, **options)))
 
@@ -350,12 +351,12 @@ class RemoteMidlensLLM(MidlensLLM):
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         restack = _restack_request(kwargs.pop("restack", self.restack))
-        question, passages, options = self._request(prompt, formatted, kwargs)
+        question, passages, options, _ = self._request(prompt, formatted, kwargs)
         return self._served.complete(self, question, passages, {**options, **restack})
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         restack = _restack_request(kwargs.pop("restack", self.restack))
-        question, passages, options = self._request(prompt, formatted, kwargs)
+        question, passages, options, _ = self._request(prompt, formatted, kwargs)
         messages = [{"role": "user", "content": question}]
         return self._served.stream(self, messages, passages, {**options, **restack}, question)
 

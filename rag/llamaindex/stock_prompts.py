@@ -28,6 +28,7 @@ from llama_index.core.prompts.default_prompts import (
     DEFAULT_TEXT_QA_PROMPT_TMPL,
     DEFAULT_TREE_SUMMARIZE_TMPL,
 )
+from llama_index.core.query_engine.citation_query_engine import CITATION_QA_TEMPLATE, CITATION_REFINE_TEMPLATE
 
 from midlens.core.passage import Passage
 
@@ -46,6 +47,12 @@ class StockRequest:
     template: str
     question: str
     passages: list[Passage]
+
+    @property
+    def cites_in_text(self) -> bool:
+        """The template asks for "[N]" citations in the answer's text (CitationQueryEngine's), N numbering its
+        sources: the answer is then given with midlens' markers, which number passages the same way."""
+        return self.template.startswith("citation")
 
 
 def _pattern(template: str) -> re.Pattern[str]:
@@ -81,6 +88,9 @@ for _name, _template in (
     ("tree_summarize", _user_text(TREE_SUMMARIZE_PROMPT_TMPL_MSGS)),
     ("refine", DEFAULT_REFINE_PROMPT_TMPL),
     ("refine", _user_text(CHAT_REFINE_PROMPT_TMPL_MSGS)),
+    # CitationQueryEngine's: numbered "Source N:" chunks, and an answer expected to cite them as "[N]".
+    ("citation_qa", CITATION_QA_TEMPLATE.get_template()),
+    ("citation_refine", CITATION_REFINE_TEMPLATE.get_template()),
 ):
     _TEMPLATES.setdefault(_template, (_name, _pattern(_template)))
 
@@ -128,6 +138,28 @@ def split_context(context: str) -> list[Passage]:
     return [Passage(text="\n\n".join(texts), title=_title(header)) for header, texts in groups if texts]
 
 
+# A CitationQueryEngine source: "Source N:" on a line of its own, then the chunk (a node's metadata header, when the
+# LLM may see it, comes before that line).
+_SOURCE_LINE = re.compile(r"^Source (\d+):[ \t]*$", re.MULTILINE)
+
+
+def split_sources(context: str) -> list[Passage]:
+    """CitationQueryEngine's context -> one Passage per numbered source, in order, titled by the metadata header
+    that precedes its "Source N:" line (if any) and named "Source N" otherwise."""
+    marks = list(_SOURCE_LINE.finditer(context))
+    passages, header = [], None
+    for i, mark in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(context)
+        blocks = [b.strip() for b in re.split(r"\n[ \t]*\n", context[mark.end() : end]) if b.strip()]
+        following = _header(blocks[-1]) if len(blocks) > 1 and i + 1 < len(marks) else None
+        if following is not None:
+            blocks.pop()  # the next source's metadata header
+        title = _title(header) if header else ""
+        passages.append(Passage(text="\n\n".join(blocks), title=title or f"Source {mark.group(1)}"))
+        header = following
+    return passages
+
+
 def read_stock_prompt(prompt: str) -> StockRequest | None:
     """The question and passages of a prompt formatted from one of LlamaIndex's default QA / refine templates;
     None for any other prompt (it is then answered as it is)."""
@@ -138,10 +170,12 @@ def read_stock_prompt(prompt: str) -> StockRequest | None:
         values = found.groupdict()
         question = values["query_str"].strip()
         context = values.get("context_str", values.get("context_msg", ""))
-        passages = split_context(context)
+        passages = split_sources(context) if name.startswith("citation") else split_context(context)
         if not question or not passages:
             return None
-        if name == "refine" and values["existing_answer"].strip():
-            passages.insert(0, Passage(text=values["existing_answer"].strip(), title=EARLIER_ANSWER_TITLE))
+        if name in ("refine", "citation_refine") and values["existing_answer"].strip():
+            earlier = Passage(text=values["existing_answer"].strip(), title=EARLIER_ANSWER_TITLE)
+            # After the numbered sources, so that passage N is still "Source N" and its marker "[N]".
+            passages.insert(len(passages) if name == "citation_refine" else 0, earlier)
         return StockRequest(name, question, passages)
     return None
