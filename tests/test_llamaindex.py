@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -695,6 +695,31 @@ def test_the_stock_citation_engine_gets_attention_read_markers(llm, faiss_index)
         body = stock.source_nodes[n - 1].node.get_content().removeprefix(f"Source {n}:\n")
         start, end = cited[n]["node_chars"]
         assert body[start:end].strip()
+
+
+def test_citable_blocks_in_chat_come_back_as_citation_blocks_streamed_or_not(llm):
+    """LlamaIndex's CitableBlock / CitationBlock: passages given as citable blocks, the answer's citations returned as
+    citation blocks whose offsets index the answer and the block's text; streaming yields the same blocks."""
+    from llama_index.core.base.llms.types import CitableBlock, CitationBlock, TextBlock
+
+    passages = planted_passages(4, 3)
+    blocks = [CitableBlock(title=p.title, source=p.id, content=[TextBlock(text=p.text)]) for p in passages]
+    messages = [ChatMessage(role=MessageRole.USER, blocks=[*blocks, TextBlock(text=QUESTION)])]
+    response = llm.chat(messages)
+    text, *cited = response.message.blocks
+    assert isinstance(text, TextBlock) and text.text == response.additional_kwargs["answer"].text
+    assert cited and all(isinstance(b, CitationBlock) for b in cited)
+    by_id = {p.id: p for p in passages}
+    for block in cited:
+        where = block.additional_location_info
+        assert by_id[block.source].title == block.title
+        assert by_id[block.source].text[where["source_start"] : where["source_end"]] == block.cited_content.text
+        assert text.text[where["answer_start"] : where["answer_end"]].strip()
+        assert passages[where["position"] - 1].id == block.source  # stacked in the order given
+    assert "gold" in {b.source for b in cited}  # the planted fact's passage is cited
+
+    streamed = [b for chunk in llm.stream_chat(messages) for b in chunk.message.blocks if isinstance(b, CitationBlock)]
+    assert [b.model_dump() for b in streamed] == [b.model_dump() for b in cited]
 
 
 def test_verify_is_refused_where_it_cannot_run(llm, faiss_index):

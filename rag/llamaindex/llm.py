@@ -30,6 +30,7 @@ from midlens.generators.citations import Citation, MeasuredCitations
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
 from midlens.generators.restack import Restacker, RestackOption, check_restack_option
+from midlens.rag.llamaindex.citation_blocks import answer_blocks, citable_request, citation_blocks
 from midlens.rag.llamaindex.common import (
     GENERATE_OPTIONS,
     GeneratorBacked,
@@ -224,21 +225,27 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
     def _prepare_chat(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
-    ) -> tuple[Generator | Restacker, StackedPrompt, dict, bool]:
-        """What answers the chat, its prompt and options: a QA template's passages the way `complete` answers
-        them (restacked as the LLM's `restack` says), any other conversation in the model's chat template."""
+    ) -> tuple[Generator | Restacker, StackedPrompt, dict, str]:
+        """What answers the chat, its prompt, options and the form of its reply ("text"; "marked": with [N] markers,
+        as LlamaIndex's citation template asks; "blocks": CitationBlocks for CitableBlocks): a chat's CitableBlocks,
+        or a QA template's passages, the way `complete` answers them (restacked as the LLM's `restack` says), any
+        other conversation in the model's chat template."""
         passages, options = self._options(kwargs)
         if passages:
             raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
+        citable = citable_request(messages)
+        if citable is not None:
+            pipeline = self.pipeline
+            return pipeline.answerer, pipeline.prompt(*citable, options["max_new_tokens"]), options, "blocks"
         stock = self._stock_chat(messages) if messages else None
         if stock is not None:
             pipeline = self.pipeline
             prompt = pipeline.prompt(stock.question, stock.passages, options["max_new_tokens"])
-            return pipeline.answerer, prompt, options, stock.cites_in_text
+            return pipeline.answerer, prompt, options, "marked" if stock.cites_in_text else "text"
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
         window = self.generator.context_window - options["max_new_tokens"]
         options["calibrate"] = False
-        return self.generator, chat_prompt(self.generator.tokenizer, turns, window), options, False
+        return self.generator, chat_prompt(self.generator.tokenizer, turns, window), options, "text"
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         restack = check_restack_option(kwargs.pop("restack", self.restack))
@@ -255,12 +262,22 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     # this class as Settings.llm send whole conversations (system turns included).
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        answerer, stacked, options, marked = self._prepare_chat(messages, kwargs)
-        return _as_chat(_completion(answerer.generate(stacked, **options), marked=marked))
+        answerer, stacked, options, form = self._prepare_chat(messages, kwargs)
+        answer = answerer.generate(stacked, **options)
+        response = _as_chat(_completion(answer, marked=form == "marked"))
+        if form == "blocks":
+            response.message = ChatMessage(role=MessageRole.ASSISTANT, blocks=answer_blocks(answer))
+        return response
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        answerer, stacked, options, _ = self._prepare_chat(messages, kwargs)
+        answerer, stacked, options, form = self._prepare_chat(messages, kwargs)
+        if form == "blocks":  # each sentence's CitationBlocks as the next sentence begins, as the Python API streams
+            passages = stacked.passages
+            return (
+                _citation_chunk(chunk, passages) if "citation" in chunk.additional_kwargs else _as_chat(chunk)
+                for chunk in _chunks(answerer.stream(stacked, **options))
+            )
         # A generator, not a map: LlamaIndex's callback tells a stream from a response by that type.
         return (_as_chat(chunk) for chunk in _chunks(answerer.stream(stacked, **options)))
 
@@ -376,6 +393,14 @@ class RemoteMidlensLLM(MidlensLLM):
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         turns, options = self._chat_request(messages, kwargs)
         return self._served.stream_chat(self, turns, options)
+
+
+def _citation_chunk(chunk: CompletionResponse, passages: list[Passage]) -> ChatResponse:
+    """A streamed sentence's citation as a chat chunk of CitationBlocks (no text delta)."""
+    blocks = citation_blocks(chunk.additional_kwargs["citation"], passages)
+    response = _as_chat(chunk)
+    response.message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
+    return response
 
 
 def _restack_request(restack: RestackOption) -> dict[str, Any]:
