@@ -504,6 +504,45 @@ def _single_node_on_loopback() -> Iterator[None]:
             os.environ[_RAY_CLUSTERS_ENV] = saved_env
 
 
+# Every process of a cluster `start` makes carries its owner in the environment (inherited from ray.init): after a
+# kill -9 of the owner, Ray's agents outlive it for a while; the next start finds them by this tag and ends them.
+OWNER_ENV = "MIDLENS_SERVE_OWNER"
+
+
+def _owner_tag(pid: int) -> str:
+    import psutil
+
+    return f"{pid}:{psutil.Process(pid).create_time():.3f}"
+
+
+def reap_orphans() -> list[int]:
+    """End the processes of local clusters whose `midlens serve` is gone (killed without a shutdown): those whose
+    environment names an owner that no longer runs. Returns their pids. Other users' processes, and clusters
+    started with --address, are never touched."""
+    import psutil
+
+    reaped = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            tag = proc.environ().get(OWNER_ENV)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+        if not tag or proc.pid == os.getpid():
+            continue
+        owner = int(tag.split(":")[0])
+        try:
+            alive = _owner_tag(owner) == tag
+        except (psutil.NoSuchProcess, ValueError):
+            alive = False
+        if not alive:
+            try:
+                proc.kill()
+                reaped.append(proc.pid)
+            except psutil.NoSuchProcess:
+                pass
+    return reaped
+
+
 def start(options: ServeOptions) -> str:
     """Deploy on the cluster at `options.address`, else on a one-node cluster started here, every port of which
     listens on 127.0.0.1 but the HTTP proxy's, which listens on `options.host`; returns the base URL. Returns once
@@ -514,6 +553,8 @@ def start(options: ServeOptions) -> str:
         if options.address:
             ray.init(address=options.address, log_to_driver=False)
         else:
+            reap_orphans()  # a cluster an earlier `midlens serve` left when it was killed
+            os.environ[OWNER_ENV] = _owner_tag(os.getpid())
             with _single_node_on_loopback():
                 ray.init(
                     num_cpus=max(options.replicas * options.num_cpus, 1) + 1,
@@ -541,3 +582,4 @@ def stop() -> None:
 
     serve.shutdown()
     ray.shutdown()
+    os.environ.pop(OWNER_ENV, None)

@@ -520,6 +520,75 @@ def test_soak_mixed_valid_and_abusive_requests(server, client):
     assert rss[-1] < rss[0] * (1 + SOAK_RSS_GROWTH)
 
 
+def test_a_server_killed_hard_leaves_nothing_after_the_next_start_s_cleanup(tmp_path):
+    """kill -9 of `midlens serve` leaves Ray's agents running for a while; the next start (`reap_orphans`, which
+    `start` calls first) ends every process of the dead server's cluster."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from midlens.serve.app import OWNER_ENV, reap_orphans
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "midlens",
+            "serve",
+            "--model",
+            "smollm2-135m",
+            "--method",
+            "baseline",
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "serve.log").open("w"),
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert cli.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            time.sleep(2)
+        tag = f"{cli.pid}:"
+
+        def tagged() -> list[int]:
+            found = []
+            for proc in psutil.process_iter(["pid"]):
+                try:
+                    if proc.environ().get(OWNER_ENV, "").startswith(tag):
+                        found.append(proc.pid)
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    pass
+            return found
+
+        assert len(tagged()) > 3  # the CLI, and the cluster it started: GCS, raylet, agents, workers
+        cli.send_signal(signal.SIGKILL)
+        cli.wait(10)
+        time.sleep(2)
+        left = tagged()
+        assert left, "nothing outlived the kill: the cleanup would have nothing to do"
+        assert set(reap_orphans()) >= set(left)
+        deadline = time.monotonic() + 10
+        while tagged() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not tagged()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
 def test_the_server_listens_on_loopback_only(server):
     """Every socket the server's processes listen on (the HTTP proxy, and Ray's GCS, raylet, object manager,
     workers, agents and metrics exporters: all started by this process, so all in its process tree) is bound to
