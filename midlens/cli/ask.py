@@ -16,7 +16,6 @@ from midlens.cli.options import (
     prompt_error_for_cli,
 )
 from midlens.core.checks import check_question
-from midlens.core.device import dtype_name
 from midlens.core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
 from midlens.core.names import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -160,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         record = {**answer.to_dict(), "marked_text": marked_answer(answer).text}
         print(json.dumps(record, indent=2, ensure_ascii=False))
     else:
+        from midlens.core.device import dtype_name  # here: the parser must not import torch (--help stays fast)
+
         loaded = pipe.generator.loaded
         print_answer(answer, args.max_new_tokens, f"{loaded.device.type}, {dtype_name(loaded.dtype)}")
     return 0
