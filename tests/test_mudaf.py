@@ -185,7 +185,9 @@ def test_every_shipped_score_file_is_for_a_packaged_model_and_its_exact_weights(
     from midlens.generators.packaged_models import REGISTRY
 
     shipped = sorted(SHIPPED.glob("*.json"))
-    assert {p.stem for p in shipped} == set(REGISTRY), "one score file per packaged model"
+    # The two models that answer; Gemma 3 270M (a base model, no trained method yet) ships none: `midlens heads`
+    # computes them for it as for any model folder.
+    assert {"smollm2-135m", "qwen2.5-coder-0.5b"} <= {p.stem for p in shipped} <= set(REGISTRY)
     for path in shipped:
         scores = json.loads(path.read_text())
         assert scores["model"] == path.stem and scores["model_sha256"] == REGISTRY[path.stem].sha256
