@@ -30,7 +30,10 @@ def test_slot_orders_ship_for_every_packaged_model_and_scale_to_other_counts():
     from midlens.generators.restack import SlotOrder, read_slot_order, shipped_slot_orders
 
     shipped = shipped_slot_orders()
-    assert all((model, "baseline") in shipped for model in REGISTRY)  # what any reader of the model falls back to
+    # What any reader of the model falls back to, for the two models that answer; Gemma 3 270M (a base model, not
+    # swept by position yet) has none, and restacking on it is refused naming how to measure one.
+    answering = {"smollm2-135m", "qwen2.5-coder-0.5b"}
+    assert answering <= set(REGISTRY) and all((model, "baseline") in shipped for model in answering)
     for (model, method), path in shipped.items():
         record = json.loads(path.read_text())
         assert record["model"] == model and record.get("method", "baseline") == method
