@@ -32,6 +32,7 @@ MAX_BODY = 256 * 1024
 SOAK_ROUNDS = 5
 SOAK_BOUND_S = TIMEOUT_S  # a valid request is answered within the server's own timeout, abuse or not
 SOAK_RSS_GROWTH = 0.10  # the replica's memory after the last round, over the first: a leak per round would pass it
+MAX_ANSWER = 4096  # tokens: the runaway requests below ask for 4000
 MAX_PROMPT = 4000  # tokens: under SmolLM2's 8k window, so the server's own limit is what a longer prompt meets
 ROOT = Path(__file__).resolve().parent.parent
 PASSAGES = [
@@ -68,6 +69,7 @@ def server():
         request_timeout_s=TIMEOUT_S,
         max_body_bytes=MAX_BODY,
         max_prompt_tokens=MAX_PROMPT,
+        max_answer_tokens=MAX_ANSWER,
     )
     url = start(options)
     try:
@@ -431,14 +433,14 @@ def test_requests_over_the_limits_and_out_of_openai_s_ranges_are_refused_before_
         "takes at most 64"
         in refused(_post(server, answer, json.dumps({"question": "q", "passages": many})), 400)["message"]
     )
-    body = {"question": "q", "passages": [], "max_new_tokens": 5000}
-    assert "limit of 1024" in refused(_post(server, answer, json.dumps(body)), 400)["message"]
+    body = {"question": "q", "passages": [], "max_new_tokens": MAX_ANSWER + 1}
+    assert f"limit of {MAX_ANSWER}" in refused(_post(server, answer, json.dumps(body)), 400)["message"]
     bases = [10000.0 * (1 + i / 10) for i in range(20)]
     body = {"question": "q", "passages": [], "method": f"attention-buckets(bases={bases})"}
     assert "costs about 20 plain answers" in refused(_post(server, answer, json.dumps(body)), 400)["message"]
     body = {"question": "q", "passages": [{"id": "a", "text": "x"}], "restack": "mudaf", "restack_rounds": 4}
     assert "limit of 3" in refused(_post(server, answer, json.dumps(body)), 400)["message"]
-    long = [{"id": "l", "text": "lorem ipsum dolor " * 1500}]  # ~4.5k tokens: under the window, over the limit
+    long = [{"id": "l", "text": "lorem ipsum dolor " * 640}]  # ~4.5k tokens: under the window, over the limit
     message = refused(_post(server, answer, json.dumps({"question": "q", "passages": long})), 400)["message"]
     assert f"limit of {MAX_PROMPT}" in message and "--max-prompt-tokens" in message
 
