@@ -39,8 +39,10 @@ def test_auto_is_bf16_exactly_where_the_cpu_runs_it_natively(monkeypatch):
         resolve_dtype("auto", cpu)
 
 
-@pytest.mark.parametrize("gold_at", [1, 4, 8])
-def test_smollm2_in_bf16_answers_as_in_fp32(generator, gold_at):
+def test_smollm2_in_bf16_answers_as_in_fp32(generator):
+    """One planted prompt, the fact mid-stack: a guard that the bf16 path answers and reads evidence as fp32 does
+    (the parity itself is measured over 800 sweep rows, docs/results/cpu-bf16/)."""
+    gold_at = 4
     from midlens.generators import Generator, load_model
 
     bf16 = Generator(load_model("smollm2-135m", "cpu", "bfloat16"), method="baseline")
