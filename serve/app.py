@@ -83,7 +83,7 @@ class ServeOptions:
     num_gpus: float = 0.0
     threads: int | None = None
     max_batch_size: int = 8
-    batch_wait_timeout_s: float = 0.01
+    batch_wait_timeout_s: float = 0.1  # measured: docs/results/serve/batch-wait/
     request_timeout_s: float = 120.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     host: str = "127.0.0.1"

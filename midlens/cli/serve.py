@@ -40,7 +40,11 @@ def add_parser(sub) -> None:
     serve.add_argument("--threads", type=int, help="torch threads per replica (default: Ray's, one per CPU)")
     serve.add_argument("--max-batch-size", type=positive_int, default=8, help="most requests answered in one batch")
     serve.add_argument(
-        "--batch-wait-timeout", type=float, default=0.01, help="seconds a batch waits for more requests to join"
+        "--batch-wait-timeout",
+        type=float,
+        default=0.1,
+        help="seconds a batch waits for more requests to join (0.1: full batches at 4 and 8 clients, "
+        "docs/results/serve/batch-wait/)",
     )
     serve.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is answered 504")
     serve.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="larger bodies are answered 413")
