@@ -200,10 +200,11 @@ PROBE_TEXTS = [
 ]
 
 
-@pytest.mark.parametrize("batched", [True, False], ids=["batched", "alone"])
-def test_probe_records_the_attention_the_module_applied_for_every_method_that_runs(family, batched):
+def test_probe_records_the_attention_the_module_applied_for_every_method_that_runs(family):
     """tests/test_scores.py's probe = applied check on each family, for every registered method that runs on it
-    as it comes (the others are refused with a reason, tested above)."""
+    as it comes (the others are refused with a reason, tested above). Batched: the longer row is unpadded, the
+    shorter left-padded, so one call covers both (test_scores.py also runs a prompt alone on SmolLM2)."""
+    batched = True
     from midlens.generators.methods.registry import support_on
     from tests.test_scores import check_probe_records_applied_attention
 
