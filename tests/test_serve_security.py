@@ -68,3 +68,23 @@ def test_clients_send_the_key(monkeypatch):
         assert client._http.headers["authorization"] == "Bearer given"
     with MidlensClient("http://127.0.0.1:9") as client:
         assert client._http.headers["authorization"] == "Bearer from-env"
+
+
+def test_the_default_batch_wait_is_the_measured_one():
+    """The server's and the CLI's default wait is the one docs/results/serve/batch-wait/ chose (full batches at 4 and
+    8 clients; 0.01 s formed batches of 2-5 there)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from midlens.cli import serve as serve_cli
+    from midlens.serve.app import ServeOptions
+
+    measured = Path(__file__).parents[1] / "docs" / "results" / "serve" / "batch-wait" / "wait-0.1.json"
+    chosen = json.loads(measured.read_text())
+    assert chosen["batch_wait_timeout_s"] == ServeOptions().batch_wait_timeout_s == 0.1
+    parser = argparse.ArgumentParser()
+    serve_cli.add_parser(parser.add_subparsers())
+    assert parser.parse_args(["serve"]).batch_wait_timeout == 0.1
+    batches = {row["concurrency"]: row["batches"] for row in chosen["rows"] if row["side"] == "server"}
+    assert batches[4] == {"4": 4} and batches[8] == {"8": 2}
