@@ -174,9 +174,9 @@ def shared_rope_problem(model: nn.Module) -> str | None:
     if nope:
         which = f"layers {index_ranges(nope)} have" if len(nope) > 1 else f"layer {nope[0]} has"
         return f"{which} no RoPE (NoPE layers), and the method rewrites every layer's rotation"
-    if not hasattr(decoder_of(model).rotary_emb, "inv_freq"):
-        return "its layer types rotate with their own RoPE bases (local and global), and the method assumes one"
     rotary_emb = decoder_of(model).rotary_emb
+    if not hasattr(rotary_emb, "inv_freq"):
+        return "its layer types rotate with their own RoPE bases (local and global), and the method assumes one"
     _, scaling = rotary_frequencies(rotary_emb, layers[0].layer_type)
     if scaling != 1.0:
         return f"its RoPE scales attention by {scaling:g} (YaRN / LongRoPE), which the method's own tables leave out"

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from midlens.generators.anatomy import LayerAnatomy, decoder_of, interleaved_to_half, read_anatomy, rotary_frequencies
+from midlens.generators.anatomy import LayerAnatomy, decoder_of, interleaved_to_half, read_anatomy
 from midlens.generators.delta import WeightDelta
-from midlens.generators.rope import RotaryScheme
+from midlens.generators.rope import RotaryScheme, layer_inv_freq
 from midlens.generators.scores import Scoring, expand_heads, score_mask
 
 
@@ -154,13 +154,14 @@ def install_positional_attention(model: nn.Module) -> list[PositionalAttention]:
     """Swap every layer's attention for `PositionalAttention` with baseline RoPE (idempotent)."""
     modules = []
     rotary_emb = getattr(decoder_of(model), "rotary_emb", None)
-    for layer in decoder_layers(model):
+    for i, layer in enumerate(decoder_layers(model)):
         attn = layer.self_attn
         if not isinstance(attn, PositionalAttention):
             cfg = attn.config
             anatomy = read_anatomy(attn, rotary_emb)
-            inv_freq = rotary_frequencies(rotary_emb, anatomy.layer_type)[0] if anatomy.rotary else None
-            if inv_freq is None:  # a NoPE layer never rotates; its scheme only attends
+            if anatomy.rotary:
+                inv_freq = layer_inv_freq(model, i)
+            else:  # a NoPE layer never rotates; its scheme only attends
                 inv_freq = torch.zeros(attn.head_dim // 2, device=attn.o_proj.weight.device)
             scheme = RotaryScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads)
             attn = PositionalAttention(attn, scheme, anatomy)

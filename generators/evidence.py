@@ -199,8 +199,7 @@ def passage_evidence(
     """`windows` (per layer) and `prompt_tokens`, on a model with sliding windows: fill `layers_seen`."""
     seen: list[list[int] | None] = [None] * len(passages)
     if windows is not None and any(windows) and spans is not None and prompt_tokens is not None:
-        pairs = config.head_pairs
-        layers = sorted({layer for layer, _ in pairs}) if pairs else config.layer_indices(len(windows))
+        layers = config.layer_indices(len(windows))  # the aggregated layers, (layer, head) pairs' included
         seen = [layers_reaching(tuple(span), prompt_tokens - 1, windows, layers) for span in spans]
     raw = maps.scores(config)
     calibrated = maps.calibrated(config)

@@ -92,11 +92,11 @@ class ServeOptions:
     cite_evidence: str | None = None  # the method whose evidence citations blend in (None: the answering pass's)
     api_key: str | None = None  # every route but /healthz and /readyz asks for `Authorization: Bearer <key>`
     # The work one request may ask for (serve.engine.Limits); each refused with a 400 naming its option.
-    max_passages: int = 64
-    max_prompt_tokens: int = 8192
-    max_answer_tokens: int = 1024
-    max_restack_rounds: int = 3
-    max_method_cost: float = 8.0
+    max_passages: int = Limits.max_passages
+    max_prompt_tokens: int = Limits.max_prompt_tokens
+    max_answer_tokens: int = Limits.max_answer_tokens
+    max_restack_rounds: int = Limits.max_restack_rounds
+    max_method_cost: float = Limits.max_method_cost
 
 
 class BodyLimit:
@@ -269,13 +269,7 @@ class MidlensServer:
             self.options.max_new_tokens,
             self.options.threads,
             self.options.cite_evidence,
-            Limits(
-                self.options.max_passages,
-                self.options.max_prompt_tokens,
-                self.options.max_answer_tokens,
-                self.options.max_restack_rounds,
-                self.options.max_method_cost,
-            ),
+            Limits(**{f.name: getattr(self.options, f.name) for f in dataclasses.fields(Limits)}),
         )
         # One thread runs the model: a batch at a time, while the event loop stays free.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="midlens-generate")

@@ -248,8 +248,9 @@ class Engine:
         --method`), so a spec with one is refused with the same words whatever the path, before anything reads it."""
         if method is None:
             return self.default.method.spec()
-        spec = method_config(method).spec()
-        if spec != self.default.method.spec() and _names_a_folder(spec):
+        config = method_config(method)
+        spec = config.spec()
+        if spec != self.default.method.spec() and config.options.get("artefact") is not None:
             raise ArtefactRefused(ARTEFACT_REFUSED)
         return spec
 
