@@ -88,3 +88,18 @@ def test_the_default_batch_wait_is_the_measured_one():
     assert parser.parse_args(["serve"]).batch_wait_timeout == 0.1
     batches = {row["concurrency"]: row["batches"] for row in chosen["rows"] if row["side"] == "server"}
     assert batches[4] == {"4": 4} and batches[8] == {"8": 2}
+
+
+def test_the_cli_s_limit_defaults_are_the_engine_s():
+    """The parser spells the limits' defaults itself (it must not import the engine, which imports torch): they must
+    be serve.engine.Limits' own."""
+    import argparse
+    import dataclasses
+
+    from midlens.cli import serve as serve_cli
+    from midlens.serve.engine import Limits
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve"])
+    assert {f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)} == dataclasses.asdict(Limits())
