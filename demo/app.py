@@ -131,6 +131,7 @@ class Controls:
     max_new: gr.Slider
     check: gr.Checkbox
     restack: gr.Checkbox
+    abstain: gr.Checkbox
 
 
 @dataclass
@@ -196,6 +197,11 @@ def _controls(backend: DemoBackend) -> Controls:
                 value=backend.measured_restack(backend.model, backend.method) is not None,
                 elem_id="restack",
             )
+            abstain = gr.Checkbox(
+                label="Say so instead of answering when the passages do not seem to support an answer",
+                value=False,
+                elem_id="abstain",
+            )
             top_k = gr.Slider(1, MAX_TOP_K, value=backend.top_k, step=1, label="How many passages to give the model")
             with gr.Accordion("Corpus and answer length", open=False):
                 corpus = gr.File(
@@ -206,7 +212,7 @@ def _controls(backend: DemoBackend) -> Controls:
                 max_new = gr.Slider(
                     1, MAX_NEW_TOKENS, value=backend.max_new_tokens, step=1, label="Longest answer (tokens)"
                 )
-    return Controls(question, ask, model, method, compare, top_k, corpus, max_new, check, restack)
+    return Controls(question, ask, model, method, compare, top_k, corpus, max_new, check, restack, abstain)
 
 
 def _results() -> Results:
@@ -291,7 +297,10 @@ def _wire(demo: gr.Blocks, on: Handlers, controls: Controls, results: Results, s
     import gradio as gr
 
     c = controls
-    inputs = [c.question, c.model, c.method, c.compare, c.top_k, results.view, c.corpus, c.max_new, c.check, c.restack]
+    inputs = [
+        *(c.question, c.model, c.method, c.compare, c.top_k, results.view, c.corpus, c.max_new, c.check, c.restack),
+        c.abstain,
+    ]
     state = gr.State(None)
     outputs = [*results.outputs, state]
     asked = [

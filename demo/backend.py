@@ -217,12 +217,14 @@ class DemoBackend:
         max_new_tokens: float | None = None,
         check_citations: bool = False,
         restack: bool = False,
+        abstain: bool = False,
         progress: Any = None,
     ) -> dict:
         """Retrieve once, answer with `method` (and with baseline on the same passages when comparing).
         `check_citations`: verify each answer's citations (Generator.verify: one more prefill per cited passage).
         `restack`: `method`'s answer reads the passages re-stacked by MuDAF's evidence (one more prefill); the
-        side-by-side baseline reads them as retrieved, so the comparison is with the plain model as it is."""
+        side-by-side baseline reads them as retrieved, so the comparison is with the plain model as it is.
+        `abstain`: an answer whose support is below its model's threshold is withheld (generators.support.abstain)."""
         from midlens.core.errors import PromptTooLongError
         from midlens.demo.views import gold_titles, known_answers
 
@@ -241,6 +243,11 @@ class DemoBackend:
             if compare and method != "baseline":
                 pipes.append(self.pipeline(model, "baseline", corpus_file, progress))
             answers = [self._answer(p, question, passages, new_tokens, check_citations, progress) for p in pipes]
+            if abstain:
+                from midlens.generators.support import abstain as withhold
+
+                for answer in answers:
+                    withhold(answer)
         except PromptTooLongError as err:
             raise UserError(f"The prompt is too long for {model}: {err.describe(REMEDIES)}") from None
         except (MidlensError, ValueError) as err:

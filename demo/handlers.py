@@ -96,6 +96,7 @@ class Handlers:
         max_new_tokens: float,
         check_citations: bool = False,
         restack: bool = False,
+        abstain: bool = False,
         progress: gr.Progress = TRACKED,
     ) -> tuple[Any, ...]:
         if compare and method == "baseline":
@@ -111,6 +112,7 @@ class Handlers:
                 max_new_tokens,
                 check_citations=bool(check_citations),
                 restack=bool(restack),
+                abstain=bool(abstain),
                 progress=progress,
             )
         except UserError as err:

@@ -392,11 +392,17 @@ def trust(answer: Answer, view: ScoreView) -> Trust:
     When the citations were checked (Generator.verify), a passing check outranks rules 2 to 4: removing the
     passage made the answer less likely, which is what "backed" means; a check where every citation failed is
     said after the verdict.
+
+    An answer with a support score (`Answer.support`, generators.support: calibrated on the train split, read from
+    the answering pass and, once checked, from the citations' checks) gets the score's verdict instead: the rules
+    above remain for answers without one (citations off).
     """
     if not answer.text.strip():
         return Trust(False, "⚠ **No answer:** the model wrote nothing. Try more passages or another method.")
     if not answer.passages:
         return Trust(False, f"{CHECK} no passage was given to the model.")
+    if answer.support is not None:
+        return _support_verdict(answer)
     checked = [s for c in answer.citations for s in c.sources if s.verified is not None]
     if any(s.verified for s in checked):
         return _checked_backing(answer, checked)
@@ -405,6 +411,25 @@ def trust(answer: Answer, view: ScoreView) -> Trust:
         note = " Removing the passages it cites barely changes the answer: it may come from the model's memory."
         return Trust(verdict.backed, verdict.text + note)
     return verdict
+
+
+def _support_verdict(answer: Answer) -> Trust:
+    """The support score in words: how often answers scored like this one were right (the score is calibrated, so
+    that is what it means), and the passage the answer rests on."""
+    support = answer.support
+    share = f"about {round(100 * support.probability)} in 100 answers scored like this one are right"
+    cited = [s for c in (answer.withheld or {}).get("citations", answer.citations) for s in c.sources]
+    rests = ""
+    if cited:
+        top = max(cited, key=lambda s: s.score)
+        passage = next(p for p in answer.passages if p.position == top.position)
+        rests = f" It rests on {_named(passage)}."
+    if answer.withheld is not None:
+        said = html.escape(answer.withheld["text"])
+        return Trust(False, f"{CHECK} the passages do not seem to support an answer ({share}); withheld: *{said}*.")
+    if support.likely:
+        return Trust(True, f"✓ **Likely supported:** {share}.{rests}")
+    return Trust(False, f"{CHECK} the passages may not support it; {share}.{rests}")
 
 
 # A drop of ln(10) nats: the answer became at least ten times less likely without the passage.
@@ -454,7 +479,8 @@ def answer_markdown(
     passage read most, the trust verdict, and the dataset's answer when the question is an embedded example.
     `prefix` names this answer column in the ids its sentences cite (see passages_html)."""
     who = html.escape(f"{method_label(answer)}, {answer.model}")  # a model may be named by its folder's path
-    lines = [f"**Answer** ({who}): {cited_answer_html(answer, prefix)}"]
+    # First: can the reader trust it (the support score's verdict), then what it cites.
+    lines = [f"**Answer** ({who}): {cited_answer_html(answer, prefix)}", trust(answer, view).text]
     legend = citation_legend_html(answer)
     if legend:
         lines.append(legend)
@@ -466,7 +492,6 @@ def answer_markdown(
             f"The passages were re-ordered before it answered, the most relevant first where this model reads best: "
             f"its prompt held {held}, in that order (numbers as listed below)."
         )
-    lines.append(trust(answer, view).text)
     if known:
         verdict = "same as this answer" if same_answer(answer.text, known) else "not this answer"
         lines.append(f"The dataset's answer to this example: *{html.escape(' / '.join(known))}* ({verdict}).")

@@ -14,12 +14,15 @@ generator resolves it to (layer, head) pairs, and the layers to theirs, when it 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.passage import Passage
+
+if TYPE_CHECKING:
+    from midlens.generators.support import Support
 
 LayerSpec = Literal["all", "upper", "lower"] | list[int]
 # "all"; "retrieval" (resolved by the generator); head indices within the chosen layers; or (layer, head) pairs.
@@ -165,9 +168,17 @@ class Answer:
     citations: list = field(default_factory=list)
     reference_token_logprobs: list[float] | None = field(default=None, repr=False)  # per token of the reference
     answer_ids: list[int] = field(default_factory=list, repr=False)  # the generated tokens, as decoded into `text`
+    token_logprobs: list[float] = field(default_factory=list, repr=False)  # each of `answer_ids` when it was picked
+    token_margins: list[float] = field(default_factory=list, repr=False)  # top-1 minus top-2 log-prob at each step
     # When the passages were restacked before answering (generators.restack): the scorer, the rounds, the slots
     # and the order the prompt held them in; `passages` and `citations` are then numbered as the caller gave them.
     restack: dict | None = None
+    # How far the answer can be trusted (generators.support): a calibrated probability that it is right, read from
+    # this pass (and from the verification's ablation drops once `verify` ran); None with citations off.
+    support: Support | None = None
+    # When the caller asked to abstain below the support threshold and this answer fell below it: the answer and
+    # citations that were withheld (`text` then says the passages did not support an answer).
+    withheld: dict | None = None
 
     def ranked(self) -> list[PassageEvidence]:
         return sorted(self.passages, key=lambda p: p.rank)
@@ -178,6 +189,9 @@ class Answer:
         out.pop("method_state")  # tensors a method kept for itself: not part of the record
         out.pop("answer_ids")
         out.pop("reference_token_logprobs")
+        out.pop("token_logprobs")
+        out.pop("token_margins")
+        out["support"] = None if self.support is None else self.support.to_dict()
         return out
 
 

@@ -52,6 +52,7 @@ from midlens.generators.prompt import (
     render,
 )
 from midlens.generators.retrieval_heads import resolve_evidence
+from midlens.generators.support import Support, SupportModel, packaged_support, support_inputs
 
 
 class Generator:
@@ -92,6 +93,7 @@ class Generator:
         self.parts: MethodParts = build_parts(self.method, self.loaded)
         self.windows = [layer.window for layer in model_anatomy(self.loaded.model)]  # per layer, None: sees all
         self._evidence_scorer = self._citation_scorer()
+        self._support_models: dict[bool, SupportModel | None] = {}  # loaded at the first answer (plain, verified)
         self.evidence_config.layer_indices(self.num_layers)  # validate early
         eos = self.loaded.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
@@ -306,6 +308,8 @@ class Generator:
                     reference_logprobs[b],
                     rows.ends[b],
                     None if cited_evidence is None else cited_evidence[b],
+                    rows.logprobs[b],
+                    rows.margins[b],
                 )
             )
         if citer is not None:  # the citations still due (the last sentence's, or a row's that ended mid-sentence)
@@ -331,7 +335,13 @@ class Generator:
         while not all(rows.done):
             # Greedy rows all at once: one argmax and one device-to-host copy per step, not one per row (each a
             # synchronisation of the GPU stream: 32 per step at batch 32).
-            greedy = logits.argmax(dim=-1).tolist() if temperature <= 0 else None
+            # Each row's next-token distribution in fp32 (the answer's own confidence, read by generators.support).
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            greedy = logits.argmax(dim=-1) if temperature <= 0 else None
+            chosen = None if greedy is None else logprobs.gather(-1, greedy[:, None])[:, 0].tolist()
+            top2 = logprobs.topk(2, dim=-1).values
+            margins = (top2[:, 0] - top2[:, 1]).tolist()  # how decided the step was, whatever was picked
+            greedy = None if greedy is None else greedy.tolist()
             for b in range(len(rows.done)):
                 if not rows.done[b] and rows.cancelled is not None and rows.cancelled(b):
                     rows.done[b] = True  # the other rows never see this one: their answers do not change
@@ -342,6 +352,8 @@ class Generator:
                     rows.done[b] = True
                     continue
                 rows.generated[b].append(token)
+                rows.logprobs[b].append(chosen[b] if chosen is not None else float(logprobs[b, token]))
+                rows.margins[b].append(margins[b])
                 new_text = rows.decoders[b].push(token)
                 rows.ends[b].append(token_end(new_text, rows.ends[b]))  # citations.token_ends, as each prefix decodes
                 if len(new_text) > len(rows.texts[b]) and not new_text.endswith("\ufffd"):
@@ -416,6 +428,8 @@ class Generator:
         reference_logprobs: list[float] | None,
         ends: list[int] | None = None,
         cited_evidence: list[PassageEvidence] | None = None,
+        token_logprobs: list[float] | None = None,
+        token_margins: list[float] | None = None,
     ) -> Answer:
         """`cited_evidence`: the evidence citations blend in when it is not this pass's own (`evidence_from`)."""
         text = decoded.strip()
@@ -427,7 +441,7 @@ class Generator:
             evidence = passages if cited_evidence is None else cited_evidence
             citations = self._cite(prompt, decoded, ids, segment_mass, evidence, ends)
             run.timings["cite_s"] = run.timings.get("cite_s", 0.0) + time.perf_counter() - t0
-        return Answer(
+        answer = Answer(
             question=prompt.question,
             text=text,
             passages=passages,
@@ -444,7 +458,11 @@ class Generator:
             method_state=run.scratch[b * mixture.count],
             citations=citations,
             answer_ids=list(ids),
+            token_logprobs=list(token_logprobs or []),
+            token_margins=list(token_margins or []),
         )
+        answer.support = self.support_of(answer)
+        return answer
 
     def _reference_ids(self, text: str | list[int]) -> list[int]:
         ids = list(text) if isinstance(text, list) else self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -574,7 +592,20 @@ class Generator:
                 for source in citation.sources:
                     if source.position == position:
                         source.logprob_drop, source.verified = drop, drop >= self.citations.margin
+        for i in full:  # the answers whose citations were checked: their support now reads the drops too
+            answers[i].support = self.support_of(answers[i], verified=True)
         return answers
+
+    def support_of(self, answer: Answer, verified: bool = False) -> Support | None:
+        """How far `answer` can be trusted (generators.support): the support model shipped for this model (the
+        model-agnostic one for any other), plain or, once its citations were verified, reading the ablation drops.
+        None with citations off (the features read them) or for a pass that generated nothing."""
+        if self.citations is None or not answer.answer_ids:
+            return None
+        if verified not in self._support_models:
+            self._support_models[verified] = packaged_support(self.loaded.name, lambda: self.loaded.sha256, verified)
+        model = self._support_models[verified]
+        return None if model is None else model.support(support_inputs(answer))
 
     def stream(self, prompt: StackedPrompt, **kwargs) -> GenerationStream:
         options = {**_STREAM_DEFAULTS, **kwargs}
@@ -706,6 +737,8 @@ class _Rows:
     limit: int
     cancelled: Callable[[int], bool] | None = None  # row -> stop it now (its client left)
     decoders: list[IncrementalText] = field(default_factory=list)  # each row's text, decoded a few tokens a step
+    logprobs: list[list[float]] = field(default_factory=list)  # each generated token's log-probability when picked
+    margins: list[list[float]] = field(default_factory=list)  # top-1 minus top-2 log-probability at each step
 
     @classmethod
     def start(
@@ -727,6 +760,8 @@ class _Rows:
             rngs,
             limit,
             cancelled,
+            logprobs=[[] for _ in range(batch)],
+            margins=[[] for _ in range(batch)],
         )
 
 

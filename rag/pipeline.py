@@ -43,6 +43,7 @@ from midlens.generators.restack import (
     resolve_restack,
 )
 from midlens.generators.scheduling import generate_all
+from midlens.generators.support import abstain
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
 from midlens.retrievers.corpus import default_corpus_path
@@ -60,20 +61,26 @@ class Pipeline:
         prompt_style: str = DEFAULT_STYLE,
         restack: RestackOption = RESTACK_MEASURED,
         restack_rounds: int = 1,
+        abstain: bool = False,
     ):
-        """`prompt_style`: the instruction above the passages (generators.prompt.STYLES). `retriever=None`: a
-        pipeline that answers over passages its caller retrieved (`answer`, `answer_stream`), as a LlamaIndex engine
-        does with its own retriever. `restack`: the method whose evidence re-stacks the passages before each answer
-        (a spec such as "mudaf", or a generators.restack.Restack), `restack_rounds` its scoring passes; None: the
-        passages are answered in the order given; "measured" (the default): restacked where that was measured to
-        help this model and method (core.names.MEASURED_RESTACKS), else in the order given. `self.restack` is
-        what was chosen."""
+        """`abstain`: an answer whose support (`Answer.support`, generators.support) is below its model's threshold
+        says ABSTAIN_TEXT instead, the answer it withheld kept in `Answer.withheld` (a stream carries the support
+        once its text is out, and does not abstain). `prompt_style`: the instruction above the passages
+        (generators.prompt.STYLES). `retriever=None`: a pipeline that answers over passages its caller retrieved
+        (`answer`, `answer_stream`), as a LlamaIndex engine does with its own retriever. `restack`: the method whose
+        evidence re-stacks the passages before each answer (a spec such as "mudaf", or a generators.restack.Restack),
+        `restack_rounds` its scoring passes; None: the passages are answered in the order given; "measured" (the
+        default): restacked where that was measured to help this model and method (core.names.MEASURED_RESTACKS),
+        else in the order given. `self.restack` is what was chosen."""
         self.retriever = retriever
         self.generator = generator
         self.top_k = check_top_k(top_k)
         self.max_new_tokens = check_max_new_tokens(max_new_tokens)
         self.truncate = truncate
         self.prompt_style = check_prompt_style(prompt_style)
+        if not isinstance(abstain, bool):
+            raise InvalidArgumentError(f"abstain={abstain!r}: pass True (withhold unsupported answers) or False.")
+        self.abstain = abstain
         # As asked (kept so that with_method re-resolves "measured" for its method), and as resolved.
         self.restack_option = check_restack_option(restack, restack_rounds)
         option = self.restack_option
@@ -104,6 +111,7 @@ class Pipeline:
         restack: RestackOption = RESTACK_MEASURED,
         restack_rounds: int = 1,
         citations: CitationConfig | MeasuredCitations | Literal["measured"] | None = "measured",
+        abstain: bool = False,
         **method_options,
     ) -> Pipeline:
         """`method` is a registry name or spec (None: the model's measured default, generators.packaged_models.
@@ -120,7 +128,15 @@ class Pipeline:
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
         generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, citations=citations)
-        return cls(retriever, generator, top_k=top_k, truncate=truncate, prompt_style=prompt_style, restack=restack)
+        return cls(
+            retriever,
+            generator,
+            top_k=top_k,
+            truncate=truncate,
+            prompt_style=prompt_style,
+            restack=restack,
+            abstain=abstain,
+        )
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:
         """The same retriever and loaded model, another method (weights are shared, not reloaded), citing as this
@@ -140,6 +156,7 @@ class Pipeline:
             self.truncate,
             self.prompt_style,
             restack=self.restack_option,
+            abstain=self.abstain,
         )
 
     def retrieve(self, question: str, top_k: int | None = None) -> list[Passage]:
@@ -172,7 +189,7 @@ class Pipeline:
         answer = self.answerer.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
         if verify:
             self._verify([prompt], [answer])
-        return answer
+        return self._abstained(answer)
 
     def ask(
         self,
@@ -221,7 +238,15 @@ class Pipeline:
             self._verify(prompts, answers, size)
         for answer, seconds in zip(answers, retrieve_s, strict=True):
             answer.timings = {"retrieve_s": seconds, **answer.timings}
+            self._abstained(answer)
         return answers
+
+    def _abstained(self, answer: Answer) -> Answer:
+        """With `abstain`, an unsupported answer withheld (generators.support.abstain); once its citations were
+        verified, by the support that read the drops."""
+        if self.abstain:
+            abstain(answer)
+        return answer
 
     def answer_stream(
         self, question: str, passages: list[Passage], verify: bool = False, **generate_kwargs

@@ -69,6 +69,12 @@ RESTACK_HELP = (
 )
 
 
+ABSTAIN_HELP = (
+    "Say the passages do not support an answer instead of giving one whose support is below the model's threshold "
+    "(the answer withheld is in `midlens.withheld`)."
+)
+
+
 class AnswerRequest(GenerationOptions):
     question: str
     passages: list[PassageIn] = Field(default_factory=list)
@@ -77,6 +83,7 @@ class AnswerRequest(GenerationOptions):
     prompt_style: str | None = Field(default=None, description="litm or short (default: the server's).")
     restack: str | None = Field(default=RESTACK_MEASURED, description=RESTACK_HELP)
     restack_rounds: int = Field(default=1, ge=1, description="Scoring passes before answering (with `restack`).")
+    abstain: bool = Field(default=False, description=ABSTAIN_HELP)
 
 
 class ScoreRequest(BaseModel):
@@ -130,6 +137,14 @@ class MidlensResult(BaseModel):
     )
     restack: dict[str, Any] | None = Field(
         default=None, description="Restacked answers: the scorer, its rounds and scores, and what each slot held."
+    )
+    support: dict[str, Any] | None = Field(
+        default=None,
+        description="Whether to trust the answer: `probability` it is right (calibrated on the train split), `likely` "
+        "(at or above the model's `threshold`), `words` (as `midlens ask` prints it); null with nothing generated.",
+    )
+    withheld: str | None = Field(
+        default=None, description="With `abstain`: the answer withheld for too little support (the text says so)."
     )
 
 

@@ -36,6 +36,7 @@ from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.generators.citations import Citation
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE
+from midlens.generators.support import abstain
 from midlens.rag.pipeline import marked_answer
 from midlens.rag.remote import (
     AnswerRequest,
@@ -310,6 +311,8 @@ class MidlensServer:
         """Answer the question over the passages, in the order given; evidence per passage, by id."""
         outcome = await self._answer(self.engine.answer_job(body))
         answer = outcome.answer
+        if body.abstain:
+            abstain(answer)
         return JSONResponse(
             {"question": answer.question, "text": answer.text, **result_of(answer, outcome.batch_size).model_dump()}
         )
@@ -363,6 +366,12 @@ class MidlensServer:
         marked = bool(body.midlens and body.midlens.marked)
         if marked and body.stream:
             raise InvalidArgumentError("midlens.marked writes markers into the whole answer: ask without stream.")
+        withhold = bool(body.midlens and body.midlens.abstain)
+        if withhold and body.stream:
+            raise InvalidArgumentError(
+                "midlens.abstain withholds an answer once its support is known, after its text: ask without stream "
+                "(a stream's last chunk carries the support in midlens.support)."
+            )
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         model = body.model or self.engine.model_name
         created = int(time.time())
@@ -373,6 +382,8 @@ class MidlensServer:
             )
         outcome = await self._answer(job)
         answer = outcome.answer
+        if withhold:
+            abstain(answer)
         max_new = job.decoding.max_new_tokens
         return JSONResponse(
             {

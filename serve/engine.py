@@ -520,4 +520,6 @@ def result_of(answer: Answer, batch_size: int) -> MidlensResult:
         batch_size=batch_size,
         citations=[citation_json(c) for c in answer.citations],
         restack=answer.restack,
+        support=None if answer.support is None else answer.support.to_dict(),
+        withheld=None if answer.withheld is None else answer.withheld["text"],
     )

@@ -31,7 +31,7 @@ MODEL = "smollm2-135m"
 UPLOAD_LIMIT_MB = 0.01  # ~10 KB, so the too-large case needs no big file
 # Words a first-time reader does not know; the first screen keeps them (and their numbers) under Details.
 JARGON = ("calibrated", "prefill", "attribution", "retrieval")
-TRUST = re.compile(r"(✓|⚠) \*\*(Backed by a passage|Backed|Check this answer|No answer):\*\* ")
+TRUST = re.compile(r"(✓|⚠) \*\*(Backed by a passage|Backed|Likely supported|Check this answer|No answer):\*\* ")
 LEGEND_NUMBERS = re.compile(r'class="legend-lo">score ([-+]\d\.\d{4})<.*class="legend-hi">score ([-+]\d\.\d{4})<')
 
 

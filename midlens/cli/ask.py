@@ -97,6 +97,12 @@ def add_parser(sub) -> None:
         "answering pass's own: mudaf raised the default model's citation F1 on HotpotQA (docs/results/cite, "
         "section 12)",
     )
+    ask.add_argument(
+        "--abstain",
+        action="store_true",
+        help="say the passages do not support an answer instead of giving one whose support score is below the "
+        "model's threshold (the withheld answer is printed under it)",
+    )
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_model_args(ask)
     ask.set_defaults(func=run)
@@ -142,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         restack=args.restack,
         restack_rounds=args.restack_rounds,
         citations=MeasuredCitations(args.cite_evidence),
+        abstain=args.abstain,
     )
     try:
         answer = pipe.ask(
@@ -223,7 +230,14 @@ def print_answer(answer, max_new_tokens: int | None = None, precision: str = "")
         text = "(none: --max-new-tokens 0 scores the passages without generating an answer)"
     elif not text:
         text = "(none: the model ended its answer before writing anything)"
-    print(f"\nQ: {answer.question}\nA: {text}\n")
+    print(f"\nQ: {answer.question}\nA: {text}")
+    if answer.support is not None:
+        # First, under the answer: whether to trust it (generators.support; calibrated on the train split).
+        checked = " (citations verified)" if answer.support.verified else ""
+        print(f"   support: {answer.support.words}{checked}")
+    if answer.withheld is not None:
+        print(f"   withheld answer: {quote(answer.withheld['text'])}")
+    print()
     print_citations(answer)
     if answer.restack is not None:
         r = answer.restack

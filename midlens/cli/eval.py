@@ -171,6 +171,10 @@ def add_parser(sub) -> None:
 
     add_cite_parsers(esub)
 
+    from midlens.cli.eval_support import add_parsers as add_support_parsers
+
+    add_support_parsers(esub)
+
 
 def _restack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(

@@ -217,6 +217,9 @@ def _response_kwargs(answer: Answer) -> dict[str, Any]:
         "generated_tokens": answer.generated_tokens,
         "timings": answer.timings,
         "dropped": [p.id for p in answer.dropped],
+        # Whether to trust the answer (generators.support), first thing a response's reader should see.
+        "support": None if answer.support is None else answer.support.to_dict(),
+        "withheld": None if answer.withheld is None else answer.withheld["text"],
     }
 
 

@@ -108,6 +108,13 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         "answer; e.g. mudaf, which raised the default model's citation F1): None, the answering pass's own.",
     )
 
+    abstain: bool = Field(
+        default=False,
+        description="Answer 'I could not find this in the passages.' instead of an answer whose support score is "
+        "below the model's threshold (the withheld answer stays in metadata['midlens']['withheld']; streams carry "
+        "the support, they do not abstain).",
+    )
+
     read_stock_prompts: bool = Field(
         default=True,
         description="Answer LlamaIndex's default text-QA / tree-summarize / refine prompts through the midlens "
@@ -164,6 +171,7 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
             truncate=self.truncate,
             prompt_style=self.prompt_style,
             restack=restack,
+            abstain=self.abstain,
         )
 
     @property

@@ -141,7 +141,8 @@ class MidlensQueryEngine(CustomQueryEngine):
             if row["id"] not in by_id:  # dropped by truncate="drop_last": listed in metadata["midlens"]
                 continue
             stacked.append((pe, by_id[row["id"]]))
-            metadata[row["id"]] = row
+            # Per node, whether the answer it sourced is likely supported (None: no support score).
+            metadata[row["id"]] = {**row, "answer_supported": None if answer.support is None else answer.support.likely}
         kwargs = _response_kwargs(answer)
         kwargs.pop("answer")
         kwargs.pop("evidence")

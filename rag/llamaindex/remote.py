@@ -23,6 +23,7 @@ from llama_index.core.base.llms.types import (
 
 from midlens.core.passage import Passage
 from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
+from midlens.generators.support import Support
 from midlens.rag.llamaindex.citations import citations_from_json
 from midlens.rag.llamaindex.common import _as_chat, _completion
 from midlens.rag.remote import ChatCompletionChunk, MidlensClient, MidlensResult, Spec, passage_json
@@ -62,6 +63,11 @@ def answer_of(result: MidlensResult, question: str, text: str, passages: Sequenc
     if result.citations is not None:  # JSON rows back into Citation objects, as a local Answer holds them
         answer.citations = citations_from_json(result.citations)
     answer.restack = result.restack
+    if result.support is not None:
+        fields = {k: v for k, v in result.support.items() if k != "words"}  # words: a property of Support
+        answer.support = Support(**fields)
+    if result.withheld is not None:
+        answer.withheld = {"text": result.withheld, "citations": []}
     return answer
 
 
@@ -117,6 +123,7 @@ class Served:
             method=settings.method,
             truncate=settings.truncate,
             prompt_style=settings.prompt_style,
+            abstain=getattr(settings, "abstain", False),
             **options,
         )
         return _completion(answer_of(out, out.question, out.text, passages))

@@ -1,0 +1,248 @@
+"""How well support scores separate right answers from wrong ones, on held-out `eval support` runs.
+
+For each held-out run (one model, one corpus) and each scorer: the shipped support model of that model (plain, and
+verified: reading the ablation drops), the model-agnostic one, and the simplest baseline, the answer's mean token
+log-probability alone (a one-feature logistic fit on the same train runs, so its calibration is comparable):
+  AUROC for correctness (EM; and F1 >= 0.5), 95 % bootstrap intervals over answers, paired against the baseline;
+  ECE (10 equal-width bins) against EM, and a reliability diagram (PNG);
+  selective answering: accuracy of the answers ranked most supported at 25 / 50 / 75 % coverage against all of them,
+  and the risk-coverage curve (PNG);
+  the threshold's precision and coverage (the answers it calls "likely supported").
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from midlens.eval.support import read_run
+from midlens.generators.support import GENERIC, SupportModel, shipped_support_folder, support_features
+
+COVERAGES = (0.25, 0.5, 0.75)
+BOOTSTRAP = 1000
+BINS = 10
+
+
+def auroc(scores: list[float], labels: list[int]) -> float | None:
+    from sklearn.metrics import roc_auc_score
+
+    return None if len(set(labels)) < 2 else float(roc_auc_score(labels, scores))
+
+
+def auroc_interval(
+    scores: list[float], labels: list[int], against: list[float] | None = None, seed: int = 0
+) -> tuple[float, float] | None:
+    """95 % bootstrap interval over answers of the AUROC, or of its difference from `against`'s on the same draws."""
+    rng = random.Random(seed)
+    n, values = len(labels), []
+    for _ in range(BOOTSTRAP):
+        idx = [rng.randrange(n) for _ in range(n)]
+        ys = [labels[i] for i in idx]
+        a = auroc([scores[i] for i in idx], ys)
+        if a is None:
+            continue
+        if against is not None:
+            a -= auroc([against[i] for i in idx], ys)
+        values.append(a)
+    if not values:
+        return None
+    values.sort()
+    return values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]
+
+
+def ece(probabilities: list[float], labels: list[int]) -> float:
+    total, n = 0.0, len(labels)
+    for b in range(BINS):
+        lo, hi = b / BINS, (b + 1) / BINS
+        idx = [i for i, p in enumerate(probabilities) if lo <= p < hi or (b == BINS - 1 and p == 1.0)]
+        if idx:
+            confidence = sum(probabilities[i] for i in idx) / len(idx)
+            accuracy = sum(labels[i] for i in idx) / len(idx)
+            total += len(idx) / n * abs(confidence - accuracy)
+    return total
+
+
+def selective(probabilities: list[float], labels: list[int]) -> dict[str, float]:
+    order = sorted(range(len(labels)), key=lambda i: -probabilities[i])
+    out = {"all": sum(labels) / len(labels)}
+    for c in COVERAGES:
+        kept = order[: max(1, round(c * len(order)))]
+        out[f"{int(c * 100)}%"] = sum(labels[i] for i in kept) / len(kept)
+    return out
+
+
+def risk_coverage(probabilities: list[float], labels: list[int]) -> tuple[list[float], list[float]]:
+    order = sorted(range(len(labels)), key=lambda i: -probabilities[i])
+    coverage, accuracy, right = [], [], 0
+    for k, i in enumerate(order, start=1):
+        right += labels[i]
+        coverage.append(k / len(order))
+        accuracy.append(right / k)
+    return coverage, accuracy
+
+
+def _load(model: str, sha: str, verified: bool) -> SupportModel | None:
+    own = shipped_support_folder(model, verified)
+    if own.is_dir():
+        return SupportModel.load(own, verified, sha)
+    return None
+
+
+def _generic(verified: bool) -> SupportModel | None:
+    folder = shipped_support_folder(GENERIC, verified)
+    return SupportModel.load(folder, verified, GENERIC) if folder.is_dir() else None
+
+
+def scorers(config: dict, train_rows: list[dict]) -> dict[str, SupportModel]:
+    model = config["model"]
+    out = {}
+    if train_rows:
+        out["mean log-prob alone"] = SupportModel.fit(train_rows, False, model, only=("mean_logprob",))
+    for label, support in (
+        ("support", _load(model, config["model_sha256"], False)),
+        ("support + verification", _load(model, config["model_sha256"], True)),
+        ("model-agnostic support", _generic(False)),
+        ("model-agnostic + verification", _generic(True)),
+    ):
+        if support is not None:
+            out[label] = support
+    return out
+
+
+def measure(rows: list[dict], models: dict[str, SupportModel]) -> dict:
+    em = [int(r["em"] >= 0.5) for r in rows]
+    f1 = [int(r["f1"] >= 0.5) for r in rows]
+    probabilities = {
+        label: [m.probability(support_features(r["inputs"], m.verified)) for r in rows] for label, m in models.items()
+    }
+    baseline = probabilities.get("mean log-prob alone")
+    out = {"answers": len(rows), "em": sum(em) / len(em), "f1>=0.5": sum(f1) / len(f1), "scorers": {}}
+    for label, ps in probabilities.items():
+        model = models[label]
+        kept = [i for i, p in enumerate(ps) if p >= model.threshold]
+        entry = {
+            "auroc_em": auroc(ps, em),
+            "auroc_em_ci": auroc_interval(ps, em),
+            "auroc_f1": auroc(ps, f1),
+            "ece": ece(ps, em),
+            "selective": selective(ps, em),
+            "threshold": model.threshold,
+            "coverage_at_threshold": len(kept) / len(ps),
+            "precision_at_threshold": sum(em[i] for i in kept) / len(kept) if kept else None,
+        }
+        if baseline is not None and label != "mean log-prob alone":
+            entry["auroc_em_minus_baseline_ci"] = auroc_interval(ps, em, against=baseline)
+        out["scorers"][label] = entry
+    out["probabilities"] = probabilities
+    out["labels"] = em
+    return out
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _percent(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
+
+
+def _ci(interval) -> str:
+    return "" if interval is None else f" [{interval[0]:+.2f}, {interval[1]:+.2f}]"
+
+
+def write_report(runs: list[Path], out: Path, train: list[Path]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    train_rows: dict[str, list[dict]] = {}
+    for folder in train:
+        config, rows = read_run(folder)
+        train_rows.setdefault(config["model"], []).extend(rows)
+    results: dict[str, dict[str, dict]] = {}
+    for folder in runs:
+        config, rows = read_run(folder)
+        models = scorers(config, train_rows.get(config["model"], []))
+        results.setdefault(config["model"], {})[config["dataset"]] = measure(rows, models)
+
+    lines = [
+        "# Support scores on held-out answers",
+        "",
+        "Each row: one model's answers (its answering default, 10 passages, gold at 1 / 5 / 10) on one held-out",
+        "corpus.",
+        "AUROC against EM with a 95 % bootstrap interval over answers; `vs log-prob`: the paired AUROC difference",
+        "against the mean token log-probability alone; accuracy (EM %) of the most supported 25 / 50 / 75 % of",
+        "answers against all; ECE against EM; the threshold's coverage and precision on these answers.",
+        "",
+    ]
+    for model, by_dataset in results.items():
+        lines += [f"## {model}", ""]
+        lines += [
+            "| corpus | answers | EM % | scorer | AUROC (EM) | vs log-prob | AUROC (F1>=0.5) | ECE | acc@25/50/75 % "
+            "| threshold: coverage / precision |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for dataset, m in by_dataset.items():
+            for label, s in m["scorers"].items():
+                sel = s["selective"]
+                lines.append(
+                    f"| {dataset} | {m['answers']} | {100 * m['em']:.1f} | {label} | {_fmt(s['auroc_em'])}"
+                    f"{_ci(s['auroc_em_ci'])} | {_ci(s.get('auroc_em_minus_baseline_ci')).strip() or '-'} | "
+                    f"{_fmt(s['auroc_f1'])} | {_fmt(s['ece'], 3)} | {100 * sel['25%']:.0f} / {100 * sel['50%']:.0f} / "
+                    f"{100 * sel['75%']:.0f} | {100 * s['coverage_at_threshold']:.0f} % / "
+                    f"{_percent(s['precision_at_threshold'])} |"
+                )
+        lines.append("")
+        _plots(plt, out, model, by_dataset)
+        lines += [f"![reliability]({model}-reliability.png) ![risk-coverage]({model}-risk-coverage.png)", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    slim = {
+        model: {d: {k: v for k, v in m.items() if k not in ("probabilities", "labels")} for d, m in by.items()}
+        for model, by in results.items()
+    }
+    (out / "report.json").write_text(json.dumps(slim, indent=2) + "\n")
+    return path
+
+
+def _plots(plt, out: Path, model: str, by_dataset: dict[str, dict]) -> None:
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
+    for dataset, m in by_dataset.items():
+        ps, ys = m["probabilities"].get("support"), m["labels"]
+        if ps is None:
+            continue
+        xs, accs = [], []
+        for b in range(BINS):
+            idx = [i for i, p in enumerate(ps) if b / BINS <= p < (b + 1) / BINS]
+            if len(idx) >= 5:  # a bin of fewer answers says nothing
+                xs.append(sum(ps[i] for i in idx) / len(idx))
+                accs.append(sum(ys[i] for i in idx) / len(idx))
+        ax.plot(xs, accs, marker="o", label=dataset)
+    ax.set_xlabel("support (predicted probability right)")
+    ax.set_ylabel("share right (EM)")
+    ax.set_title(f"{model}: reliability of the support score")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / f"{model}-reliability.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for n, (dataset, m) in enumerate(by_dataset.items()):
+        color = f"C{n}"
+        for label, style in (("support", "-"), ("mean log-prob alone", "--")):
+            ps = m["probabilities"].get(label)
+            if ps is not None:
+                xs, accs = risk_coverage(ps, m["labels"])
+                ax.plot(xs, accs, linestyle=style, color=color, label=f"{dataset}: {label}")
+    ax.set_xlabel("coverage (answers kept, most supported first)")
+    ax.set_ylabel("accuracy of the answers kept (EM)")
+    ax.set_title(f"{model}: selective answering")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"{model}-risk-coverage.png", dpi=110)
+    plt.close(fig)

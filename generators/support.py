@@ -1,0 +1,332 @@
+"""Can this answer be trusted? A calibrated probability that it is right, read from the pass that generated it.
+
+Every signal comes from what the answering pass already computed (no second sample, no extra forward pass):
+  confidence   the answer tokens' own log-probabilities when they were picked (mean, lowest, first), how decided each
+               step was (top-1 minus top-2 log-probability) and the answer's length;
+  citations    how much of each answer sentence's attention went to the passage it cites, and how peaked it was;
+  evidence     whether the cited passage is the one the prompt's evidence ranks first, and how peaked the evidence is;
+  agreement    whether the answer's attention (its attribution) falls on the passage the prompt's evidence ranks first;
+  grounding    how many of the answer's words occur in the sentence it cites, and in the passage;
+  and, when the citations were verified (`Generator.verify`), how many nats the answer loses without its cited
+  passage (the ablation drop), a causal check the rest only approximates.
+
+`support_inputs(answer)` reduces an Answer to the plain values those read (eval rows store them, so a model is fitted
+and re-measured without the language model); `support_features(inputs, verified)` is the one computation of the
+features; `SupportModel` is a logistic regression over them, fitted on the TRAIN split by
+`midlens eval support-fit` (training/support.py) and shipped as a verified artefact per packaged model, with a
+model-agnostic one (fitted on both packaged models' rows) for any other model. Its threshold, chosen on the same
+train rows for a stated precision, says which answers are "likely supported" and, where asked, which to withhold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from midlens.core.answer_text import normalize_answer
+from midlens.core.errors import ArtefactError, InvalidArgumentError
+from midlens.generators.artefacts import SHIPPED, Section, load_artefact, save_artefact
+
+# The features, in the order a model's coefficients follow. PLAIN need only the generating pass; VERIFIED add the
+# ablation drops of `Generator.verify`.
+PLAIN_FEATURES = (
+    "mean_logprob",
+    "min_logprob",
+    "first_logprob",
+    "log_tokens",
+    "first_margin",
+    "min_margin",
+    "top_share",
+    "share_margin",
+    "cited_sources",
+    "cited_is_top_evidence",
+    "evidence_peak",
+    "attribution_on_top_evidence",
+    "words_in_cited_sentence",
+    "words_in_cited_passage",
+)
+VERIFIED_FEATURES = (*PLAIN_FEATURES, "max_drop", "verified_share")
+# A drop is clipped here: past a few nats the answer plainly rests on the passage, and one huge drop would dominate.
+DROP_CLIP = 8.0
+MARGIN_CLIP = 10.0  # a step decided by 10 nats is decided; beyond that is the tokenizer's noise
+GENERIC = "any"  # the folder of the model-agnostic support model
+METHOD_PLAIN, METHOD_VERIFIED = "support", "support-verified"
+SECTION = Section(
+    "support",
+    {"features": list, "threshold": float, "target_precision": float, "label": str, "measured": dict},
+)
+ABSTAIN_TEXT = "I could not find this in the passages."
+
+TARGET_PRECISION = 0.6  # the share of "likely supported" answers that must be right, on the train rows
+C = 1.0  # scikit-learn's default regularisation; not tuned (a few hundred rows, a dozen features)
+MIN_COVERAGE = 0.1
+
+
+def choose_threshold(probabilities: list[float], labels: list[int], target: float) -> float:
+    """The lowest probability whose answers (those at or above it) are right at least `target` of the time; where none
+    is, the one of highest precision among those keeping at least MIN_COVERAGE of the answers."""
+    pairs = sorted(zip(probabilities, labels, strict=True), key=lambda x: -x[0])
+    right = 0
+    best, best_precision = pairs[0][0], -1.0
+    lowest_meeting = None
+    for i, (p, y) in enumerate(pairs, start=1):
+        right += y
+        precision = right / i
+        if i < len(pairs) and pairs[i][0] == p:
+            continue  # a threshold keeps every answer of equal probability
+        if precision >= target:
+            lowest_meeting = p
+        if i >= MIN_COVERAGE * len(pairs) and precision > best_precision:
+            best, best_precision = p, precision
+    return float(lowest_meeting if lowest_meeting is not None else best)
+
+
+def _word_set(text: str) -> set[str]:
+    return set(normalize_answer(text).split())
+
+
+def support_inputs(answer) -> dict:
+    """The plain values of an Answer (generators.evidence.Answer) the features read: JSON-ready."""
+    sources = []
+    for citation in answer.citations:
+        for rank, source in enumerate(citation.sources):
+            passage = answer.passages[source.position - 1].passage
+            sentence = None if source.sentence is None else passage.text[source.sentence[0] : source.sentence[1]]
+            sources.append(
+                {
+                    "sentence_index": answer.citations.index(citation),
+                    "rank": rank,
+                    "position": source.position,
+                    "share": source.score,
+                    "sentence": sentence,
+                    "passage": passage.text,
+                    "drop": source.logprob_drop,
+                    "verified": source.verified,
+                }
+            )
+    return {
+        "text": answer.text,
+        "token_logprobs": list(answer.token_logprobs),
+        "token_margins": list(answer.token_margins),
+        "sentences": len(answer.citations),
+        "sources": sources,
+        "evidence": [pe.score for pe in answer.passages],
+        "attribution": [pe.answer_attribution for pe in answer.passages],
+    }
+
+
+def _shares(values: list[float]) -> list[float]:
+    clipped = [max(0.0, v) for v in values]
+    total = sum(clipped)
+    return [v / total for v in clipped] if total > 0 else [0.0] * len(values)
+
+
+def support_features(inputs: dict, verified: bool = False) -> dict[str, float]:
+    """The features of one answer (`support_inputs`), PLAIN_FEATURES or, with `verified`, VERIFIED_FEATURES."""
+    lps = inputs["token_logprobs"]
+    margins = inputs.get("token_margins") or []
+    words = _word_set(inputs["text"])
+    tops = [s for s in inputs["sources"] if s["rank"] == 0]
+    # A source sentence's top share is its first source's; the margin over the second says how sure the choice was.
+    seconds = {s["sentence_index"]: s["share"] for s in inputs["sources"] if s["rank"] == 1}
+    evidence = inputs["evidence"]
+    top_evidence = max(range(len(evidence)), key=lambda i: evidence[i]) + 1 if evidence else 0
+    attribution = [a for a in inputs["attribution"] if a is not None]
+    attribution_shares = _shares(attribution) if len(attribution) == len(evidence) else []
+
+    def covered(field: str) -> float:
+        if not words:
+            return 0.0
+        text = " ".join(s[field] or "" for s in tops)
+        return len(words & _word_set(text)) / len(words)
+
+    features = {
+        "mean_logprob": sum(lps) / len(lps) if lps else -20.0,
+        "min_logprob": min(lps) if lps else -20.0,
+        "first_logprob": lps[0] if lps else -20.0,
+        "log_tokens": math.log1p(len(lps)),
+        # How decided the first step (what the answer is about) and the least decided step were, in nats.
+        "first_margin": min(MARGIN_CLIP, margins[0]) if margins else 0.0,
+        "min_margin": min(MARGIN_CLIP, min(margins)) if margins else 0.0,
+        "top_share": sum(s["share"] for s in tops) / len(tops) if tops else 0.0,
+        "share_margin": (
+            sum(s["share"] - seconds.get(s["sentence_index"], 0.0) for s in tops) / len(tops) if tops else 0.0
+        ),
+        "cited_sources": len({s["position"] for s in inputs["sources"]}),
+        "cited_is_top_evidence": (sum(s["position"] == top_evidence for s in tops) / len(tops) if tops else 0.0),
+        "evidence_peak": max(_shares(evidence), default=0.0),
+        "attribution_on_top_evidence": attribution_shares[top_evidence - 1] if attribution_shares else 0.0,
+        "words_in_cited_sentence": covered("sentence"),
+        "words_in_cited_passage": covered("passage"),
+    }
+    if verified:
+        drops = [min(DROP_CLIP, s["drop"]) for s in inputs["sources"] if s["drop"] is not None]
+        checked = [s["verified"] for s in inputs["sources"] if s["verified"] is not None]
+        features["max_drop"] = max(drops, default=0.0)
+        features["verified_share"] = sum(checked) / len(checked) if checked else 0.0
+    return features
+
+
+@dataclass(frozen=True)
+class Support:
+    """How far one answer can be trusted: `probability` that it is right (calibrated on the train split);
+    `likely` when it reaches the model's `threshold`; `verified` when the ablation drops were read."""
+
+    probability: float
+    likely: bool
+    threshold: float
+    verified: bool
+    model: str  # the support model's folder name: the answering model's, or "any"
+
+    @property
+    def words(self) -> str:
+        if self.likely:
+            return f"likely supported ({self.probability:.2f})"
+        return f"check this: the passages may not support it ({self.probability:.2f})"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "words": self.words}
+
+
+@dataclass(frozen=True)
+class SupportModel:
+    """Logistic regression over standardised features: p = sigmoid(intercept + coef . (x - mean) / scale)."""
+
+    features: tuple[str, ...]
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    coef: tuple[float, ...]
+    intercept: float
+    threshold: float
+    target_precision: float
+    label: str  # what "right" meant when it was fitted (e.g. "em")
+    name: str = GENERIC
+    meta: dict | None = None
+
+    @property
+    def verified(self) -> bool:
+        return "max_drop" in self.features
+
+    def probability(self, features: dict[str, float]) -> float:
+        terms = zip(self.features, self.mean, self.scale, self.coef, strict=True)
+        z = self.intercept + sum(c * (features[f] - m) / s for f, m, s, c in terms)
+        return 1.0 / (1.0 + math.exp(-max(-40.0, min(40.0, z))))
+
+    def support(self, inputs: dict) -> Support:
+        p = self.probability(support_features(inputs, self.verified))
+        return Support(p, p >= self.threshold, self.threshold, self.verified, self.name)
+
+    @classmethod
+    def fit(
+        cls,
+        rows: list[dict],
+        verified: bool,
+        name: str,
+        target_precision: float = TARGET_PRECISION,
+        only: tuple[str, ...] | None = None,
+    ) -> SupportModel:
+        """Fit on `rows` (train-split `eval support` rows: `inputs` and `em`): a logistic regression (scikit-learn)
+        over the standardised features, labelled by EM, and its threshold for `target_precision` on the same rows.
+        `only`: a subset of the features (the log-probability baseline the reports compare against)."""
+        import numpy as np
+        from sklearn.linear_model import LogisticRegression
+
+        features = only or (VERIFIED_FEATURES if verified else PLAIN_FEATURES)
+        x = np.asarray([[support_features(r["inputs"], verified)[f] for f in features] for r in rows], dtype=float)
+        y = np.asarray([int(r["em"] >= 0.5) for r in rows])
+        if len(set(y.tolist())) < 2:
+            raise InvalidArgumentError(f"the {len(rows)} train answers are all {'right' if y[0] else 'wrong'}: no fit.")
+        mean, scale = x.mean(0), x.std(0)
+        scale[scale == 0] = 1.0
+        model = LogisticRegression(C=C, max_iter=2000).fit((x - mean) / scale, y)
+        probabilities = model.predict_proba((x - mean) / scale)[:, 1].tolist()
+        return cls(
+            tuple(features),
+            tuple(mean.tolist()),
+            tuple(scale.tolist()),
+            tuple(model.coef_[0].tolist()),
+            float(model.intercept_[0]),
+            choose_threshold(probabilities, y.tolist(), target_precision),
+            target_precision,
+            "em",
+            name,
+        )
+
+    def save(self, folder: str | Path, base_model: str, base_model_sha256: str, training: dict, data: dict) -> Path:
+        tensors = {
+            name: torch.tensor(values, dtype=torch.float64)
+            for name, values in (("mean", self.mean), ("scale", self.scale), ("coef", self.coef))
+        }
+        tensors["intercept"] = torch.tensor([self.intercept], dtype=torch.float64)
+        meta = {
+            "method": METHOD_VERIFIED if self.verified else METHOD_PLAIN,
+            "base_model": base_model,
+            "base_model_sha256": base_model_sha256,
+            "options": {},
+            "training": training,
+            "data": data,
+            "support": {
+                "features": list(self.features),
+                "threshold": float(self.threshold),
+                "target_precision": float(self.target_precision),
+                "label": self.label,
+                "measured": training.get("measured", {}),
+            },
+        }
+        return save_artefact(folder, tensors, meta)
+
+    @classmethod
+    def load(cls, folder: str | Path, verified: bool, base_model_sha256: str) -> SupportModel:
+        method = METHOD_VERIFIED if verified else METHOD_PLAIN
+        features = VERIFIED_FEATURES if verified else PLAIN_FEATURES
+        count = len(features)
+        shapes = {"mean": (count,), "scale": (count,), "coef": (count,), "intercept": (1,)}
+        artefact = load_artefact(folder, method, base_model_sha256, shapes)
+        section = SECTION.read(artefact)
+        if tuple(section["features"]) != features:
+            raise ArtefactError(
+                f"support model {artefact.meta_file}: features {section['features']} are not this midlens's "
+                f"{list(features)}; refit it with `midlens train support`."
+            )
+        t = artefact.tensors
+        return cls(
+            features,
+            tuple(t["mean"].tolist()),
+            tuple(t["scale"].tolist()),
+            tuple(t["coef"].tolist()),
+            float(t["intercept"][0]),
+            section["threshold"],
+            section["target_precision"],
+            section["label"],
+            Path(folder).name,
+            artefact.meta,
+        )
+
+
+def shipped_support_folder(model: str, verified: bool) -> Path:
+    return SHIPPED / (METHOD_VERIFIED if verified else METHOD_PLAIN) / model
+
+
+def packaged_support(model: str, model_sha256: Callable[[], str], verified: bool) -> SupportModel | None:
+    """The support model shipped for `model` (a packaged model's name; `model_sha256` gives its content hash, read
+    only then), else the model-agnostic one; None when neither ships."""
+    own = shipped_support_folder(model, verified)
+    if Path(model).name == model and own.is_dir():
+        return SupportModel.load(own, verified, model_sha256())
+    generic = shipped_support_folder(GENERIC, verified)
+    return SupportModel.load(generic, verified, GENERIC) if generic.is_dir() else None
+
+
+def abstain(answer) -> bool:
+    """Withhold `answer` (generators.evidence.Answer) when its support is below its model's threshold: its text becomes
+    ABSTAIN_TEXT, and the answer and citations that were withheld move to `answer.withheld`. Returns whether it did.
+    An answer without a support score (citations off) is kept: nothing says it is unsupported."""
+    if answer.support is None or answer.support.likely or answer.withheld is not None:
+        return False
+    answer.withheld = {"text": answer.text, "citations": answer.citations}
+    answer.text, answer.citations = ABSTAIN_TEXT, []
+    return True
