@@ -164,10 +164,16 @@ def write_report(runs: list[Path], out: Path, train: list[Path]) -> Path:
         config, rows = read_run(folder)
         train_rows.setdefault(config["model"], []).extend(rows)
     results: dict[str, dict[str, dict]] = {}
+    pooled: dict[str, tuple[dict, list[dict]]] = {}
     for folder in runs:
         config, rows = read_run(folder)
         models = scorers(config, train_rows.get(config["model"], []))
         results.setdefault(config["model"], {})[config["dataset"]] = measure(rows, models)
+        pooled.setdefault(config["model"], (config, []))[1].extend(rows)
+    for model, (config, rows) in pooled.items():
+        if len(results[model]) > 1:  # every held-out answer of the model at once
+            models = scorers(config, train_rows.get(model, []))
+            results[model]["all held-out"] = measure(rows, models)
 
     lines = [
         "# Support scores on held-out answers",

@@ -37,6 +37,12 @@ def assert_rows_equal(singles, batch) -> None:
         if alone.reference_logprob is not None:
             assert abs(alone.reference_logprob - row.reference_logprob) < TOL
         assert [p.rank for p in row.passages] == [p.rank for p in alone.passages]
+        # The picked tokens' log-probabilities (what the support score reads), and the support itself.
+        assert len(row.token_logprobs) == len(alone.token_logprobs) == len(row.answer_ids)
+        assert all(abs(a - b) < TOL for a, b in zip(alone.token_logprobs, row.token_logprobs, strict=True))
+        assert (alone.support is None) == (row.support is None)
+        if alone.support is not None:
+            assert abs(alone.support.probability - row.support.probability) < 1e-3
 
 
 def _smol_prompts(gen: Generator):

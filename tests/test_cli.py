@@ -34,12 +34,18 @@ def test_ask_json_on_the_embedded_corpus(tmp_path):
     titles = [p["passage"]["title"] for p in result["passages"]]
     assert "Wings of Desire" in titles  # the retriever found the gold paragraph
     assert all(p["calibrated"] is not None for p in result["passages"])
+    # Whether to trust it: the shipped support model's probability, in words too (tests/test_support.py).
+    assert 0 < result["support"]["probability"] < 1 and result["support"]["model"] == "smollm2-135m"
+    assert result["support"]["words"].startswith(("likely supported", "check this"))
 
 
 def test_ask_prints_ranked_bars_and_refuses_unknown_methods_before_loading():
     out = run_cli("ask", QUESTION, "--top-k", "3", "--max-new-tokens", "8", "--method", "ms-poe", *SMOL)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "passages ranked by calibrated evidence" in out.stdout
+    answer_line = out.stdout.index("\nA: ")
+    assert out.stdout.index("   support: ") < out.stdout.index("passages ranked")  # right under the answer
+    assert out.stdout.index("   support: ") > answer_line
     assert out.stdout.count("[") >= 3 and "#" in out.stdout
     # The default retrieval follows links: after the dense top 2 (Wings of Desire, After Love), the third passage is
     # the actress's own paragraph, stacked because the Wings of Desire paragraph names her; the listing says so.

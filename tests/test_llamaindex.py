@@ -198,6 +198,9 @@ def test_query_engine_over_faiss_sync_async_and_streaming(llm, faiss_index):
         assert source.score == info["calibrated"]
         assert info["retrieval_score"] == pytest.approx(retrieved[source.node_id], abs=1e-5)
     assert response.metadata["midlens"]["method"]["name"] == "baseline"
+    support = response.metadata["midlens"]["support"]
+    assert 0 < support["probability"] < 1 and support["words"]
+    assert all(response.metadata[s.node_id]["answer_supported"] is support["likely"] for s in response.source_nodes)
 
     # Generation runs off the event loop: the thread that generates is not the loop's (no timing involved).
     generating_threads = []

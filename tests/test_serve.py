@@ -212,6 +212,9 @@ def test_restacked_requests_are_answered_as_restacked_in_process(server, client,
         midlens={"passages": PASSAGES, "restack": "baseline"},
     )
     assert done.choices[0].message.content == alone.text and done.midlens.restack["order"] == alone.restack["order"]
+    # The support travels with every response: the client's Answer holds the server's, as computed in process.
+    assert done.midlens.support["probability"] == pytest.approx(alone.support.probability, abs=1e-4)
+    assert out.support["likely"] == alone.support.likely
     # LlamaIndex through the server: the LLM's restack option and the query engine's travel as request fields.
     remote = MidlensLLM(base_url=server, max_new_tokens=MAX_NEW)
     completion = remote.complete(QUESTIONS[0], passages=_nodes(), restack="baseline")
@@ -473,6 +476,31 @@ def test_marked_content_shows_the_citations_to_a_stock_client(server, generator)
     assert response.json()["choices"][0]["message"]["content"] == marked_answer(local).text
     streamed = _post(server, "/v1/chat/completions", json.dumps({**body, "stream": True}))
     assert streamed.status_code == 400 and "without stream" in streamed.json()["error"]["message"]
+
+
+def test_abstain_withholds_an_unsupported_answer_and_says_so(server, generator):
+    """`midlens.abstain`: the answer the server would give, unless its support is under the model's threshold:
+    then the content says so and `midlens.withheld` holds the answer (the same decision as in process)."""
+    from midlens.generators.support import ABSTAIN_TEXT
+
+    question = QUESTIONS[0]
+    local = _local(generator, question)
+    body = {
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": MAX_NEW,
+        "midlens": {"passages": PASSAGES, "abstain": True, "restack": None},
+    }
+    response = _post(server, "/v1/chat/completions", json.dumps(body))
+    assert response.status_code == 200, response.text
+    got = response.json()
+    content, midlens = got["choices"][0]["message"]["content"], got["midlens"]
+    assert midlens["support"]["likely"] is local.support.likely
+    if local.support.likely:
+        assert content == local.text and midlens["withheld"] is None
+    else:
+        assert content == ABSTAIN_TEXT and midlens["withheld"] == local.text and not midlens["citations"]
+    streamed = _post(server, "/v1/chat/completions", json.dumps({**body, "stream": True}))
+    assert streamed.status_code == 400 and "midlens.abstain" in streamed.json()["error"]["message"]
 
 
 def _replica_rss_mb() -> float:

@@ -1,0 +1,177 @@
+"""Support scores (generators.support): the features, the fitted model as a verified artefact, the log-probabilities
+they read from the decode loop, and the abstain option."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.conftest import PLANTED_FACT, planted_passages
+
+
+def inputs(text="Brea", lps=(-0.1, -0.2), margins=(3.0, 1.0), sources=None, evidence=(0.1, 0.5, 0.2)):
+    if sources is None:
+        sources = [
+            {
+                "sentence_index": 0,
+                "rank": 0,
+                "position": 2,
+                "share": 0.6,
+                "sentence": "The first store opened in Brea, California.",
+                "passage": "Torrid. The first store opened in Brea, California.",
+                "drop": 3.0,
+                "verified": True,
+            },
+            {
+                "sentence_index": 0,
+                "rank": 1,
+                "position": 1,
+                "share": 0.2,
+                "sentence": "It sells clothes.",
+                "passage": "It sells clothes.",
+                "drop": 0.1,
+                "verified": False,
+            },
+        ]
+    return {
+        "text": text,
+        "token_logprobs": list(lps),
+        "token_margins": list(margins),
+        "sentences": 1,
+        "sources": sources,
+        "evidence": list(evidence),
+        "attribution": [0.1, 0.6, 0.3],
+    }
+
+
+def test_features_read_what_the_answer_rests_on():
+    from midlens.generators.support import PLAIN_FEATURES, VERIFIED_FEATURES, support_features
+
+    f = support_features(inputs())
+    assert tuple(f) == PLAIN_FEATURES
+    assert f["mean_logprob"] == pytest.approx(-0.15) and f["min_logprob"] == -0.2 and f["first_logprob"] == -0.1
+    assert f["log_tokens"] == pytest.approx(math.log(3)) and f["first_margin"] == 3.0 and f["min_margin"] == 1.0
+    assert f["top_share"] == 0.6 and f["share_margin"] == pytest.approx(0.4) and f["cited_sources"] == 2
+    assert f["cited_is_top_evidence"] == 1.0  # passage 2 has the most evidence and is cited first
+    assert f["evidence_peak"] == pytest.approx(0.5 / 0.8) and f["attribution_on_top_evidence"] == pytest.approx(0.6)
+    assert f["words_in_cited_sentence"] == 1.0
+    unsupported = support_features(inputs(text="Anaheim"))
+    assert unsupported["words_in_cited_sentence"] == 0.0 and unsupported["words_in_cited_passage"] == 0.0
+    v = support_features(inputs(), verified=True)
+    assert tuple(v) == VERIFIED_FEATURES and v["max_drop"] == 3.0 and v["verified_share"] == 0.5
+    # Nothing cited, nothing generated: defined values, no division by zero.
+    empty = support_features(inputs(text="", lps=(), margins=(), sources=[]), verified=True)
+    assert empty["top_share"] == 0.0 and empty["max_drop"] == 0.0 and empty["mean_logprob"] == -20.0
+
+
+def _rows(n: int = 60) -> list[dict]:
+    """Train rows where the answer is right exactly when its cited sentence holds its words (and its tokens are
+    surer): a separable pattern a fitted model must find."""
+    rows = []
+    for i in range(n):
+        right = i % 3 == 0
+        lp = -0.05 - 0.01 * (i % 5) if right else -1.5 - 0.1 * (i % 4)
+        rows.append({"inputs": inputs(text="Brea" if right else "Anaheim", lps=(lp, lp)), "em": float(right)})
+    return rows
+
+
+def test_a_fitted_model_separates_and_its_threshold_meets_the_precision_on_train():
+    from midlens.generators.support import SupportModel, choose_threshold, support_features
+
+    rows = _rows()
+    model = SupportModel.fit(rows, verified=False, name="smollm2-135m")
+    ps = [model.probability(support_features(r["inputs"])) for r in rows]
+    right = [p for p, r in zip(ps, rows, strict=True) if r["em"]]
+    wrong = [p for p, r in zip(ps, rows, strict=True) if not r["em"]]
+    assert min(right) > max(wrong)
+    kept = [r["em"] for p, r in zip(ps, rows, strict=True) if p >= model.threshold]
+    assert sum(kept) / len(kept) >= model.target_precision
+    # The lowest threshold meeting the precision (the most answers kept at it): 3 of the top 4 are right, 3 of 5 not
+    # enough; the top 3's 2 of 3 is under it too, but a lower threshold that meets it is what counts.
+    assert choose_threshold([0.9, 0.8, 0.7, 0.6, 0.2, 0.1], [1, 1, 0, 1, 0, 0], 0.7) == 0.6
+    # Unreachable precision: the best threshold keeping at least a tenth of the answers.
+    assert choose_threshold([0.9, 0.8, 0.7], [0, 1, 0], 0.99) == 0.8
+    with pytest.raises(Exception, match="all wrong"):
+        SupportModel.fit([{**r, "em": 0.0} for r in rows], False, "x")
+
+
+def test_a_support_model_saves_as_a_verified_artefact(tmp_path):
+    from midlens.core.errors import ArtefactError
+    from midlens.generators.support import SupportModel, support_features
+
+    model = SupportModel.fit(_rows(), verified=True, name="m")
+    folder = model.save(tmp_path / "m", "m", "sha-of-m", {"answers": 60}, {"rows": "synthetic"})
+    back = SupportModel.load(folder, True, "sha-of-m")
+    f = support_features(inputs(), verified=True)
+    assert back.probability(f) == pytest.approx(model.probability(f), abs=1e-12) and back.threshold == model.threshold
+    with pytest.raises(ArtefactError, match="not on the model loaded now"):
+        SupportModel.load(folder, True, "another-model")
+    with pytest.raises(ArtefactError, match="trained for method 'support-verified', not 'support'"):
+        SupportModel.load(folder, False, "sha-of-m")
+    weights = folder / "weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(ArtefactError, match="does not match"):
+        SupportModel.load(folder, True, "sha-of-m")
+
+
+@pytest.fixture(scope="module")
+def planted_answer(generator):
+    prompt = generator.prompt("What is the secret code word of the Zorbland expedition?", planted_passages(5, 2))
+    return prompt, generator.generate(prompt, max_new_tokens=20)
+
+
+def test_token_logprobs_are_what_teacher_forcing_gives_the_same_tokens(generator, planted_answer):
+    """The log-probability recorded as each token was picked equals the one the same tokens get scored as a
+    reference on the same prompt (another code path: the cached prompt, teacher-forced): fp32, 1e-4."""
+    prompt, answer = planted_answer
+    assert "pelican" in answer.text.lower() and len(answer.token_logprobs) == len(answer.answer_ids) > 0
+    scored = generator.generate(prompt, max_new_tokens=0, reference=answer.answer_ids, calibrate=False)
+    assert all(abs(a - b) < 1e-4 for a, b in zip(answer.token_logprobs, scored.reference_token_logprobs, strict=True))
+    assert all(m >= 0 for m in answer.token_margins)  # greedy: the picked token is the top one
+
+
+def test_every_answer_with_citations_carries_its_support_and_abstain_withholds(monkeypatch, loaded, planted_answer):
+    """With a support model for the model (here one fitted on synthetic rows; the shipped ones are measured in
+    docs/results/support), every answer carries its support; abstain withholds those under the threshold."""
+    from midlens.generators import generator as generator_module
+    from midlens.generators.generator import Generator
+    from midlens.generators.support import ABSTAIN_TEXT, SupportModel
+    from midlens.rag.pipeline import Pipeline
+
+    fitted = SupportModel.fit(_rows(), verified=False, name="synthetic")
+    for threshold, withheld in ((1.01, True), (0.0, False)):
+        model = SupportModel(**{**fitted.__dict__, "threshold": threshold})
+        monkeypatch.setattr(generator_module, "packaged_support", lambda *_a, model=model: model)
+        gen = Generator(loaded, method="baseline")
+        pipe = Pipeline(None, gen, max_new_tokens=20, abstain=True)
+        question = "What is the secret code word of the Zorbland expedition?"
+        answer = pipe.answer(question, planted_passages(5, 2))
+        assert answer.support is not None and answer.support.likely is (not withheld)
+        if withheld:
+            assert answer.text == ABSTAIN_TEXT and answer.citations == []
+            assert "pelican" in answer.withheld["text"].lower() and answer.withheld["citations"]
+        else:
+            assert "pelican" in answer.text.lower() and answer.withheld is None
+        record = answer.to_dict()
+        assert record["support"]["probability"] == answer.support.probability and record["support"]["words"]
+    # Citations off: nothing to read a support from, and nothing withheld.
+    plain = Pipeline(None, Generator(loaded, method="baseline", citations=None), max_new_tokens=8, abstain=True)
+    answer = plain.answer("What is the secret code word?", planted_passages(5, 2))
+    assert answer.support is None and answer.withheld is None and PLANTED_FACT
+
+
+def test_verification_rescores_the_support_with_the_drops(monkeypatch, loaded):
+    from midlens.generators import generator as generator_module
+    from midlens.generators.generator import Generator
+    from midlens.generators.support import SupportModel
+    from midlens.rag.pipeline import Pipeline
+
+    models = {v: SupportModel.fit(_rows(), verified=v, name="synthetic") for v in (False, True)}
+    monkeypatch.setattr(generator_module, "packaged_support", lambda _name, _sha, verified: models[verified])
+    pipe = Pipeline(None, Generator(loaded, method="baseline"), max_new_tokens=8)
+    question = "What is the secret code word of the Zorbland expedition?"
+    answer = pipe.answer(question, planted_passages(5, 2))
+    assert answer.support is not None and not answer.support.verified
+    checked = pipe.answer(question, planted_passages(5, 2), verify=True)
+    assert checked.support is not None and checked.support.verified and checked.text == answer.text
