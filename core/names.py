@@ -1,5 +1,7 @@
 """Names every layer shares that must not cost an import: `midlens --help` reads them while building its parser."""
 
+from typing import Literal, get_args
+
 # The packaged model that answers by default: ask, the demo, the LlamaIndex classes, Pipeline and Generator
 # (registry entries in generators.packaged_models, which loads torch): Qwen2.5-Coder-0.5B-Instruct, the checkpoint
 # its GGUF names. It answers more questions right end to end than SmolLM2 (docs/results/answer-path/).
@@ -38,8 +40,12 @@ def reranker_for(model: str) -> tuple[str, str]:
 
 
 # The prompt instructions by name (their texts: generators.prompt.STYLES) and the default one.
-PROMPT_STYLES = ("litm", "short")
+PromptStyle = Literal["litm", "short"]
+PROMPT_STYLES: tuple[str, ...] = get_args(PromptStyle)
 DEFAULT_PROMPT_STYLE = "litm"
+# What happens to passages that overflow the context window: refused (naming what to change), or the last ones left
+# out (listed in Answer.dropped).
+Truncate = Literal["error", "drop_last"]
 
 # Passages stacked into the prompt when answering (ask, Pipeline, the LlamaIndex engine, eval e2e): top 3 was no
 # better and retrieves fewer gold paragraphs (docs/results/answer-path/). The demo's own default is also 5.

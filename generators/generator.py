@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from midlens.core.checks import check_max_new_tokens
 from midlens.core.device import id_tensor
 from midlens.core.errors import InvalidArgumentError, MethodConfigError, Remedy
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, Truncate
 from midlens.core.passage import Passage
 from midlens.core.sentences import sentence_spans
 from midlens.generators.anatomy import model_anatomy
@@ -152,7 +152,7 @@ class Generator:
         question: str,
         passages: list[Passage],
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        truncate: Literal["error", "drop_last"] = "error",
+        truncate: Truncate = "error",
         style: str = DEFAULT_STYLE,
     ) -> StackedPrompt:
         """`style`: the instruction, a name in generators.prompt.STYLES ("short" asks for the bare answer, "litm"

@@ -19,11 +19,10 @@ import bisect
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
 
 from midlens.core.checks import check_prompt_style, check_question
 from midlens.core.errors import PromptTooLongError
-from midlens.core.names import DEFAULT_PROMPT_STYLE
+from midlens.core.names import DEFAULT_PROMPT_STYLE, Truncate
 from midlens.core.passage import Passage
 from midlens.core.sentences import sentence_spans
 
@@ -338,7 +337,7 @@ def build_prompt(
     passages: list[Passage],
     question: str,
     max_tokens: int,
-    truncate: Literal["error", "drop_last"] = "error",
+    truncate: Truncate = "error",
     style: str = DEFAULT_STYLE,
 ) -> StackedPrompt:
     """Stack passages into a prompt of at most `max_tokens` tokens; never cut silently.

@@ -25,7 +25,13 @@ from typing import Literal
 from midlens.core.batch_size import BatchSize, parse_batch_size, units_per_group
 from midlens.core.checks import check_max_new_tokens, check_prompt_style, check_question, check_top_k
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, RESTACK_MEASURED
+from midlens.core.names import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_RETRIEVAL,
+    DEFAULT_TOP_K,
+    RESTACK_MEASURED,
+    Truncate,
+)
 from midlens.core.passage import Passage
 from midlens.generators.citations import Citation, CitationConfig, MeasuredCitations
 from midlens.generators.evidence import Answer, EvidenceConfig
@@ -57,7 +63,7 @@ class Pipeline:
         generator: Generator,
         top_k: int = DEFAULT_TOP_K,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        truncate: Literal["error", "drop_last"] = "error",
+        truncate: Truncate = "error",
         prompt_style: str = DEFAULT_STYLE,
         restack: RestackOption = RESTACK_MEASURED,
         restack_rounds: int = 1,
@@ -107,7 +113,7 @@ class Pipeline:
         dtype: str = "auto",
         prompt_style: str = DEFAULT_STYLE,
         retrieval: Retrieval = DEFAULT_RETRIEVAL,
-        truncate: Literal["error", "drop_last"] = "error",
+        truncate: Truncate = "error",
         restack: RestackOption = RESTACK_MEASURED,
         restack_rounds: int = 1,
         citations: CitationConfig | MeasuredCitations | Literal["measured"] | None = "measured",

@@ -30,9 +30,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from midlens.core.errors import MidlensError
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED
-
-Truncate = Literal["error", "drop_last"]
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, Truncate
 
 
 class PassageIn(BaseModel):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -25,7 +25,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.method_spec import check_cite_evidence
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, PromptStyle, Truncate
 from midlens.generators.citations import Citation, MeasuredCitations
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
@@ -86,10 +86,10 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=0, description="Sampling seed (temperature > 0).")
     calibrate: bool = Field(default=True, description="Also compute calibrated evidence (content-free query).")
-    truncate: Literal["error", "drop_last"] = Field(
+    truncate: Truncate = Field(
         default="error", description="What to do when the passages do not fit the context window."
     )
-    prompt_style: Literal["litm", "short"] = Field(
+    prompt_style: PromptStyle = Field(
         default="litm", description="Instruction above the passages: Liu et al.'s, or 'short' for the bare answer."
     )
     base_url: str | None = Field(
