@@ -15,7 +15,8 @@ from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RESTACK_SCORER, m
 
 if TYPE_CHECKING:  # torch loads slowly: only the requests themselves import it
     from midlens.core.passage import Passage
-    from midlens.generators.evidence import Answer, EvidenceConfig
+    from midlens.generators.answer import Answer
+    from midlens.generators.evidence import EvidenceConfig
     from midlens.rag.pipeline import Pipeline
     from midlens.retrievers.base import Retriever
 

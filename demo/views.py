@@ -19,8 +19,9 @@ import pandas as pd
 
 from midlens.core.passage import Passage
 from midlens.core.sentences import sentence_spans
+from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation, CitedSource
-from midlens.generators.evidence import Answer, PassageEvidence
+from midlens.generators.evidence import PassageEvidence
 from midlens.retrievers.corpus import default_questions_path
 
 ScoreView = Literal["calibrated", "raw"]

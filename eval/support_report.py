@@ -105,7 +105,8 @@ def scorers(config: dict, train_rows: list[dict]) -> dict[str, SupportModel]:
         ("model-agnostic support", _generic(False)),
         ("model-agnostic + verification", _generic(True)),
     ):
-        if support is not None:
+        # A run without verification has no ablation drops for the verified models to read.
+        if support is not None and (config.get("verify", True) or not support.verified):
             out[label] = support
     return out
 
@@ -171,8 +172,8 @@ def write_report(runs: list[Path], out: Path, train: list[Path]) -> Path:
         results.setdefault(config["model"], {})[config["dataset"]] = measure(rows, models)
         pooled.setdefault(config["model"], (config, []))[1].extend(rows)
     for model, (config, rows) in pooled.items():
-        if len(results[model]) > 1:  # every held-out answer of the model at once
-            models = scorers(config, train_rows.get(model, []))
+        if len(results[model]) > 1:  # every held-out answer of the model at once, by the plain scorers
+            models = scorers({**config, "verify": False}, train_rows.get(model, []))
             results[model]["all held-out"] = measure(rows, models)
 
     lines = [

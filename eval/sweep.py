@@ -22,7 +22,7 @@ from midlens.core.errors import InvalidArgumentError, MidlensError, Remedy
 from midlens.core.passage import Passage
 from midlens.eval.datasets import Example
 from midlens.eval.metrics import answer_f1, best_subspan_em
-from midlens.generators.evidence import Answer
+from midlens.generators.answer import Answer
 from midlens.generators.generator import Generator
 from midlens.generators.prompt import DEFAULT_STYLE
 from midlens.generators.restack import Restacker

@@ -1,4 +1,4 @@
-"""Evidence results: per-passage attention scores, how they are aggregated, and the answer record.
+"""Evidence results: per-passage attention scores and how they are aggregated (the answer record: generators.answer).
 
 The generator hands over raw maps, attention mass per (layer, head, passage) for each scoring query:
   last      the last prompt token (what the model "looks at" just before answering);
@@ -13,16 +13,13 @@ generator resolves it to (layer, head) pairs, and the layers to theirs, when it 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.passage import Passage
-
-if TYPE_CHECKING:
-    from midlens.generators.support import Support
 
 LayerSpec = Literal["all", "upper", "lower"] | list[int]
 # "all"; "retrieval" (resolved by the generator); head indices within the chosen layers; or (layer, head) pairs.
@@ -145,54 +142,6 @@ class PassageEvidence:
     def score(self) -> float:
         """The passage's evidence as the ranking uses it: calibrated when it was computed, else raw."""
         return self.calibrated if self.calibrated is not None else self.evidence
-
-
-@dataclass
-class Answer:
-    question: str
-    text: str
-    passages: list[PassageEvidence]
-    model: str
-    method: dict
-    evidence_config: EvidenceConfig
-    prompt_tokens: int
-    generated_tokens: int
-    timings: dict[str, float]
-    dropped: list[Passage] = field(default_factory=list)
-    maps: EvidenceMaps | None = field(default=None, repr=False)
-    reference_logprob: float | None = None  # log p(reference answer | prompt), when one was given
-    # What the method's answering hook kept for this row (its scratch state, e.g. attn-calibration's bias maps).
-    method_state: dict = field(default_factory=dict, repr=False)
-    # Per answer sentence: its characters in `text` and the passages (and their sentences) it rests on
-    # (generators.citations.Citation); empty when citations are off or there is nothing to cite.
-    citations: list = field(default_factory=list)
-    reference_token_logprobs: list[float] | None = field(default=None, repr=False)  # per token of the reference
-    answer_ids: list[int] = field(default_factory=list, repr=False)  # the generated tokens, as decoded into `text`
-    token_logprobs: list[float] = field(default_factory=list, repr=False)  # each of `answer_ids` when it was picked
-    token_margins: list[float] = field(default_factory=list, repr=False)  # top-1 minus top-2 log-prob at each step
-    # When the passages were restacked before answering (generators.restack): the scorer, the rounds, the slots
-    # and the order the prompt held them in; `passages` and `citations` are then numbered as the caller gave them.
-    restack: dict | None = None
-    # How far the answer can be trusted (generators.support): a calibrated probability that it is right, read from
-    # this pass (and from the verification's ablation drops once `verify` ran); None with citations off.
-    support: Support | None = None
-    # When the caller asked to abstain below the support threshold and this answer fell below it: the answer and
-    # citations that were withheld (`text` then says the passages did not support an answer).
-    withheld: dict | None = None
-
-    def ranked(self) -> list[PassageEvidence]:
-        return sorted(self.passages, key=lambda p: p.rank)
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out.pop("maps")
-        out.pop("method_state")  # tensors a method kept for itself: not part of the record
-        out.pop("answer_ids")
-        out.pop("reference_token_logprobs")
-        out.pop("token_logprobs")
-        out.pop("token_margins")
-        out["support"] = None if self.support is None else self.support.to_dict()
-        return out
 
 
 def layers_reaching(

@@ -35,11 +35,12 @@ from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, Truncate
 from midlens.core.passage import Passage
 from midlens.core.sentences import sentence_spans
 from midlens.generators.anatomy import model_anatomy
+from midlens.generators.answer import Answer
 from midlens.generators.batch import BatchRun, pad_token_id
 from midlens.generators.citations import Citation, CitationConfig, MeasuredCitations, cite, token_end
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.detokenize import IncrementalText
-from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence, passage_evidence
+from midlens.generators.evidence import EvidenceConfig, PassageEvidence, passage_evidence
 from midlens.generators.instances import Mixture, expand
 from midlens.generators.loading import LoadedModel, load_model
 from midlens.generators.methods.registry import MethodConfig, build_parts, method_config

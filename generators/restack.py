@@ -47,8 +47,8 @@ from midlens.core.checks import check_restack_rounds
 from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError, Remedy
 from midlens.core.method_spec import parse_scorer_spec
 from midlens.core.names import DEFAULT_RESTACK_SCORER, RESTACK_MEASURED, measured_restack_for
+from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation
-from midlens.generators.evidence import Answer
 from midlens.generators.generator import GenerationStream, Generator, scorer_for
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.prompt import StackedPrompt, render

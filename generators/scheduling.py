@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from midlens.core.batch_size import BatchSize, parse_batch_size, units_per_group
-from midlens.generators.evidence import Answer
+from midlens.generators.answer import Answer
 from midlens.generators.prompt import StackedPrompt
 
 

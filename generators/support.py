@@ -90,7 +90,7 @@ def _word_set(text: str) -> set[str]:
 
 
 def support_inputs(answer) -> dict:
-    """The plain values of an Answer (generators.evidence.Answer) the features read: JSON-ready."""
+    """The plain values of an Answer (generators.answer.Answer) the features read: JSON-ready."""
     sources = []
     for citation in answer.citations:
         for rank, source in enumerate(citation.sources):
@@ -322,7 +322,7 @@ def packaged_support(model: str, model_sha256: Callable[[], str], verified: bool
 
 
 def abstain(answer) -> bool:
-    """Withhold `answer` (generators.evidence.Answer) when its support is below its model's threshold: its text becomes
+    """Withhold `answer` (generators.answer.Answer) when its support is below its model's threshold: its text becomes
     ABSTAIN_TEXT, and the answer and citations that were withheld move to `answer.withheld`. Returns whether it did.
     An answer without a support score (citations off) is kept: nothing says it is unsupported."""
     if answer.support is None or answer.support.likely or answer.withheld is not None:

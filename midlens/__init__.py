@@ -15,7 +15,7 @@ __version__ = "0.2.0"
 _LAZY = {
     "Pipeline": "midlens.rag.pipeline",
     "Generator": "midlens.generators.generator",
-    "Answer": "midlens.generators.evidence",
+    "Answer": "midlens.generators.answer",
     "EvidenceConfig": "midlens.generators.evidence",
     "DenseRetriever": "midlens.retrievers.dense",
     "load_model": "midlens.generators.loading",
@@ -23,7 +23,8 @@ _LAZY = {
 __all__ = ["Answer", "DenseRetriever", "EvidenceConfig", "Generator", "Pipeline", "__version__", "load_model"]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
-    from midlens.generators.evidence import Answer, EvidenceConfig
+    from midlens.generators.answer import Answer
+    from midlens.generators.evidence import EvidenceConfig
     from midlens.generators.generator import Generator
     from midlens.generators.loading import load_model
     from midlens.rag.pipeline import Pipeline

@@ -33,8 +33,9 @@ from midlens.core.names import (
     Truncate,
 )
 from midlens.core.passage import Passage
+from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation, CitationConfig, MeasuredCitations
-from midlens.generators.evidence import Answer, EvidenceConfig
+from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.registry import MethodConfig, method_config

@@ -23,8 +23,9 @@ from midlens.core.errors import InvalidArgumentError, MidlensError, Remedies
 from midlens.core.method_spec import check_cite_evidence
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, measured_restack_for
 from midlens.core.passage import Passage
+from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation, MeasuredCitations
-from midlens.generators.evidence import Answer, EvidenceConfig
+from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style

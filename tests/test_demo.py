@@ -313,7 +313,8 @@ def test_a_passage_stacked_by_a_link_says_which_passage_named_it(pipeline, defau
 def fake_answer(text: str, texts: list[str], scores: list[float], question: str = "Where did it open?"):
     """An Answer over passages with the given texts and (raw = calibrated) scores, as the generator returns it."""
     from midlens.demo.views import ranks
-    from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
+    from midlens.generators.answer import Answer
+    from midlens.generators.evidence import EvidenceConfig, PassageEvidence
 
     passages = [
         PassageEvidence(i + 1, Passage(text=t, title=f"P{i + 1}", id=str(i)), None, s, s, None, r)

@@ -80,7 +80,8 @@ def test_public_names_import_from_the_top_and_only_when_used():
     assert done.returncode == 0, done.stderr[-2000:]
 
     import midlens
-    from midlens.generators.evidence import Answer, EvidenceConfig
+    from midlens.generators.answer import Answer
+    from midlens.generators.evidence import EvidenceConfig
     from midlens.generators.generator import Generator
     from midlens.generators.loading import load_model
     from midlens.rag.pipeline import Pipeline

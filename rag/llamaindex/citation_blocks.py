@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from llama_index.core.base.llms.types import ChatMessage, CitableBlock, CitationBlock, MessageRole, TextBlock
 
+from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation
-from midlens.generators.evidence import Answer
 from midlens.generators.prompt import Passage
 
 SEPARATOR = "\n\n"

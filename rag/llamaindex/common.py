@@ -16,7 +16,8 @@ from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
-from midlens.generators.evidence import Answer, EvidenceConfig
+from midlens.generators.answer import Answer
+from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.registry import method_config

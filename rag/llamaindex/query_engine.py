@@ -23,7 +23,8 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from midlens.core.checks import check_top_k
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_TOP_K, RESTACK_MEASURED
-from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
+from midlens.generators.answer import Answer
+from midlens.generators.evidence import EvidenceConfig, PassageEvidence
 from midlens.generators.loading import LoadedModel
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.restack import Restack, check_restack_option

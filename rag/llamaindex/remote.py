@@ -22,7 +22,8 @@ from llama_index.core.base.llms.types import (
 )
 
 from midlens.core.passage import Passage
-from midlens.generators.evidence import Answer, EvidenceConfig, PassageEvidence
+from midlens.generators.answer import Answer
+from midlens.generators.evidence import EvidenceConfig, PassageEvidence
 from midlens.generators.support import Support
 from midlens.rag.llamaindex.citations import citations_from_json
 from midlens.rag.llamaindex.common import _as_chat, _completion
