@@ -133,6 +133,7 @@ def measure(rows: list[dict], models: dict[str, SupportModel]) -> dict:
             "precision_at_threshold": sum(em[i] for i in kept) / len(kept) if kept else None,
         }
         if baseline is not None and label != "mean log-prob alone":
+            entry["auroc_em_minus_baseline"] = entry["auroc_em"] - auroc(baseline, em)
             entry["auroc_em_minus_baseline_ci"] = auroc_interval(ps, em, against=baseline)
         out["scorers"][label] = entry
     out["probabilities"] = probabilities
@@ -146,6 +147,12 @@ def _fmt(value, digits: int = 2) -> str:
 
 def _percent(value) -> str:
     return "-" if value is None else f"{100 * value:.0f} %"
+
+
+def _paired(entry: dict) -> str:
+    if "auroc_em_minus_baseline" not in entry:
+        return "-"
+    return f"{entry['auroc_em_minus_baseline']:+.2f}{_ci(entry['auroc_em_minus_baseline_ci'])}"
 
 
 def _ci(interval) -> str:
@@ -198,7 +205,7 @@ def write_report(runs: list[Path], out: Path, train: list[Path]) -> Path:
                 sel = s["selective"]
                 lines.append(
                     f"| {dataset} | {m['answers']} | {100 * m['em']:.1f} | {label} | {_fmt(s['auroc_em'])}"
-                    f"{_ci(s['auroc_em_ci'])} | {_ci(s.get('auroc_em_minus_baseline_ci')).strip() or '-'} | "
+                    f"{_ci(s['auroc_em_ci'])} | {_paired(s)} | "
                     f"{_fmt(s['auroc_f1'])} | {_fmt(s['ece'], 3)} | {100 * sel['25%']:.0f} / {100 * sel['50%']:.0f} / "
                     f"{100 * sel['75%']:.0f} | {100 * s['coverage_at_threshold']:.0f} % / "
                     f"{_percent(s['precision_at_threshold'])} |"
