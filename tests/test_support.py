@@ -175,3 +175,28 @@ def test_verification_rescores_the_support_with_the_drops(monkeypatch, loaded):
     assert answer.support is not None and not answer.support.verified
     checked = pipe.answer(question, planted_passages(5, 2), verify=True)
     assert checked.support is not None and checked.support.verified and checked.text == answer.text
+
+
+RIGHT = (
+    "Which man, Ibn Tufail or Ali Qushji, is best known for the development of astronomical physics independent "
+    "from natural philosophy?"
+)
+WRONG = 'The song "Judgment Night" was a collaboration between Onyx and the heavy metal band formed in which city?'
+
+
+def test_the_default_flags_a_wrong_answer_and_not_a_right_one(loaded):
+    """SmolLM2's answering default as `midlens ask` runs it (dense+links retrieval, top 5, restacked, its shipped
+    support model) on two embedded questions: the right answer is called likely supported, the wrong one is flagged
+    and, asked to abstain, withheld. Measured on every embedded question in docs/results/support/ (bf16: 0.593 and
+    0.012 against a threshold of 0.557); here fp32, 0.595 and 0.013: the 0.02 tolerance is bf16-vs-fp32 rounding,
+    and the right answer's margin over the threshold (0.038) is why it is the one chosen."""
+    from midlens.eval.metrics import best_subspan_em
+    from midlens.generators.support import ABSTAIN_TEXT
+    from midlens.rag.pipeline import Pipeline
+
+    pipe = Pipeline.from_corpus(model=loaded, abstain=True)
+    right, wrong = pipe.ask(RIGHT), pipe.ask(WRONG)
+    assert best_subspan_em(right.text, ["Ali Qushji"]) == 1.0 and right.support.likely and right.withheld is None
+    assert right.support.probability == pytest.approx(0.595, abs=0.02) and right.support.model == "smollm2-135m"
+    assert not wrong.support.likely and wrong.support.probability == pytest.approx(0.013, abs=0.02)
+    assert wrong.text == ABSTAIN_TEXT and wrong.withheld["text"] == "London"
