@@ -290,6 +290,7 @@ def test_the_readme_python_example_answers_right_as_written(capsys):
     exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
     lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("converting ")]
     assert "Point of Entry" in lines[0], lines[0]  # the answer; the ranked passages follow
+    assert re.search(r" (likely supported|check this: the passages may not support it) \(0\.\d\d\)$", lines[0])
 
 
 def test_a_library_error_names_python_keywords_in_python_and_flags_on_the_command_line():
