@@ -294,15 +294,20 @@ def test_shipped_metas_of_one_format_version_have_one_schema():
     from midlens.generators.artefacts import SCHEMAS, SHIPPED
     from midlens.generators.methods.channel_scaling import ChannelChoice
     from midlens.generators.methods.moice import MoiceRouters
+    from midlens.generators.support import SECTION as SUPPORT
 
     sections = {
         "mudaf": LoRADelta.SECTION,
         "moice": MoiceRouters.SECTION,
         "channel-scaling": ChannelChoice.SECTION,
         "pos2distill": LoRADelta.SECTION,
+        "support": SUPPORT,
+        "support-verified": SUPPORT,
     }
-    # Where a method ships for one packaged model only (Pos2Distill's default-model run needs a GPU).
-    shipped_for = {"pos2distill": {"smollm2-135m"}}
+    # Where a method ships for one packaged model only (Pos2Distill's default-model run needs a GPU), or also for any
+    # model (the model-agnostic support models).
+    everywhere = {"smollm2-135m", "qwen2.5-coder-0.5b", "any"}
+    shipped_for = {"pos2distill": {"smollm2-135m"}, "support": everywhere, "support-verified": everywhere}
 
     def keys(meta: dict) -> dict:
         return {k: sorted(v) if isinstance(v, dict) and k != "shapes" else None for k, v in meta.items()}

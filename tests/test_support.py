@@ -224,4 +224,4 @@ def test_the_shipped_support_models_are_what_their_committed_train_rows_fit(mode
         refit = SupportModel.fit(rows, verified, model)
         assert shipped.coef == pytest.approx(refit.coef, abs=1e-6)
         assert shipped.threshold == pytest.approx(refit.threshold)
-        assert {c["data_sha256"] for c, _ in loaded} == {d["data_sha256"] for d in meta["data"].values()}
+        assert {c["data_sha256"] for c, _ in loaded} == {run["data_sha256"] for run in meta["data"]["runs"]}

@@ -27,16 +27,21 @@ def fit_and_save(runs: list[Path], loaded: list[tuple[dict, list[dict]]], out: P
     name = models[0] if len(models) == 1 else GENERIC
     sha = loaded[0][0]["model_sha256"] if len(models) == 1 else GENERIC
     rows = [r for _, rs in loaded for r in rs]
+    # One list of runs, whoever's answers they hold: every support artefact's meta has the same keys.
     data = {
-        c["dataset"] + ("" if len(models) == 1 else f"/{c['model']}"): {
-            "answers": len(rs),
-            "data_sha256": c["data_sha256"],
-            "n": c["n"],
-            "seed": c["seed"],
-            "positions": c["positions"],
-            "model": c["model"],
-        }
-        for c, rs in loaded
+        "answers": len(rows),
+        "runs": [
+            {
+                "dataset": c["dataset"],
+                "model": c["model"],
+                "answers": len(rs),
+                "data_sha256": c["data_sha256"],
+                "n": c["n"],
+                "seed": c["seed"],
+                "positions": c["positions"],
+            }
+            for c, rs in loaded
+        ],
     }
     saved = []
     for verified in (False, True):
