@@ -172,6 +172,7 @@ def test_cite_shards_split_the_questions_and_merge_into_one_run(tmp_path):
     ]
 
 
+@pytest.mark.model  # it loads SmolLM2-135M itself (no fixture marks it): 139 s, out of `make test-fast`
 def test_cite_cost_times_each_variant_and_the_first_streamed_delta():
     """One alternating measurement, in this process: the four timed variants on one prompt; a stream's first
     delta comes before its answer is done."""
