@@ -130,9 +130,11 @@ def run(options: SupportRunOptions) -> list[dict]:
     from midlens.rag.pipeline import Pipeline
 
     config, units, examples = plan(options)
-    _, _, _, todo = runner.pending_units(
-        options.out, config, units, options.shard, options.limit, lambda c: data_sha256(examples[:c])
-    )
+
+    def prefix_sha256(count: int) -> str:
+        return data_sha256(examples[:count])
+
+    _, _, _, todo = runner.pending_units(options.out, config, units, options.shard, options.limit, prefix_sha256)
     if not todo:
         return runner.read_rows(Path(options.out) / runner.results_name(options.shard))
     loaded = load_model(options.model, options.device, options.dtype)
@@ -163,5 +165,5 @@ def run(options: SupportRunOptions) -> list[dict]:
         options.shard,
         limit=options.limit,
         progress=options.progress,
-        prefix_sha256=lambda c: data_sha256(examples[:c]),
+        prefix_sha256=prefix_sha256,
     )

@@ -64,11 +64,10 @@ def ece(probabilities: list[float], labels: list[int]) -> float:
 
 
 def selective(probabilities: list[float], labels: list[int]) -> dict[str, float]:
-    order = sorted(range(len(labels)), key=lambda i: -probabilities[i])
-    out = {"all": sum(labels) / len(labels)}
+    _, accuracy = risk_coverage(probabilities, labels)
+    out = {"all": accuracy[-1]}
     for c in COVERAGES:
-        kept = order[: max(1, round(c * len(order)))]
-        out[f"{int(c * 100)}%"] = sum(labels[i] for i in kept) / len(kept)
+        out[f"{int(c * 100)}%"] = accuracy[max(1, round(c * len(accuracy))) - 1]
     return out
 
 
@@ -82,33 +81,32 @@ def risk_coverage(probabilities: list[float], labels: list[int]) -> tuple[list[f
     return coverage, accuracy
 
 
-def _load(model: str, sha: str, verified: bool) -> SupportModel | None:
-    own = shipped_support_folder(model, verified)
-    if own.is_dir():
-        return SupportModel.load(own, verified, sha)
-    return None
-
-
-def _generic(verified: bool) -> SupportModel | None:
-    folder = shipped_support_folder(GENERIC, verified)
-    return SupportModel.load(folder, verified, GENERIC) if folder.is_dir() else None
+def _shipped(name: str, sha: str, verified: bool) -> SupportModel | None:
+    folder = shipped_support_folder(name, verified)
+    return SupportModel.load(folder, verified, sha) if folder.is_dir() else None
 
 
 def scorers(config: dict, train_rows: list[dict]) -> dict[str, SupportModel]:
-    model = config["model"]
+    """Every scorer of one model's answers: the log-probability baseline (fitted on its train rows) and the shipped
+    support models, its own and the model-agnostic ones."""
+    model, sha = config["model"], config["model_sha256"]
     out = {}
     if train_rows:
         out["mean log-prob alone"] = SupportModel.fit(train_rows, False, model, only=("mean_logprob",))
     for label, support in (
-        ("support", _load(model, config["model_sha256"], False)),
-        ("support + verification", _load(model, config["model_sha256"], True)),
-        ("model-agnostic support", _generic(False)),
-        ("model-agnostic + verification", _generic(True)),
+        ("support", _shipped(model, sha, False)),
+        ("support + verification", _shipped(model, sha, True)),
+        ("model-agnostic support", _shipped(GENERIC, GENERIC, False)),
+        ("model-agnostic + verification", _shipped(GENERIC, GENERIC, True)),
     ):
-        # A run without verification has no ablation drops for the verified models to read.
-        if support is not None and (config.get("verify", True) or not support.verified):
+        if support is not None:
             out[label] = support
     return out
+
+
+def readable(models: dict[str, SupportModel], verified: bool) -> dict[str, SupportModel]:
+    """The scorers a run's rows can feed: a run without verification has no ablation drops for the verified ones."""
+    return {label: m for label, m in models.items() if verified or not m.verified}
 
 
 def measure(rows: list[dict], models: dict[str, SupportModel]) -> dict:
@@ -172,16 +170,19 @@ def write_report(runs: list[Path], out: Path, train: list[Path]) -> Path:
         config, rows = read_run(folder)
         train_rows.setdefault(config["model"], []).extend(rows)
     results: dict[str, dict[str, dict]] = {}
-    pooled: dict[str, tuple[dict, list[dict]]] = {}
+    by_model: dict[str, dict[str, SupportModel]] = {}  # each model's scorers, fitted and loaded once
+    pooled: dict[str, list[dict]] = {}
     for folder in runs:
         config, rows = read_run(folder)
-        models = scorers(config, train_rows.get(config["model"], []))
-        results.setdefault(config["model"], {})[config["dataset"]] = measure(rows, models)
-        pooled.setdefault(config["model"], (config, []))[1].extend(rows)
-    for model, (config, rows) in pooled.items():
+        model = config["model"]
+        if model not in by_model:
+            by_model[model] = scorers(config, train_rows.get(model, []))
+        models = readable(by_model[model], config.get("verify", True))
+        results.setdefault(model, {})[config["dataset"]] = measure(rows, models)
+        pooled.setdefault(model, []).extend(rows)
+    for model, rows in pooled.items():
         if len(results[model]) > 1:  # every held-out answer of the model at once, by the plain scorers
-            models = scorers({**config, "verify": False}, train_rows.get(model, []))
-            results[model]["all held-out"] = measure(rows, models)
+            results[model]["all held-out"] = measure(rows, readable(by_model[model], False))
 
     lines = [
         "# Support scores on held-out answers",

@@ -338,11 +338,11 @@ class Generator:
             # synchronisation of the GPU stream: 32 per step at batch 32).
             # Each row's next-token distribution in fp32 (the answer's own confidence, read by generators.support).
             logprobs = torch.log_softmax(logits.float(), dim=-1)
-            greedy = logits.argmax(dim=-1) if temperature <= 0 else None
-            chosen = None if greedy is None else logprobs.gather(-1, greedy[:, None])[:, 0].tolist()
+            greedy = logits.argmax(dim=-1).tolist() if temperature <= 0 else None
             top2 = logprobs.topk(2, dim=-1).values
             margins = (top2[:, 0] - top2[:, 1]).tolist()  # how decided the step was, whatever was picked
-            greedy = None if greedy is None else greedy.tolist()
+            # A greedy token is the argmax, so its log-probability is the top one (log-softmax keeps the order).
+            chosen = top2[:, 0].tolist() if greedy is not None else None
             for b in range(len(rows.done)):
                 if not rows.done[b] and rows.cancelled is not None and rows.cancelled(b):
                     rows.done[b] = True  # the other rows never see this one: their answers do not change

@@ -57,7 +57,7 @@ GENERIC = "any"  # the folder of the model-agnostic support model
 METHOD_PLAIN, METHOD_VERIFIED = "support", "support-verified"
 SECTION = Section(
     "support",
-    {"features": list, "threshold": float, "target_precision": float, "label": str, "measured": dict},
+    {"features": list, "threshold": float, "target_precision": float, "label": str},
 )
 ABSTAIN_TEXT = "I could not find this in the passages."
 
@@ -95,13 +95,13 @@ def _word_set(text: str) -> set[str]:
 def support_inputs(answer) -> dict:
     """The plain values of an Answer (generators.answer.Answer) the features read: JSON-ready."""
     sources = []
-    for citation in answer.citations:
+    for index, citation in enumerate(answer.citations):
         for rank, source in enumerate(citation.sources):
             passage = answer.passages[source.position - 1].passage
             sentence = None if source.sentence is None else passage.text[source.sentence[0] : source.sentence[1]]
             sources.append(
                 {
-                    "sentence_index": answer.citations.index(citation),
+                    "sentence_index": index,
                     "rank": rank,
                     "position": source.position,
                     "share": source.score,
@@ -208,7 +208,6 @@ class SupportModel:
     target_precision: float
     label: str  # what "right" meant when it was fitted (e.g. "em")
     name: str = GENERIC
-    meta: dict | None = None
 
     @property
     def verified(self) -> bool:
@@ -277,7 +276,6 @@ class SupportModel:
                 "threshold": float(self.threshold),
                 "target_precision": float(self.target_precision),
                 "label": self.label,
-                "measured": training.get("measured", {}),
             },
         }
         return save_artefact(folder, tensors, meta)
@@ -293,7 +291,7 @@ class SupportModel:
         if tuple(section["features"]) != features:
             raise ArtefactError(
                 f"support model {artefact.meta_file}: features {section['features']} are not this midlens's "
-                f"{list(features)}; refit it with `midlens train support`."
+                f"{list(features)}; refit it (`midlens eval support-fit`)."
             )
         t = artefact.tensors
         return cls(
@@ -306,7 +304,6 @@ class SupportModel:
             section["target_precision"],
             section["label"],
             Path(folder).name,
-            artefact.meta,
         )
 
 

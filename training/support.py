@@ -52,7 +52,6 @@ def fit_and_save(runs: list[Path], loaded: list[tuple[dict, list[dict]]], out: P
             "label": "best_subspan_em >= 0.5",
             "answers": len(rows),
             "right": sum(int(r["em"] >= 0.5) for r in rows),
-            "measured": {},
         }
         saved.append(model.save(folder, name, sha, training, data))
     return saved
