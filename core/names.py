@@ -46,6 +46,7 @@ DEFAULT_PROMPT_STYLE = "litm"
 # What happens to passages that overflow the context window: refused (naming what to change), or the last ones left
 # out (listed in Answer.dropped).
 Truncate = Literal["error", "drop_last"]
+TRUNCATE_MODES: tuple[str, ...] = get_args(Truncate)
 
 # Passages stacked into the prompt when answering (ask, Pipeline, the LlamaIndex engine, eval e2e): top 3 was no
 # better and retrieves fewer gold paragraphs (docs/results/answer-path/). The demo's own default is also 5.

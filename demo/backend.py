@@ -85,8 +85,8 @@ class DemoBackend:
             self._bases[name] = pipeline
             self._retrievers[DEFAULT_CORPUS] = pipeline.retriever
             self.model = name
-            self.top_k = pipeline.top_k
-            self.max_new_tokens = pipeline.max_new_tokens
+            self.top_k = pipeline.options.top_k
+            self.max_new_tokens = pipeline.options.max_new_tokens
             self.evidence = pipeline.generator.evidence_config
             self.citations = pipeline.generator.citation_setting
             method = pipeline.generator.method
@@ -175,6 +175,7 @@ class DemoBackend:
         the default scorer (core.names.DEFAULT_RESTACK_SCORER)."""
         from midlens.generators.generator import Generator
         from midlens.generators.loading import load_model
+        from midlens.rag.options import AnswerOptions
         from midlens.rag.pipeline import Pipeline
 
         if model not in self.models:
@@ -188,16 +189,15 @@ class DemoBackend:
                 _progress(progress, 0.15, f"loading model {model} (first use only)")
                 loaded = load_model(model, self.device, self.dtype)
                 generator = Generator(loaded, method="baseline", evidence=self.evidence, citations=self.citations)
-                self._bases[model] = Pipeline(retriever, generator, self.top_k, self.max_new_tokens, restack=None)
+                options = AnswerOptions(top_k=self.top_k, max_new_tokens=self.max_new_tokens, restack=None)
+                self._bases[model] = Pipeline(retriever, generator, options)
             base = self._bases[model]
             if (model, method) not in self._methods:
                 config = self.startup_method if method == self.method else method
                 self._methods[(model, method)] = base.with_method(config)
             chosen = self._methods[(model, method)]
         restacked = (self.measured_restack(model, method) or DEFAULT_RESTACK_SCORER) if restack else None
-        return Pipeline(
-            retriever, chosen.generator, chosen.top_k, chosen.max_new_tokens, chosen.truncate, restack=restacked
-        )
+        return Pipeline(retriever, chosen.generator, chosen.options.replace(restack=restacked))
 
     def prepare(self, progress: Any = None) -> str:
         """Load the startup model and index (on page load, so the first question does not wait)."""
@@ -243,12 +243,9 @@ class DemoBackend:
             pipes = [pipe]
             if compare and method != "baseline":
                 pipes.append(self.pipeline(model, "baseline", corpus_file, progress))
-            answers = [self._answer(p, question, passages, new_tokens, check_citations, progress) for p in pipes]
-            if abstain:
-                from midlens.generators.support import abstain as withhold
-
-                for answer in answers:
-                    withhold(answer)
+            answers = [
+                self._answer(p, question, passages, new_tokens, check_citations, bool(abstain), progress) for p in pipes
+            ]
         except PromptTooLongError as err:
             raise UserError(f"The prompt is too long for {model}: {err.describe(REMEDIES)}") from None
         except (MidlensError, ValueError) as err:
@@ -263,7 +260,14 @@ class DemoBackend:
         }
 
     def _answer(
-        self, pipe: Pipeline, question: str, passages: list[Passage], new_tokens: int, check: bool, progress: Any
+        self,
+        pipe: Pipeline,
+        question: str,
+        passages: list[Passage],
+        new_tokens: int,
+        check: bool,
+        abstain: bool,
+        progress: Any,
     ) -> Answer:
         """One answer; with `check`, its citations verified against the very prompt it came from (Pipeline.answer's
         verify=True), their time under `verify_s`."""
@@ -277,7 +281,8 @@ class DemoBackend:
             _progress(progress, (done[0], new_tokens), doing, unit="tokens")
 
         _progress(progress, (0, new_tokens), f"reading the prompt ({method}; waits if the model is busy)", "tokens")
-        return pipe.answer(question, passages, verify=check, max_new_tokens=new_tokens, on_token=on_token)
+        options = pipe.options.replace(max_new_tokens=new_tokens, verify=check, abstain=abstain)
+        return pipe.answer(question, passages, options, on_token=on_token)
 
 
 def _size(n: int) -> str:

@@ -557,7 +557,7 @@ def run_rule(options: CiteOptions, methods: list[str]) -> dict:
 def run(options: CiteOptions) -> list[dict]:
     """Evaluate the run's units not yet in its results file (resumable: one appended line per unit)."""
     from midlens.eval import runner
-    from midlens.generators.generator import Generator, scorer_for
+    from midlens.generators.generator import Generator
     from midlens.generators.loading import load_model
     from midlens.generators.methods.registry import method_config
 
@@ -579,7 +579,7 @@ def run(options: CiteOptions) -> list[dict]:
     scorers = None
     if options.cite_evidence is not None:
         scorer_config = method_config(options.cite_evidence)
-        scorers = {m: scorer_for(gen, scorer_config) for m, gen in gens.items()}
+        scorers = {m: gen.scorer(scorer_config) for m, gen in gens.items()}
     evaluator = CiteEvaluator(gens, options, rule, scorers)
 
     def evaluate(unit: dict) -> dict:

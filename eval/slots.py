@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from midlens.core.errors import MidlensError
+from midlens.core.errors import MidlensError, Remedy
 from midlens.core.files import write_atomic
 from midlens.eval.metrics import bootstrap_ci
 from midlens.eval.runner import CONFIG, RESULTS, read_rows
@@ -89,7 +89,10 @@ def write_slot_order(run: str | Path, out: str | Path, command: str, method: str
     table = slot_table(rows, method)
     k = config["k"]
     if sorted(table) != list(range(1, k + 1)):
-        raise MidlensError(f"{run} swept slots {sorted(table)}, not every slot 1..{k}: sweep --positions 1,...,{k}.")
+        raise MidlensError(
+            f"{run} swept slots {sorted(table)}, not every slot 1..{k}: a slot order ranks them all.",
+            [Remedy("positions", list(range(1, k + 1)), "to the sweep")],
+        )
     separated = separation(rows, method)
     decided_by = deciding_measure(separated)
     record = {

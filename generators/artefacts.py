@@ -7,8 +7,10 @@ One format_version is one schema. Every meta.json of version 1 holds the keys in
 model and its content sha256, options, training (the run's config and loss record; a value a run did not record
 is null), data (split and the sha256 of its example ids), and what this module derives on save (format_version,
 weights_sha256, shapes, parameters). A kind of trained part adds its own section and declares its fields
-(`Section`: `LoRADelta.SECTION` is "delta", MoICE's routers "experts") and owns its save/load pair, the way a
-sentence-transformers module does (`LoRADelta.save(folder, meta)` / `LoRADelta.load(folder, ...)`).
+(`Section`: `LoRADelta.SECTION` is "delta", MoICE's routers "experts"). Every kind is a `SavedPart`, the way a
+sentence-transformers module is one: it says what its section holds (`config`) and which tensors it saves
+(`tensors`); saving and opening are written once, here (`part.save(folder, meta)`, `Kind.open(folder, ...)`), and a
+kind's `load` only builds itself from its verified section and tensors.
 
 Artefacts that ship live in `generators/trained/<method>/<model>/` and are found by name; any other folder
 is given by path. Reading (`open_artefact`) verifies before anything is parsed, in this order: the files exist,
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -107,6 +110,41 @@ class Artefact:
                 "it was made for another architecture or configuration."
             )
         return tensors
+
+
+class SavedPart:
+    """A trained part saved as an artefact folder: its `config()` as meta.json's `SECTION`, its `tensors()` as the
+    verified weights. Subclasses declare SECTION and those two; `load` (their own: what a part needs to rebuild
+    itself differs) starts from `open`."""
+
+    SECTION: ClassVar[Section]
+
+    def config(self) -> dict:
+        raise NotImplementedError
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def save(self, folder: str | Path, meta: dict) -> Path:
+        """Save as an artefact folder; `meta` gives the schema's other keys (method, base model, training, data)."""
+        return save_artefact(folder, self.tensors(), {**meta, self.SECTION.key: self.config()})
+
+    @classmethod
+    def open(
+        cls,
+        folder: str | Path,
+        method: str,
+        base_model_sha256: str,
+        shapes: dict[str, tuple[int, ...]] | None = None,
+    ) -> tuple[dict, Artefact]:
+        """The verified artefact in `folder` (files, schema, method, base model, weights hash; with `shapes`, each
+        tensor's shape) and its section, read and type-checked."""
+        artefact = (
+            open_artefact(folder, method, base_model_sha256)
+            if shapes is None
+            else load_artefact(folder, method, base_model_sha256, shapes)
+        )
+        return cls.SECTION.read(artefact), artefact
 
 
 def save_artefact(folder: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> Path:

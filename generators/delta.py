@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from midlens.core.errors import ArtefactError
-from midlens.generators.artefacts import Artefact, Section, open_artefact, save_artefact
+from midlens.generators.artefacts import Artefact, SavedPart, Section
 
 PROJECTIONS = ("q", "k", "v", "o")
 
@@ -62,7 +62,7 @@ def _check_layers(model: nn.Module, layers: list[int]) -> None:
         )
 
 
-class LoRADelta(WeightDelta):
+class LoRADelta(WeightDelta, SavedPart):
     """Low-rank factors A [r, in], B [out, r] per targeted (layer, projection); trainable parameters."""
 
     # What a saved delta records to be rebuilt: meta.json's "delta" object ("parameters" is for people reading it).
@@ -128,9 +128,8 @@ class LoRADelta(WeightDelta):
             "parameters": self.num_parameters(),
         }
 
-    def save(self, folder: str | Path, meta: dict) -> Path:
-        """Save the factors as an artefact folder; `meta` gives the schema's other keys (method, base model, ...)."""
-        return save_artefact(folder, self.state_dict(), {**meta, self.SECTION.key: self.config()})
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return self.state_dict()
 
     @classmethod
     def load(
@@ -138,8 +137,7 @@ class LoRADelta(WeightDelta):
     ) -> tuple[LoRADelta, Artefact]:
         """The frozen delta saved in `folder` for `model`, and the verified artefact it came from. The folder is
         verified (files, schema, method, base model, weights hash) before its "delta" section is read."""
-        artefact = open_artefact(folder, method, base_model_sha256)
-        spec = cls.SECTION.read(artefact)
+        spec, artefact = cls.open(folder, method, base_model_sha256)
         if spec["kind"] != "lora":
             raise ArtefactError(
                 f"artefact {artefact.meta_file}: delta kind {spec['kind']!r}; this midlens builds 'lora' deltas."

@@ -18,7 +18,6 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from collections.abc import Generator as Generator_
 from contextlib import contextmanager, nullcontext
@@ -54,6 +53,23 @@ from midlens.generators.prompt import (
 )
 from midlens.generators.retrieval_heads import resolve_evidence
 from midlens.generators.support import Support, SupportModel, packaged_support, support_inputs
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What one generation call decodes with (`Generator.generate`'s keywords, as one value for the loop)."""
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = 0
+    calibrate: bool = True  # also the content-free pass (calibrated evidence)
+    stop_at_line_end: bool = False
+    ignore_eos: bool = False
+
+
+# Verification's passes: the answer's own tokens scored teacher-forced, nothing generated, nothing calibrated.
+TEACHER_FORCED = DecodeOptions(max_new_tokens=0, seed=None, calibrate=False)
 
 
 class Generator:
@@ -92,6 +108,10 @@ class Generator:
             )
         self.citations = citations
         self.parts: MethodParts = build_parts(self.method, self.loaded)
+        # Scoring generators on this model, by canonical method spec (restacking, `evidence_from` citations): each
+        # loads its method's parts once (MuDAF's delta, hashed), not per call of a Pipeline made per call.
+        self._scorers: dict[str, Generator] = {}
+        self._scorers_lock = threading.Lock()
         self.windows = [layer.window for layer in model_anatomy(self.loaded.model)]  # per layer, None: sees all
         self._evidence_scorer = self._citation_scorer()
         self._support_models: dict[bool, SupportModel | None] = {}  # loaded at the first answer (plain, verified)
@@ -115,7 +135,7 @@ class Generator:
             config = method_config(spec)
         except MethodConfigError as err:  # a bad spec is the citations setting's fault, whatever it broke
             raise MethodConfigError(err.problem, about=Remedy("evidence_from", spec)) from None
-        scorer = scorer_for(self, config)
+        scorer = self.scorer(config)
         return None if scorer is self else scorer
 
     def _citation_evidence(self, prompts: list[StackedPrompt], calibrate: bool) -> list[list[PassageEvidence]] | None:
@@ -127,6 +147,19 @@ class Generator:
         # scorer's content-free pass.
         calibrate = calibrate and self.citations.evidence_weight > 0
         return [answer.passages for answer in self._evidence_scorer.score_batch(prompts, calibrate=calibrate)]
+
+    def scorer(self, config: MethodConfig) -> Generator:
+        """A generator on this model running `config`, with this one's evidence settings and no citations (scoring
+        generates nothing to cite), built once; this generator itself when it already runs `config`."""
+        if config == self.method:
+            return self
+        spec = config.spec()
+        with self._scorers_lock:
+            if spec not in self._scorers:
+                self._scorers[spec] = Generator(
+                    self.loaded, method=config, evidence=self.evidence_config, citations=None
+                )
+            return self._scorers[spec]
 
     @property
     def tokenizer(self):
@@ -206,11 +239,11 @@ class Generator:
             probs = torch.zeros_like(probs).scatter(0, idx[keep], sorted_probs[keep])
         return int(torch.multinomial(probs, 1, generator=rng))
 
-    def _check(self, prompts: list[StackedPrompt], max_new_tokens: int, temperature: float, top_p: float) -> None:
-        if temperature > 0 and not 0 < top_p <= 1:
+    def _check(self, prompts: list[StackedPrompt], decode: DecodeOptions) -> None:
+        if decode.temperature > 0 and not 0 < decode.top_p <= 1:
             share = "nucleus sampling keeps a share of the probability mass, in (0, 1]."
-            raise InvalidArgumentError(share, (), Remedy("top_p", top_p))
-        check_max_new_tokens(max_new_tokens)
+            raise InvalidArgumentError(share, (), Remedy("top_p", decode.top_p))
+        max_new_tokens = check_max_new_tokens(decode.max_new_tokens)
         for prompt in prompts:
             if prompt.num_tokens + max_new_tokens > self.context_window:
                 raise InvalidArgumentError(
@@ -223,31 +256,29 @@ class Generator:
     def _steps(
         self,
         prompts: list[StackedPrompt],
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        seed: int | None,
-        calibrate: bool,
+        decode: DecodeOptions,
         references: list[str | list[int] | None] | None = None,
-        stop_at_line_end: bool = False,
-        ignore_eos: bool = False,
         cancelled: Callable[[int], bool] | None = None,
         cite_as_you_go: bool = False,
     ) -> Generator_[tuple[int, str | Citation], None, list[Answer]]:
         """The generation loop, for a batch: yields (row, text delta); returns one Answer per prompt.
 
         Each row is answered as it would be alone: its own positions and stopping (EOS, line end, max tokens),
-        its own sampling stream (seeded with `seed`, as a lone prompt would be), its evidence and citations read
-        from its own scoring rows. With `cite_as_you_go` (and citations on) it also yields (row, Citation) for
+        its own sampling stream (seeded with `decode.seed`, as a lone prompt would be), its evidence and citations
+        read from its own scoring rows. With `cite_as_you_go` (and citations on) it also yields (row, Citation) for
         each answer sentence once the next one has begun: the calibration pass then runs before decoding (its
-        scores are what a citation blends in), and each Citation equals the one in the final Answer."""
-        self._check(prompts, max_new_tokens, temperature, top_p)
+        scores are what a citation blends in), and each Citation equals the one in the final Answer.
+
+        In order: the citation scorer's own pass (`evidence_from`), the prefill, the method's answering hook,
+        decoding, the answer's attention and the references' log-probabilities, the content-free pass, the
+        Answers."""
+        self._check(prompts, decode)
         references = references or [None] * len(prompts)
         if len(references) != len(prompts):
             raise ValueError(f"{len(references)} references for {len(prompts)} prompts: give one (or None) each.")
         reference_ids = [None if r is None else self._reference_ids(r) for r in references]  # refused before decoding
-        sampled = temperature > 0 and seed is not None
-        rows = _Rows.start(len(prompts), max_new_tokens, sampled, seed, self.device, cancelled)
+        sampled = decode.temperature > 0 and decode.seed is not None
+        rows = _Rows.start(len(prompts), decode.max_new_tokens, sampled, decode.seed, self.device, cancelled)
         rows.decoders = [IncrementalText(self.tokenizer) for _ in prompts]
         hook = self.parts.answering
         mixture = Mixture(self.parts.instances, len(prompts))  # one row per prompt unless the method runs several
@@ -256,7 +287,7 @@ class Generator:
         # Before this method is installed: the scorer runs its own on the same shared model. Nothing to cite when
         # nothing is generated (scoring, verification's teacher-forced passes).
         t0 = time.perf_counter()
-        cited_evidence = None if max_new_tokens == 0 else self._citation_evidence(prompts, calibrate)
+        cited_evidence = None if decode.max_new_tokens == 0 else self._citation_evidence(prompts, decode.calibrate)
         cite_evidence_s = time.perf_counter() - t0
         with self.running() as method_run:
             run = BatchRun(
@@ -269,27 +300,23 @@ class Generator:
             if cited_evidence is not None:
                 run.timings["cite_evidence_s"] = cite_evidence_s
             with method_run.probe(run.probe):
-                t0 = time.perf_counter()
-                logits = first_logits = mixture.logits(run.prefill())
-                run.timings["prefill_s"] = time.perf_counter() - t0
+                logits = first_logits = self._prefill(run, mixture)
                 with hook(run.view()) if hook is not None else nullcontext():
                     t0 = time.perf_counter()
                     if hook is not None:  # the last prompt token's query gives the first answer token: read it
                         logits = first_logits = mixture.logits(run.reread_last())  # again, under the method
                     if cite_as_you_go and self.citations is not None:
-                        if calibrate:  # the cache holds the prompt alone, as after decoding: the same maps
+                        if decode.calibrate:  # the cache holds the prompt alone, as after decoding: the same maps
                             run.content_free_maps()
                         citer = _SentenceCiter(self, run, mixture, prompts, cited_evidence)
-                    yield from self._decode(
-                        run, mixture, rows, logits, temperature, top_p, stop_at_line_end, ignore_eos, citer
-                    )
+                    yield from self._decode(run, mixture, rows, logits, decode, citer)
                     run.timings["decode_s"] = time.perf_counter() - t0
                     segment_mass = self._read_answer_attention(run, rows, mixture.count)
                     if any(r is not None for r in reference_ids):
                         reference_logprobs = run.reference_logprobs(
                             first_logits, reference_ids, None if mixture.instances is None else mixture.reference
                         )
-                if calibrate:
+                if decode.calibrate:
                     run.content_free_maps()
         answers = []
         for b, prompt in enumerate(prompts):
@@ -297,27 +324,20 @@ class Generator:
             if len(final) > len(rows.texts[b]):
                 yield b, final[len(rows.texts[b]) :]
             mass = None if segment_mass is None else mixture.mass(segment_mass, b)
-            answers.append(
-                self._answer(
-                    run,
-                    mixture,
-                    b,
-                    prompt,
-                    final,
-                    rows.generated[b],
-                    mass,
-                    reference_logprobs[b],
-                    rows.ends[b],
-                    None if cited_evidence is None else cited_evidence[b],
-                    rows.logprobs[b],
-                    rows.margins[b],
-                )
-            )
+            cited = None if cited_evidence is None else cited_evidence[b]
+            answers.append(self._answer(run, mixture, b, prompt, final, rows, mass, reference_logprobs[b], cited))
         if citer is not None:  # the citations still due (the last sentence's, or a row's that ended mid-sentence)
             for b, answer in enumerate(answers):
                 for citation in answer.citations[citer.emitted[b] :]:
                     yield b, citation
         return answers
+
+    def _prefill(self, run: BatchRun, mixture: Mixture) -> torch.Tensor:
+        """The prompts' forward pass (the probe reading the passages' attention): the first answer token's logits."""
+        t0 = time.perf_counter()
+        logits = mixture.logits(run.prefill())
+        run.timings["prefill_s"] = time.perf_counter() - t0
+        return logits
 
     def _decode(
         self,
@@ -325,14 +345,17 @@ class Generator:
         mixture: Mixture,
         rows: _Rows,
         logits: torch.Tensor,
-        temperature: float,
-        top_p: float,
-        stop_at_line_end: bool,
-        ignore_eos: bool,
+        decode: DecodeOptions,
         citer: _SentenceCiter | None = None,
     ) -> Iterator[tuple[int, str | Citation]]:
         """Pick, stream and feed back tokens until every row is done; yields (row, text delta) and, with a
         `citer`, (row, Citation) as each answer sentence ends."""
+        temperature, top_p, stop_at_line_end, ignore_eos = (
+            decode.temperature,
+            decode.top_p,
+            decode.stop_at_line_end,
+            decode.ignore_eos,
+        )
         while not all(rows.done):
             # Greedy rows all at once: one argmax and one device-to-host copy per step, not one per row (each a
             # synchronisation of the GPU stream: 32 per step at batch 32).
@@ -424,15 +447,14 @@ class Generator:
         b: int,
         prompt: StackedPrompt,
         decoded: str,
-        ids: list[int],
+        rows: _Rows,
         segment_mass: torch.Tensor | None,
         reference_logprobs: list[float] | None,
-        ends: list[int] | None = None,
         cited_evidence: list[PassageEvidence] | None = None,
-        token_logprobs: list[float] | None = None,
-        token_margins: list[float] | None = None,
     ) -> Answer:
-        """`cited_evidence`: the evidence citations blend in when it is not this pass's own (`evidence_from`)."""
+        """Row `b`'s Answer. `cited_evidence`: the evidence citations blend in when it is not this pass's own
+        (`evidence_from`)."""
+        ids, ends = rows.generated[b], rows.ends[b]
         text = decoded.strip()
         maps = mixture.maps(run.maps, b)
         passages = self._passage_evidence(prompt, maps)
@@ -459,8 +481,8 @@ class Generator:
             method_state=run.scratch[b * mixture.count],
             citations=citations,
             answer_ids=list(ids),
-            token_logprobs=list(token_logprobs or []),
-            token_margins=list(token_margins or []),
+            token_logprobs=list(rows.logprobs[b]),
+            token_margins=list(rows.margins[b]),
         )
         answer.support = self.support_of(answer)
         return answer
@@ -496,18 +518,8 @@ class Generator:
         `on_citation` (citations on) gets each answer sentence's Citation as soon as the next sentence begins,
         the last ones when decoding ends; each equals its entry in the returned Answer's `citations`.
         """
-        steps = self._steps(
-            [prompt],
-            max_new_tokens,
-            temperature,
-            top_p,
-            seed,
-            calibrate,
-            [reference],
-            stop_at_line_end,
-            ignore_eos,
-            cite_as_you_go=on_citation is not None,
-        )
+        decode = DecodeOptions(max_new_tokens, temperature, top_p, seed, calibrate, stop_at_line_end, ignore_eos)
+        steps = self._steps([prompt], decode, [reference], cite_as_you_go=on_citation is not None)
         answers = _drain(
             steps,
             None if on_token is None else (lambda _row, piece: on_token(piece)),
@@ -537,19 +549,8 @@ class Generator:
         where it is (its Answer holds what it generated so far) and the batch goes on without it.
         `on_citation(row, citation)` (citations on) gets each row's answer sentences' Citations as they end, as
         `generate`'s does; a row's are complete, and equal to its Answer's, once the call returns."""
-        steps = self._steps(
-            prompts,
-            max_new_tokens,
-            temperature,
-            top_p,
-            seed,
-            calibrate,
-            references,
-            stop_at_line_end,
-            ignore_eos,
-            cancelled,
-            cite_as_you_go=on_citation is not None,
-        )
+        decode = DecodeOptions(max_new_tokens, temperature, top_p, seed, calibrate, stop_at_line_end, ignore_eos)
+        steps = self._steps(prompts, decode, references, cancelled, cite_as_you_go=on_citation is not None)
         return _drain(steps, on_token, on_citation)
 
     def verify(self, prompts: list[StackedPrompt], answers: list[Answer], batch_size: int = 8) -> list[Answer]:
@@ -580,7 +581,7 @@ class Generator:
         for start in range(0, len(scored), batch_size):
             chunk = scored[start : start + batch_size]
             refs = [answers[i].answer_ids for i, _ in jobs[start : start + batch_size]]
-            results = _drain(self._steps(chunk, 0, 0.0, 1.0, None, False, refs), None)
+            results = _drain(self._steps(chunk, TEACHER_FORCED, refs), None)
             logprobs += [r.reference_token_logprobs for r in results]
         full: dict[int, list[float]] = {}
         for (i, position), lp in zip(jobs, logprobs, strict=True):
@@ -611,7 +612,7 @@ class Generator:
     def stream(self, prompt: StackedPrompt, **kwargs) -> GenerationStream:
         options = {**_STREAM_DEFAULTS, **kwargs}
         reference = options.pop("reference")
-        steps = self._steps([prompt], references=[reference], cite_as_you_go=True, **options)
+        steps = self._steps([prompt], DecodeOptions(**options), [reference], cite_as_you_go=True)
         return GenerationStream(steps)
 
     def score(self, prompt: StackedPrompt, calibrate: bool = True) -> Answer:
@@ -764,27 +765,3 @@ class _Rows:
             logprobs=[[] for _ in range(batch)],
             margins=[[] for _ in range(batch)],
         )
-
-
-# ------------------------------------------------------------------------------------------------ scorer generators
-
-# Scoring generators by answering generator and scorer method: building one loads the method's parts (MuDAF's delta,
-# hashed), which a Pipeline made per call (the LlamaIndex LLM's) must not pay each time. Restacking (generators.
-# restack) and citations blending in another method's evidence (`CitationConfig.evidence_from`) share them.
-# (A MethodConfig holds a dict, so it is no dictionary key: each answering generator keeps a short list.)
-_SCORERS: weakref.WeakKeyDictionary[Generator, list[tuple[MethodConfig, Generator]]] = weakref.WeakKeyDictionary()
-_SCORERS_LOCK = threading.Lock()
-
-
-def scorer_for(generator: Generator, config: MethodConfig) -> Generator:
-    """A generator on `generator`'s model running `config`, with its evidence settings and no citations (scoring
-    generates nothing to cite); `generator` itself when it already runs `config`."""
-    if config == generator.method:
-        return generator
-    with _SCORERS_LOCK:
-        cached = _SCORERS.setdefault(generator, [])
-        found = next((g for c, g in cached if c == config), None)
-        if found is None:
-            found = Generator(generator.loaded, method=config, evidence=generator.evidence_config, citations=None)
-            cached.append((config, found))
-        return found

@@ -22,8 +22,8 @@ its base model's (`Answer.restack["slot_order"]` names the file). A prompt with 
 sweep's K reads the measured slot at the same relative depth.
 
 Whether an interface restacks where its caller does not say is measured too: its `restack` option defaults to
-"measured" (`check_restack_option` keeps it, `resolve_restack` turns it into the Restack core.names.MEASURED_RESTACKS
-names for the answering model and method, or None where restacking was not measured to help).
+"measured" (rag.options.AnswerOptions.resolve turns it into the Restack core.names.MEASURED_RESTACKS names for the
+answering model and method, or None where restacking was not measured to help).
 
 The answer comes back in the caller's numbering: `Answer.passages` in the order given, each `position` the one the
 caller gave it, citations' `position`s likewise; the raw maps are permuted the same way. `Answer.restack` says
@@ -46,10 +46,10 @@ import torch
 from midlens.core.checks import check_restack_rounds
 from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError, Remedy
 from midlens.core.method_spec import parse_scorer_spec
-from midlens.core.names import DEFAULT_RESTACK_SCORER, RESTACK_MEASURED, measured_restack_for
+from midlens.core.names import DEFAULT_RESTACK_SCORER
 from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation
-from midlens.generators.generator import GenerationStream, Generator, scorer_for
+from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.prompt import StackedPrompt, render
 
@@ -117,39 +117,6 @@ def as_restack(restack: str | MethodConfig | Restack | None, rounds: int = 1) ->
             )
         return restack
     return Restack(restack, rounds)
-
-
-# What an interface's `restack` option takes: RESTACK_MEASURED (the default: what core.names.MEASURED_RESTACKS says
-# for the model and method answering), a scorer spec or config, a Restack, or None (the order given).
-RestackOption = str | MethodConfig | Restack | None
-
-
-def check_restack_option(restack: RestackOption, rounds: int = 1) -> Restack | str | None:
-    """`restack` checked, not yet resolved: RESTACK_MEASURED stays as it is (what it means depends on the generator
-    that answers: `resolve_restack`), anything else is `as_restack`'s."""
-    if isinstance(restack, str) and restack == RESTACK_MEASURED:
-        check_restack_rounds(rounds)
-        if rounds != 1:
-            raise InvalidArgumentError(
-                f"restack_rounds={rounds!r} needs a named scorer: the measured default restacks once, or not at "
-                f'all. Pass restack="{DEFAULT_RESTACK_SCORER}" (or another method spec) with it.'
-            )
-        return RESTACK_MEASURED
-    return as_restack(restack, rounds)
-
-
-def resolve_restack(restack: RestackOption, model: str, method_spec: str) -> Restack | None:
-    """How `model` answering with `method_spec` (canonical) restacks under `restack`: RESTACK_MEASURED becomes the
-    restack measured for them (core.names.MEASURED_RESTACKS), None where none was measured to help; anything else
-    as given."""
-    checked = check_restack_option(restack)
-    if not isinstance(checked, str):  # a Restack or None; the only string left is RESTACK_MEASURED
-        return checked
-    scorer = measured_restack_for(model, method_spec)
-    return None if scorer is None else Restack(scorer)
-
-
-# ---------------------------------------------------------------------------------------------------------- slots
 
 
 @dataclass(frozen=True)
@@ -329,7 +296,7 @@ class Restacker:
         self.generator = generator
         self.restack = restack if isinstance(restack, Restack) else Restack(restack)
         self.slot_order = slot_order(generator, self.restack.slots)  # a model without a measured order fails now
-        self.scorer = scorer_for(generator, self.restack.config)
+        self.scorer = generator.scorer(self.restack.config)
 
     @property
     def device(self) -> torch.device:

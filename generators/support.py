@@ -24,12 +24,13 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from midlens.core.answer_text import normalize_answer
 from midlens.core.errors import ArtefactError, InvalidArgumentError
-from midlens.generators.artefacts import SHIPPED, Section, load_artefact, save_artefact
+from midlens.generators.artefacts import SHIPPED, SavedPart, Section
 
 # The features, in the order a model's coefficients follow. PLAIN need only the generating pass; VERIFIED add the
 # ablation drops of `Generator.verify`.
@@ -196,7 +197,7 @@ class Support:
 
 
 @dataclass(frozen=True)
-class SupportModel:
+class SupportModel(SavedPart):
     """Logistic regression over standardised features: p = sigmoid(intercept + coef . (x - mean) / scale)."""
 
     features: tuple[str, ...]
@@ -258,27 +259,28 @@ class SupportModel:
             name,
         )
 
-    def save(self, folder: str | Path, base_model: str, base_model_sha256: str, training: dict, data: dict) -> Path:
+    SECTION: ClassVar[Section] = SECTION
+
+    def config(self) -> dict:
+        return {
+            "features": list(self.features),
+            "threshold": float(self.threshold),
+            "target_precision": float(self.target_precision),
+            "label": self.label,
+        }
+
+    def tensors(self) -> dict[str, torch.Tensor]:
         tensors = {
             name: torch.tensor(values, dtype=torch.float64)
             for name, values in (("mean", self.mean), ("scale", self.scale), ("coef", self.coef))
         }
         tensors["intercept"] = torch.tensor([self.intercept], dtype=torch.float64)
-        meta = {
-            "method": METHOD_VERIFIED if self.verified else METHOD_PLAIN,
-            "base_model": base_model,
-            "base_model_sha256": base_model_sha256,
-            "options": {},
-            "training": training,
-            "data": data,
-            "support": {
-                "features": list(self.features),
-                "threshold": float(self.threshold),
-                "target_precision": float(self.target_precision),
-                "label": self.label,
-            },
-        }
-        return save_artefact(folder, tensors, meta)
+        return tensors
+
+    @property
+    def method(self) -> str:
+        """The artefact method it is saved under: plain, or reading the verification drops."""
+        return METHOD_VERIFIED if self.verified else METHOD_PLAIN
 
     @classmethod
     def load(cls, folder: str | Path, verified: bool, base_model_sha256: str) -> SupportModel:
@@ -286,8 +288,7 @@ class SupportModel:
         features = VERIFIED_FEATURES if verified else PLAIN_FEATURES
         count = len(features)
         shapes = {"mean": (count,), "scale": (count,), "coef": (count,), "intercept": (1,)}
-        artefact = load_artefact(folder, method, base_model_sha256, shapes)
-        section = SECTION.read(artefact)
+        section, artefact = cls.open(folder, method, base_model_sha256, shapes)
         if tuple(section["features"]) != features:
             raise ArtefactError(
                 f"support model {artefact.meta_file}: features {section['features']} are not this midlens's "
@@ -321,11 +322,13 @@ def packaged_support(model: str, model_sha256: Callable[[], str], verified: bool
     return SupportModel.load(generic, verified, GENERIC) if generic.is_dir() else None
 
 
-def abstain(answer) -> bool:
-    """Withhold `answer` (generators.answer.Answer) when its support is below its model's threshold: its text becomes
-    ABSTAIN_TEXT, and the answer and citations that were withheld move to `answer.withheld`. Returns whether it did.
-    An answer without a support score (citations off) is kept: nothing says it is unsupported."""
-    if answer.support is None or answer.support.likely or answer.withheld is not None:
+def abstain(answer, below: float | None = None) -> bool:
+    """Withhold `answer` (generators.answer.Answer) when its support is below `below` (None: its model's threshold):
+    its text becomes ABSTAIN_TEXT, and the answer and citations that were withheld move to `answer.withheld`. Returns
+    whether it did. An answer without a support score (citations off) is kept: nothing says it is unsupported."""
+    if answer.support is None or answer.withheld is not None:
+        return False
+    if answer.support.likely if below is None else answer.support.probability >= below:
         return False
     answer.withheld = {"text": answer.text, "citations": answer.citations}
     answer.text, answer.citations = ABSTAIN_TEXT, []

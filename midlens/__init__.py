@@ -14,19 +14,30 @@ __version__ = "0.2.0"
 # name -> the module that defines it
 _LAZY = {
     "Pipeline": "midlens.rag.pipeline",
+    "AnswerOptions": "midlens.rag.options",
     "Generator": "midlens.generators.generator",
     "Answer": "midlens.generators.answer",
     "EvidenceConfig": "midlens.generators.evidence",
     "DenseRetriever": "midlens.retrievers.dense",
     "load_model": "midlens.generators.loading",
 }
-__all__ = ["Answer", "DenseRetriever", "EvidenceConfig", "Generator", "Pipeline", "__version__", "load_model"]
+__all__ = [
+    "Answer",
+    "AnswerOptions",
+    "DenseRetriever",
+    "EvidenceConfig",
+    "Generator",
+    "Pipeline",
+    "__version__",
+    "load_model",
+]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from midlens.generators.answer import Answer
     from midlens.generators.evidence import EvidenceConfig
     from midlens.generators.generator import Generator
     from midlens.generators.loading import load_model
+    from midlens.rag.options import AnswerOptions
     from midlens.rag.pipeline import Pipeline
     from midlens.retrievers.dense import DenseRetriever
 

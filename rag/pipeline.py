@@ -20,37 +20,24 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from midlens.core.batch_size import BatchSize, parse_batch_size, units_per_group
-from midlens.core.checks import check_max_new_tokens, check_prompt_style, check_question, check_top_k
-from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import (
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_RETRIEVAL,
-    DEFAULT_TOP_K,
-    RESTACK_MEASURED,
-    Truncate,
-)
+from midlens.core.checks import check_question, check_top_k
+from midlens.core.errors import InvalidArgumentError, Remedy
+from midlens.core.names import DEFAULT_RETRIEVAL
 from midlens.core.passage import Passage
 from midlens.generators.answer import Answer
-from midlens.generators.citations import Citation, CitationConfig, MeasuredCitations
+from midlens.generators.citations import Citation, MeasuredCitations
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.loading import LoadedModel
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
-from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt
-from midlens.generators.restack import (
-    RestackedStream,
-    Restacker,
-    RestackOption,
-    check_restack_option,
-    in_prompt_order,
-    resolve_restack,
-)
+from midlens.generators.prompt import StackedPrompt
+from midlens.generators.restack import RestackedStream, Restacker, in_prompt_order
 from midlens.generators.scheduling import generate_all
-from midlens.generators.support import abstain
+from midlens.rag.options import FIELDS, AnswerOptions, ResolvedOptions
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
 from midlens.retrievers.corpus import default_corpus_path
@@ -58,92 +45,106 @@ from midlens.retrievers.dense import IndexType
 
 
 class Pipeline:
+    """A retriever, a generator and the AnswerOptions it answers with (`options`; each call may change some:
+    `pipe.ask(question, max_new_tokens=16)` answers with `options.replace(max_new_tokens=16)`)."""
+
     def __init__(
         self,
         retriever: Retriever | None,
-        generator: Generator,
-        top_k: int = DEFAULT_TOP_K,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        truncate: Truncate = "error",
-        prompt_style: str = DEFAULT_STYLE,
-        restack: RestackOption = RESTACK_MEASURED,
-        restack_rounds: int = 1,
-        abstain: bool = False,
+        generator: Generator | None,
+        options: AnswerOptions | None = None,
+        **changes: Any,
     ):
-        """`abstain`: an answer whose support (`Answer.support`, generators.support) is below its model's threshold
-        says ABSTAIN_TEXT instead, the answer it withheld kept in `Answer.withheld` (a stream carries the support
-        once its text is out, and does not abstain). `prompt_style`: the instruction above the passages
-        (generators.prompt.STYLES). `retriever=None`: a pipeline that answers over passages its caller retrieved
-        (`answer`, `answer_stream`), as a LlamaIndex engine does with its own retriever. `restack`: the method whose
-        evidence re-stacks the passages before each answer (a spec such as "mudaf", or a generators.restack.Restack),
-        `restack_rounds` its scoring passes; None: the passages are answered in the order given; "measured" (the
-        default): restacked where that was measured to help this model and method (core.names.MEASURED_RESTACKS),
-        else in the order given. `self.restack` is what was chosen."""
+        """`options` (rag.options.AnswerOptions; keywords change single fields of it). `retriever=None`: a pipeline
+        that answers over passages its caller retrieved (`answer`, `answer_stream`), as a LlamaIndex engine does
+        with its own retriever. `options.method` and `options.cite_evidence` describe the generator: None means its
+        own; another method is refused (`with_method` answers with another method on the same weights). `restack`
+        is what the options' restack resolved to for this generator's model and method."""
         self.retriever = retriever
         self.generator = generator
-        self.top_k = check_top_k(top_k)
-        self.max_new_tokens = check_max_new_tokens(max_new_tokens)
-        self.truncate = truncate
-        self.prompt_style = check_prompt_style(prompt_style)
-        if not isinstance(abstain, bool):
-            raise InvalidArgumentError(f"abstain={abstain!r}: pass True (withhold unsupported answers) or False.")
-        self.abstain = abstain
-        # As asked (kept so that with_method re-resolves "measured" for its method), and as resolved.
-        self.restack_option = check_restack_option(restack, restack_rounds)
-        option = self.restack_option
-        # Only "measured" reads the generator (a pipeline made to check its other arguments may have none).
-        self.restack = (
-            option
-            if option != RESTACK_MEASURED
-            else resolve_restack(option, generator.loaded.name, generator.method.spec())
-        )
+        self.options = (options or AnswerOptions()).replace(**changes)
+        self.restack, self.answerer = None, None
+        if generator is None:  # a pipeline made to check its options
+            return
+        self._resolved = self._resolve(self.options)
+        self.restack = self._resolved.restack
         # What answers: the generator, or the generator behind a restacker (same calls, same signatures).
-        self.answerer: Generator | Restacker = generator if self.restack is None else Restacker(generator, self.restack)
+        self.answerer: Generator | Restacker = self._answerer(self._resolved)
+
+    def _resolve(self, options: AnswerOptions) -> ResolvedOptions:
+        generator = self.generator
+        running = generator.method.spec()
+        resolved = options.resolve(generator.loaded.name, running)
+        if resolved.method.spec() != running:
+            raise InvalidArgumentError(
+                f"this pipeline's generator runs {running}, and the options ask for {options.method}: answer with "
+                "pipeline.with_method(...) (same weights), or leave method out.",
+                about=Remedy("method", options.method),
+            )
+        setting = getattr(generator.citations, "evidence_from", None)
+        if options.cite_evidence is not None and options.cite_evidence != setting:
+            raise InvalidArgumentError(
+                f"this pipeline's generator cites with {setting or 'its own'} evidence; the citation evidence is the "
+                "generator's (Generator(..., citations=MeasuredCitations(evidence_from=...))), leave it out here.",
+                about=Remedy("cite_evidence", options.cite_evidence),
+            )
+        return resolved
+
+    def _answerer(self, resolved: ResolvedOptions) -> Generator | Restacker:
+        if resolved.restack is None:
+            return self.generator
+        if self.answerer is not None and resolved.restack == self.restack:
+            return self.answerer
+        return Restacker(self.generator, resolved.restack)
+
+    def _call(
+        self, options: AnswerOptions | None, changes: dict[str, Any]
+    ) -> tuple[AnswerOptions, Generator | Restacker, dict[str, Any]]:
+        """One call's options (this pipeline's, `options` instead where given, `changes` on top), what answers
+        with them, and the generation hooks among `changes` (on_token, reference, ...), passed as they are."""
+        if options is not None and not isinstance(options, AnswerOptions):
+            raise InvalidArgumentError(
+                f"options={options!r}: pass an AnswerOptions (rag.options), or the options by keyword."
+            )
+        hooks = {k: changes.pop(k) for k in list(changes) if k not in FIELDS}
+        call = (options or self.options).replace(**changes)
+        _check_verify(call, self.generator)
+        if call == self.options:
+            return call, self.answerer, hooks
+        return call, self._answerer(self._resolve(call)), hooks
 
     @classmethod
     def from_corpus(
         cls,
         corpus: str | Path | None = None,
         model: str | LoadedModel = DEFAULT_MODEL,
-        method: str | MethodConfig | None = None,
-        top_k: int = DEFAULT_TOP_K,
+        options: AnswerOptions | None = None,
         index_dir: str | Path | None = None,
         index_type: IndexType = "flat",
         evidence: EvidenceConfig | None = None,
         device: str = "auto",
         dtype: str = "auto",
-        prompt_style: str = DEFAULT_STYLE,
         retrieval: Retrieval = DEFAULT_RETRIEVAL,
-        truncate: Truncate = "error",
-        restack: RestackOption = RESTACK_MEASURED,
-        restack_rounds: int = 1,
-        citations: CitationConfig | MeasuredCitations | Literal["measured"] | None = "measured",
-        abstain: bool = False,
-        **method_options,
+        citations: bool = True,
+        method_options: dict[str, Any] | None = None,
+        **changes: Any,
     ) -> Pipeline:
-        """`method` is a registry name or spec (None: the model's measured default, generators.packaged_models.
-        default_method); `device`/`dtype`: auto = CUDA + bfloat16 when present, else CPU;
-        `retrieval`: "dense" (faiss) or "hybrid" (dense + BM25 fused by rank, retrievers.hybrid); "+links" after
-        either also stacks the passages whose titles the top 2 mention (retrievers.links); `restack`,
-        `restack_rounds`: as in `Pipeline`; `citations`: as in `Generator`."""
-        check_top_k(top_k)  # before the model loads
-        check_prompt_style(prompt_style)
+        """A pipeline over a corpus (None: the embedded HotpotQA paragraphs): its index built or loaded, `model`
+        loaded with `options.method` (None: its measured default) and `options.cite_evidence`. `device`/`dtype`:
+        auto = CUDA + bfloat16 when present, else CPU; `retrieval`: "dense" (faiss) or "hybrid" (dense + BM25
+        fused by rank, retrievers.hybrid); "+links" after either also stacks the passages whose titles the top 2
+        mention (retrievers.links); `citations=False`: no citations (nor support scores, which read them);
+        `method_options`: options of the method over its spec's."""
+        options = (options or AnswerOptions()).replace(**changes)  # every option checked before the model loads
         check_retrieval(retrieval)
-        # A bad spec fails before the index and the model.
-        method = method_config(default_method(model) if method is None else method, method_options)
-        restack = check_restack_option(restack, restack_rounds)  # so does a bad scorer or round count
+        name = model if isinstance(model, str) else model.name
+        method = method_config(options.method or default_method(name), method_options or {})
+        options.resolve(name, method.spec())  # a bad restack scorer fails before the index and the model
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
-        generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, citations=citations)
-        return cls(
-            retriever,
-            generator,
-            top_k=top_k,
-            truncate=truncate,
-            prompt_style=prompt_style,
-            restack=restack,
-            abstain=abstain,
-        )
+        citing = MeasuredCitations(options.cite_evidence) if citations else None
+        generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, citations=citing)
+        return cls(retriever, generator, options.replace(method=None, cite_evidence=None))
 
     def with_method(self, method: str | MethodConfig, **method_options) -> Pipeline:
         """The same retriever and loaded model, another method (weights are shared, not reloaded), citing as this
@@ -155,16 +156,7 @@ class Pipeline:
             citations=self.generator.citation_setting,
             **method_options,
         )
-        return Pipeline(
-            self.retriever,
-            generator,
-            self.top_k,
-            self.max_new_tokens,
-            self.truncate,
-            self.prompt_style,
-            restack=self.restack_option,
-            abstain=self.abstain,
-        )
+        return Pipeline(self.retriever, generator, self.options.replace(method=None, cite_evidence=None))
 
     def retrieve(self, question: str, top_k: int | None = None) -> list[Passage]:
         if self.retriever is None:
@@ -172,47 +164,36 @@ class Pipeline:
                 "this pipeline has no retriever: pass the passages to answer() or answer_stream() instead."
             )
         # `top_k or self.top_k` would turn an explicit 0 into the default: only None means "the default".
-        return self.retriever.search(question, self.top_k if top_k is None else check_top_k(top_k))
+        return self.retriever.search(question, self.options.top_k if top_k is None else check_top_k(top_k))
 
-    def prompt(self, question: str, passages: list[Passage], max_new_tokens: int) -> StackedPrompt:
-        """The stacked prompt this pipeline answers from (its truncation and instruction style)."""
+    def prompt(self, question: str, passages: list[Passage], options: AnswerOptions | None = None) -> StackedPrompt:
+        """The stacked prompt this pipeline answers from (its truncation, instruction style and answer room)."""
+        o = options or self.options
         return self.generator.prompt(
-            question, passages, max_new_tokens=max_new_tokens, truncate=self.truncate, style=self.prompt_style
+            question, passages, max_new_tokens=o.max_new_tokens, truncate=o.truncate, style=o.prompt_style
         )
 
     def answer(
-        self,
-        question: str,
-        passages: list[Passage],
-        calibrate: bool = True,
-        verify: bool = False,
-        **generate_kwargs,
+        self, question: str, passages: list[Passage], options: AnswerOptions | None = None, **changes: Any
     ) -> Answer:
         """Generate over given passages (in the given prompt order), skipping retrieval. `verify`: check each
         citation (`Generator.verify`: the answer re-scored with the cited passage removed) before returning."""
-        max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
-        self._check_verify(verify, max_new)
-        prompt = self.prompt(question, passages, max_new)
-        answer = self.answerer.generate(prompt, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs)
-        if verify:
+        o, answerer, hooks = self._call(options, changes)
+        prompt = self.prompt(question, passages, o)
+        answer = answerer.generate(prompt, **o.decoding(), **hooks)
+        if o.verify:
             self._verify([prompt], [answer])
-        return self._abstained(answer)
+        o.withhold(answer)
+        return answer
 
-    def ask(
-        self,
-        question: str,
-        top_k: int | None = None,
-        calibrate: bool = True,
-        verify: bool = False,
-        **generate_kwargs,
-    ) -> Answer:
-        """Retrieve, stack and answer; `verify` as in `answer`."""
+    def ask(self, question: str, options: AnswerOptions | None = None, **changes: Any) -> Answer:
+        """Retrieve (`top_k` passages), stack and answer; `verify` as in `answer`."""
         check_question(question)  # before retrieval, which would call it an empty query
-        self._check_verify(verify, check_max_new_tokens(generate_kwargs.get("max_new_tokens", self.max_new_tokens)))
+        o, _, _ = self._call(options, dict(changes))  # every option checked before retrieval
         t0 = time.perf_counter()
-        passages = self.retrieve(question, top_k)
+        passages = self.retrieve(question, o.top_k)
         retrieve_s = time.perf_counter() - t0
-        answer = self.answer(question, passages, calibrate=calibrate, verify=verify, **generate_kwargs)
+        answer = self.answer(question, passages, options, **changes)
         answer.timings = {"retrieve_s": retrieve_s, **answer.timings}
         return answer
 
@@ -220,59 +201,46 @@ class Pipeline:
         self,
         questions: list[str],
         batch_size: BatchSize = 1,
-        calibrate: bool = True,
-        verify: bool = False,
-        **generate_kwargs,
+        options: AnswerOptions | None = None,
+        **changes: Any,
     ) -> list[Answer]:
         """`ask` for many questions, their prompts generated `batch_size` at a time (`auto`: the largest batch that
         fits on a GPU, 1 on the CPU); each Answer equals the question asked alone, citations included. `verify`
         checks every answer's citations, the re-scoring passes batched `batch_size` at a time as well."""
-        max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
-        self._check_verify(verify, max_new)
+        o, answerer, hooks = self._call(options, changes)
         for question in questions:  # all before the first retrieval
             check_question(question)
         prompts, retrieve_s = [], []
         for question in questions:
             t0 = time.perf_counter()
-            passages = self.retrieve(question)
+            passages = self.retrieve(question, o.top_k)
             retrieve_s.append(time.perf_counter() - t0)
-            prompts.append(self.prompt(question, passages, max_new))
-        answers = generate_all(
-            self.answerer, prompts, batch_size, max_new_tokens=max_new, calibrate=calibrate, **generate_kwargs
-        )
-        if verify:
+            prompts.append(self.prompt(question, passages, o))
+        answers = generate_all(answerer, prompts, batch_size, **o.decoding(), **hooks)
+        if o.verify:
             size = units_per_group(parse_batch_size(batch_size), self.generator.device.type)
             self._verify(prompts, answers, size)
         for answer, seconds in zip(answers, retrieve_s, strict=True):
             answer.timings = {"retrieve_s": seconds, **answer.timings}
-            self._abstained(answer)
+            o.withhold(answer)
         return answers
 
-    def _abstained(self, answer: Answer) -> Answer:
-        """With `abstain`, an unsupported answer withheld (generators.support.abstain); once its citations were
-        verified, by the support that read the drops."""
-        if self.abstain:
-            abstain(answer)
-        return answer
-
     def answer_stream(
-        self, question: str, passages: list[Passage], verify: bool = False, **generate_kwargs
+        self, question: str, passages: list[Passage], options: AnswerOptions | None = None, **changes: Any
     ) -> AnswerStream:
         """`answer` as text deltas; the prompt is built (and a too-long one refused) now, not on the first delta.
         `events()` yields each answer sentence's citation as soon as the next sentence begins; with `verify`, the
-        citations come once the text has ended, verified (`AnswerStream.answer` holds them either way)."""
-        max_new = check_max_new_tokens(generate_kwargs.pop("max_new_tokens", self.max_new_tokens))
-        self._check_verify(verify, max_new)
-        prompt = self.prompt(question, passages, max_new)
-        stream = self.answerer.stream(prompt, max_new_tokens=max_new, **generate_kwargs)
-        return AnswerStream(stream, (lambda answer: self._verify([prompt], [answer])) if verify else None)
+        citations come once the text has ended, verified (`AnswerStream.answer` holds them either way). A stream
+        carries the support once its text is out, and does not abstain."""
+        o, answerer, hooks = self._call(options, changes)
+        prompt = self.prompt(question, passages, o)
+        stream = answerer.stream(prompt, **o.decoding(), **hooks)
+        return AnswerStream(stream, (lambda answer: self._verify([prompt], [answer])) if o.verify else None)
 
-    def ask_stream(
-        self, question: str, top_k: int | None = None, verify: bool = False, **generate_kwargs
-    ) -> AnswerStream:
+    def ask_stream(self, question: str, options: AnswerOptions | None = None, **changes: Any) -> AnswerStream:
         check_question(question)
-        self._check_verify(verify, check_max_new_tokens(generate_kwargs.get("max_new_tokens", self.max_new_tokens)))
-        return self.answer_stream(question, self.retrieve(question, top_k), verify=verify, **generate_kwargs)
+        o, _, _ = self._call(options, dict(changes))
+        return self.answer_stream(question, self.retrieve(question, o.top_k), options, **changes)
 
     def verify(self, answers: list[Answer], batch_size: int = 8) -> list[Answer]:
         """Check the citations of answers this pipeline gave (`Generator.verify`), in place; returns them.
@@ -287,7 +255,11 @@ class Pipeline:
             # The answer's own length as the room left: the prompt it came from fit with at least that much.
             prompts = [
                 self.generator.prompt(
-                    a.question, [pe.passage for pe in a.passages], a.generated_tokens, "error", self.prompt_style
+                    a.question,
+                    [pe.passage for pe in a.passages],
+                    a.generated_tokens,
+                    "error",
+                    self.options.prompt_style,
                 )
                 for a in answers
             ]
@@ -304,19 +276,13 @@ class Pipeline:
             answer.timings = {**answer.timings, "verify_s": seconds}
         return answers
 
-    def _check_verify(self, verify: bool, max_new_tokens: int) -> None:
-        """`verify` is refused before retrieval and generation where it cannot run."""
-        if not isinstance(verify, bool):
-            raise InvalidArgumentError(f"verify={verify!r}: pass True (check each citation) or False.")
-        if not verify:
-            return
-        if self.generator is not None and self.generator.citations is None:
-            raise InvalidArgumentError(_CITATIONS_OFF)
-        if max_new_tokens == 0:
-            raise InvalidArgumentError(
-                "verify=True checks the citations of an answer, and max_new_tokens=0 generates none (it only scores "
-                "the passages): pass max_new_tokens of 1 or more, or verify=False."
-            )
+
+def _check_verify(options: AnswerOptions, generator: Generator | None) -> None:
+    """`verify` is refused before retrieval and generation where it cannot run."""
+    if not options.verify:
+        return
+    if generator is not None and generator.citations is None:
+        raise InvalidArgumentError(_CITATIONS_OFF)
 
 
 _CITATIONS_OFF = (

@@ -5,8 +5,8 @@
     out.text, [(row.id, row.score) for row in out.passages]
 
 The server (`midlens.serve`) validates requests and writes responses with these models, and this client sends and
-reads them, so the two cannot drift apart; the library's integrations (`MidlensLLM(base_url=...)`) reach a server
-through this module and never import the service itself.
+reads them, so the two cannot drift apart; the library's integrations (`MidlensLLM.from_server(base_url)`) reach a
+server through this module and never import the service itself.
 
 A request the server refuses raises `ServerError` with the server's message (the library's own). A dropped
 connection or a 502/503 (a replica that died mid-request, one still starting) is retried with backoff, a bounded
@@ -73,6 +73,11 @@ ABSTAIN_HELP = (
 )
 
 
+ABSTAIN_BELOW_HELP = (
+    "With `abstain`: withhold answers whose support probability is below this, instead of the model's own threshold."
+)
+
+
 class AnswerRequest(GenerationOptions):
     question: str
     passages: list[PassageIn] = Field(default_factory=list)
@@ -82,6 +87,7 @@ class AnswerRequest(GenerationOptions):
     restack: str | None = Field(default=RESTACK_MEASURED, description=RESTACK_HELP)
     restack_rounds: int = Field(default=1, ge=1, description="Scoring passes before answering (with `restack`).")
     abstain: bool = Field(default=False, description=ABSTAIN_HELP)
+    abstain_below: float | None = Field(default=None, ge=0.0, le=1.0, description=ABSTAIN_BELOW_HELP)
 
 
 class ScoreRequest(BaseModel):

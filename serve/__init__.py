@@ -9,5 +9,5 @@
 
 A shell over the library: it imports `midlens.generators` and `midlens.rag`, and nothing below imports it. The
 client (`midlens.rag.remote.MidlensClient`, with the response and request models both sides use) and the
-LlamaIndex class a URL gives (`MidlensLLM(base_url=...)`, `midlens.rag.llamaindex.remote`) live in the library.
+LlamaIndex class a URL gives (`MidlensLLM.from_server(base_url)`, `midlens.rag.llamaindex.remote`) live in the library.
 """

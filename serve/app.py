@@ -36,7 +36,6 @@ from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
 from midlens.generators.citations import Citation
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE
-from midlens.generators.support import abstain
 from midlens.rag.pipeline import marked_answer
 from midlens.rag.remote import (
     AnswerRequest,
@@ -309,10 +308,10 @@ class MidlensServer:
     @api.post("/v1/midlens/answer", response_model=AnswerResponse)
     async def answer(self, body: AnswerRequest) -> JSONResponse:
         """Answer the question over the passages, in the order given; evidence per passage, by id."""
-        outcome = await self._answer(self.engine.answer_job(body))
+        job = self.engine.answer_job(body)
+        outcome = await self._answer(job)
         answer = outcome.answer
-        if body.abstain:
-            abstain(answer)
+        job.decoding.answer.withhold(answer)
         return JSONResponse(
             {"question": answer.question, "text": answer.text, **result_of(answer, outcome.batch_size).model_dump()}
         )
@@ -382,8 +381,7 @@ class MidlensServer:
             )
         outcome = await self._answer(job)
         answer = outcome.answer
-        if withhold:
-            abstain(answer)
+        job.decoding.answer.withhold(answer)
         max_new = job.decoding.max_new_tokens
         return JSONResponse(
             {

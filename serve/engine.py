@@ -16,7 +16,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from midlens.core.errors import InvalidArgumentError, MidlensError, Remedies
@@ -29,7 +29,8 @@ from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style
-from midlens.generators.restack import Restacker, as_restack, check_restack_option, resolve_restack
+from midlens.generators.restack import Restacker, as_restack
+from midlens.rag.options import FIELDS, AnswerOptions
 from midlens.rag.remote import AnswerRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
 from midlens.serve.schemas import ChatCompletionRequest
 
@@ -98,6 +99,8 @@ class Decoding:
     calibrate: bool
     restack: str | None = None  # the scorer's canonical spec; None: answered in the order given
     restack_rounds: int = 1
+    # The request's options as a whole (what happens to its answer afterwards: abstaining); not what batches share.
+    answer: AnswerOptions = field(default_factory=AnswerOptions, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -268,24 +271,28 @@ class Engine:
         return spec or None
 
     def _decoding(self, method: str | None, options: dict[str, Any]) -> Decoding:
+        """A request's options (its fields by AnswerOptions' names) as the decoding its rows share: checked by
+        AnswerOptions, "measured" restacking resolved for this model and the request's method."""
         max_new = options.get("max_new_tokens")
         spec = self.method_spec(method)
         scorer = options.get("restack")
         if isinstance(scorer, str) and scorer != RESTACK_MEASURED and _names_a_folder(scorer):
             raise ArtefactRefused(ARTEFACT_REFUSED)
-        # A bad scorer fails here; "measured" is what was measured to help this model answering with `spec`.
-        restack = resolve_restack(
-            check_restack_option(options.get("restack"), options.get("restack_rounds", 1)), self.model_name, spec
+        set_here = {"method", "max_new_tokens", "restack", "seed"}
+        given = {name: options[name] for name in FIELDS - set_here if options.get(name) is not None}
+        answer = AnswerOptions(
+            **given,
+            max_new_tokens=self.max_new_tokens if max_new is None else max_new,
+            restack=scorer,  # a request without passages has no restack field: nothing to restack
+            seed=options.get("seed", 0),  # null is a seed of its own (unseeded), not the default
         )
+        restack = answer.resolve(self.model_name, spec).restack
         return Decoding(
             method=spec,
-            max_new_tokens=self.max_new_tokens if max_new is None else max_new,
-            temperature=options.get("temperature", 0.0),
-            top_p=options.get("top_p", 1.0),
-            seed=options.get("seed", 0),
-            calibrate=options.get("calibrate", True),
             restack=None if restack is None else restack.scorer_spec,
             restack_rounds=1 if restack is None else restack.rounds,
+            answer=answer,
+            **answer.decoding(),
         )
 
     def _stacked(
@@ -347,7 +354,12 @@ class Engine:
         if ext is not None and ext.passages is not None:
             if ext.calibrate is not None:
                 options["calibrate"] = ext.calibrate
-            options.update(restack=ext.restack, restack_rounds=ext.restack_rounds)
+            options.update(
+                restack=ext.restack,
+                restack_rounds=ext.restack_rounds,
+                abstain=ext.abstain,
+                abstain_below=ext.abstain_below,
+            )
             decoding = self._decoding(method, options)
             users = [m.text() for m in request.messages if m.role == "user"]
             if not users:

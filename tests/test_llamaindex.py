@@ -726,7 +726,7 @@ def test_citable_blocks_in_chat_come_back_as_citation_blocks_streamed_or_not(llm
 
 
 def test_verify_is_refused_where_it_cannot_run(llm, faiss_index):
-    with pytest.raises(InvalidArgumentError, match=r"verify='no': pass True"):
+    with pytest.raises(InvalidArgumentError, match=r'verify="no": expected True or False'):
         MidlensQueryEngine.from_index(faiss_index, llm=llm, verify="no")
 
 

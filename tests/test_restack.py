@@ -169,9 +169,12 @@ def test_bad_restack_options_name_the_option_and_what_to_do(generator):
         as_restack("mudaf", 0)
     with pytest.raises(InvalidArgumentError, match=r"restack_rounds=0"):
         Pipeline(None, generator, restack="baseline", restack_rounds=0)
-    with pytest.raises(InvalidArgumentError, match=r"restack_rounds=2 has no effect without restacking"):
+    with pytest.raises(InvalidArgumentError, match=r"restack_rounds=2: .* nothing is restacked"):
         Pipeline(None, generator, restack=None, restack_rounds=2)
-    with pytest.raises(InvalidArgumentError, match=r'restack_rounds=2 needs a named scorer.*restack="mudaf"'):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r'restack_rounds=2: more than one scoring pass needs a named scorer.*restack="mudaf"',
+    ):
         Pipeline(None, generator, restack_rounds=2)  # the measured default restacks once or not at all
     with pytest.raises(InvalidArgumentError, match=r"rounds=1.5"):
         Restack("baseline", rounds=1.5)
@@ -189,7 +192,7 @@ def test_cli_refuses_bad_restack_options_before_loading(capsys):
     assert main(["ask", QUESTION, "--restack", "mudaff"]) == 2
     assert "--restack mudaff: restacking scores the passages with a method's evidence" in capsys.readouterr().err
     assert main(["ask", QUESTION, "--restack-rounds", "2"]) == 2
-    assert "--restack-rounds 2 needs --restack: add --restack" in capsys.readouterr().err
+    assert "--restack-rounds 2: more than one scoring pass needs a named scorer" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["ask", QUESTION, "--restack", "--restack-rounds", "0"])
     assert "--restack-rounds: 0 is not allowed: use 1 or more" in capsys.readouterr().err
@@ -218,7 +221,9 @@ def test_pipeline_restacks_answers_streams_and_verifies_in_the_given_numbering(g
     assert [(c.span, [(s.position, s.passage_id) for s in c.sources]) for c in streamed] == shape
     handed = []
     pipe.answerer.generate_batch(
-        [pipe.prompt(QUESTION, passages, 8)], max_new_tokens=8, on_citation=lambda _row, c: handed.append(c)
+        [pipe.prompt(QUESTION, passages, pipe.options.replace(max_new_tokens=8))],
+        max_new_tokens=8,
+        on_citation=lambda _row, c: handed.append(c),
     )
     assert [(c.span, [(s.position, s.passage_id) for s in c.sources]) for c in handed] == shape
     # Verification after the fact (what a LlamaIndex engine does) rebuilds the prompt that was answered.

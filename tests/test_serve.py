@@ -172,9 +172,13 @@ def test_midlens_llm_with_a_base_url_answers_as_in_process(server, loaded):
         NodeWithScore(node=TextNode(id_=p["id"], text=p["text"], metadata={"title": p["title"]}), score=0.5)
         for p in PASSAGES
     ]
-    remote = MidlensLLM(base_url=server, max_new_tokens=MAX_NEW)
+    remote = MidlensLLM.from_server(server, max_new_tokens=MAX_NEW)
     local = MidlensLLM(loaded, method="baseline", max_new_tokens=MAX_NEW)
     assert isinstance(remote, MidlensLLM) and remote.model == "smollm2-135m"
+    from midlens.core.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=r"MidlensLLM.from_server\(base_url"):
+        MidlensLLM(base_url=server)  # the factory builds the remote one, not a constructor that returns another class
     with ThreadPoolExecutor(4) as pool:
         served = list(pool.map(lambda q: remote.complete(q, passages=nodes), QUESTIONS))
     for question, out in zip(QUESTIONS, served, strict=True):
@@ -216,7 +220,7 @@ def test_restacked_requests_are_answered_as_restacked_in_process(server, client,
     assert done.midlens.support["probability"] == pytest.approx(alone.support.probability, abs=1e-4)
     assert out.support["likely"] == alone.support.likely
     # LlamaIndex through the server: the LLM's restack option and the query engine's travel as request fields.
-    remote = MidlensLLM(base_url=server, max_new_tokens=MAX_NEW)
+    remote = MidlensLLM.from_server(server, max_new_tokens=MAX_NEW)
     completion = remote.complete(QUESTIONS[0], passages=_nodes(), restack="baseline")
     assert completion.text == alone.text
     assert completion.additional_kwargs["answer"].restack["order"] == alone.restack["order"]
@@ -241,7 +245,7 @@ def test_restacked_requests_are_answered_as_restacked_in_process(server, client,
     assert tuned.restack["scorer"] == "mudaf" and tuned.restack["slot_order"] == "smollm2-135m.finetuned.json"
     as_given = client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW, method="finetuned", restack=None)
     assert as_given.restack is None
-    as_given = MidlensLLM(base_url=server, method="finetuned", max_new_tokens=MAX_NEW, restack=None)
+    as_given = MidlensLLM.from_server(server, method="finetuned", max_new_tokens=MAX_NEW, restack=None)
     assert as_given.complete(QUESTIONS[0], passages=_nodes()).additional_kwargs["answer"].restack is None
     assert MidlensQueryEngine(retriever=_fixed_retriever(), llm=remote, restack=None)._restack() == {"restack": None}
 
@@ -339,7 +343,7 @@ def test_attention_reranker_with_a_base_url_reranks_as_in_process(server, loaded
 
     in_memory = set(loading._LOADED)
     engine = MidlensQueryEngine(
-        retriever=Fixed(), llm=MidlensLLM(base_url=server, max_new_tokens=MAX_NEW), node_postprocessors=[served]
+        retriever=Fixed(), llm=MidlensLLM.from_server(server, max_new_tokens=MAX_NEW), node_postprocessors=[served]
     )
     response = engine.query(question)
     assert response.response == _local(generator, question, top).text  # the served reranker's two, in its order
@@ -650,7 +654,7 @@ def _loopback(ip: str) -> bool:
 
 
 def test_the_library_does_not_import_the_service():
-    """midlens.serve is a shell: nothing below it imports it, MidlensLLM(base_url=...) included, which reaches a
+    """midlens.serve is a shell: nothing below it imports it, MidlensLLM.from_server(...) included, which reaches a
     server through midlens.rag.remote (the client and the wire format the service imports too)."""
     offenders = []
     for folder in ("core", "generators", "retrievers", "rag", "training", "eval", "demo"):

@@ -101,7 +101,8 @@ def test_a_support_model_saves_as_a_verified_artefact(tmp_path):
     from midlens.generators.support import SupportModel, support_features
 
     model = SupportModel.fit(_rows(), verified=True, name="m")
-    folder = model.save(tmp_path / "m", "m", "sha-of-m", {"answers": 60}, {"rows": "synthetic"})
+    meta = {"method": model.method, "base_model": "m", "base_model_sha256": "sha-of-m", "options": {}}
+    folder = model.save(tmp_path / "m", {**meta, "training": {"answers": 60}, "data": {"rows": "synthetic"}})
     back = SupportModel.load(folder, True, "sha-of-m")
     f = support_features(inputs(), verified=True)
     assert back.probability(f) == pytest.approx(model.probability(f), abs=1e-12) and back.threshold == model.threshold

@@ -54,13 +54,13 @@ class Budget:
         return max(0.0, 60 * self.max_minutes - (time.perf_counter() - self.started))
 
     def note_spent(self, what: str) -> None:
-        """Say on stderr how much of --max-minutes `what` took, and what is left for training."""
+        """Say on stderr how much of the time budget (`max_minutes`) `what` took, and what is left for training."""
         if self.max_minutes is None:
             return
         spent, left = time.perf_counter() - self.started, self.max_seconds
         tail = "training runs one step and stops" if not left else f"{left / 60:.1f} min left for training"
         print(
-            f"note: {what} took {spent / 60:.1f} of the {self.max_minutes:g} min of --max-minutes; {tail}.",
+            f"note: {what} took {spent / 60:.1f} of the {self.max_minutes:g} min budget; {tail}.",
             file=sys.stderr,
             flush=True,
         )

@@ -53,5 +53,6 @@ def fit_and_save(runs: list[Path], loaded: list[tuple[dict, list[dict]]], out: P
             "answers": len(rows),
             "right": sum(int(r["em"] >= 0.5) for r in rows),
         }
-        saved.append(model.save(folder, name, sha, training, data))
+        meta = {"method": model.method, "base_model": name, "base_model_sha256": sha, "options": {}}
+        saved.append(model.save(folder, {**meta, "training": training, "data": data}))
     return saved

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from midlens.core.errors import ArtefactError, MethodConfigError
-from midlens.generators.artefacts import Artefact, Section, open_artefact, resolve_artefact, save_artefact
+from midlens.generators.artefacts import Artefact, SavedPart, Section, resolve_artefact
 from midlens.generators.context import MethodParts
 from midlens.generators.delta import WeightDelta
 from midlens.generators.methods.method import Method
@@ -59,7 +59,7 @@ BENCH_VARIANTS = ("channel-scaling",)
 
 
 @dataclass(frozen=True)
-class ChannelChoice:
+class ChannelChoice(SavedPart):
     """What is scaled: hidden-state channel `channel`, in `layers`, by `scale`."""
 
     channel: int
@@ -80,15 +80,10 @@ class ChannelChoice:
             "scale": torch.tensor([self.scale], dtype=torch.float64),
         }
 
-    def save(self, folder: str | Path, meta: dict) -> Path:
-        """Save as an artefact folder; `meta` gives the schema's other keys (method, base model, search record)."""
-        return save_artefact(folder, self.tensors(), {**meta, self.SECTION.key: self.config()})
-
     @classmethod
     def load(cls, folder: str | Path, base_model_sha256: str) -> tuple[ChannelChoice, Artefact]:
         """The choice saved in `folder`, verified (files, schema, method, base model, weights hash) first."""
-        artefact = open_artefact(folder, NAME, base_model_sha256)
-        section = cls.SECTION.read(artefact)
+        section, artefact = cls.open(folder, NAME, base_model_sha256)
         layers = section["layers"]
         if not layers or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
             raise ArtefactError(

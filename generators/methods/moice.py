@@ -27,7 +27,7 @@ from torch import nn
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators.anatomy import plain_rope_problem
-from midlens.generators.artefacts import Artefact, Section, open_artefact, save_artefact
+from midlens.generators.artefacts import Artefact, SavedPart, Section
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method
 from midlens.generators.methods.rope_bases import rope_base
@@ -203,7 +203,7 @@ def router_state(schemes: list[MoiceScheme]) -> dict[str, torch.Tensor]:
 
 
 @dataclass
-class MoiceRouters:
+class MoiceRouters(SavedPart):
     """One MoICE scheme per layer (each holding its router), and whether the routers are per head."""
 
     schemes: list[MoiceScheme]
@@ -223,12 +223,8 @@ class MoiceRouters:
         first = self.schemes[0]
         return {"bases": list(first.bases), "top_k": first.top_k, "per_head": self.per_head}
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def tensors(self) -> dict[str, torch.Tensor]:
         return router_state(self.schemes)
-
-    def save(self, folder: str | Path, meta: dict) -> Path:
-        """Save the routers as an artefact folder; `meta` gives the schema's other keys (method, base model, ...)."""
-        return save_artefact(folder, self.state_dict(), {**meta, self.SECTION.key: self.config()})
 
     @classmethod
     def load(
@@ -236,8 +232,7 @@ class MoiceRouters:
     ) -> tuple[MoiceRouters, Artefact]:
         """The frozen routers saved in `folder` for `model` (mixing `top_k` experts per token, default: as trained),
         and the verified artefact. The folder is verified before its "experts" section is read."""
-        artefact = open_artefact(folder, method, base_model_sha256)
-        experts = cls.SECTION.read(artefact)
+        experts, artefact = cls.open(folder, method, base_model_sha256)
         bases = experts["bases"]
         top_k = top_k or experts["top_k"]
         if top_k > len(bases):
@@ -251,7 +246,7 @@ class MoiceRouters:
                 f"is {native:g}; the routers were trained for another model."
             )
         routers = cls.new(model, bases, top_k, experts["per_head"])
-        tensors = artefact.tensors_for({k: tuple(v.shape) for k, v in routers.state_dict().items()})
+        tensors = artefact.tensors_for({k: tuple(v.shape) for k, v in routers.tensors().items()})
         for i, scheme in enumerate(routers.schemes):
             prefix = f"layers.{i}."
             scheme.router.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})

@@ -11,12 +11,11 @@ from midlens.cli.options import (
     RETRIEVAL_HELP,
     add_cite_evidence_arg,
     add_model_args,
-    check_cite_evidence,
     positive_int,
     prompt_error_for_cli,
 )
 from midlens.core.checks import check_question
-from midlens.core.errors import InvalidArgumentError, MidlensError, PromptTooLongError
+from midlens.core.errors import MidlensError, PromptTooLongError
 from midlens.core.names import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PROMPT_STYLE,
@@ -26,6 +25,7 @@ from midlens.core.names import (
     PROMPT_STYLES,
     RESTACK_MEASURED,
     RETRIEVALS,
+    TRUNCATE_MODES,
 )
 
 EXAMPLES = """examples:
@@ -49,9 +49,7 @@ def add_parser(sub) -> None:
     ask.add_argument("--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help=RETRIEVAL_HELP)
     ask.add_argument("--index-type", default="flat", choices=["flat", "ivf", "hnsw"], help="faiss index for --corpus")
     ask.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="longest answer, in tokens")
-    ask.add_argument(
-        "--truncate", default="error", choices=["error", "drop_last"], help="when passages overflow the window"
-    )
+    ask.add_argument("--truncate", default="error", choices=TRUNCATE_MODES, help="when passages overflow the window")
     ask.add_argument(
         "--prompt-style",
         default=DEFAULT_PROMPT_STYLE,
@@ -103,57 +101,60 @@ def add_parser(sub) -> None:
         help="say the passages do not support an answer instead of giving one whose support score is below the "
         "model's threshold (the withheld answer is printed under it)",
     )
+    ask.add_argument(
+        "--abstain-below",
+        type=float,
+        metavar="P",
+        help="with --abstain (implied), withhold answers whose support probability is below P instead of the model's "
+        "own threshold (set at 80%% precision on the train split)",
+    )
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_model_args(ask)
     ask.set_defaults(func=run)
 
 
+def answer_options(args: argparse.Namespace):
+    """The flags of `ask` as the AnswerOptions they spell (checked there, before torch loads)."""
+    from midlens.rag.options import AnswerOptions
+
+    return AnswerOptions(
+        method=args.method,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        truncate=args.truncate,
+        prompt_style=args.prompt_style,
+        calibrate=not args.no_calibrate,
+        restack=args.restack,
+        restack_rounds=args.restack_rounds,
+        cite_evidence=args.cite_evidence,
+        verify=args.verify,
+        abstain=args.abstain or args.abstain_below is not None,
+        abstain_below=args.abstain_below,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     check_question(args.question)  # before torch and the model load, which take seconds
-    if args.verify and args.max_new_tokens == 0:
-        raise InvalidArgumentError(
-            "--verify checks the citations of an answer, and --max-new-tokens 0 generates none (it only scores the "
-            "passages): drop --verify, or give --max-new-tokens 1 or more."
-        )
-    if args.restack in (None, RESTACK_MEASURED) and args.restack_rounds != 1:
-        raise InvalidArgumentError(
-            f"--restack-rounds {args.restack_rounds} needs --restack: add --restack (its scorer method, "
-            f"{DEFAULT_RESTACK_SCORER} by default), or drop --restack-rounds."
-        )
-    if args.restack not in (None, RESTACK_MEASURED):
-        from midlens.core.method_spec import parse_scorer_spec
-
-        parse_scorer_spec(args.restack)  # a misspelt scorer fails before torch loads, naming --restack
-    check_cite_evidence(args)
+    options = answer_options(args)
     from midlens.cli.options import check_device, chosen_model, evidence_config, method_spec
 
-    method = method_spec(args)  # a typo in --method fails before the model loads
+    method = method_spec(args)  # a typo in --method's options fails before the model loads
     args.model = chosen_model(args, method)  # the over-length message names it too
     check_device(args)
-    from midlens.generators.citations import MeasuredCitations
     from midlens.rag.pipeline import Pipeline
 
     pipe = Pipeline.from_corpus(
         args.corpus,
         model=args.model,
-        method=method,
-        top_k=args.top_k,
+        options=options.replace(method=method.spec()),
         index_type=args.index_type,
         evidence=evidence_config(args),
         device=args.device,
         dtype=args.dtype,
-        prompt_style=args.prompt_style,
         retrieval=args.retrieval,
-        truncate=args.truncate,
-        restack=args.restack,
-        restack_rounds=args.restack_rounds,
-        citations=MeasuredCitations(args.cite_evidence),
-        abstain=args.abstain,
     )
     try:
-        answer = pipe.ask(
-            args.question, max_new_tokens=args.max_new_tokens, calibrate=not args.no_calibrate, verify=args.verify
-        )
+        answer = pipe.ask(args.question)
     except PromptTooLongError as err:
         raise MidlensError(prompt_error_for_cli(err, args)) from None
     if args.verify and not any(c.sources for c in answer.citations):

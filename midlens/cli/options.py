@@ -22,12 +22,20 @@ METHOD_HELP = (
 )
 
 
+# Switches whose False is a flag of its own.
+NEGATED = {"calibrate": "--no-calibrate"}
+
+
 def cli_spelling(option: str, value: object) -> str:
     """An option as this command line takes it: `--top-k 3`, `--orderings lcr,attn-sort`, `--model` alone when the
     user picks the value."""
     import shlex
 
     flag = "--" + option.replace("_", "-")
+    if value is True:  # a switch: given alone
+        return flag
+    if value is False:
+        return NEGATED.get(option, f"leave out {flag}")
     if value is None:
         return flag
     text = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)

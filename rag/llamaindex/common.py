@@ -33,7 +33,6 @@ _LLM_MODELS: list[weakref.ref[LoadedModel]] = []
 _DEFERRED_LOAD = threading.RLock()
 dispatcher = get_dispatcher(__name__)
 
-GENERATE_OPTIONS = ("max_new_tokens", "temperature", "top_p", "seed", "calibrate")
 PassageLike = Passage | NodeWithScore | BaseNode | str
 # Metadata keys this module writes onto nodes; kept out of the text LLMs and embedders see.
 _RERANK_KEYS = ("rerank_pass", "rerank_passes")

@@ -1,7 +1,7 @@
 """MidlensLLM: a LlamaIndex CustomLLM over the midlens Generator; evidence in `additional_kwargs`.
 
-RemoteMidlensLLM, what `MidlensLLM(base_url=...)` builds, is the same class answered by a `midlens serve` server
-(its requests and replies are `remote.Served`'s); both build their responses with common.py's helpers."""
+RemoteMidlensLLM, what `MidlensLLM.from_server(base_url)` builds, is the same class answered by a `midlens serve`
+server (its requests and replies are `remote.Served`'s); both build their responses with common.py's helpers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
 from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 
@@ -29,10 +29,9 @@ from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, PromptS
 from midlens.generators.citations import Citation, MeasuredCitations
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
-from midlens.generators.restack import Restacker, RestackOption, check_restack_option
+from midlens.generators.restack import Restacker
 from midlens.rag.llamaindex.citation_blocks import answer_blocks, citable_request, citation_blocks
 from midlens.rag.llamaindex.common import (
-    GENERATE_OPTIONS,
     GeneratorBacked,
     _as_chat,
     _completion,
@@ -43,6 +42,7 @@ from midlens.rag.llamaindex.common import (
 )
 from midlens.rag.llamaindex.remote import Served
 from midlens.rag.llamaindex.stock_prompts import STOCK_SYSTEM_PROMPTS, StockRequest, read_stock_prompt
+from midlens.rag.options import AnswerOptions
 from midlens.rag.pipeline import AnswerStream, Pipeline
 from midlens.rag.remote import MidlensClient, connect
 
@@ -63,6 +63,22 @@ def _chunks(stream: GenerationStream | AnswerStream) -> CompletionResponseGen:
             shown = text
     answer = stream.answer
     yield _completion(answer, delta=answer.text[len(shown) :] if answer.text.startswith(shown) else "")
+
+
+# The fields of MidlensLLM that are AnswerOptions' (same names), and what one call may change besides.
+LLM_OPTIONS = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "calibrate",
+    "truncate",
+    "prompt_style",
+    "restack",
+    "abstain",
+    "abstain_below",
+)
+CALL_OPTIONS = frozenset(LLM_OPTIONS) | {"restack_rounds"}
 
 
 class MidlensLLM(GeneratorBacked, CustomLLM):
@@ -114,6 +130,13 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         "below the model's threshold (the withheld answer stays in metadata['midlens']['withheld']; streams carry "
         "the support, they do not abstain).",
     )
+    abstain_below: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="With abstain: withhold answers whose support probability is below this instead of the model's "
+        "own threshold.",
+    )
 
     read_stock_prompts: bool = Field(
         default=True,
@@ -121,23 +144,35 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         "prompt, their context chunks stacked as passages (False: the formatted template is the question).",
     )
 
-    @field_validator("restack")
-    @classmethod
-    def _known_restack(cls, restack: str | None) -> str | None:
-        check_restack_option(restack)  # a misspelt scorer fails when the LLM is made, not at its first answer
-        return restack
+    @model_validator(mode="after")
+    def _consistent_options(self) -> MidlensLLM:
+        _ = self.answer_options  # a misspelt scorer or a contradiction fails when the LLM is made, not at first use
+        return self
+
+    @property
+    def answer_options(self) -> AnswerOptions:
+        """The fields as the AnswerOptions every call starts from (a call's keywords change some of them)."""
+        return AnswerOptions(**{name: getattr(self, name) for name in LLM_OPTIONS})
 
     @classmethod
     def _citations(cls, fields: dict[str, Any]) -> MeasuredCitations:
         # Checked in this field's name, not as the library's evidence_from it becomes.
         return MeasuredCitations(check_cite_evidence(fields.get("cite_evidence")))
 
-    def __new__(cls, *args: Any, base_url: str | None = None, **kwargs: Any) -> MidlensLLM:
-        # A server URL instead of a model: the same class, its calls answered over HTTP by a `midlens serve` server
-        # (RemoteMidlensLLM, below: in this module, so that no import runs the other way).
-        if base_url is not None and cls is MidlensLLM:
-            return super().__new__(RemoteMidlensLLM)
-        return super().__new__(cls)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("base_url") is not None and type(self) is MidlensLLM:
+            raise InvalidArgumentError(
+                f"MidlensLLM(base_url={kwargs['base_url']!r}) would answer through a server: build that one with "
+                "MidlensLLM.from_server(base_url, ...), which checks the server and returns a RemoteMidlensLLM."
+            )
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def from_server(cls, base_url: str = "http://127.0.0.1:8000", **kwargs: Any) -> RemoteMidlensLLM:
+        """A MidlensLLM whose calls a `midlens serve` server at `base_url` answers (RemoteMidlensLLM: the same
+        LlamaIndex class and calls; no model loaded here). `kwargs`: RemoteMidlensLLM's (model, method, timeout,
+        retries, api_key) and this class's answering fields (max_new_tokens, temperature, restack, ...)."""
+        return RemoteMidlensLLM(base_url=base_url, **kwargs)
 
     def _on_generator(self) -> None:
         note_llm_model(self.generator.loaded)
@@ -156,23 +191,10 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
     @property
     def pipeline(self) -> Pipeline:
-        """The Pipeline that answers this LLM's passages, with its answer length, truncation and instruction style
-        as they are now, and its `restack`; retrieval stays with the caller (MidlensQueryEngine's LlamaIndex
-        retriever)."""
-        return self._pipeline(self.restack)
-
-    def _pipeline(self, restack: RestackOption) -> Pipeline:
-        """`pipeline`, restacking by `restack` (as Pipeline's). Cheap to make per call: the scorer's generator is
-        built once per answering generator (generators.generator.scorer_for)."""
-        return Pipeline(
-            None,
-            self.generator,
-            max_new_tokens=self.max_new_tokens,
-            truncate=self.truncate,
-            prompt_style=self.prompt_style,
-            restack=restack,
-            abstain=self.abstain,
-        )
+        """The Pipeline that answers this LLM's passages with its options as they are now; retrieval stays with the
+        caller (MidlensQueryEngine's LlamaIndex retriever). Cheap to make per call: a restack scorer's generator is
+        built once per answering generator (`Generator.scorer`)."""
+        return Pipeline(None, self.generator, self.answer_options)
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -183,27 +205,20 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
             model_name=f"{self.model}/{self.method}",
         )
 
-    def _options(self, kwargs: dict[str, Any]) -> tuple[list | None, dict[str, Any]]:
+    def _options(self, kwargs: dict[str, Any]) -> tuple[list | None, AnswerOptions]:
+        """A call's passages, and its options: the fields, changed by the call's keywords."""
         passages = kwargs.pop("passages", None)
-        unknown = set(kwargs) - set(GENERATE_OPTIONS)
+        unknown = set(kwargs) - CALL_OPTIONS
         if unknown:
             raise TypeError(
                 f"MidlensLLM got unexpected option(s) {sorted(unknown)}; "
-                f"valid: passages, {', '.join(GENERATE_OPTIONS)}."
+                f"valid: passages, {', '.join(sorted(CALL_OPTIONS))}."
             )
-        options = {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": self.seed,
-            "calibrate": self.calibrate,
-            **kwargs,
-        }
-        return passages, options
+        return passages, self.answer_options.replace(**kwargs)
 
     def _request(
         self, prompt: str, formatted: bool, kwargs: dict[str, Any]
-    ) -> tuple[str, list[Passage], dict[str, Any], bool]:
+    ) -> tuple[str, list[Passage], AnswerOptions, bool]:
         """The question, the passages and the generation options of a completion call, and whether its template
         asks for "[N]" citations in the answer's text (LlamaIndex's CitationQueryEngine)."""
         passages, options = self._options(kwargs)
@@ -233,7 +248,7 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
     def _prepare_chat(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
-    ) -> tuple[Generator | Restacker, StackedPrompt, dict, str]:
+    ) -> tuple[Generator | Restacker, StackedPrompt, dict[str, Any], str]:
         """What answers the chat, its prompt, options and the form of its reply ("text"; "marked": with [N] markers,
         as LlamaIndex's citation template asks; "blocks": CitationBlocks for CitableBlocks): a chat's CitableBlocks,
         or a QA template's passages, the way `complete` answers them (restacked as the LLM's `restack` says), any
@@ -243,28 +258,26 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
             raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
         citable = citable_request(messages)
         if citable is not None:
-            pipeline = self.pipeline
-            return pipeline.answerer, pipeline.prompt(*citable, options["max_new_tokens"]), options, "blocks"
+            pipeline = Pipeline(None, self.generator, options)
+            return pipeline.answerer, pipeline.prompt(*citable), options.decoding(), "blocks"
         stock = self._stock_chat(messages) if messages else None
         if stock is not None:
-            pipeline = self.pipeline
-            prompt = pipeline.prompt(stock.question, stock.passages, options["max_new_tokens"])
-            return pipeline.answerer, prompt, options, "marked" if stock.cites_in_text else "text"
+            pipeline = Pipeline(None, self.generator, options)
+            prompt = pipeline.prompt(stock.question, stock.passages)
+            return pipeline.answerer, prompt, options.decoding(), "marked" if stock.cites_in_text else "text"
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
-        window = self.generator.context_window - options["max_new_tokens"]
-        options["calibrate"] = False
-        return self.generator, chat_prompt(self.generator.tokenizer, turns, window), options, "text"
+        window = self.generator.context_window - options.max_new_tokens
+        decoding = {**options.decoding(), "calibrate": False}
+        return self.generator, chat_prompt(self.generator.tokenizer, turns, window), decoding, "text"
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        restack = check_restack_option(kwargs.pop("restack", self.restack))
         question, passages, options, marked = self._request(prompt, formatted, kwargs)
-        return _completion(self._pipeline(restack).answer(question, passages, **options), marked=marked)
+        return _completion(Pipeline(None, self.generator, options).answer(question, passages), marked=marked)
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         # Prompt errors (empty question, too long) raise here, at call time, not on the first next().
-        restack = check_restack_option(kwargs.pop("restack", self.restack))
         question, passages, options, _ = self._request(prompt, formatted, kwargs)
-        return _chunks(self._pipeline(restack).answer_stream(question, passages, **options))
+        return _chunks(Pipeline(None, self.generator, options).answer_stream(question, passages))
 
     # Chat goes through the model's own chat template, not the RAG prompt: chat engines and agents that use
     # this class as Settings.llm send whole conversations (system turns included).
@@ -375,32 +388,31 @@ class RemoteMidlensLLM(MidlensLLM):
         )
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        restack = _restack_request(kwargs.pop("restack", self.restack))
         question, passages, options, _ = self._request(prompt, formatted, kwargs)
-        return self._served.complete(self, question, passages, {**options, **restack})
+        return self._served.complete(self.method, question, passages, options)
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        restack = _restack_request(kwargs.pop("restack", self.restack))
         question, passages, options, _ = self._request(prompt, formatted, kwargs)
         messages = [{"role": "user", "content": question}]
-        return self._served.stream(self, messages, passages, {**options, **restack}, question)
+        return self._served.stream(self.method, messages, passages, options, question)
 
-    def _chat_request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[list[dict], dict]:
+    def _chat_request(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> tuple[list[dict], AnswerOptions]:
         passages, options = self._options(kwargs)
         if passages:
             raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
-        options["calibrate"] = False
-        return [{"role": m.role.value, "content": m.content or ""} for m in messages], options
+        return [{"role": m.role.value, "content": m.content or ""} for m in messages], options.replace(calibrate=False)
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         turns, options = self._chat_request(messages, kwargs)
-        return self._served.chat(self, turns, options)
+        return self._served.chat(self.method, turns, options)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         turns, options = self._chat_request(messages, kwargs)
-        return self._served.stream_chat(self, turns, options)
+        return self._served.stream_chat(self.method, turns, options)
 
 
 def _citation_chunk(chunk: CompletionResponse, passages: list[Passage]) -> ChatResponse:
@@ -409,20 +421,3 @@ def _citation_chunk(chunk: CompletionResponse, passages: list[Passage]) -> ChatR
     response = _as_chat(chunk)
     response.message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
     return response
-
-
-def _restack_request(restack: RestackOption) -> dict[str, Any]:
-    """A complete call's restack option as a server request's fields: none for "measured" (the server's default
-    resolves it for its model and method), `restack: null` for None. The server restacks by its model's measured
-    slots: slots given here would not travel, so they are refused."""
-    restack = check_restack_option(restack)
-    if restack == RESTACK_MEASURED:
-        return {}
-    if restack is None:
-        return {"restack": None}
-    if restack.slots is not None:
-        raise InvalidArgumentError(
-            "Restack(slots=...) is not sent to a server: it restacks by its model's measured slots. Leave slots out, "
-            "or restack with a MidlensLLM that runs the model here."
-        )
-    return {"restack": restack.scorer_spec, "restack_rounds": restack.rounds}

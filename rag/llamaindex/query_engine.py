@@ -27,7 +27,7 @@ from midlens.generators.answer import Answer
 from midlens.generators.evidence import EvidenceConfig, PassageEvidence
 from midlens.generators.loading import LoadedModel
 from midlens.generators.packaged_models import DEFAULT_MODEL
-from midlens.generators.restack import Restack, check_restack_option
+from midlens.generators.restack import Restack
 from midlens.rag.llamaindex.citations import citation_rows, sentence_rows
 from midlens.rag.llamaindex.common import (
     _response_kwargs,
@@ -35,6 +35,7 @@ from midlens.rag.llamaindex.common import (
 )
 from midlens.rag.llamaindex.llm import MidlensLLM
 from midlens.rag.llamaindex.reranker import AttentionReranker
+from midlens.rag.options import AnswerOptions
 from midlens.rag.pipeline import marked_answer
 
 
@@ -76,7 +77,8 @@ class MidlensQueryEngine(CustomQueryEngine):
     node_postprocessors: list[BaseNodePostprocessor] = Field(default_factory=list)
     streaming: bool = False
     verify: bool = False
-    restack: Any = RESTACK_MEASURED  # a generators.restack.Restack, RESTACK_MEASURED, or None
+    restack: Any = RESTACK_MEASURED  # a scorer spec, a generators.restack.Restack, RESTACK_MEASURED, or None
+    restack_rounds: int = 1
 
     def __init__(
         self,
@@ -96,10 +98,8 @@ class MidlensQueryEngine(CustomQueryEngine):
     ) -> None:
         """`verify=True` checks each citation (`Pipeline.verify`: the answer re-scored with the cited node removed,
         one prefill per cited node); it needs the model in this process, not a server."""
-        if not isinstance(verify, bool):
-            raise InvalidArgumentError(f"verify={verify!r}: pass True (check each citation) or False.")
-        # A bad scorer or round count fails before the model loads.
-        restack = check_restack_option(restack, restack_rounds)
+        # A bad scorer, round count or verify fails before the model loads.
+        AnswerOptions(restack=restack, restack_rounds=restack_rounds, verify=verify)
         if llm is None:
             llm = MidlensLLM(model, method=method, method_options=method_options, evidence=evidence, **llm_kwargs)
         elif llm_kwargs or method_options or method is not None:
@@ -121,6 +121,7 @@ class MidlensQueryEngine(CustomQueryEngine):
             streaming=streaming,
             verify=verify,
             restack=restack,
+            restack_rounds=restack_rounds,
             callback_manager=callback_manager or CallbackManager([]),
         )
 
@@ -169,7 +170,11 @@ class MidlensQueryEngine(CustomQueryEngine):
 
     def _restack(self) -> dict[str, Any]:
         """The LLM call's restack option: none for "measured", so that the LLM's own `restack` field decides."""
-        return {} if self.restack == RESTACK_MEASURED else {"restack": self.restack}
+        if isinstance(self.restack, str) and self.restack == RESTACK_MEASURED:
+            return {}
+        if self.restack is None:
+            return {"restack": None}
+        return {"restack": self.restack, "restack_rounds": self.restack_rounds}
 
     def _verified(self, answer: Answer) -> Answer:
         if self.verify:

@@ -1,8 +1,8 @@
-"""The server side of `MidlensLLM(base_url="http://127.0.0.1:8000")`: its calls as requests to `midlens serve`, the
+"""The server side of `MidlensLLM.from_server("http://127.0.0.1:8000")`: its calls as requests to `midlens serve`, the
 replies as the library's Answer and LlamaIndex's responses.
 
 It talks to the server through `midlens.rag.remote` (the client and the wire format), never through the service.
-RemoteMidlensLLM (rag/llamaindex/llm.py, the class `MidlensLLM(base_url=...)` builds) hands its calls to `Served`,
+RemoteMidlensLLM (rag/llamaindex/llm.py, the class `MidlensLLM.from_server(...)` builds) hands its calls to `Served`,
 so it has the same LlamaIndex class, the same calls (complete / stream_complete / chat / stream_chat and their
 async forms, passages=[nodes...]) and the same `additional_kwargs` (the Answer, its evidence rows) as a local
 MidlensLLM: MidlensQueryEngine and any LlamaIndex code run unchanged against a server, with no model loaded here.
@@ -12,7 +12,7 @@ This module imports nothing from llm.py: what both build responses with lives in
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from llama_index.core.base.llms.types import (
     ChatResponse,
@@ -20,14 +20,18 @@ from llama_index.core.base.llms.types import (
     CompletionResponse,
     CompletionResponseGen,
 )
+from pydantic import BaseModel
 
+from midlens.core.errors import InvalidArgumentError
+from midlens.core.names import RESTACK_MEASURED
 from midlens.core.passage import Passage
 from midlens.generators.answer import Answer
 from midlens.generators.evidence import EvidenceConfig, PassageEvidence
 from midlens.generators.support import Support
 from midlens.rag.llamaindex.citations import citations_from_json
 from midlens.rag.llamaindex.common import _as_chat, _completion
-from midlens.rag.remote import ChatCompletionChunk, MidlensClient, MidlensResult, Spec, passage_json
+from midlens.rag.options import FIELDS, AnswerOptions
+from midlens.rag.remote import AnswerRequest, ChatCompletionChunk, MidlensClient, MidlensResult, Spec, passage_json
 
 
 def answer_of(result: MidlensResult, question: str, text: str, passages: Sequence[Passage] = ()) -> Answer:
@@ -72,19 +76,6 @@ def answer_of(result: MidlensResult, question: str, text: str, passages: Sequenc
     return answer
 
 
-class RequestSettings(Protocol):
-    """The LLM's fields every request carries, read at each call (they may be changed between calls)."""
-
-    @property
-    def method(self) -> str: ...
-
-    @property
-    def truncate(self) -> str: ...
-
-    @property
-    def prompt_style(self) -> str: ...
-
-
 class Served:
     """A server's answers as LlamaIndex responses: each call of a MidlensLLM given `base_url` becomes a request
     (`midlens/answer`, or a chat completion with the `midlens` extension when streaming or chatting), and each reply
@@ -95,52 +86,54 @@ class Served:
         self.spec = spec
 
     @staticmethod
-    def _midlens(settings: RequestSettings, passages: Sequence[Passage] | None, options: dict) -> dict[str, Any]:
-        ext: dict[str, Any] = {"method": settings.method, "calibrate": options["calibrate"]}
+    def _midlens(method: str, passages: Sequence[Passage] | None, options: AnswerOptions) -> dict[str, Any]:
+        ext: dict[str, Any] = {"method": method, "calibrate": options.calibrate}
         if passages is not None:
-            ext.update(
-                passages=[passage_json(p) for p in passages],
-                truncate=settings.truncate,
-                prompt_style=settings.prompt_style,
-                **{k: options[k] for k in ("restack", "restack_rounds") if k in options},
-            )
+            # As an answer request's, but for the decoding (OpenAI's fields) and abstaining (a stream carries the
+            # support, it does not withhold: its text is out by then).
+            fields = request_fields(options, AnswerRequest)
+            for name in (*options.decoding(), "abstain", "abstain_below"):
+                fields.pop(name, None)
+            ext.update(passages=[passage_json(p) for p in passages], calibrate=options.calibrate, **fields)
         return ext
 
     @staticmethod
-    def _openai(options: dict[str, Any]) -> dict[str, Any]:
+    def _openai(options: AnswerOptions) -> dict[str, Any]:
         return {
-            "max_tokens": options["max_new_tokens"],
-            "temperature": options["temperature"],
-            "top_p": options["top_p"],
-            "seed": options["seed"],
+            "max_tokens": options.max_new_tokens,
+            "temperature": options.temperature,
+            "top_p": options.top_p,
+            "seed": options.seed,
         }
 
     def complete(
-        self, settings: RequestSettings, question: str, passages: list[Passage], options: dict[str, Any]
+        self, method: str, question: str, passages: list[Passage], options: AnswerOptions
     ) -> CompletionResponse:
         out = self.client.answer(
             question,
             [passage_json(p) for p in passages],
-            method=settings.method,
-            truncate=settings.truncate,
-            prompt_style=settings.prompt_style,
-            abstain=getattr(settings, "abstain", False),
-            **options,
+            method=method,
+            truncate=options.truncate,
+            prompt_style=options.prompt_style,
+            abstain=options.abstain,
+            abstain_below=options.abstain_below,
+            **options.decoding(),
+            **restack_fields(options),
         )
         return _completion(answer_of(out, out.question, out.text, passages))
 
     def stream(
         self,
-        settings: RequestSettings,
+        method: str,
         messages: list[dict[str, Any]],
         passages: list[Passage] | None,
-        options: dict[str, Any],
+        options: AnswerOptions,
         question: str,
     ) -> CompletionResponseGen:
         """Token deltas and, as each answer sentence ends, a chunk with no delta whose additional_kwargs carry its
         Citation; then a last chunk whose additional_kwargs carry the evidence: what a local stream gives."""
         events = self.client.stream_chat(
-            messages, **self._openai(options), midlens=self._midlens(settings, passages, options)
+            messages, **self._openai(options), midlens=self._midlens(method, passages, options)
         )
         first = next(events)  # sent now: a refused request raises at call time, not on the first next()
 
@@ -162,15 +155,39 @@ class Served:
 
         return chunks()
 
-    def chat(self, settings: RequestSettings, turns: list[dict[str, Any]], options: dict[str, Any]) -> ChatResponse:
-        done = self.client.chat(turns, **self._openai(options), midlens=self._midlens(settings, None, options))
+    def chat(self, method: str, turns: list[dict[str, Any]], options: AnswerOptions) -> ChatResponse:
+        done = self.client.chat(turns, **self._openai(options), midlens=self._midlens(method, None, options))
         text = done.choices[0].message.content
         return _as_chat(_completion(answer_of(done.midlens, turns[-1]["content"], text)))
 
-    def stream_chat(
-        self, settings: RequestSettings, turns: list[dict[str, Any]], options: dict[str, Any]
-    ) -> ChatResponseGen:
-        return (_as_chat(c) for c in self.stream(settings, turns, None, options, turns[-1]["content"]))
+    def stream_chat(self, method: str, turns: list[dict[str, Any]], options: AnswerOptions) -> ChatResponseGen:
+        return (_as_chat(c) for c in self.stream(method, turns, None, options, turns[-1]["content"]))
+
+
+def request_fields(options: AnswerOptions, request: type[BaseModel]) -> dict[str, Any]:
+    """The options a server request of type `request` spells (by the same names), as its fields; the restacking as
+    `restack_fields` words it."""
+    names = (FIELDS & set(request.model_fields)) - {"method", "restack", "restack_rounds"}
+    return {**{name: getattr(options, name) for name in names}, **restack_fields(options)}
+
+
+def restack_fields(options: AnswerOptions) -> dict[str, Any]:
+    """The options' restacking as a server request's fields: none for "measured" (the server's default resolves it
+    for its model and method), `restack: null` for None. The server restacks by its model's measured slots: slots
+    given here would not travel, so they are refused."""
+    restack = options.restack
+    if isinstance(restack, str):
+        return {} if restack == RESTACK_MEASURED else {"restack": restack, "restack_rounds": options.restack_rounds}
+    if restack is None:
+        return {"restack": None}
+    if getattr(restack, "slots", None) is not None:
+        raise InvalidArgumentError(
+            "Restack(slots=...) is not sent to a server: it restacks by its model's measured slots. Leave slots out, "
+            "or restack with a MidlensLLM that runs the model here."
+        )
+    if hasattr(restack, "scorer_spec"):  # a Restack
+        return {"restack": restack.scorer_spec, "restack_rounds": restack.rounds}
+    return {"restack": restack.spec(), "restack_rounds": options.restack_rounds}  # a MethodConfig
 
 
 def _chain(first: ChatCompletionChunk, rest: Iterator[ChatCompletionChunk]) -> Iterator[ChatCompletionChunk]:

@@ -1,0 +1,214 @@
+"""How to answer, as one frozen value: `AnswerOptions`. Every shell translates its own spelling into it (the command
+line's flags, the LlamaIndex classes' fields and call keywords, the server's request fields, the demo's controls) and
+`Pipeline` reads it; a new answering option is one field here plus its spelling in each shell.
+
+    options = AnswerOptions(top_k=8, restack="mudaf", verify=True)
+    pipe = Pipeline.from_corpus(options=options)
+    pipe.ask("Who directed Wings of Desire?", max_new_tokens=16)   # a per-call change: options.replace(...)
+
+The checks here are the cheap ones (types, ranges, spec syntax, method names), run when the value is made, before
+torch or a model loads; errors name the field by its Python keyword (`about=Remedy(field, value)`), which each shell
+renders in its own spelling. What depends on the model ("measured" restacking, the model's default method, the
+citation rule) is turned into concrete settings by `resolve`, once a model is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from midlens.core.checks import check_max_new_tokens, check_prompt_style, check_restack_rounds, check_top_k
+from midlens.core.errors import InvalidArgumentError, MethodConfigError, Remedy
+from midlens.core.method_spec import check_cite_evidence, parse_known_specs, parse_scorer_spec
+from midlens.core.names import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_PROMPT_STYLE,
+    DEFAULT_RESTACK_SCORER,
+    DEFAULT_TOP_K,
+    RESTACK_MEASURED,
+    TRUNCATE_MODES,
+    PromptStyle,
+    Truncate,
+    answer_method_for,
+    measured_restack_for,
+)
+
+if TYPE_CHECKING:  # torch loads with these, after the cheap checks
+    from midlens.generators.citations import MeasuredCitations
+    from midlens.generators.methods.registry import MethodConfig
+    from midlens.generators.restack import Restack
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    """What a caller may choose about one answer. Defaults are the measured ones (core.names).
+
+    `method`: a method spec (`"ms-poe(ratio_max=1.5)"`); None: the model's measured default (core.names.
+    ANSWER_METHODS), or, given a Generator, the one it runs. `restack`: the method whose evidence re-stacks the
+    passages first (a spec, or a generators.restack.Restack), "measured" (the default: restacked where that was
+    measured to help the model and method, core.names.MEASURED_RESTACKS) or None (the order given);
+    `restack_rounds`: its scoring passes. `cite_evidence`: the method whose evidence the citations blend in (None:
+    the answering pass's own). `verify`: check each citation by ablation (`Generator.verify`). `abstain`: withhold
+    an answer whose support is below `abstain_below` (None: the support model's own threshold, set at 80 % train
+    precision), keeping it in `Answer.withheld`."""
+
+    method: str | None = None
+    top_k: int = DEFAULT_TOP_K
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    truncate: Truncate = "error"
+    prompt_style: PromptStyle = DEFAULT_PROMPT_STYLE
+    calibrate: bool = True
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = 0
+    restack: Any = RESTACK_MEASURED  # str | Restack | MethodConfig | None: a Restack carries its own slots
+    restack_rounds: int = 1
+    cite_evidence: str | None = None
+    verify: bool = False
+    abstain: bool = False
+    abstain_below: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.method is not None:
+            if not isinstance(self.method, str) or not self.method.strip():
+                raise InvalidArgumentError(
+                    "expected a method spec such as finetuned or ms-poe(ratio_max=1.5), or None for the model's "
+                    "default.",
+                    about=Remedy("method", self.method),
+                )
+            try:
+                parse_known_specs([self.method])
+            except MethodConfigError as err:
+                raise MethodConfigError(err.problem, about=Remedy("method", self.method)) from None
+        check_top_k(self.top_k)
+        check_max_new_tokens(self.max_new_tokens)
+        if self.truncate not in TRUNCATE_MODES:
+            raise InvalidArgumentError(
+                f"expected one of {', '.join(TRUNCATE_MODES)} (what happens to passages that overflow the window).",
+                about=Remedy("truncate", self.truncate),
+            )
+        check_prompt_style(self.prompt_style)
+        for name in ("calibrate", "verify", "abstain"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError("expected True or False.", about=Remedy(name, getattr(self, name)))
+        if not _number(self.temperature) or not 0 <= self.temperature <= 2:
+            raise InvalidArgumentError(
+                "the sampling temperature is a number from 0 (greedy) to 2.",
+                about=Remedy("temperature", self.temperature),
+            )
+        if not _number(self.top_p) or not 0 < self.top_p <= 1:
+            raise InvalidArgumentError(
+                "nucleus sampling keeps a share of the probability mass, in (0, 1].", about=Remedy("top_p", self.top_p)
+            )
+        if self.seed is not None and (not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool)):
+            raise InvalidArgumentError("the sampling seed is an integer, or None.", about=Remedy("seed", self.seed))
+        if self.verify and self.max_new_tokens == 0:
+            raise InvalidArgumentError(
+                "nothing is generated (the passages are only scored), so there are no citations to verify.",
+                remedies=[Remedy("max_new_tokens", None, "of 1 or more"), Remedy("verify", False)],
+                about=Remedy("max_new_tokens", 0),
+            )
+        self._check_restack()
+        check_cite_evidence(self.cite_evidence)
+        self._check_abstain()
+
+    def _check_restack(self) -> None:
+        check_restack_rounds(self.restack_rounds)
+        if self.restack is None or (isinstance(self.restack, str) and self.restack == RESTACK_MEASURED):
+            if self.restack_rounds != 1:
+                why = "the measured default restacks once, or not at all" if self.restack else "nothing is restacked"
+                raise InvalidArgumentError(
+                    f"more than one scoring pass needs a named scorer: {why}.",
+                    remedies=[Remedy("restack", DEFAULT_RESTACK_SCORER, "(or another method spec) with it")],
+                    about=Remedy("restack_rounds", self.restack_rounds),
+                )
+            return
+        if isinstance(self.restack, str):
+            parse_scorer_spec(self.restack)
+            return
+        # A Restack or a MethodConfig was checked when it was made; its rounds are given once.
+        rounds = getattr(self.restack, "rounds", None)
+        if rounds is not None and self.restack_rounds not in (1, rounds):
+            raise InvalidArgumentError(
+                f"restack_rounds={self.restack_rounds!r} and Restack(rounds={rounds}) disagree: give the rounds once."
+            )
+
+    def _check_abstain(self) -> None:
+        below = self.abstain_below
+        if below is None:
+            return
+        if not _number(below) or not 0 <= below <= 1:
+            raise InvalidArgumentError(
+                "a support probability, from 0 to 1 (e.g. 0.5).", about=Remedy("abstain_below", below)
+            )
+        if not self.abstain:
+            raise InvalidArgumentError(
+                "the support below which an answer is withheld, and abstaining is off.",
+                remedies=[Remedy("abstain", True)],
+                about=Remedy("abstain_below", below),
+            )
+
+    def replace(self, **changes: Any) -> AnswerOptions:
+        """A copy with `changes` applied and checked; an unknown name is refused with the names there are."""
+        unknown = sorted(set(changes) - FIELDS)
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown answering option(s) {', '.join(unknown)}: AnswerOptions takes {', '.join(sorted(FIELDS))}."
+            )
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def decoding(self) -> dict[str, Any]:
+        """The options `Generator.generate` takes, by its keywords."""
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "calibrate": self.calibrate,
+        }
+
+    def withhold(self, answer: Any) -> bool:
+        """With `abstain`, withhold `answer` (generators.answer.Answer) when its support is below `abstain_below`
+        (or its model's threshold): generators.support.abstain. Returns whether it did."""
+        if not self.abstain:
+            return False
+        from midlens.generators.support import abstain
+
+        return abstain(answer, self.abstain_below)
+
+    def resolve(self, model: str, running: str | None = None) -> ResolvedOptions:
+        """The concrete settings for `model` (a registry name or folder): the method (`running`, the canonical spec
+        a Generator already runs, where `method` is None; else the model's measured default), the restack
+        "measured" means for that model and method, and the citation setting. Imports the registry (torch)."""
+        from midlens.generators.citations import MeasuredCitations
+        from midlens.generators.methods.registry import method_config
+        from midlens.generators.restack import Restack
+
+        method = method_config(self.method if self.method is not None else running or answer_method_for(model))
+        restack = self.restack
+        if isinstance(restack, str) and restack == RESTACK_MEASURED:
+            scorer = measured_restack_for(model, method.spec())
+            restack = None if scorer is None else Restack(scorer)
+        elif restack is not None and not isinstance(restack, Restack):
+            restack = Restack(restack, self.restack_rounds)
+        return ResolvedOptions(self, method, restack, MeasuredCitations(self.cite_evidence))
+
+
+@dataclass(frozen=True)
+class ResolvedOptions:
+    """AnswerOptions with what depends on the model made concrete (`AnswerOptions.resolve`)."""
+
+    options: AnswerOptions
+    method: MethodConfig
+    restack: Restack | None
+    citations: MeasuredCitations
+
+
+FIELDS = frozenset(f.name for f in fields(AnswerOptions))
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
