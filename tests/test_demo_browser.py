@@ -171,7 +171,7 @@ def test_page_answers_and_highlights_passages(browser, pipeline, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     question = example_questions()[0][0]  # the gold passage sits mid-prompt (position 3 of 5)
-    expected = [p.title for p in pipeline.retrieve(question, pipeline.top_k)]
+    expected = [p.title for p in pipeline.retrieve(question, pipeline.options.top_k)]
     wait = WebDriverWait(browser, 90)
     with served(pipeline.with_method("ms-poe")) as url:
         browser.get(url)

@@ -348,7 +348,7 @@ def test_e2e_unit(pipeline):
         "gold_titles": ["Wings of Desire", "Richard Reitinger"],
     }
     row = evaluate_e2e(pipeline.with_method("baseline"), q)
-    assert len(row["retrieved"]) == pipeline.top_k
+    assert len(row["retrieved"]) == pipeline.options.top_k
     assert row["retrieval_recall"] == len(set(q["gold_titles"]) & set(row["retrieved"])) / 2
     assert 0 <= row["evidence_recall@2"] <= row["retrieval_recall"]
     assert row["em"] == best_subspan_em(row["prediction"], q["answers"])

@@ -828,3 +828,34 @@ def test_a_replica_killed_mid_request_does_not_hang_the_client(server, client):
     while not client.ready() and time.monotonic() < deadline:  # Serve restarts the replica
         time.sleep(1.0)
     assert client.stats().pid != pid
+
+
+def test_lm_eval_harness_local_chat_completions_answers_as_in_process(server, loaded, tmp_path):
+    """The harness's own OpenAI-compatible model (`local-chat-completions`) against this server, on midlens's
+    position-controlled task: the server reads midlens's RAG prompt back into its passages, honours the harness's
+    `stop` (a line break), and answers each question as the harness's in-process `--model midlens` does."""
+    import lm_eval
+    from lm_eval.api.instance import Instance
+    from lm_eval.tasks import TaskManager
+
+    from midlens.eval.harness import TASKS, MidlensLM
+
+    tasks = TaskManager(include_path=str(TASKS), metadata={"position": 3})
+    args = f"model=smollm2-135m,base_url={server}/v1/chat/completions,num_concurrent=1,max_retries=1"
+    out = lm_eval.simple_evaluate(
+        model="local-chat-completions",
+        model_args=args,
+        tasks=["midlens_mdqa"],
+        task_manager=tasks,
+        limit=2,
+        apply_chat_template=True,
+        log_samples=True,
+    )
+    samples = out["samples"]["midlens_mdqa"]
+    assert len(samples) == 2
+    local = MidlensLM(loaded, method="baseline", device="cpu")
+    for sample in samples:
+        context = sample["doc"]["prompt"]
+        request = Instance("generate_until", sample["doc"], (context, {"until": ["\n"], "max_gen_toks": 16}), 0)
+        (expected,) = local.generate_until([request], disable_tqdm=True)
+        assert sample["filtered_resps"][0].strip() == expected.strip() != ""

@@ -92,7 +92,7 @@ class Served:
             # As an answer request's, but for the decoding (OpenAI's fields) and abstaining (a stream carries the
             # support, it does not withhold: its text is out by then).
             fields = request_fields(options, AnswerRequest)
-            for name in (*options.decoding(), "abstain", "abstain_below"):
+            for name in (*options.decoding(), *WITHHOLDING):
                 fields.pop(name, None)
             ext.update(passages=[passage_json(p) for p in passages], calibrate=options.calibrate, **fields)
         return ext
@@ -109,17 +109,8 @@ class Served:
     def complete(
         self, method: str, question: str, passages: list[Passage], options: AnswerOptions
     ) -> CompletionResponse:
-        out = self.client.answer(
-            question,
-            [passage_json(p) for p in passages],
-            method=method,
-            truncate=options.truncate,
-            prompt_style=options.prompt_style,
-            abstain=options.abstain,
-            abstain_below=options.abstain_below,
-            **options.decoding(),
-            **restack_fields(options),
-        )
+        fields = request_fields(options, AnswerRequest)
+        out = self.client.answer(question, [passage_json(p) for p in passages], method=method, **fields)
         return _completion(answer_of(out, out.question, out.text, passages))
 
     def stream(
@@ -162,6 +153,9 @@ class Served:
 
     def stream_chat(self, method: str, turns: list[dict[str, Any]], options: AnswerOptions) -> ChatResponseGen:
         return (_as_chat(c) for c in self.stream(method, turns, None, options, turns[-1]["content"]))
+
+
+WITHHOLDING = ("abstain", "abstain_below")  # what a stream does not do: its text is out before its support
 
 
 def request_fields(options: AnswerOptions, request: type[BaseModel]) -> dict[str, Any]:
