@@ -9,11 +9,10 @@ runs the harness's own command line with the arguments given (and midlens's task
 
 Requests run through the batched Generator under any method:
 - `generate_until`: greedy (or sampled, as the request asks), the text as generated up to the first `until` string
-  after any leading whitespace; a context
-  written as midlens's own RAG prompt (an instruction, "Document [i](Title: t) ..." lines, the question: what the
-  `midlens_mdqa` task writes) is read back into its passages and stacked as `midlens ask` and the position sweeps
-  stack them (the model's chat template around them), so the harness reproduces a sweep's answers; any other
-  context is fed as plain text after the tokenizer's BOS.
+  after any leading whitespace; a context written as midlens's own RAG prompt (an instruction, "Document [i](Title:
+  t) ..." lines, the question: what the `midlens_mdqa` task writes) is read back into its passages and stacked as
+  `midlens ask` and the position sweeps stack them (the model's chat template around them), so the harness
+  reproduces a sweep's answers; any other context is fed as plain text after the tokenizer's BOS.
 - `loglikelihood`: the continuation's tokens scored teacher-forced on the context's cache (the log-probabilities
   a sweep records as `logprob`), and whether greedy decoding would have produced them.
 - `loglikelihood_rolling`: the text's tokens scored in disjoint windows of the context window
@@ -30,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import lm_eval.models  # noqa: F401  (the harness's own back-ends, lazily: see below)
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
@@ -41,6 +41,9 @@ from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import StackedPrompt, ids_prompt, read_user_content, text_prompt
 from midlens.generators.scheduling import generate_all
 
+# The harness fills its registry with its own back-ends only when the registry is empty at the first look-up, so
+# registering midlens first would hide them (`--model hf` unknown): lm_eval.models is imported above, before the
+# registration, and its back-ends register lazily (module paths, nothing heavy is imported).
 logger = logging.getLogger(__name__)
 TASKS = Path(__file__).parent / "harness_tasks"  # midlens_mdqa.yaml and its utils.py
 

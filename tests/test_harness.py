@@ -96,3 +96,12 @@ def test_loglikelihood_rolling_scores_every_token_after_end_of_text(harness_lm, 
     (total,) = harness_lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)], disable_tqdm=True)
     ids = [harness_lm.eot_token_id] + loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     assert total == pytest.approx(sum(_stock_logprobs(loaded, ids, 1)), abs=1e-3)
+
+
+def test_registering_midlens_keeps_the_harness_own_back_ends():
+    from lm_eval.api.registry import get_model
+
+    import midlens.eval.harness  # noqa: F401
+
+    assert get_model("midlens").__name__ == "MidlensLM"
+    assert get_model("local-chat-completions").__name__ == "LocalChatCompletion"
