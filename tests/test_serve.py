@@ -859,3 +859,34 @@ def test_lm_eval_harness_local_chat_completions_answers_as_in_process(server, lo
         request = Instance("generate_until", sample["doc"], (context, {"until": ["\n"], "max_gen_toks": 16}), 0)
         (expected,) = local.generate_until([request], disable_tqdm=True)
         assert sample["filtered_resps"][0].strip() == expected.strip() != ""
+
+
+def test_a_helmet_style_item_through_the_openai_client_answers_as_in_process(server, generator):
+    """HELMET's OpenAI-compatible model class is the OpenAI client's chat completion (messages, temperature 0,
+    top_p, max_tokens, stop). A HELMET-style position-controlled RAG item (its template, built from local
+    passages: its data sets cannot be downloaded here), sent as HELMET sends it, stop at the line end: the server
+    answers it in the model's chat template as the in-process generator does, cut before the stop."""
+    from openai import OpenAI
+
+    from midlens.generators.prompt import chat_prompt
+
+    documents = "\n\n".join(f"Document (Title: {p['title']}): {p['text']}" for p in PASSAGES)
+    item = (
+        "Use the given documents to write a concise and short answer to the question. Write your answer in the "
+        f"following format:\nAnswer: [answer]\n\n{documents}\n\nQuestion: {QUESTIONS[0]}\nAnswer:"
+    )
+    oai = OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+    done = oai.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": item}],
+        temperature=0.0,
+        top_p=1.0,
+        max_tokens=16,
+        stop=["\n"],
+    )
+    turns = [{"role": "user", "content": item}]
+    prompt = chat_prompt(generator.tokenizer, turns, generator.context_window - 16)
+    alone = generator.generate(prompt, max_new_tokens=16, calibrate=False, stop_at_line_end=True)
+    expected = alone.text.split("\n")[0].rstrip()
+    assert done.choices[0].message.content == expected != ""
+    assert "\n" not in done.choices[0].message.content
