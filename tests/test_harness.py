@@ -105,3 +105,17 @@ def test_registering_midlens_keeps_the_harness_own_back_ends():
 
     assert get_model("midlens").__name__ == "MidlensLM"
     assert get_model("local-chat-completions").__name__ == "LocalChatCompletion"
+
+
+def test_the_readme_harness_command_runs_as_written(tmp_path):
+    """The README's `midlens-lm-eval` line, run by the installed console script on one question."""
+    import shlex
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (line,) = [x for x in readme.splitlines() if x.startswith("midlens-lm-eval ")]
+    args = shlex.split(line.split("#")[0])[1:] + ["--limit", "1", "--output_path", str(tmp_path / "out")]
+    script = Path(sys.executable).parent / "midlens-lm-eval"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    out = subprocess.run([str(script), *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "|midlens_mdqa|" in out.stdout and "|em " in out.stdout
