@@ -36,6 +36,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from midlens.core.errors import InvalidArgumentError
+from midlens.generators.detokenize import cut_at_stop
 from midlens.generators.generator import Generator
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import StackedPrompt, ids_prompt, read_user_content, text_prompt
@@ -118,7 +119,7 @@ class MidlensLM(LM):
                 on_batch=bar.update,
             )
             for i, answer in zip(rows, answers, strict=True):
-                out[i] = _cut(self.tokenizer.decode(answer.answer_ids, skip_special_tokens=True), until)
+                out[i] = cut_at_stop(self.tokenizer.decode(answer.answer_ids, skip_special_tokens=True), until)
                 self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
         bar.close()
         return out
@@ -168,16 +169,6 @@ def _decoding_key(gen_kwargs: dict) -> tuple[tuple[str, ...], int, float, float]
     sampled = bool(kwargs.get("do_sample", False))
     temperature = float(kwargs.get("temperature", 1.0 if sampled else 0.0)) if sampled else 0.0
     return until, int(kwargs.get("max_gen_toks", 256)), temperature, float(kwargs.get("top_p", 1.0) or 1.0)
-
-
-def _cut(text: str, until: tuple[str, ...]) -> str:
-    """The text as generated up to the first stop string (the harness's contract: a stop string is never returned).
-    Leading whitespace ends nothing: an answer that opens with a line break goes on to its first line, as midlens's
-    sweeps stop at the end of the first non-empty line."""
-    start = len(text) - len(text.lstrip())
-    ends = [text.find(stop, start) for stop in until if stop]
-    ends = [e for e in ends if e >= 0]
-    return text[: min(ends)] if ends else text
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,3 +31,12 @@ class IncrementalText:
             self._prefix, self._read = self._read, len(self.ids)
             return self.stable
         return self.stable + window[len(head) :]
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...] | list[str]) -> str:
+    """`text` up to the first of `stops` (a stop string is never returned, as OpenAI's `stop` and a harness's `until`
+    say). Leading whitespace ends nothing: an answer that opens with a line break goes on to its first line, as
+    midlens stops at the end of the first non-empty line (`stop_at_line_end`)."""
+    start = len(text) - len(text.lstrip())
+    ends = [e for e in (text.find(stop, start) for stop in stops if stop) if e >= 0]
+    return text[: min(ends)] if ends else text

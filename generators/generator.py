@@ -15,7 +15,6 @@ single prompt is a batch of one.
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -610,9 +609,8 @@ class Generator:
         return None if model is None else model.support(support_inputs(answer))
 
     def stream(self, prompt: StackedPrompt, **kwargs) -> GenerationStream:
-        options = {**_STREAM_DEFAULTS, **kwargs}
-        reference = options.pop("reference")
-        steps = self._steps([prompt], DecodeOptions(**options), [reference], cite_as_you_go=True)
+        reference = kwargs.pop("reference", None)  # generate()'s other keywords but the callbacks: DecodeOptions'
+        steps = self._steps([prompt], DecodeOptions(**kwargs), [reference], cite_as_you_go=True)
         return GenerationStream(steps)
 
     def score(self, prompt: StackedPrompt, calibrate: bool = True) -> Answer:
@@ -692,14 +690,6 @@ def _drain(
                 on_token(row, event)
         elif on_citation is not None:
             on_citation(row, event)
-
-
-# stream() takes generate()'s keyword options but the callback, with generate()'s defaults (read, not copied).
-_STREAM_DEFAULTS = {
-    name: param.default
-    for name, param in inspect.signature(Generator.generate).parameters.items()
-    if name not in ("self", "prompt", "on_token", "on_citation")
-}
 
 
 class GenerationStream:

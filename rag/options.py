@@ -194,14 +194,13 @@ class AnswerOptions:
             restack = None if scorer is None else Restack(scorer)
         elif restack is not None and not isinstance(restack, Restack):
             restack = Restack(restack, self.restack_rounds)
-        return ResolvedOptions(self, method, restack, MeasuredCitations(self.cite_evidence))
+        return ResolvedOptions(method, restack, MeasuredCitations(self.cite_evidence))
 
 
 @dataclass(frozen=True)
 class ResolvedOptions:
-    """AnswerOptions with what depends on the model made concrete (`AnswerOptions.resolve`)."""
+    """What of AnswerOptions depends on the model, made concrete (`AnswerOptions.resolve`)."""
 
-    options: AnswerOptions
     method: MethodConfig
     restack: Restack | None
     citations: MeasuredCitations

@@ -28,7 +28,7 @@ from midlens.core.errors import InvalidArgumentError, Remedy
 from midlens.core.names import DEFAULT_RETRIEVAL
 from midlens.core.passage import Passage
 from midlens.generators.answer import Answer
-from midlens.generators.citations import Citation, MeasuredCitations
+from midlens.generators.citations import Citation
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import GenerationStream, Generator
 from midlens.generators.loading import LoadedModel
@@ -66,10 +66,10 @@ class Pipeline:
         self.restack, self.answerer = None, None
         if generator is None:  # a pipeline made to check its options
             return
-        self._resolved = self._resolve(self.options)
-        self.restack = self._resolved.restack
+        resolved = self._resolve(self.options)
+        self.restack = resolved.restack
         # What answers: the generator, or the generator behind a restacker (same calls, same signatures).
-        self.answerer: Generator | Restacker = self._answerer(self._resolved)
+        self.answerer: Generator | Restacker = self._answerer(resolved)
 
     def _resolve(self, options: AnswerOptions) -> ResolvedOptions:
         generator = self.generator
@@ -106,8 +106,8 @@ class Pipeline:
             raise InvalidArgumentError(
                 f"options={options!r}: pass an AnswerOptions (rag.options), or the options by keyword."
             )
-        hooks = {k: changes.pop(k) for k in list(changes) if k not in FIELDS}
-        call = (options or self.options).replace(**changes)
+        hooks = {k: v for k, v in changes.items() if k not in FIELDS}
+        call = (options or self.options).replace(**{k: v for k, v in changes.items() if k in FIELDS})
         _check_verify(call, self.generator)
         if call == self.options:
             return call, self.answerer, hooks
@@ -139,10 +139,10 @@ class Pipeline:
         check_retrieval(retrieval)
         name = model if isinstance(model, str) else model.name
         method = method_config(options.method or default_method(name), method_options or {})
-        options.resolve(name, method.spec())  # a bad restack scorer fails before the index and the model
+        resolved = options.resolve(name, method.spec())  # a bad restack scorer fails before the index and the model
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
-        citing = MeasuredCitations(options.cite_evidence) if citations else None
+        citing = resolved.citations if citations else None
         generator = Generator(model, method=method, evidence=evidence, device=device, dtype=dtype, citations=citing)
         return cls(retriever, generator, options.replace(method=None, cite_evidence=None))
 
@@ -178,7 +178,16 @@ class Pipeline:
     ) -> Answer:
         """Generate over given passages (in the given prompt order), skipping retrieval. `verify`: check each
         citation (`Generator.verify`: the answer re-scored with the cited passage removed) before returning."""
-        o, answerer, hooks = self._call(options, changes)
+        return self._answer(question, passages, *self._call(options, changes))
+
+    def _answer(
+        self,
+        question: str,
+        passages: list[Passage],
+        o: AnswerOptions,
+        answerer: Generator | Restacker,
+        hooks: dict[str, Any],
+    ) -> Answer:
         prompt = self.prompt(question, passages, o)
         answer = answerer.generate(prompt, **o.decoding(), **hooks)
         if o.verify:
@@ -189,11 +198,11 @@ class Pipeline:
     def ask(self, question: str, options: AnswerOptions | None = None, **changes: Any) -> Answer:
         """Retrieve (`top_k` passages), stack and answer; `verify` as in `answer`."""
         check_question(question)  # before retrieval, which would call it an empty query
-        o, _, _ = self._call(options, dict(changes))  # every option checked before retrieval
+        call = self._call(options, changes)  # every option checked (and resolved, once) before retrieval
         t0 = time.perf_counter()
-        passages = self.retrieve(question, o.top_k)
+        passages = self.retrieve(question, call[0].top_k)
         retrieve_s = time.perf_counter() - t0
-        answer = self.answer(question, passages, options, **changes)
+        answer = self._answer(question, passages, *call)
         answer.timings = {"retrieve_s": retrieve_s, **answer.timings}
         return answer
 
@@ -232,15 +241,24 @@ class Pipeline:
         `events()` yields each answer sentence's citation as soon as the next sentence begins; with `verify`, the
         citations come once the text has ended, verified (`AnswerStream.answer` holds them either way). A stream
         carries the support once its text is out, and does not abstain."""
-        o, answerer, hooks = self._call(options, changes)
+        return self._answer_stream(question, passages, *self._call(options, changes))
+
+    def _answer_stream(
+        self,
+        question: str,
+        passages: list[Passage],
+        o: AnswerOptions,
+        answerer: Generator | Restacker,
+        hooks: dict[str, Any],
+    ) -> AnswerStream:
         prompt = self.prompt(question, passages, o)
         stream = answerer.stream(prompt, **o.decoding(), **hooks)
         return AnswerStream(stream, (lambda answer: self._verify([prompt], [answer])) if o.verify else None)
 
     def ask_stream(self, question: str, options: AnswerOptions | None = None, **changes: Any) -> AnswerStream:
         check_question(question)
-        o, _, _ = self._call(options, dict(changes))
-        return self.answer_stream(question, self.retrieve(question, o.top_k), options, **changes)
+        call = self._call(options, changes)
+        return self._answer_stream(question, self.retrieve(question, call[0].top_k), *call)
 
     def verify(self, answers: list[Answer], batch_size: int = 8) -> list[Answer]:
         """Check the citations of answers this pipeline gave (`Generator.verify`), in place; returns them.

@@ -25,6 +25,7 @@ from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, measure
 from midlens.core.passage import Passage
 from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation, MeasuredCitations
+from midlens.generators.detokenize import cut_at_stop
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
@@ -510,13 +511,12 @@ class Engine:
 
 
 def stopped_at(answer: Answer, stop: tuple[str, ...]) -> Answer:
-    """The answer cut before the first stop string found after its leading whitespace (OpenAI's `stop`: never
-    returned), keeping the citations of the sentences that end within what is left."""
-    ends = [answer.text.find(s) for s in stop if s]
-    ends = [e for e in ends if e >= 0]
-    if not ends:
+    """The answer cut before its first stop string (generators.detokenize.cut_at_stop), keeping the citations of the
+    sentences that end within what is left."""
+    cut = cut_at_stop(answer.text, stop)
+    if cut == answer.text:
         return answer
-    answer.text = answer.text[: min(ends)].rstrip()
+    answer.text = cut.rstrip()
     answer.citations = [c for c in answer.citations if c.span[1] <= len(answer.text)]
     return answer
 
