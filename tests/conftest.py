@@ -13,6 +13,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # loaded in several places (fixtures, LlamaIndex classes, subprocesses) with each other and with stock fp32 forwards
 # at 1e-4..1e-5. The bf16 default itself is tested in tests/test_bf16.py, and measured in docs/results/cpu-bf16/.
 os.environ["MIDLENS_CPU_DTYPE"] = "float32"
+# `make test` runs two workers (pytest-xdist) on this project's two-core machines. Each worker computes on one
+# thread, and so do the commands it starts: two processes asking for two threads each on two cores made OpenMP's
+# spinning threads wait on each other (tests ran up to 20x slower). Set before torch is imported anywhere.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_threads] = "1"
 
 # The layers live in top-level folders but install as `midlens.<layer>`; the repository root is on sys.path
 # while tests run, so a stray `import retrievers` would work here and fail in a user's app. Refuse it here too.
@@ -82,7 +88,18 @@ def planted_passages(n: int = 8, gold_at: int = 3):
 MODEL_FIXTURES = {"loaded", "generator", "default_retriever", "pipeline", "llm", "faiss_index", "calibrated"}
 
 
+# Tests that start a Ray cluster (a server, the Ray eval engine) run on one worker, one after the other: each counts
+# the processes its cluster leaves behind, which another worker's cluster would muddle.
+RAY_TESTS = ("tests/test_serve.py", "tests/test_eval.py::test_ray_engine_")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+        # Under `make test`'s workers (--dist loadgroup) a file's tests stay together, so each module fixture is
+        # built once; the Ray tests are one group, and it goes first: as the longest group, started last it would
+        # leave the other worker idle at the end of the run.
+        group = "ray" if item.nodeid.startswith(RAY_TESTS) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: not item.nodeid.startswith(RAY_TESTS))

@@ -25,9 +25,8 @@ CHROME_FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1280,2600",  # the width the side-by-side view must be readable at
 )
-PAGE_WIDTH = 1280
+PAGE_WIDTH, WINDOW_HEIGHT = 1280, 2600  # the width the side-by-side view must be readable at
 REVIEW_DIR = Path("/tmp/demo_shots")  # copies of every screenshot, kept after pytest's tmp dirs are gone
 
 
@@ -43,23 +42,31 @@ def _browser_paths() -> tuple[str, str]:
     return chromium, driver
 
 
-@pytest.fixture
-def browser(tmp_path):
-    chromium, driver_path = _browser_paths()
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory):
+    # One browser for the page tests, each opening its own page on its own server: Chromium starts once.
+    binary, driver_path = _browser_paths()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    options.binary_location = chromium
+    options.binary_location = binary
     for flag in CHROME_FLAGS:
         options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
+    options.add_argument(f"--window-size={PAGE_WIDTH},{WINDOW_HEIGHT}")
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
     driver.set_page_load_timeout(60)
     try:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def browser(chromium):
+    chromium.set_window_size(PAGE_WIDTH, WINDOW_HEIGHT)  # a test's screenshot grows the window to its page
+    yield chromium
 
 
 def _save_screenshot(driver, path: Path) -> None:

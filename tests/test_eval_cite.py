@@ -178,13 +178,13 @@ def test_cite_cost_times_each_variant_and_the_first_streamed_delta():
     delta comes before its answer is done."""
     from midlens.eval.cite_cost import TIMED, child
 
-    out = child("alternate", "smollm2-135m", 1, 1, 60, 6)
+    out = child("alternate", "smollm2-135m", 1, 1, 20, 6)
     assert set(out["times"]) == set(TIMED) and all(len(t) == 1 and t[0] > 0 for t in out["times"].values())
     for variant, firsts in out["first_delta"].items():
         assert 0 < firsts[0] <= out["times"][variant][0]
     assert out["stream_ratio"] > 0 and out["first_delta_ratio"] > 0
     assert out["cite_evidence_s"] == [0.0]  # citations read the answering pass's own evidence: no scorer ran
-    scored = child("alternate", "smollm2-135m", 1, 1, 60, 6, evidence_from="mudaf")
+    scored = child("alternate", "smollm2-135m", 1, 1, 20, 6, evidence_from="mudaf")
     assert len(scored["cite_evidence_s"]) == 1 and 0 < scored["cite_evidence_s"][0] < scored["times"]["cite"][0]
 
 
