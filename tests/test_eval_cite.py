@@ -172,19 +172,26 @@ def test_cite_shards_split_the_questions_and_merge_into_one_run(tmp_path):
     ]
 
 
-@pytest.mark.model  # it loads SmolLM2-135M itself (no fixture marks it): 139 s, out of `make test-fast`
+@pytest.mark.model  # it loads SmolLM2-135M itself (no fixture marks it): out of `make test-fast`
 def test_cite_cost_times_each_variant_and_the_first_streamed_delta():
     """One alternating measurement, in this process: the four timed variants on one prompt; a stream's first
     delta comes before its answer is done."""
+    import torch
+
     from midlens.eval.cite_cost import TIMED, child
 
-    out = child("alternate", "smollm2-135m", 1, 1, 20, 6)
+    # child() is a measuring process's body: it sets torch's thread count, which must not outlive this test.
+    threads = torch.get_num_threads()
+    try:
+        out = child("alternate", "smollm2-135m", 1, 1, 20, 6)
+        scored = child("alternate", "smollm2-135m", 1, 1, 20, 6, evidence_from="mudaf")
+    finally:
+        torch.set_num_threads(threads)
     assert set(out["times"]) == set(TIMED) and all(len(t) == 1 and t[0] > 0 for t in out["times"].values())
     for variant, firsts in out["first_delta"].items():
         assert 0 < firsts[0] <= out["times"][variant][0]
     assert out["stream_ratio"] > 0 and out["first_delta_ratio"] > 0
     assert out["cite_evidence_s"] == [0.0]  # citations read the answering pass's own evidence: no scorer ran
-    scored = child("alternate", "smollm2-135m", 1, 1, 20, 6, evidence_from="mudaf")
     assert len(scored["cite_evidence_s"]) == 1 and 0 < scored["cite_evidence_s"][0] < scored["times"]["cite"][0]
 
 
