@@ -27,17 +27,19 @@ ask: setup
 demo: setup
 	$(BIN)/midlens demo
 
-# Every tier: the packaged models, subprocess runs, the wheel, Ray, the browser page. What CI runs.
 # Two workers of one thread each (tests/conftest.py): much of a test is single-threaded (starting commands, imports,
 # servers, a browser), so two workers keep both cores busy where one worker with two threads left one idle.
+PYTEST := $(BIN)/python -m pytest -q -ra -n 2 --dist loadgroup
+
+# Every tier: the packaged models, subprocess runs, the wheel, Ray, the browser page. What CI runs.
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -ra --durations=25 -n 2 --dist loadgroup
+	$(PYTEST) --durations=25
 
 # Tiny random models only (under 2 minutes): no packaged model, subprocess, browser or GPU.
 test-fast: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -ra -n 2 --dist loadgroup -m "not model and not slow and not browser and not gpu"
+	$(PYTEST) -m "not model and not slow and not browser and not gpu"
 
 bench: setup
 	$(BIN)/midlens bench evidence

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from midlens.core.batch_size import BatchSize, parse_batch_size, units_per_group
 from midlens.core.checks import check_question, check_top_k
@@ -42,6 +42,14 @@ from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
 from midlens.retrievers.corpus import default_corpus_path
 from midlens.retrievers.dense import IndexType
+
+
+class _Call(NamedTuple):
+    """One call's options (resolved), what answers with them, and the generation hooks passed through as given."""
+
+    options: AnswerOptions
+    answerer: Generator | Restacker
+    hooks: dict[str, Any]
 
 
 class Pipeline:
@@ -97,9 +105,7 @@ class Pipeline:
             return self.answerer
         return Restacker(self.generator, resolved.restack)
 
-    def _call(
-        self, options: AnswerOptions | None, changes: dict[str, Any]
-    ) -> tuple[AnswerOptions, Generator | Restacker, dict[str, Any]]:
+    def _call(self, options: AnswerOptions | None, changes: dict[str, Any]) -> _Call:
         """One call's options (this pipeline's, `options` instead where given, `changes` on top), what answers
         with them, and the generation hooks among `changes` (on_token, reference, ...), passed as they are."""
         if options is not None and not isinstance(options, AnswerOptions):
@@ -110,8 +116,8 @@ class Pipeline:
         call = (options or self.options).replace(**{k: v for k, v in changes.items() if k in FIELDS})
         _check_verify(call, self.generator)
         if call == self.options:
-            return call, self.answerer, hooks
-        return call, self._answerer(self._resolve(call)), hooks
+            return _Call(call, self.answerer, hooks)
+        return _Call(call, self._answerer(self._resolve(call)), hooks)
 
     @classmethod
     def from_corpus(
@@ -178,18 +184,12 @@ class Pipeline:
     ) -> Answer:
         """Generate over given passages (in the given prompt order), skipping retrieval. `verify`: check each
         citation (`Generator.verify`: the answer re-scored with the cited passage removed) before returning."""
-        return self._answer(question, passages, *self._call(options, changes))
+        return self._answer(question, passages, self._call(options, changes))
 
-    def _answer(
-        self,
-        question: str,
-        passages: list[Passage],
-        o: AnswerOptions,
-        answerer: Generator | Restacker,
-        hooks: dict[str, Any],
-    ) -> Answer:
+    def _answer(self, question: str, passages: list[Passage], call: _Call) -> Answer:
+        o = call.options
         prompt = self.prompt(question, passages, o)
-        answer = answerer.generate(prompt, **o.decoding(), **hooks)
+        answer = call.answerer.generate(prompt, **o.decoding(), **call.hooks)
         if o.verify:
             self._verify([prompt], [answer])
         o.withhold(answer)
@@ -200,9 +200,9 @@ class Pipeline:
         check_question(question)  # before retrieval, which would call it an empty query
         call = self._call(options, changes)  # every option checked (and resolved, once) before retrieval
         t0 = time.perf_counter()
-        passages = self.retrieve(question, call[0].top_k)
+        passages = self.retrieve(question, call.options.top_k)
         retrieve_s = time.perf_counter() - t0
-        answer = self._answer(question, passages, *call)
+        answer = self._answer(question, passages, call)
         answer.timings = {"retrieve_s": retrieve_s, **answer.timings}
         return answer
 
@@ -241,24 +241,18 @@ class Pipeline:
         `events()` yields each answer sentence's citation as soon as the next sentence begins; with `verify`, the
         citations come once the text has ended, verified (`AnswerStream.answer` holds them either way). A stream
         carries the support once its text is out, and does not abstain."""
-        return self._answer_stream(question, passages, *self._call(options, changes))
+        return self._answer_stream(question, passages, self._call(options, changes))
 
-    def _answer_stream(
-        self,
-        question: str,
-        passages: list[Passage],
-        o: AnswerOptions,
-        answerer: Generator | Restacker,
-        hooks: dict[str, Any],
-    ) -> AnswerStream:
+    def _answer_stream(self, question: str, passages: list[Passage], call: _Call) -> AnswerStream:
+        o = call.options
         prompt = self.prompt(question, passages, o)
-        stream = answerer.stream(prompt, **o.decoding(), **hooks)
+        stream = call.answerer.stream(prompt, **o.decoding(), **call.hooks)
         return AnswerStream(stream, (lambda answer: self._verify([prompt], [answer])) if o.verify else None)
 
     def ask_stream(self, question: str, options: AnswerOptions | None = None, **changes: Any) -> AnswerStream:
         check_question(question)
         call = self._call(options, changes)
-        return self._answer_stream(question, self.retrieve(question, call[0].top_k), *call)
+        return self._answer_stream(question, self.retrieve(question, call.options.top_k), call)
 
     def verify(self, answers: list[Answer], batch_size: int = 8) -> list[Answer]:
         """Check the citations of answers this pipeline gave (`Generator.verify`), in place; returns them.
