@@ -13,6 +13,10 @@ from midlens.core.names import METHOD_SHORTHANDS, METHODS
 # Where other packages declare their methods: `[project.entry-points."midlens.methods"] NAME = "module:METHOD"`.
 PLUGIN_GROUP = "midlens.methods"
 
+# Methods registered in this process (generators.methods.registry.register): a name joins here as it is
+# registered, so the torch-free checks accept what the registry will run, with no second list to keep.
+_REGISTERED_IN_PROCESS: list[str] = []
+
 _SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
 
 
@@ -64,8 +68,17 @@ def entry_points(group: str = PLUGIN_GROUP) -> list[metadata.EntryPoint]:
 
 
 def method_names() -> tuple[str, ...]:
-    """Every method a shell may name: the built-ins, then those installed packages declare (no torch import)."""
-    return METHODS + tuple(e.name for e in entry_points() if e.name not in METHODS)
+    """Every method a shell may name: the built-ins, those installed packages declare (no torch import), then those
+    registered in this process."""
+    names = METHODS + tuple(e.name for e in entry_points() if e.name not in METHODS)
+    return names + tuple(n for n in _REGISTERED_IN_PROCESS if n not in names)
+
+
+def join_method_names(name: str) -> None:
+    """Make `name` known to the torch-free checks (AnswerOptions, the shells' parsers): the registry calls this for
+    every method it registers, in-process plug-ins included."""
+    if name not in _REGISTERED_IN_PROCESS:
+        _REGISTERED_IN_PROCESS.append(name)
 
 
 def parse_known_specs(specs: list[str], also: tuple[str, ...] = ()) -> dict[str, tuple[str, dict]]:

@@ -17,7 +17,13 @@ import re
 from dataclasses import dataclass, field
 
 from midlens.core.errors import MethodConfigError
-from midlens.core.method_spec import PLUGIN_GROUP, entry_points, parse_method_spec, split_top_level
+from midlens.core.method_spec import (
+    PLUGIN_GROUP,
+    entry_points,
+    join_method_names,
+    parse_method_spec,
+    split_top_level,
+)
 from midlens.core.names import METHOD_SHORTHANDS
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method
@@ -32,6 +38,7 @@ def register(method: Method, replace: bool = False) -> Method:
     if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", method.name):
         raise MethodConfigError(f"method name {method.name!r}: use lower-case letters, digits, '-', '_' or '.'.")
     REGISTRY[method.name] = method
+    join_method_names(method.name)
     return method
 
 
