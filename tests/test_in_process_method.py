@@ -36,8 +36,12 @@ def _build(loaded, options: dict) -> MethodParts:
     cfg = loaded.model.config
     return MethodParts(
         [
-            _RecencyScheme(layer_inv_freq(loaded.model, i), cfg.num_attention_heads, cfg.num_key_value_heads,
-                           float(options["slope"]))
+            _RecencyScheme(
+                layer_inv_freq(loaded.model, i),
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                float(options["slope"]),
+            )
             for i in range(cfg.num_hidden_layers)
         ]
     )
