@@ -45,12 +45,15 @@ from midlens.generators.methods.registry import MethodConfig, build_parts, metho
 from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
 from midlens.generators.probe import PassageProbe
 from midlens.generators.prompt import (
+    CONTENT_FREE_QUESTION,
     DEFAULT_STYLE,
     StackedPrompt,
     build_prompt,
     render,
+    render_many,
 )
 from midlens.generators.retrieval_heads import resolve_evidence
+from midlens.generators.rope_regimes import regime_groups, rope_switches, row_reach
 from midlens.generators.support import Support, SupportModel, packaged_support, support_inputs
 
 
@@ -259,8 +262,10 @@ class Generator:
         references: list[str | list[int] | None] | None = None,
         cancelled: Callable[[int], bool] | None = None,
         cite_as_you_go: bool = False,
+        grouped: bool = False,
     ) -> Generator_[tuple[int, str | Citation], None, list[Answer]]:
         """The generation loop, for a batch: yields (row, text delta); returns one Answer per prompt.
+        `grouped`: the prompts are known to share one RoPE regime (`generators.rope_regimes`).
 
         Each row is answered as it would be alone: its own positions and stopping (EOS, line end, max tokens),
         its own sampling stream (seeded with `decode.seed`, as a lone prompt would be), its evidence and citations
@@ -276,6 +281,9 @@ class Generator:
         if len(references) != len(prompts):
             raise ValueError(f"{len(references)} references for {len(prompts)} prompts: give one (or None) each.")
         reference_ids = [None if r is None else self._reference_ids(r) for r in references]  # refused before decoding
+        groups = [list(range(len(prompts)))] if grouped else self._rope_groups(prompts, decode, reference_ids)
+        if len(groups) > 1:  # rows a length-switching RoPE would rotate otherwise than alone: batches of their own
+            return (yield from self._each_group(groups, prompts, decode, reference_ids, cancelled, cite_as_you_go))
         sampled = decode.temperature > 0 and decode.seed is not None
         rows = _Rows.start(len(prompts), decode.max_new_tokens, sampled, decode.seed, self.device, cancelled)
         rows.decoders = [IncrementalText(self.tokenizer) for _ in prompts]
@@ -329,6 +337,59 @@ class Generator:
             for b, answer in enumerate(answers):
                 for citation in answer.citations[citer.emitted[b] :]:
                     yield b, citation
+        return answers
+
+    def _rope_groups(
+        self, prompts: list[StackedPrompt], decode: DecodeOptions, reference_ids: list[list[int] | None]
+    ) -> list[list[int]]:
+        """The prompts in batches that rotate as each prompt alone would (one batch unless the model's RoPE tables
+        switch with the length, LongRoPE's or dynamic NTK's: `generators.rope_regimes`)."""
+        switches = rope_switches(self.model) if len(prompts) > 1 else []
+        if not switches:
+            return [list(range(len(prompts)))]
+        # The content-free pass may run whether or not calibration is asked for (a method's hook reads it).
+        with_passages = [p for p in prompts if p.passages]
+        requests = [(p.passages, CONTENT_FREE_QUESTION, p.style) for p in with_passages]
+        nulls = dict(zip(map(id, with_passages), render_many(self.tokenizer, requests, sentences=False), strict=True))
+        reaches = [
+            row_reach(
+                p.num_tokens,
+                decode.max_new_tokens,
+                0 if ref is None else len(ref),
+                nulls[id(p)].num_tokens if id(p) in nulls else None,
+            )
+            for p, ref in zip(prompts, reference_ids, strict=True)
+        ]
+        return regime_groups(reaches, switches)
+
+    def _each_group(
+        self,
+        groups: list[list[int]],
+        prompts: list[StackedPrompt],
+        decode: DecodeOptions,
+        reference_ids: list[list[int] | None],
+        cancelled: Callable[[int], bool] | None,
+        cite_as_you_go: bool,
+    ) -> Generator_[tuple[int, str | Citation], None, list[Answer]]:
+        """`_steps` on each group of rows in turn, its rows' events and Answers under the caller's row numbers."""
+        answers: list[Answer | None] = [None] * len(prompts)
+        for group in groups:
+            steps = self._steps(
+                [prompts[i] for i in group],
+                decode,
+                [reference_ids[i] for i in group],
+                None if cancelled is None else (lambda r, group=group: cancelled(group[r])),
+                cite_as_you_go,
+                grouped=True,
+            )
+            while True:
+                try:
+                    row, event = next(steps)
+                except StopIteration as finished:
+                    for i, answer in zip(group, finished.value, strict=True):
+                        answers[i] = answer
+                    break
+                yield group[row], event
         return answers
 
     def _prefill(self, run: BatchRun, mixture: Mixture) -> torch.Tensor:

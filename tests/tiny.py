@@ -110,6 +110,7 @@ FAMILIES = {
             long_factor=[1.5] * 6,
             original_max_position_embeddings=32,
         ),
+        original_max_position_embeddings=32,  # Phi3Config writes this one (default 4096) into rope_parameters
         pad_token_id=0,
     ),
     "olmo2": dict(model_type="olmo2", rope_theta=5e5),  # q/k RMS norm over the whole projection
