@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from midlens.generators.rope import apply_rotary, rotary_frequencies
+from midlens.generators.rope import LayerRope, apply_rotary, layer_rope, rotary_frequencies
 
 
 class UnsupportedAttention(ValueError):
@@ -165,38 +165,40 @@ def model_anatomy(model: nn.Module) -> list[LayerAnatomy]:
     return out
 
 
+def layer_ropes(model: nn.Module) -> list[LayerRope | None]:
+    """Each layer's own rotary schedule (`generators.rope.LayerRope`), None for a NoPE layer."""
+    return [layer_rope(model, i) if a.rotary else None for i, a in enumerate(model_anatomy(model))]
+
+
 def shared_rope_problem(model: nn.Module) -> str | None:
-    """Why methods that rotate with their own frequencies (Ms-PoE, MoICE, RoPE scaling...) cannot run on `model`,
-    or None when every layer rotates all its channels, half-split, with one table the model derives from one
-    inv_freq and no attention scaling. They build tables from that inv_freq alone."""
-    layers = model_anatomy(model)
-    nope = [i for i, a in enumerate(layers) if not a.rotary]
-    if nope:
-        which = f"layers {index_ranges(nope)} have" if len(nope) > 1 else f"layer {nope[0]} has"
-        return f"{which} no RoPE (NoPE layers), and the method rewrites every layer's rotation"
-    rotary_emb = decoder_of(model).rotary_emb
-    if not hasattr(rotary_emb, "inv_freq"):
-        return "its layer types rotate with their own RoPE bases (local and global), and the method assumes one"
-    _, scaling = rotary_frequencies(rotary_emb, layers[0].layer_type)
-    if scaling != 1.0:
-        return f"its RoPE scales attention by {scaling:g} (YaRN / LongRoPE), which the method's own tables leave out"
-    rope_type = getattr(rotary_emb, "rope_type", "default")
-    if rope_type in {"dynamic", "longrope"}:
-        return f"its RoPE ({rope_type}) changes frequencies with the sequence length"
+    """Why a method that rescales RoPE positions (Ms-PoE, RoPE scaling) cannot run on `model`, or None.
+
+    Such a method composes with each layer's own schedule (scaled frequencies, attention scaling, per-type bases,
+    partial or interleaved rotary: `generators.rope.LayerRope`) and leaves NoPE layers as they are
+    (`rope_scope`), so only a model none of whose layers rotates has nothing for it to change."""
+    if not any(a.rotary for a in model_anatomy(model)):
+        return "none of its layers uses RoPE (NoPE layers only), and the method changes RoPE positions"
     return None
 
 
 def plain_rope_problem(model: nn.Module) -> str | None:
-    """`shared_rope_problem`, and for methods that build tables from a RoPE base alone (MoICE's experts, Attention
-    Buckets, RoPE scaling): a model whose RoPE is already scaled (llama3, linear...) is refused too."""
-    problem = shared_rope_problem(model)
-    if problem is not None:
-        return problem
-    params = getattr(model.config, "rope_parameters", None) or {}
-    kind = params.get("rope_type", "default")
-    if kind != "default":
-        return f"its RoPE is already scaled ({kind!r}), and the method builds plain RoPE tables from a base"
+    """Why a method that changes RoPE bases (MoICE's experts, Attention Buckets, NTK scaling) cannot run on `model`,
+    or None. A base change is defined on any schedule (`generators.rope.rebase`), so again only a model without a
+    RoPE layer is refused."""
+    if not any(a.rotary for a in model_anatomy(model)):
+        return "none of its layers uses RoPE (NoPE layers only), and the method changes RoPE bases"
     return None
+
+
+def rope_scope(model: nn.Module) -> str | None:
+    """Where a RoPE method acts on `model` when not on every layer (NoPE layers are left as they are), for
+    `midlens methods --model`; None when every layer rotates."""
+    nope = [i for i, a in enumerate(model_anatomy(model)) if not a.rotary]
+    if not nope:
+        return None
+    which = f"layers {index_ranges(nope)} have" if len(nope) > 1 else f"layer {nope[0]} has"
+    kept = "are left as they are" if len(nope) > 1 else "is left as it is"
+    return f"on the RoPE layers only: {which} no RoPE and {kept}"
 
 
 def index_ranges(indices: list[int]) -> str:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from midlens.core.errors import MidlensError
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.loading import LoadedModel
-from midlens.generators.methods.moice import MoiceRouters, MoiceScheme
+from midlens.generators.methods.moice import MoiceRouters, MoiceScheme, routed_schemes
 from midlens.training.data import TrainExample
 from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
 from midlens.training.recipe import Budget, Option, Recipe, positive
@@ -65,7 +65,8 @@ def train_moice(
     for s in schemes:
         s.to(loaded.device)
     objective = MoiceObjective(loaded, schemes, config)
-    params = {f"layers.{i}.{n}": p for i, s in enumerate(schemes) for n, p in s.router.named_parameters()}
+    routed = routed_schemes(schemes).items()  # NoPE layers have no router
+    params = {f"layers.{i}.{n}": p for i, s in routed for n, p in s.router.named_parameters()}
 
     def describe() -> dict:  # MoICE's own record; the routers write their "experts" section themselves
         return {"options": {}}
@@ -88,11 +89,10 @@ def _check(options: dict) -> None:
 def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict:
     """Expert bases derived for the model's RoPE (the native one first), then the routers trained on
     `budget.examples` train-split prompts with the model frozen."""
-    from midlens.generators.methods.rope_bases import complementary_bases, head_dim_of, rope_base
+    from midlens.generators.methods.rope_bases import complementary_bases, rope_base, rotary_dim_of
 
     cfg = loaded.model.config
-    head_dim = head_dim_of(cfg)
-    bases = complementary_bases(rope_base(cfg), head_dim, options["experts"])
+    bases = complementary_bases(rope_base(cfg), rotary_dim_of(loaded.model), options["experts"])
     print("expert bases: " + ", ".join(f"{b:g}" for b in bases), file=sys.stderr)
     examples, loop, data = budget.plan(loaded.tokenizer)
     config = MoiceConfig(tuple(bases), options["top_k"], options["per_head"], options["balance"])

@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import plain_rope_problem
+from midlens.generators.anatomy import layer_ropes, plain_rope_problem, rope_scope
 from midlens.generators.context import Instances, MethodParts
 from midlens.generators.methods.method import Method, Options
-from midlens.generators.methods.rope_bases import complementary_bases, head_dim_of, rope_base
-from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
+from midlens.generators.methods.rope_bases import complementary_bases, head_dim_of, rope_base, rotary_dim_of
+from midlens.generators.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
 
 # 4 bases by default, not the paper's larger sets: each base is a full instance (N x the compute and KV cache),
 # and 4 already spans the 1x-2.5x range the published set covers.
@@ -36,19 +36,34 @@ BENCH_VARIANTS = ("attention-buckets",)
 
 
 class BucketScheme(RotaryScheme):
-    """Plain RoPE whose base depends on the batch row: row r rotates with base r % N (instance r % N)."""
+    """The layer's RoPE with a base that depends on the batch row: row r rotates with base r % N (instance r % N).
 
-    def __init__(self, bases: list[float], head_dim: int, num_heads: int, num_kv_heads: int):
+    `bases` are this layer's; `head_dim` the channels it rotates. With the layer's `rope`, a scaled schedule gets
+    each base as a change of its own (current) frequencies (`generators.rope.rebase`) and its attention scaling, and
+    rows whose base is the layer's native one use the model's own tables, so that instance is the stock model."""
+
+    def __init__(
+        self, bases: list[float], head_dim: int, num_heads: int, num_kv_heads: int, rope: LayerRope | None = None
+    ):
         exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
         inv_freqs = torch.stack([torch.tensor(b, dtype=torch.float64) ** -exponents for b in bases]).float()
-        super().__init__(inv_freqs[0], num_heads, num_kv_heads)
+        super().__init__(inv_freqs[0], num_heads, num_kv_heads, rope)
         self.register_buffer("bucket_inv_freq", inv_freqs, persistent=False)  # [N, d/2]
         self.bases = list(bases)
+        native = [rope is not None and b == rope.native_base for b in self.bases]
+        self.register_buffer("native", torch.tensor(native), persistent=False)  # [N]: the instance is the stock model
 
     def rotate(self, q, k, positions, position_embeddings):
         rows = torch.arange(q.shape[0], device=q.device) % len(self.bases)
-        cos, sin = rotary_tables(positions, self.bucket_inv_freq[rows][:, None])  # [B, 1, L, d]: one base per row
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        if self.rope is not None and not self.rope.plain:
+            table, scaling = self.rope.rebased(self.bases), self.frequencies()[1]
+        else:
+            table, scaling = self.bucket_inv_freq, 1.0
+        cos, sin = scaled_tables(positions, table[rows][:, None], scaling, q.dtype)  # [B, 1, L, d]: a base per row
+        if position_embeddings is not None and bool(self.native.any()):
+            stock = self.native.to(q.device)[rows][:, None, None, None]
+            cos = torch.where(stock, position_embeddings[0][:, None], cos)
+            sin = torch.where(stock, position_embeddings[1][:, None], sin)
         return apply_rotary(q, cos, sin)[None], apply_rotary(k, cos, sin)[None]
 
 
@@ -60,10 +75,10 @@ def mix_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (weights[..., None] * logits).sum(1), weights
 
 
-def bucket_bases(config, count: int) -> list[float]:
-    """The `count` bases for a model: its native base, then the complementary ones for its head_dim."""
-    head_dim = head_dim_of(config)
-    return complementary_bases(rope_base(config, "attention-buckets"), head_dim, count)
+def bucket_bases(config, count: int, rotary_dim: int | None = None) -> list[float]:
+    """The `count` bases for a model: its reference base (`rope_bases.rope_base`), then the complementary ones for
+    the channels its layers rotate (`rotary_dim`, default head_dim)."""
+    return complementary_bases(rope_base(config, "attention-buckets"), rotary_dim or head_dim_of(config), count)
 
 
 def check_options(opts: Options) -> None:
@@ -87,13 +102,23 @@ def _positive(value: object) -> bool:
 
 
 def build(loaded, opts: Options) -> MethodParts:
-    config = loaded.model.config
-    bases = [float(b) for b in opts["bases"]] if opts["bases"] is not None else bucket_bases(config, opts["buckets"])
-    head_dim = head_dim_of(config)
-    schemes = [
-        BucketScheme(bases, head_dim, config.num_attention_heads, config.num_key_value_heads).to(loaded.device)
-        for _ in range(config.num_hidden_layers)
-    ]
+    """Bases given or chosen for the model's reference base, carried to each RoPE layer's own base by their ratio
+    (Gemma 3's local layers); a NoPE layer rotates nothing, so every instance runs it the same."""
+    model = loaded.model
+    config = model.config
+    if opts["bases"] is not None:
+        bases = [float(b) for b in opts["bases"]]
+    else:
+        bases = bucket_bases(config, opts["buckets"], rotary_dim_of(model))
+    reference = rope_base(config, "attention-buckets")
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    schemes: list[RotaryScheme] = []
+    for i, rope in enumerate(layer_ropes(model)):
+        if rope is None:
+            schemes.append(RotaryScheme(layer_inv_freq(model, i), heads, kv_heads))
+            continue
+        layer_bases = rope.scaled_bases(bases, reference)
+        schemes.append(BucketScheme(layer_bases, rope.rotary_dim, heads, kv_heads, rope).to(loaded.device))
     return MethodParts(schemes, instances=Instances(len(bases), mix_logits))
 
 
@@ -101,9 +126,8 @@ def inspect_bases(gen, prompts: list, out: Path | None = None) -> list[str]:
     """`midlens methods attention-buckets`: the bases this model runs, and their waveforms as a PNG."""
     from midlens.generators.methods.rope_bases import plot_waveforms
 
-    scheme = gen.parts.schemes[0]
-    config = gen.loaded.model.config
-    head_dim = head_dim_of(config)
+    scheme = next(s for s in gen.parts.schemes if isinstance(s, BucketScheme))  # the first RoPE layer's
+    head_dim = rotary_dim_of(gen.loaded.model)
     lines = [
         f"{gen.loaded.name}: head_dim {head_dim}, {len(scheme.bases)} instances, RoPE bases "
         + ", ".join(f"{b:g}" for b in scheme.bases)
@@ -122,6 +146,7 @@ METHOD = Method(
     "N instances with different RoPE bases as batch rows, logits mixed per step (Chen et al. 2023)",
     build=build,
     unsupported=plain_rope_problem,
+    scope=rope_scope,
     cost=lambda opts: len(opts["bases"]) if opts["bases"] is not None else opts["buckets"],
     defaults=DEFAULTS,
     check=check_options,

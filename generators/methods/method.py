@@ -52,6 +52,9 @@ class Method:
     # parts do not handle), or None when it can: read from the layers' anatomy (`generators.anatomy`), never from
     # a family name. `build_parts` refuses with it; `midlens methods --model` lists it. None: runs on every model.
     unsupported: Callable[[Any], str | None] | None = None
+    # Where on a loaded model the method acts when it runs but not on every layer (RoPE methods leave NoPE layers as
+    # they are), for `midlens methods --model`; None: wherever it runs, on every layer.
+    scope: Callable[[Any], str | None] | None = None
     # About how many plain answers' compute one answer costs, from the options alone (Attention Buckets: one per
     # RoPE base), so a server can refuse a request's options before building anything. None: about one.
     cost: Callable[[Options], float] | None = None

@@ -26,12 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import plain_rope_problem
+from midlens.generators.anatomy import layer_ropes, plain_rope_problem, rope_scope
 from midlens.generators.artefacts import Artefact, SavedPart, Section
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method
-from midlens.generators.methods.rope_bases import rope_base
-from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
+from midlens.generators.methods.rope_bases import head_dim_of, rope_base
+from midlens.generators.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
 from midlens.generators.scores import Scoring, attend, mask_rows
 
 DEFAULTS = {"top_k": None, "artefact": None}  # top_k None: the K the routers were trained with
@@ -74,34 +74,44 @@ class MoiceScheme(RotaryScheme):
         top_k: int,
         per_head: bool = False,
         fixed_weights: torch.Tensor | None = None,
+        rope: LayerRope | None = None,
+        head_dim: int | None = None,
     ):
-        super().__init__(inv_freq, num_heads, num_kv_heads)
-        head_dim = 2 * inv_freq.shape[-1]
+        """`bases`: this layer's, its native base first; `head_dim`: the router's input width, the whole head (None:
+        the rotated channels, which are the whole head unless the rotary is partial)."""
+        super().__init__(inv_freq, num_heads, num_kv_heads, rope)
+        rotary_dim = 2 * inv_freq.shape[-1]
         if not 1 <= top_k <= len(bases):
             raise MethodConfigError(f"moice top_k={top_k}: must be between 1 and the {len(bases)} experts.")
         self.bases, self.top_k = [float(b) for b in bases], top_k
         self.num_experts = len(bases)
-        steps = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+        steps = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
         others = None
         if len(bases) > 1:  # made where inv_freq lives (CUDA on a GPU), or the concatenation below fails
             others = torch.stack([b ** (-steps) for b in self.bases[1:]]).float().to(inv_freq.device)
         # Expert 0 is the model's own inv_freq (bit-identical to stock RoPE), the others are computed.
         table = inv_freq.float()[None] if others is None else torch.cat([inv_freq.float()[None], others])
         self.register_buffer("expert_inv_freq", table, persistent=False)
-        self.router = Router(head_dim, self.num_experts, num_heads if per_head else 1)
+        # A scaled schedule (llama3, YaRN, LongRoPE...) may change per forward: its experts are rebased at rotate time.
+        self.scaled = rope is not None and not rope.plain
+        self.router = Router(head_dim or rotary_dim, self.num_experts, num_heads if per_head else 1)
         self.fixed_weights = fixed_weights
         self._aux: torch.Tensor | None = None
         self.last_usage: torch.Tensor | None = None  # [N] share of (token, head) routes per expert, last forward
 
     def rotate(self, q, k, positions, position_embeddings):
         q_out, k_out = [], []
+        if self.scaled:  # the layer's current frequencies with each expert's base change, and its attention scaling
+            inv_freq, scaling = self.frequencies()
+            table = torch.cat([inv_freq.float()[None], self.rope.rebased(self.bases[1:])])
+        else:
+            table, scaling = self.expert_inv_freq, 1.0
         for e in range(self.num_experts):
             if e == 0 and position_embeddings is not None:
                 cos, sin = position_embeddings
                 cos, sin = cos[:, None], sin[:, None]
             else:
-                cos, sin = rotary_tables(positions, self.expert_inv_freq[e][None])
-                cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+                cos, sin = scaled_tables(positions, table[e][None], scaling, q.dtype)
             q_out.append(apply_rotary(q, cos, sin))
             k_out.append(apply_rotary(k, cos, sin))
         return torch.stack(q_out), torch.stack(k_out)
@@ -184,19 +194,35 @@ def check_options(opts: dict) -> None:
         raise MethodConfigError(f"moice artefact={opts['artefact']!r}: expected a folder path.")
 
 
-def new_schemes(model, bases: list[float], top_k: int, per_head: bool = False, seed: int = 0) -> list[MoiceScheme]:
-    """Freshly initialised (untrained) routers, one scheme per layer, seeded."""
+def new_schemes(model, bases: list[float], top_k: int, per_head: bool = False, seed: int = 0) -> list[RotaryScheme]:
+    """Freshly initialised (untrained) routers, seeded: a MoICE scheme per RoPE layer, a plain scheme (no router) on
+    a NoPE layer, which has no base to change. `bases` are the model's (its reference base first,
+    `rope_bases.rope_base`); each layer gets them carried to its own native base by their ratio (Gemma 3's local
+    layers: 1e4 * b / 1e6), so expert 0 is always the layer's own RoPE."""
     cfg = model.config
-    inv_freq = model.model.rotary_emb.inv_freq
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    reference, head_dim = rope_base(cfg), head_dim_of(cfg)
     torch.manual_seed(seed)
-    return [
-        MoiceScheme(inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads, bases, top_k, per_head)
-        for _ in range(cfg.num_hidden_layers)
-    ]
+    schemes: list[RotaryScheme] = []
+    for i, rope in enumerate(layer_ropes(model)):
+        inv_freq = layer_inv_freq(model, i)
+        if rope is None:
+            schemes.append(RotaryScheme(inv_freq, heads, kv_heads))
+            continue
+        layer_bases = rope.scaled_bases(bases, reference)
+        schemes.append(
+            MoiceScheme(inv_freq, heads, kv_heads, layer_bases, top_k, per_head, rope=rope, head_dim=head_dim)
+        )
+    return schemes
 
 
-def router_state(schemes: list[MoiceScheme]) -> dict[str, torch.Tensor]:
-    return {f"layers.{i}.{k}": v for i, s in enumerate(schemes) for k, v in s.router.state_dict().items()}
+def routed_schemes(schemes: list[RotaryScheme]) -> dict[int, MoiceScheme]:
+    """Layer index -> the MoICE scheme of each layer that has a router (every RoPE layer)."""
+    return {i: s for i, s in enumerate(schemes) if isinstance(s, MoiceScheme)}
+
+
+def router_state(schemes: list[RotaryScheme]) -> dict[str, torch.Tensor]:
+    return {f"layers.{i}.{k}": v for i, s in routed_schemes(schemes).items() for k, v in s.router.state_dict().items()}
 
 
 # ---- the trained part: routers as a verified artefact -------------------------------------------------------
@@ -206,8 +232,9 @@ def router_state(schemes: list[MoiceScheme]) -> dict[str, torch.Tensor]:
 class MoiceRouters(SavedPart):
     """One MoICE scheme per layer (each holding its router), and whether the routers are per head."""
 
-    schemes: list[MoiceScheme]
+    schemes: list[RotaryScheme]
     per_head: bool = False
+    bases: list[float] | None = None  # the model's (reference base first); None: the first routed layer's
 
     SECTION = Section("experts", {"bases": list, "top_k": int, "per_head": bool})
 
@@ -216,12 +243,13 @@ class MoiceRouters(SavedPart):
         cls, model: nn.Module, bases: list[float], top_k: int, per_head: bool = False, seed: int = 0
     ) -> MoiceRouters:
         """Freshly initialised (untrained) routers for `model`, seeded."""
-        return cls(new_schemes(model, bases, top_k, per_head, seed=seed), per_head)
+        return cls(new_schemes(model, bases, top_k, per_head, seed=seed), per_head, [float(b) for b in bases])
 
     def config(self) -> dict:
-        """This artefact's "experts" section: the bases (native first), top_k and per_head."""
-        first = self.schemes[0]
-        return {"bases": list(first.bases), "top_k": first.top_k, "per_head": self.per_head}
+        """This artefact's "experts" section: the model's bases (reference base first), top_k and per_head."""
+        first = next(iter(routed_schemes(self.schemes).values()))
+        bases = self.bases if self.bases is not None else first.bases
+        return {"bases": list(bases), "top_k": first.top_k, "per_head": self.per_head}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return router_state(self.schemes)
@@ -247,7 +275,7 @@ class MoiceRouters(SavedPart):
             )
         routers = cls.new(model, bases, top_k, experts["per_head"])
         tensors = artefact.tensors_for({k: tuple(v.shape) for k, v in routers.tensors().items()})
-        for i, scheme in enumerate(routers.schemes):
+        for i, scheme in routed_schemes(routers.schemes).items():
             prefix = f"layers.{i}."
             scheme.router.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
             scheme.requires_grad_(False)
@@ -276,6 +304,7 @@ METHOD = Method(
     "trained routers mix attention over several RoPE bases per token and head (Lin et al. 2024)",
     build=build,
     unsupported=plain_rope_problem,
+    scope=rope_scope,
     defaults=DEFAULTS,
     check=check_options,
     bench_variants=BENCH_VARIANTS,

@@ -34,7 +34,9 @@ def inspect_routers(gen, prompts: list, out: Path | None = None) -> list[str]:
     """`midlens methods moice ...`: the expert bases the routers mix, and the share of (token, head) routes each
     expert gets on `prompts` (StackedPrompts), per layer. With `out`: moice-bases.png (the bases' waveforms),
     moice-usage.json and moice-usage.png (layers x experts)."""
-    schemes = gen.parts.schemes
+    from midlens.generators.methods.moice import routed_schemes
+
+    schemes = list(routed_schemes(gen.parts.schemes).values())  # NoPE layers have no router
     config = gen.loaded.model.config
     head_dim = head_dim_of(config)
     bases = list(schemes[0].bases)

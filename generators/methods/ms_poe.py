@@ -20,10 +20,10 @@ from typing import Literal
 import torch
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import shared_rope_problem
+from midlens.generators.anatomy import layer_ropes, rope_scope, shared_rope_problem
 from midlens.generators.context import MethodParts
 from midlens.generators.methods.method import Method
-from midlens.generators.rope import RotaryScheme, apply_rotary
+from midlens.generators.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
 from midlens.generators.scores import attention_probs, expand_heads
 
 HeadOrder = Literal["awareness", "sequential", "fixed"]
@@ -85,8 +85,9 @@ class MsPoEScheme(RotaryScheme):
         gqa: GQAMode = "group",
         alpha: float = 3.0,
         head_ranks: list[int] | None = None,
+        rope: LayerRope | None = None,
     ):
-        super().__init__(inv_freq, num_heads, num_kv_heads)
+        super().__init__(inv_freq, num_heads, num_kv_heads, rope)
         self.gqa = gqa
         self.head_order = head_order
         self.alpha = alpha
@@ -102,14 +103,10 @@ class MsPoEScheme(RotaryScheme):
         self._set_ratios(self.ladder[None] if self.fixed_ranks is None else self.ladder[self.fixed_ranks][None])
 
     def _set_ratios(self, ratios: torch.Tensor) -> None:
-        """Ratios of the current sequence per unit, [B, units], and the frequencies they give.
-
-        Dividing positions by r is dividing the frequencies by r; the doubled [B, units, d] frequency rows
-        are built once per sequence here, because `rotate` runs at every decode step of every layer.
-        """
+        """Ratios of the current sequence per unit, [B, units]. Unit ratios everywhere are the identity case,
+        known once per sequence so `rotate` then uses the model's own tables."""
         self.ratios = ratios
-        freqs = self.inv_freq / ratios[..., None]
-        self._freqs = torch.cat((freqs, freqs), dim=-1)
+        self._unit = bool((ratios == 1).all())
 
     @property
     def key_heads(self) -> int:
@@ -132,8 +129,14 @@ class MsPoEScheme(RotaryScheme):
         return self.ratios
 
     def rotate(self, q, k, positions, position_embeddings):
-        angles = positions[:, None, :, None].float() * self._freqs.to(q.device)[:, :, None, :]  # [B, units, L, d]
-        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        if self._unit and position_embeddings is not None:  # every ratio 1: the model's own tables, bit for bit
+            q_rot, k_rot = super().rotate(q, k, positions, position_embeddings)
+            return q_rot, (expand_heads(k_rot[0], self.num_heads)[None] if self.gqa == "per_query_head" else k_rot)
+        # Dividing positions by r is dividing the layer's own (possibly scaled) frequencies by r; the layer's
+        # attention scaling (YaRN, LongRoPE) multiplies the tables as in the model's rotary embedding.
+        inv_freq, scaling = self.frequencies()
+        freqs = inv_freq.to(q.device) / self.ratios.to(q.device)[..., None]  # [B, units, d/2]
+        cos, sin = scaled_tables(positions, freqs, scaling, q.dtype)  # [B, units, L, d]
         if self.gqa == "per_query_head":  # every query head gets its own rotated copy of its group's keys
             return apply_rotary(q, cos, sin)[None], apply_rotary(expand_heads(k, self.num_heads), cos, sin)[None]
         # One ratio per kv group: view q as [B, G, heads per group, L, d] so the group's table broadcasts.
@@ -167,10 +170,6 @@ def build(loaded, opts: dict) -> MethodParts:
     """Ms-PoE schemes on the chosen layers, plain RoPE elsewhere (checks that need the model's shape)."""
     cfg = loaded.model.config
     num_layers, heads, kv_heads = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
-    rope_type = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
-    if rope_type in ("dynamic", "yarn", "longrope"):
-        # These rescale frequencies per sequence length or scale the tables; per-head ratios on top are untested.
-        raise MethodConfigError(f"ms-poe does not support rope_type '{rope_type}' models yet.")
     layers = opts["layers"] if opts["layers"] is not None else list(range(2, num_layers))
     bad = [i for i in layers if not 0 <= i < num_layers]
     if bad:
@@ -183,10 +182,11 @@ def build(loaded, opts: dict) -> MethodParts:
                 f"ms-poe head_ranks={ranks} must be a permutation of 0..{units - 1} "
                 f"(one rank per {'kv group' if opts['gqa'] == 'group' else 'query head'})."
             )
-    inv_freq = loaded.model.model.rotary_emb.inv_freq
+    ropes = layer_ropes(loaded.model)
     schemes: list[RotaryScheme] = []
-    for i in range(num_layers):
-        if i in layers:
+    for i, rope in enumerate(ropes):
+        inv_freq = layer_inv_freq(loaded.model, i)
+        if i in layers and rope is not None:  # a NoPE layer is left as it is
             schemes.append(
                 MsPoEScheme(
                     inv_freq,
@@ -198,10 +198,11 @@ def build(loaded, opts: dict) -> MethodParts:
                     gqa=opts["gqa"],
                     alpha=float(opts["alpha"]),
                     head_ranks=ranks,
+                    rope=rope,
                 )
             )
         else:
-            schemes.append(RotaryScheme(inv_freq, heads, kv_heads))
+            schemes.append(RotaryScheme(inv_freq, heads, kv_heads, rope))
     return MethodParts(schemes)
 
 
@@ -210,6 +211,7 @@ METHOD = Method(
     "training-free per-head position rescaling (Zhang et al. 2024)",
     build=build,
     unsupported=shared_rope_problem,
+    scope=rope_scope,
     defaults=DEFAULTS,
     check=check_options,
     bench_variants=BENCH_VARIANTS,

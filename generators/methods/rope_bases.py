@@ -9,6 +9,8 @@ import math
 import torch
 
 from midlens.core.errors import MethodConfigError
+from midlens.generators.anatomy import layer_ropes
+from midlens.generators.rope import rope_parameters
 
 
 def waveform(distances: torch.Tensor, base: float, head_dim: int) -> torch.Tensor:
@@ -82,14 +84,21 @@ def head_dim_of(config) -> int:
 
 
 def rope_base(config, method: str = "moice") -> float:
-    """The model's RoPE base; a method that runs several plain-RoPE bases (`method`, named in the error) refuses
-    a model whose RoPE is already scaled."""
-    params = getattr(config, "rope_parameters", None) or {}
-    if params.get("rope_type", "default") != "default":
-        raise MethodConfigError(
-            f"{method}: this model uses {params['rope_type']!r} RoPE scaling; {method} runs plain RoPE bases."
-        )
+    """The model's reference RoPE base: its rope_theta, or its global (full-attention) layers' where each layer type
+    keeps its own (Gemma 3). Bases a method chooses for it are carried to each layer's own base by their ratio to it
+    (`generators.rope.LayerRope.scaled_bases`); a scaled schedule keeps its scaling (`generators.rope.rebase`)."""
+    params = rope_parameters(config, "full_attention")
     base = params.get("rope_theta") or getattr(config, "rope_theta", None)
+    if not base:  # per-type parameters without a full-attention type: the first type's
+        nested = [v for v in params.values() if isinstance(v, dict) and v.get("rope_theta")]
+        base = nested[0]["rope_theta"] if nested else None
     if not base:
         raise MethodConfigError(f"{method}: the model's config has no RoPE base (rope_theta).")
     return float(base)
+
+
+def rotary_dim_of(model) -> int:
+    """The channels a RoPE layer of `model` rotates (head_dim, or the prefix partial rotary turns): the d of the
+    base^(-2i/d) schedule whose waveform chooses complementary bases."""
+    ropes = [r for r in layer_ropes(model) if r is not None]
+    return ropes[0].rotary_dim if ropes else head_dim_of(model.config)

@@ -55,7 +55,7 @@ def _support(args: argparse.Namespace) -> int:
     check_device(args)
     from midlens.generators import load_model
     from midlens.generators.anatomy import index_ranges, model_anatomy
-    from midlens.generators.methods.registry import support_on
+    from midlens.generators.methods.registry import REGISTRY, support_on
 
     loaded = load_model(args.model, args.device, args.dtype)
     layers = model_anatomy(loaded.model)
@@ -69,7 +69,10 @@ def _support(args: argparse.Namespace) -> int:
     support = support_on(loaded)
     width = max(len(name) for name in support) + 2
     for name, reason in support.items():
-        print(f"{name:<{width}}{'runs' if reason is None else 'no: ' + reason}")
+        scope = REGISTRY[name].scope
+        where = scope(loaded.model) if scope is not None and reason is None else None
+        status = ("runs" + (f" ({where})" if where else "")) if reason is None else "no: " + reason
+        print(f"{name:<{width}}{status}")
     return 0
 
 
