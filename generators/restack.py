@@ -253,7 +253,8 @@ def _renumber(answer: Answer, where: list[int]) -> None:
         for name in _MAP_FIELDS:
             tensor = getattr(answer.maps, name)
             if tensor is not None:
-                index = torch.tensor(source_of, device=tensor.device)
+                # int64 named: torch.tensor([]) of a prompt with no passages is a float, which index_select refuses.
+                index = torch.tensor(source_of, dtype=torch.long, device=tensor.device)
                 setattr(answer.maps, name, tensor.index_select(-1, index))
 
 

@@ -700,6 +700,39 @@ def test_the_stock_citation_engine_gets_attention_read_markers(llm, faiss_index)
         assert body[start:end].strip()
 
 
+def test_a_restacking_llm_answers_a_question_with_no_passages(llm):
+    """Defect (issue 74): with no passages the restacked answer was renumbered with a float index tensor and
+    `MidlensLLM(model="smollm2-135m").complete(question)` raised inside torch (index_select's dtype)."""
+    restacking = MidlensLLM.from_generator(llm.generator, restack="mudaf", max_new_tokens=6)
+    response = restacking.complete("What is the capital of France?")
+    answer = response.additional_kwargs["answer"]
+    assert answer.passages == [] and answer.text.strip() and answer.restack["order"] == []
+
+
+@pytest.mark.parametrize("mode", ["context", "condense_plus_context"])
+def test_stock_context_chat_engines_cite_the_passages_they_were_given(llm, faiss_index, mode):
+    """Defect (issue 74): LlamaIndex's context chat engines put the retrieved context in the system turn, and the
+    whole transcript reached the model as the question of a prompt with no passages: no citations, no evidence, a
+    support score unlike `ask`'s. Now the context is read back into one passage per node and the last user turn
+    into the question: the reply carries [n] markers numbering the engine's source nodes, and its support is the
+    support of the same question on the same nodes answered directly (one prompt each: equal to 1e-6)."""
+    engine = faiss_index.as_chat_engine(chat_mode=mode, llm=llm, similarity_top_k=3)
+    replies = []
+    for turn in (QUESTION, "Say it again: what is the code word?"):
+        events, reply = completions_of(lambda q=turn: engine.chat(q))
+        replies.append(reply.response)
+        answer = events[-1].response.additional_kwargs["answer"]  # condense_plus_context condenses first
+        nodes = reply.source_nodes
+        assert answer.question == turn and len(answer.passages) == len(nodes) == 3
+        assert [pe.passage.title for pe in answer.passages] == [n.node.metadata["title"] for n in nodes]
+        markers = {int(m) for m in re.findall(r"\[(\d+)\]", reply.response)}
+        assert markers and markers <= {1, 2, 3}, reply.response
+        direct = llm.complete(turn, passages=nodes).additional_kwargs["answer"]
+        assert direct.text == answer.text
+        assert answer.support.probability == pytest.approx(direct.support.probability, abs=1e-6)
+    assert [m.content for m in engine.chat_history[1::2]] == replies  # the engine keeps the marked replies
+
+
 def test_citable_blocks_in_chat_come_back_as_citation_blocks_streamed_or_not(llm):
     """LlamaIndex's CitableBlock / CitationBlock: passages given as citable blocks, the answer's citations returned as
     citation blocks whose offsets index the answer and the block's text; streaming yields the same blocks."""

@@ -9,6 +9,12 @@ MidlensQueryEngine stacks them.
 
 The patterns are built from the installed llama-index-core's template strings, so a wording change upstream is
 followed, not silently missed. A prompt that matches none of them is left alone.
+
+The stock context chat engines (`index.as_chat_engine(chat_mode="context")` and `"condense_plus_context"`) put the
+retrieved context in the system turn and the user's message in the last user turn; a non-chat LLM gets the
+conversation as `messages_to_prompt`'s "role: content" transcript. Read back, the context becomes the passages and
+the last user turn the question (the earlier turns are not part of the midlens prompt: the engine's retriever, too,
+reads the latest message alone, and condense_plus_context rewrites a follow-up into a standalone question first).
 """
 
 from __future__ import annotations
@@ -18,6 +24,11 @@ import string
 from dataclasses import dataclass
 from pathlib import PurePath
 
+from llama_index.core.chat_engine.condense_plus_context import (
+    DEFAULT_CONTEXT_PROMPT_TEMPLATE,
+    DEFAULT_CONTEXT_REFINE_PROMPT_TEMPLATE,
+)
+from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE, DEFAULT_REFINE_TEMPLATE
 from llama_index.core.prompts.chat_prompts import (
     CHAT_REFINE_PROMPT_TMPL_MSGS,
     TEXT_QA_PROMPT_TMPL_MSGS,
@@ -50,9 +61,10 @@ class StockRequest:
 
     @property
     def cites_in_text(self) -> bool:
-        """The template asks for "[N]" citations in the answer's text (CitationQueryEngine's), N numbering its
-        sources: the answer is then given with midlens' markers, which number passages the same way."""
-        return self.template.startswith("citation")
+        """The answer's text carries "[N]" citations, N numbering the context's chunks in order: CitationQueryEngine's
+        template asks for them; a context chat engine's reply has no other place to show which retrieved node (its
+        `source_nodes`, in the same order) a sentence rests on. Midlens' markers number passages the same way."""
+        return self.template.startswith(("citation", "context_chat"))
 
 
 def _pattern(template: str) -> re.Pattern[str]:
@@ -160,9 +172,51 @@ def split_sources(context: str) -> list[Passage]:
     return passages
 
 
+# The context chat engines' system turns (their QA and refine forms): the engine appends the LLM's system prompt.
+_CHAT_TEMPLATES = [
+    (name, _pattern(template))
+    for name, template in (
+        ("context_chat", DEFAULT_CONTEXT_TEMPLATE),
+        ("context_chat_refine", DEFAULT_REFINE_TEMPLATE),
+        ("context_chat", DEFAULT_CONTEXT_PROMPT_TEMPLATE),
+        ("context_chat_refine", DEFAULT_CONTEXT_REFINE_PROMPT_TEMPLATE),
+    )
+]
+# The last turn of a `messages_to_prompt` transcript: the user's message, then the open assistant turn.
+_LAST_USER_TURN = "\nuser: "
+_OPEN_ASSISTANT_TURN = re.compile(r"\nassistant:\s*\Z")
+
+
+def read_context_chat(prompt: str) -> StockRequest | None:
+    """The question (the last user turn) and passages (the system turn's context) of a stock context chat engine's
+    prompt as a non-chat LLM receives it; None for any other prompt."""
+    end = _OPEN_ASSISTANT_TURN.search(prompt)
+    start = prompt.rfind(_LAST_USER_TURN, 0, end.start()) if end is not None else -1
+    if start < 0:
+        return None
+    question = prompt[start + len(_LAST_USER_TURN) : end.start()].strip()
+    system = prompt[:start]  # the context lies before the question's turn; an answer in the history may not shadow it
+    for name, pattern in _CHAT_TEMPLATES:
+        found = pattern.search(system)
+        if found is None:
+            continue
+        values = found.groupdict()
+        passages = split_context(values.get("context_str", values.get("context_msg", "")))
+        if not question or not passages:
+            return None
+        if name == "context_chat_refine" and values["existing_answer"].strip():
+            # After the context's chunks, so that chunk N stays passage N and its marker "[N]".
+            passages.append(Passage(text=values["existing_answer"].strip(), title=EARLIER_ANSWER_TITLE))
+        return StockRequest(name, question, passages)
+    return None
+
+
 def read_stock_prompt(prompt: str) -> StockRequest | None:
-    """The question and passages of a prompt formatted from one of LlamaIndex's default QA / refine templates;
-    None for any other prompt (it is then answered as it is)."""
+    """The question and passages of a prompt formatted from one of LlamaIndex's default QA / refine templates or
+    context chat engines' system turns; None for any other prompt (it is then answered as it is)."""
+    chat = read_context_chat(prompt)
+    if chat is not None:
+        return chat
     for name, pattern in _TEMPLATES.values():
         found = pattern.search(prompt)
         if found is None:
