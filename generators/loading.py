@@ -16,6 +16,7 @@ from midlens.core.device import dtype_name, resolve_device, resolve_dtype
 from midlens.core.errors import ModelError, Remedy
 from midlens.core.files import read_manifest
 from midlens.generators.anatomy import UnsupportedAttention, model_anatomy
+from midlens.generators.load_check import LoadCheck, check_model
 from midlens.generators.model_cache import check_model_folder, content_sha256, rebuild_hint, resolve_model_dir
 from midlens.generators.packaged_models import DEFAULT_MODEL, canonical_name
 
@@ -30,6 +31,7 @@ class LoadedModel:
     context_window: int
     lock: threading.RLock = field(default_factory=threading.RLock)
     folder: Path | None = None  # where the weights were read from, for error messages
+    verified: LoadCheck | None = None  # the load-time comparison with transformers' own forward
     _sha256: str | None = field(default=None, repr=False)
 
     @property
@@ -86,8 +88,15 @@ def load_model(
         except Exception as err:  # e.g. SafetensorError "invalid JSON in header": find out whether a file is bad
             raise _load_failure(name_or_path, model_dir, err) from err
         model.to(torch_device).eval()
+        # Before midlens' attention is installed anywhere: the stock modules are the reference, on the same weights.
+        verified = check_model(model, name_or_path, model_dir, len(tokenizer))
         loaded = LoadedModel(
-            name=name_or_path, model=model, tokenizer=tokenizer, context_window=window, folder=model_dir
+            name=name_or_path,
+            model=model,
+            tokenizer=tokenizer,
+            context_window=window,
+            folder=model_dir,
+            verified=verified,
         )
         _LOADED[key] = loaded
         return loaded

@@ -1,7 +1,8 @@
 """`midlens cache`: see, verify and clear what midlens keeps on disk (converted models, retrieval indexes).
 
     midlens cache info                                  models and indexes, sizes, paths, leftover temp folders
-    midlens cache verify [--model NAME]                 every file against its recorded sha256
+    midlens cache verify [--model NAME] [--dtype D]     every file against its recorded sha256; each model's
+                                                        load-time comparison with transformers' forward, again
     midlens cache clear (--model NAME | --indexes | --all)
 
 Listing and clearing read only the folders (no torch, no faiss), so they answer at once; verifying hashes
@@ -134,6 +135,7 @@ def run_verify(args: argparse.Namespace) -> int:
             print(f"DAMAGED model {folder.name}: {err}\n")
             continue
         print(f"ok      model {folder.name}: every file matches its manifest ({folder})")
+        bad += _recheck(folder, getattr(args, "dtype", "auto"))
     for folder in indexes:
         problem = _verify_index(folder)
         if problem:
@@ -144,6 +146,30 @@ def run_verify(args: argparse.Namespace) -> int:
     if not models and not indexes:
         print(f"nothing cached under {models_dir().parent}")
     return 1 if bad else 0
+
+
+def _recheck(folder: Path, dtype: str) -> int:
+    """Run the load-time comparison with transformers' forward again (generators/load_check.py); 1 when refused.
+    Its record is forgotten first, so the load measures (this command runs in a process of its own: a model an
+    embedding process already holds would keep its earlier result)."""
+    from midlens.core.errors import ModelError
+    from midlens.generators import load_check
+    from midlens.generators.loading import load_model, release_model
+    from midlens.generators.packaged_models import REGISTRY
+
+    load_check.forget(folder)
+    try:
+        loaded = load_model(folder.name if folder.name in REGISTRY else str(folder), "auto", dtype)
+    except ModelError as err:
+        print(f"REFUSED model {folder.name}: {err}\n")
+        return 1
+    release_model(loaded)
+    if loaded.verified is None or not loaded.verified.judged:
+        print(f"?       model {folder.name}: not compared (transformers' own logits are not finite)")
+        return 1
+    measured = loaded.verified.describe()
+    print(f"ok      model {folder.name}: midlens' attention matches transformers' forward, {measured}")
+    return 0
 
 
 def _plain_name(name: str) -> str:
@@ -210,8 +236,15 @@ def add_parser(sub) -> None:
     actions = cache.add_subparsers(dest="cache_command", required=True)
     info = actions.add_parser("info", help="list cached models and indexes with their sizes and paths")
     info.set_defaults(func=run_info)
-    verify = actions.add_parser("verify", help="check every cached file against its recorded sha256")
+    verify = actions.add_parser(
+        "verify",
+        help="check every cached file against its recorded sha256, and run each model's load-time comparison with "
+        "transformers' own forward again",
+    )
     verify.add_argument("--model", help="verify only this cached model (default: every model and index)")
+    verify.add_argument(
+        "--dtype", default="auto", help="the dtype the models' comparison runs in (default: what loading uses)"
+    )
     verify.set_defaults(func=run_verify)
     clear = actions.add_parser("clear", help="delete a cached model (converted again on next use) or the indexes")
     which = clear.add_mutually_exclusive_group(required=True)

@@ -1,0 +1,152 @@
+"""The load-time comparison of midlens' attention with transformers' own forward (generators/load_check.py).
+
+A tiny family is checked once per weights, config and dtype: later loads, of the same folder or of a copy, read the
+record and run no forward. A layer the module computes wrongly (here its scale, as a misread config field would
+leave it) is refused naming the folder, the difference, the step and the first layer whose hidden state departs,
+in float32 and in bfloat16. The tolerances are the module's own (its doc and docs/results/load-check/).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from midlens.core.errors import ModelError
+from midlens.generators import attention, load_check, loading
+from midlens.generators.attention import PositionalAttention
+from midlens.generators.loading import load_model, release_model
+from tests.tiny import save_tiny
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    """A fresh cache and process model memory; the list of the models `load_check.measure` ran on."""
+    monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loading, "_LOADED", {})
+    seen: list[str] = []
+    measure = load_check.measure
+
+    def counted(model, name, folder, vocab_size):
+        seen.append(str(folder))
+        return measure(model, name, folder, vocab_size)
+
+    monkeypatch.setattr(load_check, "measure", counted)
+    return seen
+
+
+def _wrong_scale(monkeypatch, layer: int, factor: float) -> None:
+    """Layer `layer`'s attention runs with its scale times `factor`: what a config field the module ignores does."""
+    read = attention.read_anatomy
+
+    def wrong(attn, rotary_emb):
+        anatomy = read(attn, rotary_emb)
+        if attn.layer_idx == layer:
+            anatomy = type(anatomy)(**{**anatomy.__dict__, "scale": anatomy.scale * factor})
+        return anatomy
+
+    monkeypatch.setattr(attention, "read_anatomy", wrong)
+
+
+def test_a_family_passes_once_and_later_loads_read_the_record(runs, tmp_path):
+    folder = save_tiny("qwen3", tmp_path / "qwen3")  # q/k norms per head
+    loaded = load_model(str(folder), "cpu", "float32")
+    check = loaded.verified
+    assert check.passed and check.judged and check.dtype == "float32" and check.spread is None
+    assert check.difference < load_check.FP32_TOLERANCE and runs == [str(folder)]
+    # The stock modules are back after the check: what load_model returns is the model transformers built.
+    assert not any(isinstance(layer.self_attn, PositionalAttention) for layer in loaded.model.model.layers)
+    assert len(list(load_check.checks_dir().glob("*.json"))) == 1
+
+    release_model(loaded)
+    assert load_model(str(folder), "cpu", "float32").verified == check and runs == [str(folder)]
+    copy = shutil.copytree(folder, tmp_path / "copy")  # keyed by the weights' hash, not the path
+    assert load_model(str(copy), "cpu", "float32").verified.passed and runs == [str(folder)]
+    load_model(str(folder), "cpu", "bfloat16")  # another dtype is checked on its own
+    assert runs == [str(folder), str(folder)]
+
+
+def test_a_changed_config_is_checked_again(runs, tmp_path):
+    folder = save_tiny("llama", tmp_path / "llama")
+    release_model(load_model(str(folder), "cpu", "float32"))
+    config = folder / "config.json"
+    config.write_text(config.read_text().replace('"rope_theta": 10000.0', '"rope_theta": 500.0'))
+    assert '"rope_theta": 500.0' in config.read_text()
+    assert load_model(str(folder), "cpu", "float32").verified.passed and len(runs) == 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_layer_computed_wrongly_is_refused_naming_folder_difference_and_layer(runs, tmp_path, monkeypatch, dtype):
+    folder = save_tiny("llama", tmp_path / "llama")
+    # Random weights give near-uniform attention, which a small scale error hardly moves: 20x makes it peaked.
+    _wrong_scale(monkeypatch, layer=2, factor=20.0)
+    with pytest.raises(ModelError) as err:
+        load_model(str(folder), "cpu", dtype)
+    msg = str(err.value)
+    assert msg.startswith(f"model '{folder}' (LlamaForCausalLM, {dtype}): ")
+    assert "midlens' attention differs from transformers' " in msg and "at prefill; first at layer 2." in msg
+    difference = float(msg.split(" by ")[1].split(" ")[0])
+    tolerance = float(msg.split("(tolerance ")[1].split(")")[0])
+    assert difference > tolerance
+    if dtype == "bfloat16":  # judged in float32 on the same weights first, where the layer is computed wrongly too
+        assert "with both in float32 (the parameters upcast)" in msg and "(tolerance 1.00e-04)" in msg
+        assert 'dtype="float32"' not in msg  # float32 would not help
+    # The refusal is recorded too: the next load says the same without running anything.
+    with pytest.raises(ModelError, match="first at layer 2"):
+        load_model(str(folder), "cpu", dtype)
+    assert len(runs) == 1
+
+
+def test_bf16_is_judged_by_transformers_own_bf16_spread_and_the_weights_come_back_unchanged(runs, tmp_path):
+    folder = save_tiny("gemma3", tmp_path / "gemma3")  # windows, q/k norms, per-type RoPE bases
+    stock = load_model(str(folder), "cpu", "bfloat16")
+    check = stock.verified
+    assert check.passed and check.dtype == "bfloat16" and check.spread > 0
+    assert check.tolerance == pytest.approx(load_check.SPREAD_MULTIPLE * check.spread + load_check.SPREAD_FLOOR)
+    # The check upcast the parameters to float32 and back (exact), and left the float32 RoPE buffers alone.
+    assert {p.dtype for p in stock.model.parameters()} == {torch.bfloat16}
+    fresh = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    for (name, a), b in zip(stock.model.state_dict().items(), fresh.state_dict().values(), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    buffers = dict(fresh.named_buffers())
+    assert any(b.dtype == torch.float32 for b in buffers.values())  # the rotary frequencies
+    for name, a in stock.model.named_buffers():
+        assert a.dtype == buffers[name].dtype and torch.equal(a, buffers[name]), name
+
+
+def test_cache_verify_runs_the_check_again_and_says_what_it_measured(runs, tmp_path, capsys):
+    from midlens.cli import main
+    from midlens.core.files import models_dir
+    from midlens.generators.packaged_models import record_conversion
+
+    folder = save_tiny("mistral", models_dir() / "tiny")
+    record_conversion(folder, "tiny", "ab" * 32)
+    release_model(load_model(str(folder), "cpu", "float32"))
+    assert main(["cache", "verify", "--model", "tiny", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert len(runs) == 2  # measured again, though a record existed
+    assert "ok      model tiny: midlens' attention matches transformers' forward, float32 on cpu: " in out
+    assert "largest difference" in out and "(tolerance 1.00e-04)" in out
+
+
+def test_an_error_of_the_low_precision_path_alone_is_refused_by_the_spread_rule(runs, tmp_path, monkeypatch):
+    """Right in float32, wrong in bfloat16 (as a lost upcast would be): judged by transformers' own bf16 spread."""
+    folder = save_tiny("llama", tmp_path / "llama")
+    forward = PositionalAttention.forward
+
+    def off_in_bf16(self, hidden_states, *args, **kwargs):
+        out, weights = forward(self, hidden_states, *args, **kwargs)
+        if hidden_states.dtype == torch.bfloat16 and self.layer_idx == 1:
+            out = out + 0.5
+        return out, weights
+
+    monkeypatch.setattr(PositionalAttention, "forward", off_in_bf16)
+    assert load_model(str(folder), "cpu", "float32").verified.passed
+    with pytest.raises(ModelError) as err:
+        load_model(str(folder), "cpu", "bfloat16")
+    msg = str(err.value)
+    assert "differs from transformers' float32 forward of the same weights by " in msg
+    assert f"{load_check.SPREAD_MULTIPLE:g} x the " in msg and "first at layer 1." in msg
+    assert 'pass dtype="float32" to run it in float32, where it matches' in msg
