@@ -15,10 +15,15 @@ The recipe, as the paper (Sec. 3.3) and its official code apply it:
     attends as in the stock model, so its output (and every later layer's state at its position) is untouched.
     Decoding goes on from the keys k~ (the official code caches them) with each new token's query q~.
 
-How it runs here: the projections are linear, so W f(x) = W x + (scale - 1) x_c W[:, c]. A `ChannelTap` (a
-WeightDelta that adds nothing) hands each chosen layer the channel x_c of its input, and the layer's
-`ChannelScheme` builds the plain and the scaled q/k as two "experts" that share the values (the seam MoICE mixes
-its RoPE bases through), with 0/1 mixing weights:
+How it runs here: a `ChannelTap` (a WeightDelta that adds nothing) hands each chosen layer the input x its q and
+k are projected from, and the layer's `ChannelScheme` builds the plain and the scaled q/k as two "experts" that
+share the values (the seam MoICE mixes its RoPE bases through), with 0/1 mixing weights. The scaled q/k are the
+layer's own (`ScaledProjection`): where q and k are linear in x up to the rotation (Llama, Qwen2, Phi-3's fused
+qkv, GLM-4's interleaved pairs, a norm applied after RoPE), W f(x) = W x + (scale - 1) x_c W[:, c], the column
+taken from the q / k projection (or the fused projection's q / k rows) and put in the layer's pair order; where q
+and k are normalised before RoPE (Qwen3, OLMo 2, Gemma 3), f(x) is projected and normalised as the layer does it,
+since a norm is not linear. Each expert is then rotated by the layer's own RoPE (its base, scaled schedule,
+partial rotary). A NoPE layer among the chosen ones is left as it is (`channel_parts`). Which queries read which:
   - a prefill (a forward with nothing cached): the last column reads expert 1 (scaled), the others expert 0;
   - a forward after a cache (a decode step, the last prompt token read again, a reference answer scored
     teacher-forced): every query reads expert 1, because every appended token is an answer token, as in the
@@ -27,7 +32,8 @@ its RoPE bases through), with 0/1 mixing weights:
     is appended too and read the same way, so calibrated evidence ranks under this method compare plain question
     rows with scaled null-question rows. Answers and their log-probabilities do not depend on it.)
 The probe reads evidence through the same weights, so evidence is the attention applied. Cost: the chosen layers
-cache their keys twice (plain and scaled) and the prefill runs one extra attention row per chosen layer.
+cache their keys twice (plain and scaled) and the prefill runs one extra attention row per chosen layer (a layer
+that normalises q/k also projects k, and the last row's q, once more).
 scale = 1 is the stock model, and nothing is installed.
 """
 
@@ -38,8 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from midlens.core.errors import ArtefactError, MethodConfigError
+from midlens.generators.anatomy import LayerAnatomy, decoder_of, index_ranges, interleaved_to_half, model_anatomy
 from midlens.generators.artefacts import Artefact, SavedPart, Section, resolve_artefact
 from midlens.generators.context import MethodParts
 from midlens.generators.delta import WeightDelta
@@ -106,19 +114,19 @@ class ChannelChoice(SavedPart):
 
 
 class ChannelTap(WeightDelta):
-    """Adds nothing to any projection: hands each chosen layer's scheme (scale - 1) * x_c of the forward in
-    progress, x being the input its q and k are projected from (the q projection is asked first)."""
+    """Adds nothing to any projection: hands each chosen layer's scheme the input x its q and k are projected from,
+    for the forward in progress (the q projection is asked first, fused or not)."""
 
-    def __init__(self, choice: ChannelChoice, source: str = ""):
+    def __init__(self, choice: ChannelChoice, source: str = "", layers: tuple[int, ...] | None = None):
         super().__init__()
         self.choice = choice
         self.source = source  # where the choice came from, for `midlens methods channel-scaling`
-        self._layers = set(choice.layers)
+        self._layers = set(choice.layers if layers is None else layers)
         self._pending: dict[int, torch.Tensor] = {}
 
     def project(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor | None:
         if name == "q" and layer in self._layers:
-            self._pending[layer] = (self.choice.scale - 1.0) * x[..., self.choice.channel].float()  # [B, L]
+            self._pending[layer] = x
         return None
 
     def take(self, layer: int) -> torch.Tensor:
@@ -130,27 +138,91 @@ class ChannelTap(WeightDelta):
         return self._pending.pop(layer)
 
 
+class ScaledProjection(nn.Module):
+    """q~ = W_q f(x) and k~ = W_k f(x) of one layer, f scaling channel c of x, in the form the layer hands its
+    rotation: after its q/k norm and in its pair order (an interleaved layer's channels permuted to half-split).
+
+    A layer without q/k norm is linear in x, so f's share is one column of W_q / W_k (of the fused projection's
+    q and k slices where there is one) times (scale - 1) x_c, added to the plain q and k: exact and costs an outer
+    product. A layer that normalises q or k is not, so the scaled input is projected and normalised as the layer
+    does it (its own weights, slices and norm modules): k for every token, q only for the rows that read it."""
+
+    def __init__(self, attn: nn.Module, anatomy: LayerAnatomy, channel: int, scale: float, heads: int, kv_heads: int):
+        super().__init__()
+        self.channel, self.scale, self.heads, self.kv_heads = channel, scale, heads, kv_heads
+        self.head_dim = attn.head_dim
+        # None, "head" or "projection". A norm applied after RoPE (HunYuan) is the attention module's to apply to
+        # every expert alike, so up to the rotation such a layer is linear in x.
+        self.norm = None if getattr(anatomy, "qk_norm_after_rope", False) else anatomy.qk_norm
+        order = interleaved_to_half(anatomy.rotary_dim, self.head_dim) if anatomy.interleaved else None
+        self.register_buffer("order", order, persistent=False)
+        q_size, k_size = heads * self.head_dim, kv_heads * self.head_dim
+        if anatomy.fused_qkv:  # [q | k | v] rows of one weight
+            weight, bias = attn.qkv_proj.weight, attn.qkv_proj.bias
+            q_w, k_w = weight[:q_size], weight[q_size : q_size + k_size]
+            q_b, k_b = (None, None) if bias is None else (bias[:q_size], bias[q_size : q_size + k_size])
+        else:
+            q_w, k_w, q_b, k_b = attn.q_proj.weight, attn.k_proj.weight, attn.q_proj.bias, attn.k_proj.bias
+        # Views of the loaded weights (no copy): the norm path projects with them, the linear path reads column c.
+        self.weights = {"q": (q_w, q_b), "k": (k_w, k_b)}
+        q_norm, k_norm = getattr(anatomy, "norm_names", ("q_norm", "k_norm"))  # the stock layer's names
+        # the layer's own norm modules (the installed attention holds them as q_norm / k_norm)
+        self.norms = {"q": getattr(attn, "q_norm", getattr(attn, q_norm, None)),
+                      "k": getattr(attn, "k_norm", getattr(attn, k_norm, None))}  # fmt: skip
+
+    def _heads(self, t: torch.Tensor, count: int) -> torch.Tensor:
+        return t.view(*t.shape[:2], count, self.head_dim).transpose(1, 2)  # [B, L, n*d] -> [B, n, L, d]
+
+    def _ordered(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.order is None else t[..., self.order]
+
+    def _column(self, name: str, count: int) -> torch.Tensor:
+        """Column c of the projection as [n, d] in the layer's pair order."""
+        return self._ordered(self.weights[name][0][:, self.channel].view(count, self.head_dim))
+
+    def _project(self, name: str, x: torch.Tensor, count: int) -> torch.Tensor:
+        """The layer's own q or k of the channel-scaled input x [B, L, hidden]: [B, n, L, d]."""
+        scaled = x.clone()
+        scaled[..., self.channel] *= self.scale
+        weight, bias = self.weights[name]
+        out = nn.functional.linear(scaled, weight, bias)
+        norm = self.norms[name]
+        if self.norm == "projection":
+            out = norm(out)
+        out = self._heads(out, count)
+        if self.norm == "head":
+            out = norm(out)
+        return self._ordered(out)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, last_only: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scaled q and k beside the plain ones (q [B, H, L, d], k [B, Hk, L, d]); with `last_only`, rows of
+        q~ other than the last are the plain ones (nothing reads them)."""
+        if self.norm is None:
+            extra = (self.scale - 1.0) * x[..., self.channel].float()[:, None, :, None]  # [B, 1, L, 1]
+            q_col, k_col = self._column("q", self.heads), self._column("k", self.kv_heads)
+            q_new = q + (extra * q_col[None, :, None, :].float()).to(q.dtype)
+            return q_new, k + (extra * k_col[None, :, None, :].float()).to(k.dtype)
+        k_new = self._project("k", x, self.kv_heads).to(k.dtype)
+        if last_only:
+            q_last = self._project("q", x[:, -1:], self.heads).to(q.dtype)
+            return torch.cat([q[:, :, :-1], q_last], dim=2), k_new
+        return self._project("q", x, self.heads).to(q.dtype), k_new
+
+
 class ChannelScheme(RotaryScheme):
-    """Plain RoPE (expert 0) and RoPE over the channel-scaled q/k (expert 1); see the module doc for which
-    queries read which."""
+    """The layer's own RoPE over its plain q/k (expert 0) and over the channel-scaled q/k (expert 1); see the
+    module doc for which queries read which."""
 
     num_experts = 2
 
-    def __init__(
-        self,
-        inv_freq: torch.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
-        layer: int,
-        tap: ChannelTap,
-        q_column: torch.Tensor,  # W_q[:, c] as [H, d]
-        k_column: torch.Tensor,  # W_k[:, c] as [Hk, d]
-    ):
+    def __init__(self, inv_freq: torch.Tensor, num_heads: int, num_kv_heads: int, layer: int, tap: ChannelTap,
+                 scaled: ScaledProjection):  # fmt: skip
         super().__init__(inv_freq, num_heads, num_kv_heads)
         self.layer = layer
         self.tap = tap
-        self.register_buffer("q_column", q_column.detach().clone(), persistent=False)
-        self.register_buffer("k_column", k_column.detach().clone(), persistent=False)
+        self.scaled = scaled
         self._prefill_next = False
         self._last_only = False  # this forward scales its last query only (a prefill) or every query
 
@@ -160,9 +232,7 @@ class ChannelScheme(RotaryScheme):
 
     def rotate(self, q, k, positions, position_embeddings):
         self._last_only, self._prefill_next = self._prefill_next, False
-        extra = self.tap.take(self.layer)[:, None, :, None]  # [B, 1, L, 1]: (scale - 1) * x_c
-        q_scaled = q + (extra * self.q_column[None, :, None, :].float()).to(q.dtype)
-        k_scaled = k + (extra * self.k_column[None, :, None, :].float()).to(k.dtype)
+        q_scaled, k_scaled = self.scaled(q, k, self.tap.take(self.layer), self._last_only)
         q_plain, k_plain = super().rotate(q, k, positions, position_embeddings)
         q_new, k_new = super().rotate(q_scaled, k_scaled, positions, position_embeddings)
         return torch.cat([q_plain, q_new]), torch.cat([k_plain, k_new])
@@ -187,19 +257,21 @@ class ChannelScheme(RotaryScheme):
 
 
 def channel_parts(model: torch.nn.Module, choice: ChannelChoice, source: str = "") -> MethodParts:
-    """The parts that scale `choice` on `model` (built even for scale 1, which `build` skips: tests use it)."""
+    """The parts that scale `choice` on `model` (built even for scale 1, which `build` skips: tests use it).
+
+    A NoPE layer among the chosen ones is left as it is: the attention module hands a scheme the q and k of the
+    layers it rotates only, so there is no seam to read the scaled ones through (`midlens methods` says which)."""
     cfg = model.config
     check_fits(choice, cfg.hidden_size, cfg.num_hidden_layers)
-    tap = ChannelTap(choice, source)
+    anatomy = model_anatomy(model)
+    rotated = tuple(i for i in choice.layers if anatomy[i].rotary)
+    tap = ChannelTap(choice, source, rotated)
     schemes = baseline_schemes(model)
-    for i in choice.layers:
-        attn = model.model.layers[i].self_attn
-        head_dim = attn.q_proj.out_features // cfg.num_attention_heads
-        q_column = attn.q_proj.weight[:, choice.channel].view(cfg.num_attention_heads, head_dim)
-        k_column = attn.k_proj.weight[:, choice.channel].view(cfg.num_key_value_heads, head_dim)
-        schemes[i] = ChannelScheme(
-            schemes[i].inv_freq, cfg.num_attention_heads, cfg.num_key_value_heads, i, tap, q_column, k_column
-        )
+    layers = decoder_of(model).layers
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    for i in rotated:
+        scaled = ScaledProjection(layers[i].self_attn, anatomy[i], choice.channel, choice.scale, heads, kv_heads)
+        schemes[i] = ChannelScheme(schemes[i].inv_freq, heads, kv_heads, i, tap, scaled)
     return MethodParts(schemes, delta=tap)
 
 
@@ -207,17 +279,20 @@ def channel_parts(model: torch.nn.Module, choice: ChannelChoice, source: str = "
 
 
 def channel_problem(model: torch.nn.Module) -> str | None:
-    """Why a hidden channel's share of q and k cannot be added as a column of W_q / W_k after projection."""
-    from midlens.generators.anatomy import model_anatomy
-
-    layers = model_anatomy(model)
-    if any(a.fused_qkv for a in layers):
-        return "its q, k and v come from one fused projection, and the method reads separate W_q / W_k columns"
-    if any(a.qk_norm for a in layers):
-        return "it normalises q and k after projecting them, so a channel's share is not a column of W_q / W_k"
-    if any(a.interleaved for a in layers):
-        return "its RoPE pairs channels interleaved, and the method's columns are read in the half-split order"
+    """Why no layer of `model` can scale the channel: every layer is a NoPE one (see `channel_parts`)."""
+    if not any(a.rotary for a in model_anatomy(model)):
+        return "none of its layers rotates q and k (all NoPE), and the method reads the scaled q/k at the rotation"
     return None
+
+
+def nope_note(model: torch.nn.Module, layers: tuple[int, ...]) -> str | None:
+    """Which of the chosen `layers` are NoPE layers, left as they are, or None."""
+    anatomy = model_anatomy(model)
+    nope = [i for i in layers if not anatomy[i].rotary]
+    if not nope:
+        return None
+    which = f"layers {index_ranges(nope)} have" if len(nope) > 1 else f"layer {nope[0]} has"
+    return f"{which} no RoPE and {'are' if len(nope) > 1 else 'is'} left unscaled"
 
 
 def _whole(value: object) -> bool:
@@ -303,6 +378,9 @@ def inspect_choice(gen, prompts: list, out: Path | None = None) -> list[str]:
     lines = [
         f"channel {c.channel}, layers {list(c.layers)}, scale {c.scale:g} (from {tap.source})",
     ]
+    note = nope_note(gen.model, c.layers)
+    if note:
+        lines.append(note)
     if prompts:
         lines.append(_channel_profile(gen, prompts, c))
     return lines
@@ -311,9 +389,14 @@ def inspect_choice(gen, prompts: list, out: Path | None = None) -> list[str]:
 def _channel_profile(gen, prompts: list, choice: ChannelChoice) -> str:
     """Mean over prompts of x_c (the first chosen layer's attention input) at the last token and over the prompt."""
     model = gen.model
-    norm = model.model.layers[choice.layers[0]].input_layernorm
+    attn = decoder_of(model).layers[choice.layers[0]].self_attn
     seen: list[torch.Tensor] = []
-    handle = norm.register_forward_hook(lambda _m, _a, out: seen.append(out[0, :, choice.channel].float()))
+
+    def read(_module, args, kwargs) -> None:  # the attention's input: after the input norm where the layer has one
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        seen.append(hidden[0, :, choice.channel].float())
+
+    handle = attn.register_forward_pre_hook(read, with_kwargs=True)
     try:
         with torch.inference_mode():
             for prompt in prompts:
