@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from midlens.generators.layer_trace import AttentionTrace, SubmoduleCall, trace_attention
 from midlens.generators.rope import LayerRope, apply_rotary, layer_rope, rotary_frequencies
 
 
@@ -35,11 +36,14 @@ class LayerAnatomy:
     softcap: float | None  # logits -> softcap * tanh(logits / softcap) before the mask
     scale: float
     layer_type: str  # config.layer_types' name ("full_attention", "sliding_attention"), for per-type RoPE
+    qk_norm_after_rope: bool = False  # HunYuan: q and k are normalised after they are rotated
+    norm_names: tuple[str, str] = ("q_norm", "k_norm")  # the layer's attributes holding its q and k norms
+    interleaved_table: bool = False  # the model's cos/sin tables repeat each angle twice in a row (Cohere)
 
     def describe(self) -> str:
         parts = ["fused qkv" if self.fused_qkv else "q/k/v"]
         if self.qk_norm:
-            parts.append(f"q/k norm per {self.qk_norm}")
+            parts.append(f"q/k norm per {self.qk_norm}" + (" after RoPE" if self.qk_norm_after_rope else ""))
         if not self.rotary:
             parts.append("no RoPE")
         else:
@@ -60,30 +64,60 @@ _REFUSED_PARTS = {
 }
 
 
-def _rotary_layout(attn: nn.Module, rotary_dim: int, head_dim: int) -> bool:
-    """Whether the module's own `apply_rotary_pos_emb` pairs channels interleaved (True) or half-split (False):
-    both candidates are run on one random vector and compared with what the module's function returns."""
+def _rotary_layout(attn: nn.Module, rotary_dim: int, head_dim: int) -> tuple[bool, bool]:
+    """(interleaved pairs, interleaved table) of the module's own `apply_rotary_pos_emb`: whether it pairs channels
+    (0,1), (2,3)... rather than (i, i + rotary_dim/2), and whether the cos/sin tables it takes repeat each angle
+    twice in a row (Cohere's rotary embedding) rather than once per half (Llama's, GLM's). Every combination is run
+    on one random vector and compared with what the module's function returns. A function that rotates every channel
+    it is given (StableLM: the layer slices the rotated prefix itself) is given the prefix."""
+    kind = type(attn).__name__
     module = sys.modules.get(type(attn).__module__)
     apply = getattr(module, "apply_rotary_pos_emb", None)
     if apply is None:
-        raise UnsupportedAttention(f"{type(attn).__name__}'s module has no apply_rotary_pos_emb to read its RoPE from")
+        raise UnsupportedAttention(f"{kind}'s module has no apply_rotary_pos_emb to read its RoPE from")
+    with torch.device("cpu"):  # real values, also when the caller builds skeletons under torch.device("meta")
+        return _match_layout(kind, apply, rotary_dim, head_dim)
+
+
+def _match_layout(kind: str, apply, rotary_dim: int, head_dim: int) -> tuple[bool, bool]:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 1, 1, head_dim, generator=gen, dtype=torch.float64)
     angles = torch.rand(1, 1, rotary_dim // 2, generator=gen, dtype=torch.float64) * 3
-    emb = torch.cat((angles, angles), dim=-1)
-    got, _ = apply(x, x, emb.cos(), emb.sin())
     half = interleaved_to_half(rotary_dim, head_dim)
-    for interleaved in (False, True):
-        y = x[..., half] if interleaved else x
-        rotated = apply_rotary(y, emb.cos()[:, None], emb.sin()[:, None])
-        if interleaved:
-            rotated = rotated[..., torch.argsort(half)]
-        if torch.allclose(rotated, got, atol=1e-9):
-            return interleaved
+    for interleaved_table in (False, True):
+        emb = angles.repeat_interleave(2, dim=-1) if interleaved_table else torch.cat((angles, angles), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        got = _apply_stock(apply, x, cos, sin, rotary_dim)
+        if got is None:
+            continue
+        if interleaved_table:  # compare in the half layout the module runs in (`interleaved_to_half`)
+            table_order = interleaved_to_half(rotary_dim, rotary_dim)
+            cos, sin = cos[..., table_order], sin[..., table_order]
+        for interleaved in (False, True):
+            y = x[..., half] if interleaved else x
+            rotated = apply_rotary(y, cos[:, None], sin[:, None])
+            if interleaved:
+                rotated = rotated[..., torch.argsort(half)]
+            if torch.allclose(rotated, got, atol=1e-9):
+                return interleaved, interleaved_table
     raise UnsupportedAttention(
-        f"{type(attn).__name__} rotates q and k in a layout midlens does not know (neither half-split nor interleaved "
-        f"channel pairs over {rotary_dim} of {head_dim} channels)"
+        f"{kind} rotates q and k in a layout midlens does not know (neither half-split nor interleaved channel pairs "
+        f"over {rotary_dim} of {head_dim} channels, with its module's apply_rotary_pos_emb)"
     )
+
+
+def _apply_stock(apply, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor | None:
+    """The stock `apply_rotary_pos_emb(q, k, cos, sin)` on `x` as q and k: over every channel, or over the rotated
+    prefix for a function that rotates all it is given; None where it cannot take such tables at all."""
+    for prefix in (False, True):
+        given = x[..., :rotary_dim] if prefix else x
+        try:
+            got = apply(given, given, cos, sin)[0]
+        except (RuntimeError, TypeError, ValueError, IndexError):
+            continue
+        if got.shape == given.shape:
+            return torch.cat((got, x[..., rotary_dim:]), dim=-1) if prefix else got
+    return None
 
 
 def interleaved_to_half(rotary_dim: int, head_dim: int) -> torch.Tensor:
@@ -96,7 +130,23 @@ def interleaved_to_half(rotary_dim: int, head_dim: int) -> torch.Tensor:
 
 
 def read_anatomy(attn: nn.Module, rotary_emb: nn.Module | None) -> LayerAnatomy:
-    """What `attn` (a stock decoder layer's self_attn) computes; UnsupportedAttention names what is missing."""
+    """What `attn` (a stock decoder layer's self_attn) computes; UnsupportedAttention names what is missing.
+
+    Nothing raised inside torch or transformers while reading escapes: it becomes a refusal naming the module."""
+    try:
+        return _read_anatomy(attn, rotary_emb)
+    except UnsupportedAttention:
+        raise
+    except Exception as err:  # a probe a module's forward or RoPE function does not take: refused, not a traceback
+        raise UnsupportedAttention(
+            f"{type(attn).__name__} could not be read ({type(err).__name__}: {err}); midlens runs only what it reads"
+        ) from None
+
+
+_PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj"}
+
+
+def _read_anatomy(attn: nn.Module, rotary_emb: nn.Module | None) -> LayerAnatomy:
     kind = type(attn).__name__
     for attr, why in _REFUSED_PARTS.items():
         if getattr(attn, attr, None) is not None or getattr(attn.config, attr, None) is not None:
@@ -107,41 +157,113 @@ def read_anatomy(attn: nn.Module, rotary_emb: nn.Module | None) -> LayerAnatomy:
     if not fused and not all(hasattr(attn, f"{p}_proj") for p in "qkvo"):
         raise UnsupportedAttention(f"{kind} has neither q_proj/k_proj/v_proj/o_proj nor a fused qkv_proj")
     head_dim = attn.head_dim
-    qk_norm = None
-    if getattr(attn, "q_norm", None) is not None:
-        size = attn.q_norm.weight.shape[-1] if getattr(attn.q_norm, "weight", None) is not None else head_dim
-        qk_norm = "head" if size == head_dim else "projection"
-    softcap = getattr(attn, "attn_logit_softcapping", None)
-    layer_types = getattr(attn.config, "layer_types", None)
-    layer_type = layer_types[attn.layer_idx] if layer_types else "full_attention"
-    if hasattr(attn, "sliding_window"):  # set per layer from layer_types (Gemma, Qwen2/3, Ministral, SmolLM3)
-        window = attn.sliding_window
-    else:  # one window for every layer, read from the config at forward time (Mistral, Phi-3)
-        window = getattr(attn.config, "sliding_window", None)
-        if getattr(attn.config, "use_sliding_window", True) is False:
-            window = None
-    uses_rope = bool(getattr(attn, "use_rope", True))
-    rotary_dim, interleaved = head_dim, False
-    if uses_rope:
-        if rotary_emb is None:
-            raise UnsupportedAttention(f"{kind} has no rotary embedding; midlens runs RoPE decoders")
+    layer_type = _layer_type(attn)
+    rotary_dim, interleaved, interleaved_table = head_dim, False, False
+    if rotary_emb is not None:
         try:
             inv_freq, _ = rotary_frequencies(rotary_emb, layer_type)
         except ValueError as err:
             raise UnsupportedAttention(str(err)) from None
         rotary_dim = 2 * inv_freq.shape[-1]
-        interleaved = _rotary_layout(attn, rotary_dim, head_dim)
+    trace = trace_attention(attn, rotary_dim)
+    # A layer rotates when its forward uses the tables, whatever it holds (EXAONE 4's and Cohere 2's global layers
+    # hold them and do not); SmolLM3 says so in use_rope as well.
+    uses_rope = trace.rotates and bool(getattr(attn, "use_rope", True))
+    qk_norm, after_rope, names = _qk_norms(attn, trace, head_dim)
+    if uses_rope:
+        if rotary_emb is None:
+            raise UnsupportedAttention(f"{kind} has no rotary embedding; midlens runs RoPE decoders")
+        interleaved, interleaved_table = _rotary_layout(attn, rotary_dim, head_dim)
+    if after_rope and interleaved:
+        raise UnsupportedAttention(f"{kind} normalises q and k after an interleaved RoPE: not implemented")
+    softcap = getattr(attn, "attn_logit_softcapping", None)
     return LayerAnatomy(
         fused_qkv=fused,
         qk_norm=qk_norm,
         rotary=uses_rope,
         rotary_dim=rotary_dim,
         interleaved=interleaved,
-        window=int(window) if window else None,
+        window=_window(attn, layer_type),
         softcap=float(softcap) if softcap else None,
         scale=float(attn.scaling),
         layer_type=layer_type,
+        qk_norm_after_rope=after_rope,
+        norm_names=names,
+        interleaved_table=interleaved_table,
     )
+
+
+def _layer_type(attn: nn.Module) -> str:
+    """The layer's name in config.layer_types; "full_attention" for a model that lists none."""
+    layer_types = getattr(attn.config, "layer_types", None)
+    return layer_types[attn.layer_idx] if layer_types else "full_attention"
+
+
+def _window(attn: nn.Module, layer_type: str) -> int | None:
+    """The layer's sliding window: from config.layer_types where the config lists them, as transformers builds each
+    layer's mask from them (EXAONE 4 sets sliding_window on every layer's module, global ones too); else the module's
+    own attribute (Qwen2, Gemma) or one window for every layer from the config (Mistral, Phi-3)."""
+    config = attn.config
+    if getattr(config, "layer_types", None):
+        window = getattr(config, "sliding_window", None) if layer_type == "sliding_attention" else None
+    elif hasattr(attn, "sliding_window"):
+        window = attn.sliding_window
+    else:
+        window = getattr(config, "sliding_window", None)
+        if getattr(config, "use_sliding_window", True) is False:
+            window = None
+    return int(window) if window else None
+
+
+def _qk_norms(attn: nn.Module, trace: AttentionTrace, head_dim: int) -> tuple[str | None, bool, tuple[str, str]]:
+    """(per "head" or "projection", after RoPE, (q norm's name, k norm's name)) of the norms the forward ran, found
+    by what they were applied to rather than by their names (q_norm, query_layernorm, q_layernorm...). A submodule
+    the forward ran that is neither a projection nor a q/k norm is refused: it would be skipped."""
+    kind = type(attn).__name__
+    num_heads = attn.config.num_attention_heads
+    found: dict[str, SubmoduleCall] = {}
+    for call in trace.calls:
+        if call.name in _PROJECTIONS or call.name in found:
+            continue
+        role = _norm_role(call.name)
+        if role is None:
+            part = type(getattr(attn, call.name)).__name__
+            raise UnsupportedAttention(
+                f"{kind} applies {call.name} ({part}) inside its attention, which midlens' attention module does not"
+            )
+        found[role] = call
+    if not found:
+        return None, False, ("q_norm", "k_norm")
+    if set(found) != {"q", "k"}:
+        raise UnsupportedAttention(f"{kind} normalises only {'q' if 'q' in found else 'k'}: not implemented")
+    q, k = found["q"], found["k"]
+    if q.after_rope != k.after_rope:
+        raise UnsupportedAttention(f"{kind} normalises q and k on different sides of RoPE: not implemented")
+    size = q.input_shape[-1]
+    if size == head_dim:
+        how = "head"
+    elif size == num_heads * head_dim:
+        how = "projection"
+    else:
+        raise UnsupportedAttention(f"{kind} normalises q over {size} channels, neither a head nor the projection")
+    if how == "head" and (len(q.input_shape) != 4 or q.input_shape[1] != num_heads):
+        # per-head norms run on [B, H, L, d] here; one laid out [B, L, H, d] must be a plain norm over d
+        norm = getattr(attn, q.name)
+        if sum(p.numel() for p in norm.parameters()) > 2 * head_dim:
+            raise UnsupportedAttention(f"{kind} applies per-head {q.name} weights to [B, L, H, d]: not implemented")
+    if q.after_rope:
+        norm = getattr(attn, q.name)
+        if sum(p.numel() for p in norm.parameters()) > 2 * head_dim or how != "head":
+            raise UnsupportedAttention(f"{kind} applies {q.name} after RoPE with per-head weights: not implemented")
+    return how, q.after_rope, (q.name, k.name)
+
+
+def _norm_role(name: str) -> str | None:
+    """The role, "q" or "k", of a submodule named as a query or key norm (q_norm, query_layernorm, k_layernorm...)."""
+    if "norm" not in name:
+        return None
+    head = name.split("_")[0]
+    return {"q": "q", "query": "q", "k": "k", "key": "k"}.get(head)
 
 
 def decoder_of(model: nn.Module) -> nn.Module:
@@ -152,9 +274,75 @@ def decoder_of(model: nn.Module) -> nn.Module:
     return inner
 
 
+# Layer types (transformers' names for its cache layers) the attention module runs; every other type keeps a
+# recurrent or convolution state, or no keys of its own, which the module's one KV cache cannot hold.
+_ATTENTION_TYPES = {"full_attention", "sliding_attention"}
+_OTHER_TYPES = {
+    "linear_attention": "state-space or linear-attention layers (Mamba, gated delta rule)",
+    "hybrid": "attention beside a state-space mixer in one layer",
+    "hybrid_sliding": "windowed attention beside a state-space mixer in one layer",
+    "conv": "convolution layers",
+    "chunked_attention": "chunked local attention",
+    "dummy": "layers without keys and values of their own (they reuse another layer's, or have no attention)",
+}
+
+
+def non_attention_problem(model: nn.Module) -> str | None:
+    """Why `model` mixes tokens other than by the attention this module runs, or None: a hybrid of attention with
+    state-space, linear-attention or convolution layers (Falcon-H1, Jamba, Bamba, Qwen3-Next, LFM2, Granite-MoE-hybrid)
+    or layers that reuse another layer's keys (Gemma 3n). Read from the layer types transformers builds its own cache
+    from, then from the layers' modules (a causal convolution or a state-space decay parameter outside self_attn),
+    so a hybrid whose config lists no layer types (Falcon-H1) is found too. Works on a meta-device skeleton."""
+    config = model.config
+    try:  # the same reading transformers' DynamicCache makes (kv sharing -> "dummy", legacy names remapped)
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        types = list(get_layer_types_and_kwargs(config)[0])
+    except Exception:
+        types = list(getattr(config, "layer_types", None) or [])
+    if getattr(config, "kv_sharing_modes", None) or getattr(config, "num_kv_shared_layers", 0):
+        shared = [i for i, t in enumerate(types) if t == "dummy"]
+        if shared:
+            return (
+                f"layers {index_ranges(shared)} reuse another layer's keys and values (KV sharing, Gemma 3n style): "
+                "not implemented"
+            )
+    other = [(i, t) for i, t in enumerate(types) if t not in _ATTENTION_TYPES]
+    if other:
+        kinds = sorted({t for _, t in other})
+        which = index_ranges([i for i, _ in other])
+        named = "; ".join(f"{t!r}: {_OTHER_TYPES.get(t, 'not attention midlens runs')}" for t in kinds)
+        return f"its config lists layers {which} as {named}. midlens runs attention-only decoders"
+    mixers = [(i, _token_mixer(layer)) for i, layer in enumerate(decoder_of(model).layers)]
+    mixers = [(i, m) for i, m in mixers if m is not None]
+    if mixers:
+        which = index_ranges([i for i, _ in mixers])
+        return (
+            f"layers {which} mix tokens outside attention too ({mixers[0][1]}: a state-space or convolution mixer). "
+            "midlens runs attention-only decoders"
+        )
+    return None
+
+
+def _token_mixer(layer: nn.Module) -> str | None:
+    """'name (Class)' of a submodule of `layer`, outside its self_attn, that mixes positions: a 1-D convolution over
+    time or a state-space decay (A_log), as Mamba, Mamba-2 and gated-delta-rule mixers hold; None if there is none."""
+    for name, child in layer.named_children():
+        if name == "self_attn":
+            continue
+        for sub in child.modules():
+            own = {p for p, _ in sub.named_parameters(recurse=False)}
+            if isinstance(sub, nn.Conv1d) or own & {"A_log", "dt_bias"}:
+                return f"{name} ({type(child).__name__})"
+    return None
+
+
 def model_anatomy(model: nn.Module) -> list[LayerAnatomy]:
     """Every layer's anatomy, read from the stock modules (or the ones already replaced, which keep theirs)."""
     inner = decoder_of(model)
+    problem = non_attention_problem(model)
+    if problem is not None:
+        raise UnsupportedAttention(problem)
     rotary_emb = getattr(inner, "rotary_emb", None)
     out = []
     for layer in inner.layers:

@@ -51,10 +51,15 @@ class PositionalAttention(nn.Module):
         else:
             self.q_proj, self.k_proj, self.v_proj = original.q_proj, original.k_proj, original.v_proj
         self.o_proj = original.o_proj
-        self.q_norm = getattr(original, "q_norm", None) if anatomy.qk_norm else None
-        self.k_norm = getattr(original, "k_norm", None) if anatomy.qk_norm else None
+        # held as q_norm / k_norm whatever the stock layer names them (HunYuan: query_layernorm / key_layernorm)
+        q_name, k_name = anatomy.norm_names
+        self.q_norm = getattr(original, q_name, None) if anatomy.qk_norm else None
+        self.k_norm = getattr(original, k_name, None) if anatomy.qk_norm else None
         order = interleaved_to_half(anatomy.rotary_dim, self.head_dim) if anatomy.interleaved else None
         self.register_buffer("channel_order", order, persistent=False)
+        # Cohere's tables repeat each angle twice in a row; the module rotates half-split pairs, so they are reordered
+        table = interleaved_to_half(anatomy.rotary_dim, anatomy.rotary_dim) if anatomy.interleaved_table else None
+        self.register_buffer("table_order", table, persistent=False)
         self.base_scheme = scheme  # plain RoPE: what the layer runs when no method is installed
         self.use()
 
@@ -81,7 +86,7 @@ class PositionalAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         shape = (batch, length, -1, self.head_dim)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
-        if self.anatomy.qk_norm == "head":  # Qwen3, Gemma 3: each head's channels
+        if self.anatomy.qk_norm == "head" and not self.anatomy.qk_norm_after_rope:  # Qwen3, Gemma 3, StableLM
             q, k = self.q_norm(q), self.k_norm(k)
         if self.channel_order is not None:
             q, k = q[..., self.channel_order], k[..., self.channel_order]
@@ -116,9 +121,15 @@ class PositionalAttention(nn.Module):
             position_ids = torch.arange(past, past + length, device=q.device)[None].expand(batch, -1)
 
         if self.anatomy.rotary:
+            if position_embeddings is not None and self.table_order is not None:
+                position_embeddings = tuple(t[..., self.table_order] for t in position_embeddings)
             q_rot, k_rot = self.scheme.rotate(q, k, position_ids, position_embeddings)
-        else:  # a NoPE layer: methods that rotate are refused for such models (anatomy.shared_rope_problem)
+            # OLMo 2 hands float32 tables to a bf16 layer and rotates in float32, then returns to the layer's dtype
+            q_rot, k_rot = q_rot.to(q.dtype), k_rot.to(k.dtype)
+        else:  # a NoPE layer (SmolLM3's, EXAONE 4's and Cohere 2's global layers) does not rotate
             q_rot, k_rot = q[None], k[None]
+        if self.anatomy.qk_norm_after_rope:  # HunYuan: over each rotated head's channels, every expert alike
+            q_rot, k_rot = self.q_norm(q_rot), self.k_norm(k_rot)
         experts, key_heads = k_rot.shape[0], k_rot.shape[2]
         keys = k_rot.transpose(0, 1).reshape(batch, experts * key_heads, length, self.head_dim)
         if past_key_values is not None:

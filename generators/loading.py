@@ -18,7 +18,7 @@ from midlens.core.files import read_manifest
 from midlens.generators.anatomy import UnsupportedAttention, model_anatomy
 from midlens.generators.load_check import LoadCheck, check_model
 from midlens.generators.model_cache import check_model_folder, content_sha256, rebuild_hint, resolve_model_dir
-from midlens.generators.packaged_models import DEFAULT_MODEL, canonical_name
+from midlens.generators.packaged_models import DEFAULT_MODEL, REGISTRY, canonical_name
 
 
 @dataclass
@@ -130,6 +130,23 @@ def check_attention(name: str, folder: Path, config) -> str:
             "(docs/guide.md, 'Model families')."
         ) from None
     return "sdpa" if getattr(type(skeleton), "_supports_sdpa", False) else "eager"
+
+
+def refuse_unrunnable(name_or_path: str) -> None:
+    """`check_attention` for a model folder from its config alone (no weights read, nothing converted), for callers
+    that do slower work before loading (a corpus's index): a family the module cannot run is refused first. A
+    packaged name, or a folder whose config does not read, is left to `load_model` and its messages."""
+    from transformers import AutoConfig
+
+    name = canonical_name(name_or_path)
+    folder = Path(name)
+    if name in REGISTRY or not (folder / "config.json").is_file():
+        return
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except Exception:  # load_model reports an unreadable config with what is wrong with the folder
+        return
+    check_attention(name, folder, config)
 
 
 # The files a Hugging Face tokenizer is read from: one of these sets must be in the folder. Without any, transformers

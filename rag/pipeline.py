@@ -31,7 +31,7 @@ from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import GenerationStream, Generator
-from midlens.generators.loading import LoadedModel
+from midlens.generators.loading import LoadedModel, refuse_unrunnable
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
 from midlens.generators.prompt import StackedPrompt
@@ -146,6 +146,8 @@ class Pipeline:
         name = model if isinstance(model, str) else model.name
         method = method_config(options.method or default_method(name), method_options or {})
         resolved = options.resolve(name, method.spec())  # a bad restack scorer fails before the index and the model
+        if isinstance(model, str):  # a model folder of a family the module cannot run: before the corpus's index
+            refuse_unrunnable(model)
         # Then the corpus: a missing or malformed one is reported before seconds of model loading.
         retriever = build_retriever(corpus or default_corpus_path(), retrieval, index_dir, index_type)
         citing = resolved.citations if citations else None

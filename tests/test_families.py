@@ -70,7 +70,7 @@ def test_baseline_logits_equal_transformers_at_prefill_and_over_cached_decode_st
         assert diff < LOGIT_TOL, f"{name}: {'prefill' if step == 0 else f'decode step {step}'} differs by {diff:.2e}"
 
 
-WINDOWED = ("gemma2", "gemma3", "ministral", "mistral", "qwen2-sliding")
+WINDOWED = ("cohere2", "exaone4", "gemma2", "gemma3", "ministral", "mistral", "qwen2-sliding")
 
 
 @pytest.mark.parametrize("family", WINDOWED, indirect=True)

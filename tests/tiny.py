@@ -131,6 +131,24 @@ FAMILIES = {
     "glm4": dict(  # interleaved, half-rotary RoPE
         model_type="glm4", head_dim=16, partial_rotary_factor=0.5, pad_token_id=0
     ),
+    "exaone4": dict(  # windowed RoPE layers and a global layer without RoPE (its module holds a window and the tables)
+        model_type="exaone4",
+        head_dim=16,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+    ),
+    "hunyuan": dict(  # q/k RMS norms named query_layernorm / key_layernorm, applied after RoPE
+        model_type="hunyuan_v1_dense", head_dim=16, rope_theta=1e4
+    ),
+    "stablelm": dict(  # partial rotary (0.5) and a LayerNorm per head, with each head's own weights
+        model_type="stablelm", partial_rotary_factor=0.5, qk_layernorm=True
+    ),
+    "cohere2": dict(  # interleaved pairs with interleaved cos/sin tables; windowed RoPE layers, a global NoPE layer
+        model_type="cohere2",
+        head_dim=16,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+    ),
 }
 
 
