@@ -22,9 +22,10 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from midlens.core.errors import MethodConfigError, ModelError
 from midlens.core.passage import Passage
-from midlens.generators import Generator
+from midlens.generators import Generator, load_check
 from midlens.generators.anatomy import model_anatomy
 from midlens.generators.attention import new_cache
+from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.loading import load_model
 from tests.test_batch import assert_rows_equal
 from tests.tiny import FAMILIES, VOCAB_SIZE, WINDOW, save_tiny
@@ -68,6 +69,96 @@ def test_baseline_logits_equal_transformers_at_prefill_and_over_cached_decode_st
         assert a.shape == b.shape
         diff = (a - b).abs().max().item()
         assert diff < LOGIT_TOL, f"{name}: {'prefill' if step == 0 else f'decode step {step}'} differs by {diff:.2e}"
+
+
+# bf16: judged as the load check judges it (generators/load_check.py; measured in docs/results/load-check/): the
+# reference is transformers' forward of the same bf16-rounded weights in float32, and midlens' bf16 logits must be no
+# farther from it than SPREAD_MULTIPLE times transformers' own bf16 logits are, plus SPREAD_FLOOR, at every step.
+BF16_PROMPTS = ((1, PROMPT), (2, 23), (3, 31))  # (seed, length): three lengths, so a batch pads each row differently
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_bf16(request, tmp_path_factory):
+    folder = save_tiny(request.param, tmp_path_factory.mktemp(f"{request.param}-bf16"))
+    loaded = load_model(str(folder), "cpu", "bfloat16")  # its own load check passed, or this raises
+    implementation = "eager" if any(a.softcap for a in model_anatomy(loaded.model)) else "sdpa"
+    stock = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation=implementation)
+    full = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=implementation)
+    with torch.no_grad():
+        for p in full.parameters():  # the weights bf16 runs with, exactly: every bf16 value is a float32 one
+            p.copy_(p.bfloat16().float())
+    return request.param, loaded, stock.eval(), full.eval()
+
+
+def _stock_steps(model, ids: torch.Tensor, prompt: int) -> list[torch.Tensor]:
+    """The last prompt token's logits, then each cached step's (teacher-forced), as float32."""
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        out = [model(input_ids=ids[:, :prompt], past_key_values=cache, use_cache=True).logits[0, -1].float()]
+        for t in range(prompt, ids.shape[1]):
+            out.append(model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits[0, -1].float())
+    return out
+
+
+def _assert_bf16_rule(name: str, ours: list[torch.Tensor], full: list[torch.Tensor], low: list[torch.Tensor]) -> None:
+    for step, (a, ref, stock) in enumerate(zip(ours, full, low, strict=True)):
+        spread = (stock - ref).abs().max().item()
+        diff = (a.float() - ref).abs().max().item()
+        tolerance = load_check.SPREAD_MULTIPLE * spread + load_check.SPREAD_FLOOR
+        where = "prefill" if step == 0 else f"decode step {step}"
+        assert diff <= tolerance, f"{name}: bf16 {where} is {diff:.2e} from fp32 (transformers' bf16: {spread:.2e})"
+
+
+def test_bf16_logits_are_as_close_to_fp32_as_transformers_own_bf16_logits(family_bf16):
+    name, loaded, stock, full = family_bf16
+    assert loaded.verified.passed and loaded.dtype == torch.bfloat16
+    ids = _ids(0, PROMPT + STEPS)
+    gen = Generator(loaded, method="baseline")
+    with gen.running(None):
+        cache = new_cache()
+        ours = [gen.forward(ids[0, :PROMPT].tolist(), cache)[-1]]
+        ours += [gen.forward([int(ids[0, t])], cache)[-1] for t in range(PROMPT, PROMPT + STEPS)]
+    _assert_bf16_rule(name, ours, _stock_steps(full, ids, PROMPT), _stock_steps(stock, ids, PROMPT))
+
+
+def test_bf16_batched_rows_are_within_the_same_tolerance_as_each_prompt_alone(family_bf16):
+    """Three prompts left-padded into one batch (the generator's masks and positions), then teacher-forced cached
+    steps: each row's logits obey the bf16 rule against its own prompt's fp32 reference, as the row alone does."""
+    from midlens.generators.batch import block_mask, padded_block
+
+    name, loaded, stock, full = family_bf16
+    rows = [_ids(seed, length + STEPS)[0] for seed, length in BF16_PROMPTS]
+    lengths = [length for _, length in BF16_PROMPTS]
+    ids, positions, valid = padded_block([r[:n].tolist() for r, n in zip(rows, lengths, strict=True)], [0] * 3, 0, True)
+    ours: list[list[torch.Tensor]] = [[] for _ in rows]
+    with Generator(loaded, method="baseline").running(None):
+        cache = new_cache()
+        out = loaded.model(
+            input_ids=ids,
+            attention_mask=block_mask(valid, ids.shape[1]),
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        for step in range(STEPS + 1):
+            for b in range(len(rows)):
+                ours[b].append(out[b])
+            if step == STEPS:
+                break
+            valid = torch.cat([valid, torch.ones(len(rows), 1, dtype=torch.bool)], dim=1)
+            fed = torch.stack([r[n + step] for r, n in zip(rows, lengths, strict=True)])[:, None]
+            at = torch.tensor(lengths)[:, None] + step
+            out = loaded.model(
+                input_ids=fed,
+                attention_mask=block_mask(valid, 1),
+                position_ids=at,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+    for b, (row, n) in enumerate(zip(rows, lengths, strict=True)):
+        reference, low = _stock_steps(full, row[None], n), _stock_steps(stock, row[None], n)
+        _assert_bf16_rule(f"{name} row {b}", ours[b], reference, low)
 
 
 WINDOWED = ("cohere2", "exaone4", "gemma2", "gemma3", "ministral", "mistral", "qwen2-sliding")
