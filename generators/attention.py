@@ -112,8 +112,12 @@ class PositionalAttention(nn.Module):
         q, k, v = self._qkv(hidden_states)
 
         past = past_key_values.get_seq_length(self.layer_idx) if past_key_values is not None else 0
-        if past == 0:  # a left-padded batch's last row (a real token in every row) says which keys are real
-            key_mask = attention_mask[:, 0, -1, :length] if attention_mask is not None else None
+        if past == 0:
+            # The keys the last query (a real token in every left-padded row) sees: the batch's padding and the
+            # layer's window both hidden. The window is applied here, not read from the mask, because a prompt
+            # alone may come with no mask at all, and Ms-PoE must rank a row's heads alike alone and in a batch.
+            seen = score_mask(attention_mask, None, length, length, q.device, self.anatomy.window)
+            key_mask = seen[:, 0, -1] if seen is not None else None
             if key_mask is not None and key_mask.dtype != torch.bool:
                 key_mask = key_mask > float("-inf")
             self.scheme.start_sequence(q, k, key_mask)

@@ -25,11 +25,12 @@ from midlens.generators.anatomy import layer_ropes, model_anatomy
 from midlens.generators.attention import new_cache
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.methods.moice import new_schemes, routed_schemes
+from midlens.generators.methods.ms_poe import MsPoEScheme, position_awareness
 from midlens.generators.methods.registry import build_parts, method_config
 from midlens.generators.methods.rope_bases import complementary_bases, rope_base, rotary_dim_of
 from midlens.generators.rope import rebase
 from tests.test_batch import assert_rows_equal
-from tests.tiny import VOCAB_SIZE, save_tiny
+from tests.tiny import VOCAB_SIZE, WINDOW, save_tiny
 
 LOGIT_TOL = 1e-4
 STEPS = 4
@@ -189,18 +190,45 @@ def test_batched_rows_equal_each_prompt_alone(case):
     """Rows of one batch run the method as each prompt alone (all in one LongRoPE regime: grouping rows by regime
     is the batching layer's)."""
     _, _, loaded, _ = case
-    specs = ["attention-buckets(buckets=2)", "rope-scaling(kind='ntk', factor=2.0)"]
-    # Ms-PoE's head ranking reads the padding from the layer's mask (generators.attention), which on a windowed
-    # layer also hides the keys beyond the window in a batch but not alone: a batching difference of windowed
-    # families (Gemma 3 here, Mistral, Gemma 2) that the rotation does not cause. Gemma 3 runs the other methods.
-    if not any(a.window for a in model_anatomy(loaded.model)):
-        specs.append("ms-poe")
-    for spec in specs:
+    for spec in ["attention-buckets(buckets=2)", "rope-scaling(kind='ntk', factor=2.0)", "ms-poe"]:
         gen = Generator(loaded, method=spec)
         prompts = [gen.prompt("what is the code word of city 2 ?", _passages(3)), gen.prompt("who ?", _passages(2))]
         assert min(p.num_tokens for p in prompts) > 32  # beyond phi3-long's original length in both rows
         singles = [gen.generate(p, max_new_tokens=STEPS) for p in prompts]
         assert_rows_equal(singles, gen.generate_batch(prompts, max_new_tokens=STEPS))
+
+
+@pytest.mark.parametrize("case", ["gemma3"], indirect=True)
+def test_ms_poe_ranks_a_windowed_layers_heads_by_the_keys_its_last_query_sees(case, monkeypatch):
+    """Alone (no mask given), a windowed layer's S_P is computed over the window's keys, as the stock layer's last
+    query sees them, and a full layer's over every key; scores equal S_P of the window's keys on their own."""
+    _, _, loaded, _ = case
+    gen = Generator(loaded, method="ms-poe")
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+    for i, scheme in enumerate(gen.parts.schemes):
+        if isinstance(scheme, MsPoEScheme):
+            start = scheme.start_sequence
+
+            def record(q, k, key_mask=None, i=i, start=start):
+                seen[i] = (q, k, key_mask)
+                start(q, k, key_mask)
+
+            monkeypatch.setattr(scheme, "start_sequence", record)
+    prompt = gen.prompt("what is the code word of city 2 ?", _passages(3))
+    assert prompt.num_tokens > 2 * WINDOW
+    gen.generate(prompt, max_new_tokens=1)
+    windows = [a.window for a in model_anatomy(loaded.model)]
+    assert any(windows[i] for i in seen) and not all(windows[i] for i in seen)  # both kinds of layer checked
+    for i, (q, k, key_mask) in seen.items():
+        scheme = gen.parts.schemes[i]
+        if windows[i] is None:
+            assert key_mask is None
+            continue
+        assert key_mask.expand(1, -1)[0].tolist() == [False] * (q.shape[2] - WINDOW) + [True] * WINDOW
+        own = position_awareness(q[:, :, -WINDOW:], k[:, :, -WINDOW:], scheme.alpha)
+        own = own.view(1, scheme.num_kv_heads, -1).mean(-1)
+        # S_P is a share of WINDOW keys (steps of 1/16): 1e-6 covers only the rounding of the group mean
+        torch.testing.assert_close(scheme.last_scores, own, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", ["llama3-rope-scaling", "gemma3", "phi3", "smollm3"])
