@@ -16,6 +16,10 @@ features; `SupportModel` is a logistic regression over them, fitted on the TRAIN
 `midlens eval support-fit` (training/support.py) and shipped as a verified artefact per packaged model, with a
 model-agnostic one (fitted on both packaged models' rows) for any other model. Its threshold, chosen on the same
 train rows for a stated precision, says which answers are "likely supported" and, where asked, which to withhold.
+
+The words follow the number (`Support.band`): "likely supported" needs the threshold in force (the model's, or the
+caller's `abstain_below`) and a probability of at least LIKELY_FLOOR; "uncertain" is the middle band down to
+UNLIKELY_BELOW; below that, "check this". A withheld answer is below the threshold in force, so never "likely".
 """
 
 from __future__ import annotations
@@ -66,6 +70,15 @@ ABSTAIN_TEXT = "I could not find this in the passages."
 # (0.6 called 90 % of the default model's train answers likely, as its base rate is 54 %; 0.8 keeps 59 % of them and
 # flags 74 % of its wrong ones), before any held-out answer was scored.
 TARGET_PRECISION = 0.8
+# "Likely" must mean more likely right than wrong: a model's 80 %-precision threshold may fall below 0.5 (the default
+# model's is 0.451), and then "likely supported (0.49)" contradicted its own number.
+LIKELY_FLOOR = 0.5
+# The lower edge of the "uncertain" band, chosen on the train rows (docs/results/support, train runs): the highest cut,
+# in steps of 0.05, below which each packaged model's train answers are right at most 1 in 8 (0.2: 10.7 % of the
+# default model's, 6.1 % of SmolLM2's; 0.25: 13.2 %). Held out (docs/results/support/bands.md), answers right in each
+# band, likely / uncertain / check this: the default model 80 / 43 / 12 %, SmolLM2 52 / 42 / 5 %.
+UNLIKELY_BELOW = 0.2
+BANDS = ("likely", "uncertain", "unlikely")
 C = 1.0  # scikit-learn's default regularisation; not tuned (a few hundred rows, a dozen features)
 MIN_COVERAGE = 0.1
 
@@ -178,7 +191,8 @@ def support_features(inputs: dict, verified: bool = False) -> dict[str, float]:
 @dataclass(frozen=True)
 class Support:
     """How far one answer can be trusted: `probability` that it is right (calibrated on the train split);
-    `likely` when it reaches the model's `threshold`; `verified` when the ablation drops were read."""
+    `threshold`, the one in force (the support model's, never below LIKELY_FLOOR, or the caller's `abstain_below`);
+    `likely` when the probability reaches it and LIKELY_FLOOR; `verified` when the ablation drops were read."""
 
     probability: float
     likely: bool
@@ -186,14 +200,36 @@ class Support:
     verified: bool
     model: str  # the support model's folder name: the answering model's, or "any"
 
+    @classmethod
+    def at(cls, probability: float, threshold: float, verified: bool, model: str) -> Support:
+        """The support of `probability` under the threshold in force."""
+        return cls(probability, probability >= max(threshold, LIKELY_FLOOR), threshold, verified, model)
+
+    def under(self, threshold: float) -> Support:
+        """The same probability under another threshold in force (a caller's `abstain_below`)."""
+        return Support.at(self.probability, threshold, self.verified, self.model)
+
+    @property
+    def band(self) -> str:
+        """"likely", "uncertain" (from UNLIKELY_BELOW up to the likely threshold) or "unlikely"."""
+        if self.likely:
+            return "likely"
+        return "uncertain" if self.probability >= UNLIKELY_BELOW else "unlikely"
+
     @property
     def words(self) -> str:
-        if self.likely:
-            return f"likely supported ({self.probability:.2f})"
-        return f"check this: the passages may not support it ({self.probability:.2f})"
+        return f"{BAND_WORDS[self.band]} ({self.probability:.2f})"
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "words": self.words}
+        return {**asdict(self), "band": self.band, "words": self.words}
+
+
+# What each band says to a reader (the CLI's `support:` line, the JSON's `words`, the demo's badge).
+BAND_WORDS = {
+    "likely": "likely supported",
+    "uncertain": "uncertain: check it against the passages",
+    "unlikely": "check this: the passages may not support it",
+}
 
 
 @dataclass(frozen=True)
@@ -221,7 +257,7 @@ class SupportModel(SavedPart):
 
     def support(self, inputs: dict) -> Support:
         p = self.probability(support_features(inputs, self.verified))
-        return Support(p, p >= self.threshold, self.threshold, self.verified, self.name)
+        return Support.at(p, max(self.threshold, LIKELY_FLOOR), self.verified, self.name)
 
     @classmethod
     def fit(
@@ -325,10 +361,13 @@ def packaged_support(model: str, model_sha256: Callable[[], str], verified: bool
 def abstain(answer, below: float | None = None) -> bool:
     """Withhold `answer` (generators.answer.Answer) when its support is below `below` (None: its model's threshold):
     its text becomes ABSTAIN_TEXT, and the answer and citations that were withheld move to `answer.withheld`. Returns
-    whether it did. An answer without a support score (citations off) is kept: nothing says it is unsupported."""
+    whether it did. An answer without a support score (citations off) is kept: nothing says it is unsupported.
+    `below` becomes the support's threshold in force, so its label and the withholding agree."""
     if answer.support is None or answer.withheld is not None:
         return False
-    if answer.support.likely if below is None else answer.support.probability >= below:
+    if below is not None:
+        answer.support = answer.support.under(below)
+    if answer.support.probability >= answer.support.threshold:
         return False
     answer.withheld = {"text": answer.text, "citations": answer.citations}
     answer.text, answer.citations = ABSTAIN_TEXT, []

@@ -19,7 +19,10 @@ QUESTION = "What is the secret code word of the Zorbland expedition?"
 NOT_RUN = {
     "serve-client": "OpenAI's client against a running `midlens serve` (tests/test_serve.py starts a server for it)",
 }
-SUPPORT_WORDS = r" \| (likely supported|check this: the passages may not support it) \(0\.\d\d\)$"
+SUPPORT_WORDS = (
+    r" \| (likely supported|uncertain: check it against the passages|check this: the passages may not support it) "
+    r"\(0\.\d\d\)$"
+)
 EXAMPLE = re.compile(r"(?:<!-- example-not-run: ([\w-]+)[^\n]*-->\n)?```python\n(.*?)```", re.S)
 
 

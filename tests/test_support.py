@@ -141,14 +141,16 @@ def test_every_answer_with_citations_carries_its_support_and_abstain_withholds(m
     from midlens.rag.pipeline import Pipeline
 
     fitted = SupportModel.fit(_rows(), verified=False, name="synthetic")
+    # The model's own threshold is never below 0.5 (LIKELY_FLOOR) in force: abstain_below=0.0 keeps every answer.
     for threshold, withheld in ((1.01, True), (0.0, False)):
         model = SupportModel(**{**fitted.__dict__, "threshold": threshold})
         monkeypatch.setattr(generator_module, "packaged_support", lambda *_a, model=model: model)
         gen = Generator(loaded, method="baseline")
-        pipe = Pipeline(None, gen, max_new_tokens=20, abstain=True)
+        pipe = Pipeline(None, gen, max_new_tokens=20, abstain=True, abstain_below=None if withheld else 0.0)
         question = "What is the secret code word of the Zorbland expedition?"
         answer = pipe.answer(question, planted_passages(5, 2))
-        assert answer.support is not None and answer.support.likely is (not withheld)
+        assert answer.support is not None and (answer.withheld is not None) is withheld
+        assert not (withheld and answer.support.likely)  # the words agree with the withholding
         if withheld:
             assert answer.text == ABSTAIN_TEXT and answer.citations == []
             assert "pelican" in answer.withheld["text"].lower() and answer.withheld["citations"]
@@ -226,3 +228,53 @@ def test_the_shipped_support_models_are_what_their_committed_train_rows_fit(mode
         assert shipped.coef == pytest.approx(refit.coef, abs=1e-6)
         assert shipped.threshold == pytest.approx(refit.threshold)
         assert {c["data_sha256"] for c, _ in loaded} == {run["data_sha256"] for run in meta["data"]["runs"]}
+
+
+def test_the_support_words_never_contradict_the_number_or_the_withholding():
+    """Issue 74: "likely supported (0.49)" under the default model's 0.451 threshold, and "likely" on an answer an
+    `abstain_below` of 0.8 withheld. "Likely" now needs 0.5 and the threshold in force (the model's, or the
+    caller's abstain_below), which also decides the withholding; 0.2 up to it is "uncertain"."""
+    from types import SimpleNamespace
+
+    from midlens.generators.support import ABSTAIN_TEXT, Support, SupportModel, abstain
+
+    issue = Support.at(0.486, 0.4508, False, "qwen2.5-coder-0.5b")
+    assert not issue.likely and issue.band == "uncertain" and "likely" not in issue.words
+    assert issue.words == "uncertain: check it against the passages (0.49)"
+    assert Support.at(0.12, 0.5, False, "any").words == "check this: the passages may not support it (0.12)"
+    assert Support.at(0.93, 0.5, False, "any").to_dict()["band"] == "likely"
+
+    fitted = SupportModel.fit(_rows(), verified=False, name="synthetic")
+    low = SupportModel(**{**fitted.__dict__, "threshold": 0.3})
+    for row in _rows():
+        support = low.support(row["inputs"])
+        assert support.threshold == 0.5 and support.likely is (support.probability >= 0.5)  # the floor in force
+
+    def answered(p: float) -> SimpleNamespace:
+        return SimpleNamespace(support=Support.at(p, 0.5, False, "any"), withheld=None, text="Red Bull", citations=[])
+
+    for p, below, withheld, band in ((0.7, 0.8, True, "uncertain"), (0.4, 0.3, False, "uncertain"),
+                                     (0.85, 0.8, False, "likely"), (0.45, None, True, "uncertain")):
+        answer = answered(p)
+        assert abstain(answer, below) is withheld and (answer.text == ABSTAIN_TEXT) is withheld
+        assert answer.support.band == band and answer.support.threshold == (0.5 if below is None else below)
+        assert not (withheld and answer.support.likely)  # never "likely" on a withheld answer
+
+
+def test_the_bands_held_out_precision_is_what_the_committed_rows_give():
+    """docs/results/support/bands.json (what README and the guide quote) recomputed from the committed rows, and
+    the bands ordered as their words say on held-out answers: likely above uncertain above check this."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "results" / "support" / "bands.py"
+    spec = importlib.util.spec_from_file_location("bands", path)
+    bands = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bands)
+    result = bands.table()
+    assert result == json.loads((path.parent / "bands.json").read_text())
+    for model in result.values():
+        held = model["held-out"]
+        assert held["likely"]["right"] > held["uncertain"]["right"] > held["unlikely"]["right"]
+        assert held["unlikely"]["right"] <= 0.15 and 0.3 <= held["uncertain"]["right"] <= 0.5

@@ -69,7 +69,8 @@ def answer_of(result: MidlensResult, question: str, text: str, passages: Sequenc
         answer.citations = citations_from_json(result.citations)
     answer.restack = result.restack
     if result.support is not None:
-        fields = {k: v for k, v in result.support.items() if k != "words"}  # words: a property of Support
+        # band and words are properties of Support, derived from the fields
+        fields = {k: v for k, v in result.support.items() if k not in ("band", "words")}
         answer.support = Support(**fields)
     if result.withheld is not None:
         answer.withheld = {"text": result.withheld, "citations": []}

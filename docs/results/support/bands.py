@@ -1,0 +1,76 @@
+"""What each support band ("likely supported", "uncertain", "check this") means, in answers that were right: the
+shipped support models' probabilities on the committed rows of runs/ (no generation), each answer put in its band
+as `Support.band` puts it under the model's threshold in force, EM as the label.
+
+    python docs/results/support/bands.py            # writes bands.json and bands.md next to this file
+
+The train rows chose the bands' edges (generators/support.py: LIKELY_FLOOR, UNLIKELY_BELOW); the held-out rows
+(HotpotQA eval split, SQuAD's eval articles, KV) measure them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from midlens.eval.support import read_run
+from midlens.generators.support import BAND_WORDS, BANDS, SupportModel, shipped_support_folder
+
+HERE = Path(__file__).resolve().parent
+RUNS = HERE / "runs"
+MODELS = {"qwen": "qwen2.5-coder-0.5b", "smol": "smollm2-135m"}
+CORPORA = ("hotpotqa", "squad", "kv")
+
+
+def band_rows(short: str, split: str) -> list[tuple[str, int]]:
+    """(band, right) of every answer of one model's runs of a split ("held-out" or "train")."""
+    out = []
+    for corpus in CORPORA:
+        config, rows = read_run(RUNS / short / (corpus if split == "held-out" else f"{corpus}-train"))
+        model = SupportModel.load(shipped_support_folder(config["model"], False), False, config["model_sha256"])
+        out += [(model.support(r["inputs"]).band, int(r["em"] >= 0.5)) for r in rows]
+    return out
+
+
+def table() -> dict:
+    """{model: {split: {band: {"answers": n, "right": share}}}}, the shares rounded to 3 places."""
+    result: dict = {}
+    for short, name in MODELS.items():
+        for split in ("train", "held-out"):
+            rows = band_rows(short, split)
+            cells = {}
+            for band in BANDS:
+                labels = [y for b, y in rows if b == band]
+                cells[band] = {"answers": len(labels), "right": round(sum(labels) / len(labels), 3) if labels else None}
+            result.setdefault(name, {})[split] = cells
+    return result
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# Support bands: how often answers in each band were right (EM)",
+        "",
+        "Made by `python docs/results/support/bands.py` from the committed rows of `runs/`; the shipped support",
+        "models, each model's threshold in force (its 80 %-train-precision threshold, never below 0.5).",
+        "",
+        "| model | split | " + " | ".join(f"{BAND_WORDS[b].split(':')[0]}: answers, right %" for b in BANDS) + " |",
+        "|---|---|" + "---|" * len(BANDS),
+    ]
+    for name, splits in result.items():
+        for split, cells in splits.items():
+            shown = [
+                f"{c['answers']}, {'-' if c['right'] is None else round(100 * c['right'])}" for c in cells.values()
+            ]
+            lines.append(f"| {name} | {split} | " + " | ".join(shown) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    result = table()
+    (HERE / "bands.json").write_text(json.dumps(result, indent=1) + "\n")
+    (HERE / "bands.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
