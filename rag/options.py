@@ -53,7 +53,9 @@ class AnswerOptions:
     `restack_rounds`: its scoring passes. `cite_evidence`: the method whose evidence the citations blend in (None:
     the answering pass's own). `verify`: check each citation by ablation (`Generator.verify`). `abstain`: withhold
     an answer whose support is below `abstain_below` (None: the support model's own threshold, set at 80 % train
-    precision), keeping it in `Answer.withheld`."""
+    precision), keeping it in `Answer.withheld`. `stop_at_line_end`: end the answer at the end of its first non-empty
+    line; None: the model's default, on for a model without a chat template (a base model, e.g. gemma3-270m, goes on
+    past its answer to write the next "Question: ... Answer: ..." of the prompt's pattern), off for a chat model."""
 
     method: str | None = None
     top_k: int = DEFAULT_TOP_K
@@ -70,6 +72,7 @@ class AnswerOptions:
     verify: bool = False
     abstain: bool = False
     abstain_below: float | None = None
+    stop_at_line_end: bool | None = None
 
     def __post_init__(self) -> None:
         if self.method is not None:
@@ -94,6 +97,11 @@ class AnswerOptions:
         for name in ("calibrate", "verify", "abstain"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError("expected True or False.", about=Remedy(name, getattr(self, name)))
+        if self.stop_at_line_end is not None and not isinstance(self.stop_at_line_end, bool):
+            raise InvalidArgumentError(
+                "expected True, False, or None for the model's default (on for a model without a chat template).",
+                about=Remedy("stop_at_line_end", self.stop_at_line_end),
+            )
         if not _number(self.temperature) or not 0 <= self.temperature <= 2:
             raise InvalidArgumentError(
                 "the sampling temperature is a number from 0 (greedy) to 2.",
@@ -160,15 +168,24 @@ class AnswerOptions:
             )
         return dataclasses.replace(self, **changes) if changes else self
 
-    def decoding(self) -> dict[str, Any]:
-        """The options `Generator.generate` takes, by its keywords."""
+    def decoding(self, tokenizer: Any = None) -> dict[str, Any]:
+        """The options `Generator.generate` takes, by its keywords, for a model with `tokenizer` (what decides
+        `stop_at_line_end` where it is None; no tokenizer: off)."""
         return {
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "seed": self.seed,
             "calibrate": self.calibrate,
+            "stop_at_line_end": self.stops_at_line_end(tokenizer),
         }
+
+    def stops_at_line_end(self, tokenizer: Any) -> bool:
+        """`stop_at_line_end`, or where it is None the default of the model whose tokenizer this is: on without a
+        chat template (the prompt is then plain text the model continues, line after line)."""
+        if self.stop_at_line_end is not None:
+            return self.stop_at_line_end
+        return tokenizer is not None and not getattr(tokenizer, "chat_template", None)
 
     def withhold(self, answer: Any) -> bool:
         """With `abstain`, withhold `answer` (generators.answer.Answer) when its support is below `abstain_below`

@@ -191,7 +191,7 @@ class Pipeline:
     def _answer(self, question: str, passages: list[Passage], call: _Call) -> Answer:
         o = call.options
         prompt = self.prompt(question, passages, o)
-        answer = call.answerer.generate(prompt, **o.decoding(), **call.hooks)
+        answer = call.answerer.generate(prompt, **o.decoding(self.generator.tokenizer), **call.hooks)
         if o.verify:
             self._verify([prompt], [answer])
         o.withhold(answer)
@@ -227,7 +227,7 @@ class Pipeline:
             passages = self.retrieve(question, o.top_k)
             retrieve_s.append(time.perf_counter() - t0)
             prompts.append(self.prompt(question, passages, o))
-        answers = generate_all(answerer, prompts, batch_size, **o.decoding(), **hooks)
+        answers = generate_all(answerer, prompts, batch_size, **o.decoding(self.generator.tokenizer), **hooks)
         if o.verify:
             size = units_per_group(parse_batch_size(batch_size), self.generator.device.type)
             self._verify(prompts, answers, size)
@@ -248,7 +248,7 @@ class Pipeline:
     def _answer_stream(self, question: str, passages: list[Passage], call: _Call) -> AnswerStream:
         o = call.options
         prompt = self.prompt(question, passages, o)
-        stream = call.answerer.stream(prompt, **o.decoding(), **call.hooks)
+        stream = call.answerer.stream(prompt, **o.decoding(self.generator.tokenizer), **call.hooks)
         return AnswerStream(stream, (lambda answer: self._verify([prompt], [answer])) if o.verify else None)
 
     def ask_stream(self, question: str, options: AnswerOptions | None = None, **changes: Any) -> AnswerStream:

@@ -74,7 +74,13 @@ ABSTAIN_HELP = (
 
 
 ABSTAIN_BELOW_HELP = (
-    "With `abstain`: withhold answers whose support probability is below this, instead of the model's own threshold."
+    "With `abstain`: withhold answers whose support probability is below this, instead of the model's own threshold "
+    "(it also decides the support's words: \"likely supported\" needs it, and 0.5)."
+)
+
+STOP_AT_LINE_END_HELP = (
+    "End the answer at the end of its first non-empty line; null: the model's default (on for a model without a chat "
+    "template, which goes on to write the next question of the prompt's pattern)."
 )
 
 
@@ -88,6 +94,7 @@ class AnswerRequest(GenerationOptions):
     restack_rounds: int = Field(default=1, ge=1, description="Scoring passes before answering (with `restack`).")
     abstain: bool = Field(default=False, description=ABSTAIN_HELP)
     abstain_below: float | None = Field(default=None, ge=0.0, le=1.0, description=ABSTAIN_BELOW_HELP)
+    stop_at_line_end: bool | None = Field(default=None, description=STOP_AT_LINE_END_HELP)
 
 
 class ScoreRequest(BaseModel):

@@ -103,6 +103,8 @@ class Decoding:
     # OpenAI's `stop`: the answer ends before the first of these after any leading whitespace; a line break among
     # them also stops decoding at the end of the first non-empty line.
     stop: tuple[str, ...] = ()
+    # End at the end of the first non-empty line (AnswerOptions.stop_at_line_end, resolved for the served model).
+    stop_at_line_end: bool = False
     # The request's options as a whole (what happens to its answer afterwards: abstaining); not what batches share.
     answer: AnswerOptions = field(default_factory=AnswerOptions, compare=False, repr=False)
 
@@ -296,7 +298,7 @@ class Engine:
             restack=None if restack is None else restack.scorer_spec,
             restack_rounds=1 if restack is None else restack.rounds,
             answer=answer,
-            **answer.decoding(),
+            **answer.decoding(self.default.tokenizer),
         )
 
     def _stacked(
@@ -486,7 +488,7 @@ class Engine:
                 top_p=decoding.top_p,
                 seed=decoding.seed,
                 calibrate=decoding.calibrate,
-                stop_at_line_end="\n" in decoding.stop,
+                stop_at_line_end=decoding.stop_at_line_end or "\n" in decoding.stop,
                 on_token=on_token,
                 cancelled=cancelled,
                 # Only a streamed request listens; the others' citations come with their answers either way.

@@ -106,7 +106,14 @@ def add_parser(sub) -> None:
         type=float,
         metavar="P",
         help="with --abstain (implied), withhold answers whose support probability is below P instead of the model's "
-        "own threshold (set at 80%% precision on the train split)",
+        "own threshold (set at 80%% precision on the train split; \"likely supported\" then needs P too)",
+    )
+    ask.add_argument(
+        "--stop-at-line-end",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="end the answer at the end of its first non-empty line (default: on for a model without a chat "
+        "template, e.g. gemma3-270m, which otherwise writes on into a next question; off for a chat model)",
     )
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_model_args(ask)
@@ -130,6 +137,7 @@ def answer_options(args: argparse.Namespace):
         verify=args.verify,
         abstain=args.abstain or args.abstain_below is not None,
         abstain_below=args.abstain_below,
+        stop_at_line_end=args.stop_at_line_end,
     )
 
 

@@ -77,6 +77,7 @@ LLM_OPTIONS = (
     "restack",
     "abstain",
     "abstain_below",
+    "stop_at_line_end",
 )
 CALL_OPTIONS = frozenset(LLM_OPTIONS) | {"restack_rounds"}
 
@@ -136,6 +137,12 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         le=1.0,
         description="With abstain: withhold answers whose support probability is below this instead of the model's "
         "own threshold.",
+    )
+
+    stop_at_line_end: bool | None = Field(
+        default=None,
+        description="End each answer at the end of its first non-empty line; None: the model's default (on for a "
+        "model without a chat template, which otherwise writes on into a next question of the prompt's pattern).",
     )
 
     read_stock_prompts: bool = Field(
@@ -259,15 +266,16 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         citable = citable_request(messages)
         if citable is not None:
             pipeline = Pipeline(None, self.generator, options)
-            return pipeline.answerer, pipeline.prompt(*citable), options.decoding(), "blocks"
+            return pipeline.answerer, pipeline.prompt(*citable), options.decoding(self.generator.tokenizer), "blocks"
         stock = self._stock_chat(messages) if messages else None
         if stock is not None:
             pipeline = Pipeline(None, self.generator, options)
             prompt = pipeline.prompt(stock.question, stock.passages)
-            return pipeline.answerer, prompt, options.decoding(), "marked" if stock.cites_in_text else "text"
+            decoding = options.decoding(self.generator.tokenizer)
+            return pipeline.answerer, prompt, decoding, "marked" if stock.cites_in_text else "text"
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
         window = self.generator.context_window - options.max_new_tokens
-        decoding = {**options.decoding(), "calibrate": False}
+        decoding = {**options.decoding(self.generator.tokenizer), "calibrate": False}
         return self.generator, chat_prompt(self.generator.tokenizer, turns, window), decoding, "text"
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
