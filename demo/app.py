@@ -331,9 +331,10 @@ def launch(
     prevent_thread_lock: bool = False,
     max_upload_mb: float = 0,
     host: str = HOST,
+    auth: tuple[str, str] | None = None,
 ):
-    """Serve on `host` (127.0.0.1 unless asked). Gradio's own upload cap is a backstop well above the demo's
-    message limit."""
+    """Serve on `host` (127.0.0.1 unless asked), behind Gradio's login page when `auth` (user, password) is given.
+    Gradio's own upload cap is a backstop well above the demo's message limit."""
     import gradio as gr
 
     cap = max(max_upload_mb, DEFAULT_MAX_UPLOAD_MB) * 8
@@ -346,4 +347,5 @@ def launch(
         head=HEAD,
         max_file_size=f"{cap:.0f}mb",
         footer_links=["api"],
+        auth=auth,
     )

@@ -84,7 +84,20 @@ def known_answers(question: str) -> list[str]:
 
 
 def method_label(answer: Answer) -> str:
-    return answer.method.get("name", "?")
+    """The method as the menu names it: the shorthand ("finetuned") where the answer's method is one, not the
+    method it stands for ("mudaf" with alpha 0)."""
+    return next(
+        (short for short, config in _shorthand_configs().items() if config == answer.method),
+        answer.method.get("name", "?"),
+    )
+
+
+@lru_cache(maxsize=1)
+def _shorthand_configs() -> dict[str, dict]:
+    from midlens.core.names import METHOD_SHORTHANDS
+    from midlens.generators.methods.registry import method_config
+
+    return {short: method_config(short, {}).to_dict() for short in METHOD_SHORTHANDS}
 
 
 def scores(answer: Answer, view: ScoreView) -> list[float]:
@@ -131,16 +144,21 @@ def heat_scale(answers: list[Answer], view: ScoreView) -> HeatScale:
 
 
 def legend_html(scale: HeatScale, passages: int) -> str:
-    """The shading's key in words, with the scores at its two ends (the same numbers as the Details table)."""
+    """The shading's key in words: its ends are the passages read least and most. A raw score ("+0.0326") means
+    nothing to a reader, so the scores at the two ends (the Details table's numbers) are only a hover's title and a
+    data attribute."""
     if passages < 2:
         return '<div class="heat-legend">One passage: nothing to compare it with.</div>'
     bar = f"linear-gradient(to right, rgba({SHADE_RGB}, 0), rgba({SHADE_RGB}, {MAX_SHADE}))"
+    lo, hi = f"{scale.lo:+.4f}", f"{scale.hi:+.4f}"
     return (
         '<div class="heat-legend">'
         '<span class="legend-title">Shading: how much the model read each passage</span>'
-        f'<span class="legend-end">read less<small class="legend-lo">score {scale.lo:+.4f}</small></span>'
+        f'<span class="legend-end" title="score {lo} (Details)">read least'
+        f'<small class="legend-lo" data-score="{lo}">no shading</small></span>'
         f'<span class="legend-bar" style="background: {bar}"></span>'
-        f'<span class="legend-end">read more<small class="legend-hi">score {scale.hi:+.4f}</small></span>'
+        f'<span class="legend-end" title="score {hi} (Details)">read most'
+        f'<small class="legend-hi" data-score="{hi}">darkest</small></span>'
         "</div>"
     )
 
@@ -428,8 +446,10 @@ def _support_verdict(answer: Answer) -> Trust:
     if answer.withheld is not None:
         said = html.escape(answer.withheld["text"])
         return Trust(False, f"{CHECK} the passages do not seem to support an answer ({share}); withheld: *{said}*.")
-    if support.likely:
+    if support.band == "likely":
         return Trust(True, f"✓ **Likely supported:** {share}.{rests}")
+    if support.band == "uncertain":
+        return Trust(False, f"⚠ **Uncertain:** check it against the passages; {share}.{rests}")
     return Trust(False, f"{CHECK} the passages may not support it; {share}.{rests}")
 
 

@@ -31,8 +31,13 @@ MODEL = "smollm2-135m"
 UPLOAD_LIMIT_MB = 0.01  # ~10 KB, so the too-large case needs no big file
 # Words a first-time reader does not know; the first screen keeps them (and their numbers) under Details.
 JARGON = ("calibrated", "prefill", "attribution", "retrieval")
-TRUST = re.compile(r"(✓|⚠) \*\*(Backed by a passage|Backed|Likely supported|Check this answer|No answer):\*\* ")
-LEGEND_NUMBERS = re.compile(r'class="legend-lo">score ([-+]\d\.\d{4})<.*class="legend-hi">score ([-+]\d\.\d{4})<')
+TRUST = re.compile(
+    r"(✓|⚠) \*\*(Backed by a passage|Backed|Likely supported|Uncertain|Check this answer|No answer):\*\* "
+)
+# The legend's end scores: a hover's title and a data attribute, never text a reader sees.
+LEGEND_NUMBERS = re.compile(
+    r'class="legend-lo" data-score="([-+]\d\.\d{4})">[^<\d]*<.*class="legend-hi" data-score="([-+]\d\.\d{4})">[^<\d]*<'
+)
 
 
 def free_port() -> int:
@@ -153,7 +158,9 @@ def test_ask_returns_answer_and_evidence_in_prompt_order(client, pipeline):
     assert min(values) == 0.0 and max(values) == pytest.approx(MAX_SHADE)
     assert values.index(max(values)) == evidence.index(max(evidence))
     assert legend_range(legend) == pytest.approx((min(evidence), max(evidence)), abs=1e-4)
-    assert "read less" in legend and "read more" in legend
+    assert "read least" in legend and "read most" in legend
+    # Issue 74 F: the raw scores ("score +0.0326") are a hover's text, not words on the page.
+    assert "score" not in re.sub(r'(title|data-score)="[^"]*"', "", legend)
     assert not any(word in (answer_md + legend + str(heads)).lower() for word in JARGON)
     # The gold passage (Torrid) is at prompt position 3 and the rank table tracks it.
     assert "Torrid (clothing retailer)" in heads[2] and KEY_MARK in heads[2]
@@ -358,7 +365,7 @@ def test_shading_and_legend_follow_the_scores_shown():
     assert [seg[1] for seg in views.highlighted(answer, "calibrated", scale=scale)[1::2]] == [0.0, MAX_SHADE, 0.3]
     legend = views.legend_html(scale, 3)
     assert legend_range(legend) == (0.012, 0.048)
-    assert legend.index("read less") < legend.index("legend-bar") < legend.index("read more")
+    assert legend.index("read least") < legend.index("legend-bar") < legend.index("read most")
     assert "nothing to compare" in views.legend_html(views.heat_scale([fake_answer("x", ["a"], [0.5])], "raw"), 1)
 
 
@@ -498,3 +505,41 @@ def test_demo_refuses_a_misspelt_cite_evidence_before_a_server_starts(capsys):
 
     assert main(["demo", "--model", MODEL, "--cite-evidence", "mudaff"]) == 2
     assert "--cite-evidence mudaff" in capsys.readouterr().err
+
+
+def test_the_demo_beyond_this_machine_needs_a_login_and_asks_for_it(monkeypatch, capsys):
+    """Issue 74 F: `midlens demo --host 0.0.0.0` served the model to anyone. Now it is refused without a login
+    (before any model loads, as `midlens serve` refuses without a key), and a login given is Gradio's own: a client
+    without it is turned away, one with it is answered."""
+    import gradio as gr
+
+    from midlens.cli import main
+
+    monkeypatch.delenv("MIDLENS_DEMO_AUTH", raising=False)
+    assert main(["demo", "--host", "0.0.0.0", "--model", MODEL]) == 2
+    err = capsys.readouterr().err
+    assert "--auth USER:PASSWORD" in err and "MIDLENS_DEMO_AUTH" in err and "127.0.0.1" in err
+    assert main(["demo", "--host", "0.0.0.0", "--auth", "ana", "--model", MODEL]) == 2
+    assert "expected USER:PASSWORD" in capsys.readouterr().err
+
+    page = gr.Interface(str.upper, "text", "text", api_name="predict")
+    _, url, _ = launch(page, port=free_port(), prevent_thread_lock=True, auth=("ana", "s3cret"))
+    try:
+        with pytest.raises(Exception, match="(?i)login|auth|401"):
+            Client(url, verbose=False).predict("hi", api_name="/predict")
+        assert Client(url, auth=("ana", "s3cret"), verbose=False).predict("hi", api_name="/predict") == "HI"
+    finally:
+        page.close()
+
+
+def test_the_answer_header_names_the_method_as_the_menu_does(pipeline):
+    """Issue 74 F: the menu said `finetuned` and the answer's header "(mudaf, ...)", the method it stands for."""
+    from types import SimpleNamespace
+
+    from midlens.demo import views
+
+    finetuned = pipeline.with_method("finetuned").generator.method.to_dict()  # what its answers carry
+    assert views.method_label(SimpleNamespace(method=finetuned)) == "finetuned"
+    mudaf = pipeline.with_method("mudaf").generator.method.to_dict()
+    assert views.method_label(SimpleNamespace(method=mudaf)) == "mudaf"
+    assert views.method_label(SimpleNamespace(method=pipeline.generator.method.to_dict())) == "baseline"

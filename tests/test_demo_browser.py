@@ -282,7 +282,7 @@ def test_first_screen_reads_in_plain_words(browser, pipeline, tmp_path):
         assert len(shades) == 5 and min(shades) == 0.0 and max(shades) == pytest.approx(MAX_SHADE, abs=0.01)
         assert shades.index(max(shades)) == named - 1
         legend = browser.find_element(By.ID, "heat-legend")
-        assert "read less" in legend.text and "read more" in legend.text
+        assert "read least" in legend.text and "read most" in legend.text and "score" not in legend.text
         lo, hi = (float(legend.find_element(By.CLASS_NAME, c).text.split()[-1]) for c in ("legend-lo", "legend-hi"))
         _full_page(browser)
         _shot(browser, tmp_path, "first_screen_answer")

@@ -12,7 +12,9 @@ from midlens.demo.backend import DEFAULT_MAX_UPLOAD_MB, HOST, MAX_NEW_TOKENS, MA
 EXAMPLES = """examples:
   midlens demo
   midlens demo --corpus docs/ --method ms-poe --port 7861
+  MIDLENS_DEMO_AUTH=ana:s3cret midlens demo --host 0.0.0.0      # every interface, behind a login
 """
+AUTH_ENV = "MIDLENS_DEMO_AUTH"
 
 
 def add_parser(sub) -> None:
@@ -26,7 +28,14 @@ def add_parser(sub) -> None:
     demo.add_argument(
         "--host",
         default=HOST,
-        help="address to serve on; 0.0.0.0 serves every interface (the demo has no login: only on a trusted network)",
+        help="address to serve on; 0.0.0.0 serves every interface (then a login is needed: --auth)",
+    )
+    demo.add_argument(
+        "--auth",
+        metavar="USER:PASSWORD",
+        default=os.environ.get(AUTH_ENV),
+        help=f"require this login on the page (default: ${AUTH_ENV}; the variable keeps the password out of the "
+        "process list); needed when --host is not a loopback address",
     )
     demo.add_argument("--max-upload-mb", type=float, default=DEFAULT_MAX_UPLOAD_MB, help="corpus upload size limit")
     add_cite_evidence_arg(
@@ -53,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise MidlensError(f"--max-upload-mb {args.max_upload_mb}: must be positive.")
     if args.corpus and not os.path.exists(args.corpus):
         raise MidlensError(f"--corpus {args.corpus}: no such file or folder.")
+    auth = login(args.auth, args.host)
     from midlens.demo.app import create_demo, launch
 
     demo = create_demo(
@@ -67,5 +77,24 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         cite_evidence=args.cite_evidence,
     )
-    launch(demo, port=args.port, max_upload_mb=args.max_upload_mb, host=args.host)
+    launch(demo, port=args.port, max_upload_mb=args.max_upload_mb, host=args.host, auth=auth)
     return 0
+
+
+def login(auth: str | None, host: str) -> tuple[str, str] | None:
+    """The (user, password) Gradio asks visitors for, from USER:PASSWORD; refused (before any model loads) where the
+    page would listen beyond this machine without one, as `midlens serve` refuses to without a key."""
+    from midlens.cli.serve import is_loopback
+    from midlens.core.errors import MidlensError
+
+    if not auth:
+        if not is_loopback(host):
+            raise MidlensError(
+                f"--host {host} serves the demo beyond this machine, and anyone who reaches it could use the model: "
+                f"give it a login (--auth USER:PASSWORD, or {AUTH_ENV}=USER:PASSWORD), or serve on 127.0.0.1."
+            )
+        return None
+    user, sep, password = auth.partition(":")
+    if not sep or not user or not password:
+        raise MidlensError(f"--auth: expected USER:PASSWORD, both parts non-empty (got {len(auth)} characters).")
+    return user, password

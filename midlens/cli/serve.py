@@ -82,7 +82,7 @@ def options_of(args: argparse.Namespace):
         raise InvalidArgumentError("--batch-wait-timeout must be >= 0 and --request-timeout > 0 (seconds).")
     if not 0 < args.port < 65536:
         raise InvalidArgumentError(f"--port {args.port}: use 1 to 65535.")
-    if not args.api_key and not _loopback(args.host):
+    if not args.api_key and not is_loopback(args.host):
         raise InvalidArgumentError(
             f"--host {args.host} listens beyond this machine, and the server would answer anyone who reaches it: "
             "give it a key (--api-key KEY, or MIDLENS_API_KEY=KEY), which clients send as `Authorization: Bearer "
@@ -126,7 +126,8 @@ def options_of(args: argparse.Namespace):
     )
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` listens on this machine only (a host name other than localhost may resolve anywhere)."""
     import ipaddress
 
     if host == "localhost":
