@@ -38,7 +38,7 @@ from midlens.generators.batch import BatchRun, pad_token_id
 from midlens.generators.citations import Citation, CitationConfig, MeasuredCitations, cite, token_end
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.detokenize import IncrementalText
-from midlens.generators.evidence import EvidenceConfig, PassageEvidence, passage_evidence
+from midlens.generators.evidence import EvidenceConfig, PassageEvidence, for_windows, passage_evidence
 from midlens.generators.instances import Mixture, expand
 from midlens.generators.loading import LoadedModel, load_model
 from midlens.generators.methods.registry import MethodConfig, build_parts, method_config
@@ -95,7 +95,8 @@ class Generator:
             method = default_method(model)
         self.method: MethodConfig = method_config(method, method_options)  # before loading: fail fast
         self.loaded = load_model(model, device, dtype) if isinstance(model, str) else model
-        self.evidence_config = resolve_evidence(evidence or EvidenceConfig(), self.loaded)
+        self.windows = [layer.window for layer in model_anatomy(self.loaded.model)]  # per layer, None: sees all
+        self.evidence_config = resolve_evidence(for_windows(evidence or EvidenceConfig(), self.windows), self.loaded)
         if isinstance(citations, str) and citations == "measured":
             citations = MeasuredCitations()
         # As given, before it is resolved for this model and method: another method on the same model
@@ -114,7 +115,6 @@ class Generator:
         # loads its method's parts once (MuDAF's delta, hashed), not per call of a Pipeline made per call.
         self._scorers: dict[str, Generator] = {}
         self._scorers_lock = threading.Lock()
-        self.windows = [layer.window for layer in model_anatomy(self.loaded.model)]  # per layer, None: sees all
         self._evidence_scorer = self._citation_scorer()
         self._support_models: dict[bool, SupportModel | None] = {}  # loaded at the first answer (plain, verified)
         self.evidence_config.layer_indices(self.num_layers)  # validate early
@@ -473,7 +473,13 @@ class Generator:
 
     def _passage_evidence(self, prompt: StackedPrompt, maps) -> list[PassageEvidence]:
         return passage_evidence(
-            prompt.passages, maps, self.evidence_config, prompt.passage_spans, self.windows, prompt.num_tokens
+            prompt.passages,
+            maps,
+            self.evidence_config,
+            prompt.passage_spans,
+            self.windows,
+            prompt.num_tokens,
+            prompt.question_span,
         )
 
     def _cite(

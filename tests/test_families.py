@@ -222,7 +222,18 @@ def test_evidence_and_citations_on_every_family(family):
     if not any(windows):
         assert all(p.layers_seen is None for p in answer.passages)
         return
-    # The first passage lies beyond the windows from the prompt's last token: only the full layers saw it.
+    # The default on a windowed model reads the full layers (when it has any): every passage is seen by every layer
+    # it averages.
+    full = [i for i, w in enumerate(windows) if w is None]
+    if full:
+        assert gen.evidence_config.layer_indices(len(windows)) == full
+        assert all(p.layers_seen == full for p in answer.passages)
+    else:
+        assert gen.evidence_config == EvidenceConfig()
+    # Every layer, asked for: the first passage lies beyond the windows from the question's tokens, only the full
+    # layers saw it.
+    gen = Generator(loaded, evidence=EvidenceConfig(layers="all"))
+    answer = gen.generate(gen.prompt("what is the code word of city 2 ?", _passages(3)), max_new_tokens=6)
     aggregated = gen.evidence_config.layer_indices(len(windows))
     full = [i for i in aggregated if windows[i] is None]
     first = answer.passages[0]
@@ -232,6 +243,14 @@ def test_evidence_and_citations_on_every_family(family):
     seen = [set(p.layers_seen) for p in answer.passages]
     assert all(set(full) <= s <= set(aggregated) for s in seen)
     assert all(a <= b for a, b in zip(seen, seen[1:], strict=False))
+    # layers_seen is where the evidence query (the question's tokens) gave the passage attention, and nowhere else.
+    for p in answer.passages:
+        mass = answer.maps.question[:, :, p.position - 1].sum(1)
+        assert [i for i in aggregated if mass[i] > 0] == p.layers_seen
+    # The last passage is seen by the question's windowed layers though it lies beyond the last token's window
+    # (layers_seen measured from the last token, as before, left them out).
+    last = answer.passages[-1]
+    assert answer.prompt_tokens - last.span[1] >= WINDOW and set(last.layers_seen) - set(full)
 
 
 def test_methods_run_or_refuse_with_a_reason(family):
