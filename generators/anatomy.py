@@ -61,6 +61,8 @@ _REFUSED_PARTS = {
     "q_a_proj": "multi-head latent attention (low-rank q/kv, DeepSeek): not implemented",
     "kv_a_proj_with_mqa": "multi-head latent attention (low-rank q/kv, DeepSeek): not implemented",
     "attention_chunk_size": "chunked local attention (Llama 4): not implemented",
+    # an elementwise clamp in the forward, not a submodule, so the forward's trace cannot name it
+    "clip_qkv": "q/k/v clipping (OLMo's clip_qkv): not implemented",
 }
 
 

@@ -49,6 +49,11 @@ REFUSED = {
     "gemma3n": (GEMMA3N, "layers 2-3 reuse another layer's keys and values (KV sharing"),
     # without KV sharing Gemma 3n still normalises v, which the module would skip
     "gemma3n-no-sharing": ({**GEMMA3N, "num_kv_shared_layers": 0}, "applies v_norm (Gemma3nRMSNorm)"),
+    # parts inside the attention that the module would skip, found in the forward's trace (both ran before, wrongly)
+    "bitnet": (dict(model_type="bitnet"), "applies attn_sub_norm (BitNetRMSNorm)"),
+    "diffllama": (dict(model_type="diffllama"), "applies groupnorm (RMSNorm)"),
+    # an elementwise clamp is no submodule: named by its config field
+    "olmo-clip-qkv": (dict(model_type="olmo", clip_qkv=8.0), "q/k/v clipping (OLMo's clip_qkv)"),
 }
 
 
