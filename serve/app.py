@@ -19,7 +19,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -546,18 +546,43 @@ def reap_orphans() -> list[int]:
     return reaped
 
 
-def start(options: ServeOptions) -> str:
+# Ray Serve's controller gives a new HTTP proxy 5 s to report ready and each health check 10 s, and kills a proxy
+# that misses three in a row. With both cores of a two-core machine busy (another job's sweep), the proxy's start
+# (its imports, uvicorn) took longer: 4 of 4 `midlens serve` starts ended in ActorDiedError before it had run. The
+# controller reads these limits from its environment, which a cluster started here inherits from this process.
+PROXY_CHECK_LIMITS = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+}
+
+
+class ServeStartError(MidlensError):
+    """The service did not come up; the message names the part that failed and the likely cause."""
+
+
+def _busy_cores() -> str:
+    load = os.getloadavg()[0]
+    return f"load average {load:.1f} on {os.cpu_count()} cores"
+
+
+def start(options: ServeOptions, progress: Callable[[str], None] | None = None) -> str:
     """Deploy on the cluster at `options.address`, else on a one-node cluster started here, every port of which
     listens on 127.0.0.1 but the HTTP proxy's, which listens on `options.host`; returns the base URL. Returns once
-    every replica has loaded the model."""
+    every replica has loaded the model. `progress` hears what each stage waits for; a part of Ray that dies while
+    starting raises ServeStartError naming it and the machine's load."""
     import ray
 
+    say = progress or (lambda _message: None)
     if not ray.is_initialized():
         if options.address:
+            say(f"connecting to the Ray cluster at {options.address}")
             ray.init(address=options.address, log_to_driver=False)
         else:
             reap_orphans()  # a cluster an earlier `midlens serve` left when it was killed
             os.environ[OWNER_ENV] = _owner_tag(os.getpid())
+            for name, value in PROXY_CHECK_LIMITS.items():
+                os.environ.setdefault(name, value)  # a value the caller set wins
+            say("starting a one-node Ray cluster on 127.0.0.1")
             with _single_node_on_loopback():
                 ray.init(
                     num_cpus=max(options.replicas * options.num_cpus, 1) + 1,
@@ -566,15 +591,29 @@ def start(options: ServeOptions) -> str:
                     object_store_memory=256 * 2**20,
                     _node_ip_address="127.0.0.1",
                 )
-    serve.start(
-        http_options={
-            "host": options.host,
-            "port": options.port,
-            # The proxy's own limit is a backstop past the replica's, which answers with its own message first.
-            "request_timeout_s": options.request_timeout_s + 30,
-        }
-    )
-    serve.run(application(options), name=APP_NAME, route_prefix="/", blocking=False)
+    ready_s = os.environ.get("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "5")
+    say(f"starting Ray Serve's HTTP proxy on {options.host}:{options.port} (it has {ready_s} s to report ready)")
+    try:
+        serve.start(
+            http_options={
+                "host": options.host,
+                "port": options.port,
+                # The proxy's own limit is a backstop past the replica's, which answers with its own message first.
+                "request_timeout_s": options.request_timeout_s + 30,
+            }
+        )
+        say(f"loading {options.model} in {options.replicas} replica(s); ready once every one has loaded it")
+        serve.run(application(options), name=APP_NAME, route_prefix="/", blocking=False)
+    except ray.exceptions.RayActorError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        stop()  # the half-started service and the cluster started for it
+        raise ServeStartError(
+            f"a part of Ray Serve died while the service started ({first}); {_busy_cores()}. A proxy or replica "
+            "that cannot answer its health checks in time is killed: with every core busy, free one or raise "
+            "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S / RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S (seconds; "
+            f"`midlens serve` sets {', '.join(f'{k}={v}' for k, v in PROXY_CHECK_LIMITS.items())} for a cluster it "
+            "starts; on --address set them where that cluster was started)."
+        ) from err
     host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
     return f"http://{host}:{options.port}"
 

@@ -900,3 +900,73 @@ def test_a_helmet_style_item_through_the_openai_client_answers_as_in_process(ser
     expected = alone.text.split("\n")[0].rstrip()
     assert done.choices[0].message.content == expected != ""
     assert "\n" not in done.choices[0].message.content
+
+
+def test_serve_becomes_ready_with_every_core_kept_busy(tmp_path):
+    """Issue 74 G: with both cores busy (two CPU-bound processes, as when a sweep runs beside it) Ray Serve's proxy
+    missed its 5 s ready check three times and was killed: `midlens serve` died with ActorDiedError, 4 of 4 tries.
+    Here the cores are kept busy for the test's whole run (one busy loop per core) and the server must answer
+    /readyz, its stderr saying what it waited for at each stage."""
+    import subprocess
+    import sys
+
+    from midlens.serve.app import OWNER_ENV, PROXY_CHECK_LIMITS
+
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(2, os.cpu_count() or 2))
+    ]
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != OWNER_ENV and k not in PROXY_CHECK_LIMITS}
+    log = tmp_path / "serve.log"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "midlens", "serve", "--model", "smollm2-135m", "--method", "baseline", "--port",
+         str(port), "--threads", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+    )
+    try:
+        deadline, ready = time.monotonic() + 420, False
+        while time.monotonic() < deadline and not ready:
+            assert cli.poll() is None, log.read_text()[-3000:]
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code == 200
+            except httpx.TransportError:
+                time.sleep(3)
+        assert ready, log.read_text()[-3000:]
+        said = log.read_text()
+        assert "starting Ray Serve's HTTP proxy" in said and "(it has 60 s to report ready)" in said
+        assert "loading smollm2-135m in 1 replica(s)" in said
+    finally:
+        cli.send_signal(signal.SIGTERM)
+        try:
+            cli.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            cli.kill()
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_part_of_ray_that_dies_while_starting_is_named_with_the_cause(monkeypatch):
+    """Where the proxy still dies (a cluster started elsewhere, with Ray's 5 s limits), `start` says which part died,
+    the machine's load and what to change, instead of Ray's ActorDiedError from inside `serve.start`."""
+    import ray
+    import ray.exceptions
+
+    from midlens.serve import app
+
+    def died(**_kwargs):
+        raise ray.exceptions.ActorDiedError()
+
+    stopped = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(app.serve, "start", died)
+    monkeypatch.setattr(app, "stop", lambda: stopped.append(True))
+    heard = []
+    with pytest.raises(app.ServeStartError) as caught:
+        app.start(app.ServeOptions(model="smollm2-135m", port=_free_port()), progress=heard.append)
+    message = str(caught.value)
+    assert "a part of Ray Serve died while the service started (The actor died unexpectedly" in message
+    assert "load average" in message and "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S" in message
+    assert stopped == [True] and heard and heard[0].startswith("starting Ray Serve's HTTP proxy")

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     options = options_of(args)
     from midlens.serve.app import start, stop
 
-    url = start(options)
+    url = start(options, progress=lambda stage: print(f"midlens serve: {stage}...", file=sys.stderr, flush=True))
     print(f"midlens serve: {options.model} / {options.method} at {url} (OpenAPI: {url}/docs); Ctrl-C stops it.")
     sys.stdout.flush()
     stopped = threading.Event()
