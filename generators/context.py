@@ -126,7 +126,11 @@ def method_context(model, parts: MethodParts | None = None, probe=None) -> Itera
     whose lock is held so methods sharing it take turns)."""
     lock = getattr(model, "lock", None)
     module = getattr(model, "model", model) if lock is not None else model
-    modules = install_positional_attention(module)
+    # Normal tensors even when the first call comes under inference_mode (an answer before training, as mudaf's head
+    # scoring is): the modules keep their buffers (an interleaved layer's channel order), and a buffer made as an
+    # inference tensor cannot take part in a later forward that autograd records.
+    with torch.inference_mode(False):
+        modules = install_positional_attention(module)
     if parts is not None and len(parts.schemes) != len(modules):
         raise ValueError(f"method parts have {len(parts.schemes)} schemes for a model with {len(modules)} layers.")
     if lock is not None:
