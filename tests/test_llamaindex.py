@@ -700,6 +700,18 @@ def test_the_stock_citation_engine_gets_attention_read_markers(llm, faiss_index)
         assert body[start:end].strip()
 
 
+def test_the_stock_citation_engine_s_first_source_keeps_its_title(llm, faiss_index):
+    """Defect (issue 74): the first source's metadata header comes before its "Source 1:" line, and was dropped: the
+    model read that passage titled "Source 1", the others under their titles."""
+    from llama_index.core.query_engine import CitationQueryEngine
+
+    engine = CitationQueryEngine.from_args(faiss_index, llm=llm, similarity_top_k=3)
+    events, response = completions_of(lambda: engine.query(QUESTION))
+    answer = events[0].response.additional_kwargs["answer"]
+    titles = [n.node.metadata["title"] for n in response.source_nodes]
+    assert [pe.passage.title for pe in answer.passages] == titles and "Source 1" not in titles
+
+
 def test_a_restacking_llm_answers_a_question_with_no_passages(llm):
     """Defect (issue 74): with no passages the restacked answer was renumbered with a float index tensor and
     `MidlensLLM(model="smollm2-135m").complete(question)` raised inside torch (index_select's dtype)."""

@@ -159,7 +159,9 @@ def split_sources(context: str) -> list[Passage]:
     """CitationQueryEngine's context -> one Passage per numbered source, in order, titled by the metadata header
     that precedes its "Source N:" line (if any) and named "Source N" otherwise."""
     marks = list(_SOURCE_LINE.finditer(context))
-    passages, header = [], None
+    # The first source's metadata header, when the LLM may see metadata, comes before its "Source 1:" line.
+    preamble = [b.strip() for b in re.split(r"\n[ \t]*\n", context[: marks[0].start()] if marks else "") if b.strip()]
+    passages, header = [], _header(preamble[-1]) if preamble else None
     for i, mark in enumerate(marks):
         end = marks[i + 1].start() if i + 1 < len(marks) else len(context)
         blocks = [b.strip() for b in re.split(r"\n[ \t]*\n", context[mark.end() : end]) if b.strip()]
