@@ -13,6 +13,7 @@ A mask is None (causal, the queries being the chunk's last S positions of T), bo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -57,7 +58,17 @@ def additive(mask: torch.Tensor | None, length: int, total: int, device: torch.d
 def window_rows(length: int, total: int, window: int, device: torch.device) -> torch.Tensor:
     """bool [length, total]: the keys the chunk's last `length` queries see through a sliding window, causal
     included. Query column i sees key column j when 0 <= i - j < window: in a left-padded row the real tokens
-    are contiguous, so column distance is position distance (transformers' sliding_window_overlay)."""
+    are contiguous, so column distance is position distance (transformers' sliding_window_overlay).
+
+    Every windowed layer of a forward asks for the same rows (twice at a prefill): they are built once and shared
+    (read-only), as transformers builds its sliding mask once per forward. Built per layer they cost 30 [L, T] builds
+    per Gemma 3 prefill. Tensors made in inference mode cannot be saved for a training step's backward, so each mode
+    has its own."""
+    return _window_rows(length, total, window, device, torch.is_inference_mode_enabled())
+
+
+@functools.lru_cache(maxsize=4)
+def _window_rows(length: int, total: int, window: int, device: torch.device, _inference: bool) -> torch.Tensor:
     q_cols = torch.arange(total - length, total, device=device)[:, None]
     distance = q_cols - torch.arange(total, device=device)[None]
     return (distance >= 0) & (distance < window)
@@ -117,6 +128,10 @@ def attend(
         return _capped_attend(q, keys, values, mask, scoring)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)  # SDPA wants an additive mask in the query's dtype
+    elif mask is not None:
+        band = _banded_attend(q, keys, values, mask, scale)
+        if band is not None:
+            return band
     return F.scaled_dot_product_attention(
         q,
         keys,
@@ -126,6 +141,47 @@ def attend(
         scale=scale,
         enable_gqa=keys.shape[1] != q.shape[1],
     )
+
+
+# Queries per block of a banded prefill (`_banded_attend`): each block reads its window plus this many keys.
+BAND_QUERIES = 512
+
+
+def _banded_attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor | None:
+    """A CPU prefill under a sliding window, a block of queries at a time against only the key columns some query of
+    the block sees; None when the mask hides no leading block of keys (no window shorter than the chunk: causal or
+    padded attention runs whole, as before).
+
+    SDPA's kernels compute every masked score of a [L, T] mask, so a 512-token window over a 2k prompt costs as much
+    as full attention, and 16x that at 8k; the hidden keys get exactly zero weight, so leaving them out changes the
+    output only by the order of the sums (~1e-7 in fp32). On a GPU the fused kernel is launch-bound at these sizes and
+    reading the block bounds back would stall its queue: it runs whole there."""
+    length, total = q.shape[2], keys.shape[2]
+    if q.device.type != "cpu" or length < 2 * BAND_QUERIES or mask.shape[-2] != length:
+        return None
+    seen = mask.reshape(-1, length, total).any(0)  # [L, T]: some row or head sees the key
+    columns = torch.arange(total, device=q.device)
+    first = torch.where(seen, columns, total).amin(-1)
+    last = torch.where(seen, columns, -1).amax(-1)
+    starts = range(0, length, BAND_QUERIES)
+    bounds = [(int(first[s : s + BAND_QUERIES].min()), int(last[s : s + BAND_QUERIES].max()) + 1) for s in starts]
+    if max(lo for lo, _ in bounds) == 0:  # no window cuts a block's keys (causal or padded attention)
+        return None
+    gqa = keys.shape[1] != q.shape[1]
+    out = [
+        F.scaled_dot_product_attention(
+            q[:, :, s : s + BAND_QUERIES],
+            keys[:, :, lo:hi],
+            values[:, :, lo:hi],
+            attn_mask=mask[..., s : s + BAND_QUERIES, lo:hi],
+            scale=scale,
+            enable_gqa=gqa,
+        )
+        for s, (lo, hi) in zip(starts, bounds, strict=True)
+    ]
+    return torch.cat(out, dim=2)
 
 
 def _capped_attend(
