@@ -16,7 +16,10 @@ from midlens.core.errors import MidlensError
 from midlens.eval.bench_memory import MMAP_THRESHOLD, memory_of
 from midlens.eval.bench_runner import make_runner
 
-VARIANTS_EVIDENCE = ("plain", "evidence", "eager")
+# plain: transformers' own SDPA forward; module: the same prefill through midlens' attention module, no probe;
+# evidence: with the probe reading the question's and the last token's passage mass; score: Generator.score, what a
+# caller pays for evidence (that prefill, the content-free pass, the Answer); eager: transformers returning its maps.
+VARIANTS_EVIDENCE = ("plain", "module", "evidence", "score", "eager")
 # A method bench (`midlens bench NAME`) times the baseline, then the method's own variants (its registry entry's
 # `bench_variants`), through Generator; it also times the whole answer path, Generator.generate (prefill with
 # evidence, the method's extra passes, decoding): attn-calibration costs nothing in the plain prefill and all of its
@@ -91,6 +94,8 @@ def run(
             "prefill_tok_per_s": {v: n / t for v, t in median.items()},
             "time_ratio": {v: median[v] / median[base] for v in variants},
         }
+        if "module" in median:  # evidence's own cost: against the same prefill through the same module
+            row["over_module"] = {v: median[v] / median["module"] for v in variants}
         if memory_repeats > 0:  # 0: timings only (each memory figure is a fresh process per variant and repeat)
             mem = {v: memory_of(v, model_name, tokens, memory_repeats, mmap_threshold, device, dtype) for v in variants}
             row |= {
@@ -150,6 +155,9 @@ def print_report(report: dict) -> None:
                 f"{v:<{w}} {row['prefill_s'][v]:>10.3f} {row['prefill_tok_per_s'][v]:>8.0f} "
                 f"{row['time_ratio'][v]:>7.3f}{memory}"
             )
+        if "over_module" in row:
+            ratios = ", ".join(f"{v} {r:.3f}" for v, r in row["over_module"].items())
+            print(f"time over the module's own prefill: {ratios}")
         d = row["decode_tok_per_s"]
         print("decode tok/s: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items()))
         if "answer" in row:

@@ -2,8 +2,9 @@
 whole answer path.
 
 Variants: `plain` and `eager` are the stock transformers model (SDPA; eager attention returning its maps, the
-reference evidence is measured against: never a library path); `evidence` is the baseline Generator with a probe
-scoring the question and the last prompt token; any other name is a method spec run through Generator.
+reference evidence is measured against: never a library path); `module` is the baseline Generator's forward without a
+probe, `evidence` the same with a probe scoring the question and the last prompt token, `score` the whole
+`Generator.score` (with the content-free pass); any other name is a method spec run through Generator.
 """
 
 from __future__ import annotations
@@ -100,13 +101,18 @@ def _generator_runner(variant: str, loaded, prompt: StackedPrompt) -> Runner:
 
     from midlens.generators import Generator
 
-    gen = Generator(loaded, method="baseline" if variant == "evidence" else variant)
+    gen = Generator(loaded, method="baseline" if variant in ("module", "evidence", "score") else variant)
     with_probe = variant == "evidence"
+    scored = variant == "score"
     # A method that answers each prompt with several instances (Attention Buckets) runs them as batch rows: one
     # row alone would time its native-base instance, i.e. the baseline.
     rows = gen.parts.rows_per_prompt
 
     def prefill() -> None:
+        if scored:
+            gen.score(prompt)
+            synchronize()
+            return
         probe = gen.new_probe(prompt) if with_probe else None
         with gen.running(probe):
             if probe is not None:

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow  # subprocess runs and benches: `make test`, not `
 # memory path, and the method bench's own part is its answer path.
 @pytest.mark.parametrize(
     ("kind", "variants", "memory_repeats"),
-    [("evidence", {"plain", "evidence", "eager"}, 1), ("attn-calibration", None, 0)],
+    [("evidence", {"plain", "module", "evidence", "score", "eager"}, 1), ("attn-calibration", None, 0)],
 )
 def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants, memory_repeats, capsys):
     from midlens.eval.bench import method_variants, print_report, run
@@ -34,6 +34,8 @@ def test_bench_report_has_every_variant_and_ratio(loaded, kind, variants, memory
         assert "memory not measured: --memory-repeats 0" in capsys.readouterr().out
     assert all(v > 0 for k, v in row["decode_tok_per_s"].items() if k.startswith("ratio"))
     assert report["malloc_mmap_threshold"] == 65536
+    if kind == "evidence":  # the probe's cost against the same module's prefill, in the same run
+        assert row["over_module"]["module"] == 1.0 and row["over_module"]["evidence"] > 0
     if kind != "evidence":  # a method bench also times the whole answer path, every variant decoding as many tokens
         answer = row["answer"]
         assert set(answer["seconds"]) == expected and answer["time_ratio"][base] == 1.0
