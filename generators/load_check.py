@@ -45,7 +45,7 @@ from midlens.generators.attention import PositionalAttention, install_positional
 PROMPT_TOKENS = 64
 DECODE_STEPS = 4
 FP32_TOLERANCE = 1e-4
-SPREAD_MULTIPLE = 3.0
+SPREAD_MULTIPLE = 5.0
 SPREAD_FLOOR = 1e-3
 # A layer's hidden state departs when its difference, relative to the state's largest value, exceeds this (fp32),
 # or (lower precisions) the same multiple of transformers' own spread at that layer as the logits' rule.
