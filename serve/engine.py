@@ -358,6 +358,8 @@ class Engine:
         for name in ("temperature", "top_p", "seed"):
             if getattr(request, name) is not None:
                 options[name] = getattr(request, name)
+        if ext is not None and ext.stop_at_line_end is not None:  # with passages or without
+            options["stop_at_line_end"] = ext.stop_at_line_end
         if ext is not None and ext.passages is not None:
             if ext.calibrate is not None:
                 options["calibrate"] = ext.calibrate

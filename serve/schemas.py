@@ -13,7 +13,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from midlens.core.names import RESTACK_MEASURED
-from midlens.rag.remote import ABSTAIN_BELOW_HELP, ABSTAIN_HELP, RESTACK_HELP, PassageIn, Truncate
+from midlens.rag.remote import (
+    ABSTAIN_BELOW_HELP,
+    ABSTAIN_HELP,
+    RESTACK_HELP,
+    STOP_AT_LINE_END_HELP,
+    PassageIn,
+    Truncate,
+)
 
 # ---- OpenAI chat completions ----
 
@@ -55,6 +62,7 @@ class ChatExtension(BaseModel):
     restack_rounds: int = Field(default=1, ge=1)
     abstain: bool = Field(default=False, description=ABSTAIN_HELP + " Not with stream.")
     abstain_below: float | None = Field(default=None, ge=0.0, le=1.0, description=ABSTAIN_BELOW_HELP)
+    stop_at_line_end: bool | None = Field(default=None, description=STOP_AT_LINE_END_HELP)
     marked: bool = Field(
         default=False,
         description="Write `[n]` after each cited sentence in message.content (n: the passage's position), so a stock "

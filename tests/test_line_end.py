@@ -63,3 +63,21 @@ def test_the_option_is_checked_and_spelt_by_the_cli():
     for flags, expected in (([], None), (["--stop-at-line-end"], True), (["--no-stop-at-line-end"], False)):
         args = parser.parse_args(["ask", QUESTION, *flags])
         assert isinstance(args, argparse.Namespace) and answer_options(args).stop_at_line_end is expected
+
+
+def test_the_server_resolves_the_line_end_for_its_model_and_takes_it_from_a_request(gemma):
+    """The served model's default decides where a request does not say (a RAG answer and a plain chat alike); an
+    answer request's `stop_at_line_end` and a chat's `midlens.stop_at_line_end` override it."""
+    from midlens.rag.remote import AnswerRequest
+    from midlens.serve.engine import Engine
+    from midlens.serve.schemas import ChatCompletionRequest
+
+    engine = Engine("gemma3-270m", method="baseline", max_new_tokens=16)
+    passages = [{"id": p.id, "title": p.title, "text": p.text} for p in planted_passages(3, 2)]
+    assert engine.answer_job(AnswerRequest(question=QUESTION, passages=passages)).decoding.stop_at_line_end
+    off = AnswerRequest(question=QUESTION, passages=passages, stop_at_line_end=False)
+    assert not engine.answer_job(off).decoding.stop_at_line_end
+    chat = {"messages": [{"role": "user", "content": QUESTION}]}
+    assert engine.chat_job(ChatCompletionRequest(**chat)).decoding.stop_at_line_end
+    kept = ChatCompletionRequest(**chat, midlens={"stop_at_line_end": False})
+    assert not engine.chat_job(kept).decoding.stop_at_line_end

@@ -89,12 +89,15 @@ class Served:
     @staticmethod
     def _midlens(method: str, passages: Sequence[Passage] | None, options: AnswerOptions) -> dict[str, Any]:
         ext: dict[str, Any] = {"method": method, "calibrate": options.calibrate}
+        if options.stop_at_line_end is not None:  # None: the served model's default
+            ext["stop_at_line_end"] = options.stop_at_line_end
         if passages is not None:
             # As an answer request's, but for the decoding (OpenAI's fields) and abstaining (a stream carries the
             # support, it does not withhold: its text is out by then).
             fields = request_fields(options, AnswerRequest)
             for name in (*options.decoding(), *WITHHOLDING):
-                fields.pop(name, None)
+                if name != "stop_at_line_end":  # the extension's own field; the rest are OpenAI's
+                    fields.pop(name, None)
             ext.update(passages=[passage_json(p) for p in passages], calibrate=options.calibrate, **fields)
         return ext
 
