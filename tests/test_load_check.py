@@ -150,3 +150,18 @@ def test_an_error_of_the_low_precision_path_alone_is_refused_by_the_spread_rule(
     assert "differs from transformers' float32 forward of the same weights by " in msg
     assert f"{load_check.SPREAD_MULTIPLE:g} x the " in msg and "first at layer 1." in msg
     assert 'pass dtype="float32" to run it in float32, where it matches' in msg
+
+
+def test_a_bf16_model_whose_float32_reference_does_not_fit_loads_unjudged_and_unrecorded(
+    runs, tmp_path, monkeypatch, capsys
+):
+    folder = save_tiny("llama", tmp_path / "llama")
+
+    def no_room(model):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(load_check, "_float32_parameters", no_room)
+    loaded = load_model(str(folder), "cpu", "bfloat16")
+    assert loaded.dtype == torch.bfloat16 and not loaded.verified.judged
+    assert "its float32 reference does not fit in memory" in capsys.readouterr().err
+    assert not list(load_check.checks_dir().glob("*.json"))  # the next load tries again
