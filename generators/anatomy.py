@@ -134,9 +134,16 @@ def interleaved_to_half(rotary_dim: int, head_dim: int) -> torch.Tensor:
 def read_anatomy(attn: nn.Module, rotary_emb: nn.Module | None) -> LayerAnatomy:
     """What `attn` (a stock decoder layer's self_attn) computes; UnsupportedAttention names what is missing.
 
-    Nothing raised inside torch or transformers while reading escapes: it becomes a refusal naming the module."""
+    Nothing raised inside torch or transformers while reading escapes: it becomes a refusal naming the module. A
+    reading is kept on the module (a plain attribute, no submodule): the load check and the install read the same
+    stock layers, and each reading runs the layer's forward once."""
+    kept = attn.__dict__.get("_midlens_anatomy")
+    if kept is not None and kept[0] is rotary_emb:
+        return kept[1]
     try:
-        return _read_anatomy(attn, rotary_emb)
+        anatomy = _read_anatomy(attn, rotary_emb)
+        attn.__dict__["_midlens_anatomy"] = (rotary_emb, anatomy)
+        return anatomy
     except UnsupportedAttention:
         raise
     except Exception as err:  # a probe a module's forward or RoPE function does not take: refused, not a traceback
