@@ -179,7 +179,7 @@ def measure(model: nn.Module, name: str, folder: Path | str, vocab_size: int) ->
                     torch.cuda.empty_cache()
                 print(
                     f"note: {_where(name, arch, dtype_name(dtype), folder)}: not compared with transformers' forward "
-                    "(its float32 reference does not fit in memory); load it once in float32 to check it.",
+                    "(its float32 reference does not fit in memory); a float32 load checks its layers.",
                     file=sys.stderr,
                     flush=True,
                 )
