@@ -307,7 +307,13 @@ def test_shipped_metas_of_one_format_version_have_one_schema():
     # Where a method ships for one packaged model only (Pos2Distill's default-model run needs a GPU), or also for any
     # model (the model-agnostic support models).
     everywhere = {"smollm2-135m", "qwen2.5-coder-0.5b", "any"}
-    shipped_for = {"pos2distill": {"smollm2-135m"}, "support": everywhere, "support-verified": everywhere}
+    # Gemma 3 270M's first trained artefact: the `finetuned` delta (mudaf(alpha=0)), a CPU run.
+    shipped_for = {
+        "pos2distill": {"smollm2-135m"},
+        "mudaf": {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"},
+        "support": everywhere,
+        "support-verified": everywhere,
+    }
 
     def keys(meta: dict) -> dict:
         return {k: sorted(v) if isinstance(v, dict) and k != "shapes" else None for k, v in meta.items()}

@@ -73,6 +73,13 @@ def _support(args: argparse.Namespace) -> int:
         where = scope(loaded.model) if scope is not None and reason is None else None
         status = ("runs" + (f" ({where})" if where else "")) if reason is None else "no: " + reason
         print(f"{name:<{width}}{status}")
+    # A shorthand runs a method with other options (finetuned = mudaf(alpha=0)), whose artefact may ship where the
+    # method's default one does not (Gemma 3 270M ships the fine-tune only).
+    from midlens.core.names import METHOD_SHORTHANDS
+    from midlens.generators.methods.registry import available
+
+    for short in (s for s in METHOD_SHORTHANDS if s in available(loaded.name)):
+        print(f"{short:<{width}}runs ({METHOD_SHORTHANDS[short]}, its shipped artefact)")
     return 0
 
 
