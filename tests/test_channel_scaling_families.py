@@ -122,3 +122,18 @@ def test_nope_layers_are_left_as_they_are(tmp_path):
     logits, _ = _prefill(loaded, parts)
     assert torch.isfinite(logits).all()
 
+
+
+@pytest.mark.parametrize("name", ["olmo2", "smollm3"])  # no input norm before attention; a NoPE layer
+def test_midlens_methods_channel_scaling_reads_the_attention_input_and_names_nope_layers(name, tmp_path):
+    from midlens.core.passage import Passage
+    from midlens.generators import Generator
+    from midlens.generators.methods.channel_scaling import inspect_choice
+
+    loaded = load_model(str(save_tiny(name, tmp_path / name)), "cpu", "float32")
+    gen = Generator(loaded, method=f"channel-scaling(channel={CHANNEL}, layers=[2, 3], scale=0.5)")
+    prompt = gen.prompt("who ?", [Passage(text="the film was directed by his city", title="film")])
+    lines = inspect_choice(gen, [prompt])
+    assert lines[0] == f"channel {CHANNEL}, layers [2, 3], scale 0.5 (from options)"
+    assert lines[-1].startswith("x_c at layer 2 over 1 prompts: last token ")
+    assert ("layer 3 has no RoPE and is left unscaled" in lines) == (name == "smollm3")
