@@ -165,3 +165,19 @@ def test_a_bf16_model_whose_float32_reference_does_not_fit_loads_unjudged_and_un
     assert loaded.dtype == torch.bfloat16 and not loaded.verified.judged
     assert "its float32 reference does not fit in memory" in capsys.readouterr().err
     assert not list(load_check.checks_dir().glob("*.json"))  # the next load tries again
+
+
+def test_an_error_in_cached_decoding_alone_names_the_decode_step(runs, tmp_path, monkeypatch):
+    """Prefill right, the first cached step wrong (as a cache or position bug would be): named as decode step 1."""
+    folder = save_tiny("qwen2", tmp_path / "qwen2")
+    forward = PositionalAttention.forward
+
+    def off_in_decode(self, hidden_states, *args, **kwargs):
+        out, weights = forward(self, hidden_states, *args, **kwargs)
+        if hidden_states.shape[1] == 1 and self.layer_idx == 3:
+            out = out + 0.1
+        return out, weights
+
+    monkeypatch.setattr(PositionalAttention, "forward", off_in_decode)
+    with pytest.raises(ModelError, match=r"\(tolerance 1.00e-04\) at decode step 1; first at layer 3\."):
+        load_model(str(folder), "cpu", "float32")
