@@ -45,6 +45,10 @@ class Answer:
     # When the caller asked to abstain below the support threshold and this answer fell below it: the answer and
     # citations that were withheld (`text` then says the passages did not support an answer).
     withheld: dict | None = None
+    # The answer was given, not generated (`Generator.attribute`): its tokens were teacher-forced, so the confidence
+    # features a support model reads (log-probabilities, margins of tokens this model did not pick) mean something
+    # else, and the generation-time support model is not applied to it.
+    checked: bool = False
 
     def ranked(self) -> list[PassageEvidence]:
         return sorted(self.passages, key=lambda p: p.rank)

@@ -303,29 +303,53 @@ class BatchRun:
         each first token, one forward the rest (appended after the prompt's columns; the cache is cropped back to
         the prompt first and after). With `mix`, the batch's rows are several instances per prompt (consecutive):
         `references` and `first_logits` are per prompt and `mix` takes the rows' logits to the prompts'."""
+        return self.teacher_forced(first_logits, references, mix)[0]
+
+    def teacher_forced(
+        self,
+        first_logits: torch.Tensor,
+        references: list[list[int] | None],
+        mix: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        read: bool = False,
+    ) -> tuple[list[list[float] | None], list[list[float] | None]]:
+        """`reference_logprobs` and, per reference token, the top-1 minus top-2 log-probability where it was
+        scored (the margin a generated token records). `read`: the probe also records the fed tokens' attention
+        as an answer's own (their passage and segment mass; take it with `probe.take`/`take_answer_spans`
+        before the next pass), so a given answer is cited from this one forward as a generated one is."""
         count = len(self.prompts) // len(references)
         prompt_refs, references = references, [r for r in references for _ in range(count)]
         self.crop(self.width)
         self.probe.score_rows([])
         first = torch.log_softmax(first_logits.float(), dim=-1)
+        first_top = first.topk(2, dim=-1).values
+        first_margins = (first_top[:, 0] - first_top[:, 1]).tolist()
         logprobs: list[list[float] | None] = [
             None if ids is None else [float(first[b, ids[0]])] for b, ids in enumerate(prompt_refs)
         ]
+        margins: list[list[float] | None] = [
+            None if ids is None else [first_margins[b]] for b, ids in enumerate(prompt_refs)
+        ]
         width = max((len(ids) - 1 for ids in references if ids is not None), default=0)
         if width <= 0:
-            return logprobs
+            return logprobs, margins
         # Each reference but its last token, left-aligned: it continues the prompt's last column.
         fed = [ref[:-1] if ref is not None else [] for ref in references]
         starts = [p.num_tokens for p in self.prompts]
         ids, positions, block_valid = padded_block(fed, starts, self.pad_id, right_aligned=False)
         key_valid = torch.cat([self.key_valid[:, : self.width], block_valid.to(self.device)], dim=1)
+        if read:  # left-aligned: chunk row i is each reference's token i (rows past a shorter one are not read)
+            self.probe.score_rows(list(range(width)), answer=True)
         logits = self.forward(ids.to(self.device), positions.to(self.device), key_valid, keep=width)
+        self.probe.score_rows([])
         if mix is not None:
             logits = mix(logits)
         scores = torch.log_softmax(logits.float(), dim=-1)
+        top = scores.topk(2, dim=-1).values
+        gaps = top[..., 0] - top[..., 1]
         for b, ref in enumerate(prompt_refs):
             if ref is not None and len(ref) > 1:
                 rows = torch.arange(len(ref) - 1, device=scores.device)
                 logprobs[b] += scores[b, rows, torch.tensor(ref[1:], device=scores.device)].tolist()
+                margins[b] += gaps[b, : len(ref) - 1].tolist()
         _crop(self.cache, self.width)
-        return logprobs
+        return logprobs, margins

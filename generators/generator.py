@@ -35,7 +35,14 @@ from midlens.core.sentences import sentence_spans
 from midlens.generators.anatomy import model_anatomy
 from midlens.generators.answer import Answer
 from midlens.generators.batch import BatchRun, pad_token_id
-from midlens.generators.citations import Citation, CitationConfig, MeasuredCitations, cite, token_end
+from midlens.generators.citations import (
+    Citation,
+    CitationConfig,
+    MeasuredCitations,
+    cite,
+    token_end,
+    token_ends,
+)
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.detokenize import IncrementalText
 from midlens.generators.evidence import EvidenceConfig, PassageEvidence, for_windows, passage_evidence
@@ -68,10 +75,16 @@ class DecodeOptions:
     calibrate: bool = True  # also the content-free pass (calibrated evidence)
     stop_at_line_end: bool = False
     ignore_eos: bool = False
+    # The references are the answers: their tokens are teacher-forced in one chunk whose attention is read and
+    # cited as a generated answer's would be (`Generator.attribute`); nothing is decoded.
+    forced: bool = False
 
 
 # Verification's passes: the answer's own tokens scored teacher-forced, nothing generated, nothing calibrated.
 TEACHER_FORCED = DecodeOptions(max_new_tokens=0, seed=None, calibrate=False)
+# A given answer read as if this model had written it: calibrated like a generated answer, whose citations blend
+# in the calibrated evidence.
+ATTRIBUTED = DecodeOptions(max_new_tokens=0, seed=None, calibrate=True, forced=True)
 
 
 class Generator:
@@ -294,7 +307,8 @@ class Generator:
         # Before this method is installed: the scorer runs its own on the same shared model. Nothing to cite when
         # nothing is generated (scoring, verification's teacher-forced passes).
         t0 = time.perf_counter()
-        cited_evidence = None if decode.max_new_tokens == 0 else self._citation_evidence(prompts, decode.calibrate)
+        nothing_cited = decode.max_new_tokens == 0 and not decode.forced
+        cited_evidence = None if nothing_cited else self._citation_evidence(prompts, decode.calibrate)
         cite_evidence_s = time.perf_counter() - t0
         with self.running() as method_run:
             run = BatchRun(
@@ -319,10 +333,12 @@ class Generator:
                     yield from self._decode(run, mixture, rows, logits, decode, citer)
                     run.timings["decode_s"] = time.perf_counter() - t0
                     segment_mass = self._read_answer_attention(run, rows, mixture.count)
-                    if any(r is not None for r in reference_ids):
-                        reference_logprobs = run.reference_logprobs(
-                            first_logits, reference_ids, None if mixture.instances is None else mixture.reference
-                        )
+                    mix = None if mixture.instances is None else mixture.reference
+                    if decode.forced:
+                        reference_logprobs = self._force(run, rows, first_logits, reference_ids, mix)
+                        segment_mass = self._read_answer_attention(run, rows, mixture.count)
+                    elif any(r is not None for r in reference_ids):
+                        reference_logprobs = run.reference_logprobs(first_logits, reference_ids, mix)
                 if decode.calibrate:
                     run.content_free_maps()
         answers = []
@@ -332,7 +348,9 @@ class Generator:
                 yield b, final[len(rows.texts[b]) :]
             mass = None if segment_mass is None else mixture.mass(segment_mass, b)
             cited = None if cited_evidence is None else cited_evidence[b]
-            answers.append(self._answer(run, mixture, b, prompt, final, rows, mass, reference_logprobs[b], cited))
+            answers.append(
+                self._answer(run, mixture, b, prompt, final, rows, mass, reference_logprobs[b], cited, decode.forced)
+            )
         if citer is not None:  # the citations still due (the last sentence's, or a row's that ended mid-sentence)
             for b, answer in enumerate(answers):
                 for citation in answer.citations[citer.emitted[b] :]:
@@ -471,6 +489,29 @@ class Generator:
                 maps.answer = taken[:, r, :, : rows.fed[b], :passages].mean(2)
         return _segments_per_row(run, rows, count, segments)
 
+    def _force(
+        self,
+        run: BatchRun,
+        rows: _Rows,
+        first_logits: torch.Tensor,
+        answers: list[list[int] | None],
+        mix: Callable[[torch.Tensor], torch.Tensor] | None,
+    ) -> list[list[float] | None]:
+        """Given answers teacher-forced in one chunk after the prompts, their attention read as an answer's own:
+        `rows` then hold them as if decoded (tokens, character ends, log-probabilities, margins, the rows fed
+        back), so the Answer, its evidence and its citations are assembled by the same code as a generated one's.
+        Returns each answer's token log-probabilities."""
+        logprobs, margins = run.teacher_forced(first_logits, answers, mix, read=self.citations is not None)
+        for b, ids in enumerate(answers):
+            ids = ids or []
+            rows.generated[b] = list(ids)
+            rows.ends[b] = token_ends(self.tokenizer, rows.generated[b])
+            rows.logprobs[b] = list(logprobs[b] or [])
+            rows.margins[b] = list(margins[b] or [])
+            rows.fed[b] = max(len(ids) - 1, 0)  # token j's query produced token j + 1; the last produced nothing
+            rows.done[b] = True
+        return logprobs
+
     def _passage_evidence(self, prompt: StackedPrompt, maps) -> list[PassageEvidence]:
         return passage_evidence(
             prompt.passages,
@@ -517,9 +558,10 @@ class Generator:
         segment_mass: torch.Tensor | None,
         reference_logprobs: list[float] | None,
         cited_evidence: list[PassageEvidence] | None = None,
+        checked: bool = False,
     ) -> Answer:
         """Row `b`'s Answer. `cited_evidence`: the evidence citations blend in when it is not this pass's own
-        (`evidence_from`)."""
+        (`evidence_from`); `checked`: the answer was given and teacher-forced (`attribute`), not generated."""
         ids, ends = rows.generated[b], rows.ends[b]
         text = decoded.strip()
         maps = mixture.maps(run.maps, b)
@@ -549,6 +591,7 @@ class Generator:
             answer_ids=list(ids),
             token_logprobs=list(rows.logprobs[b]),
             token_margins=list(rows.margins[b]),
+            checked=checked,
         )
         answer.support = self.support_of(answer)
         return answer
@@ -664,11 +707,54 @@ class Generator:
             answers[i].support = self.support_of(answers[i], verified=True)
         return answers
 
+    def attribute(self, prompt: StackedPrompt, answer: str, verify: bool = False) -> Answer:
+        """Read an answer this model did not write as if it had: `answer` teacher-forced after `prompt` in one pass,
+        giving its per-sentence citations (spans in `Answer.text`, which is `answer` as the tokenizer round-trips
+        it), the passages' evidence and the answer's log-probability (`reference_logprob`, per token in
+        `token_logprobs`). `verify`: each citation checked by ablation (`verify`). `support` stays None: the
+        generation-time support model reads this model's confidence in tokens it picked, which a given answer's
+        are not."""
+        return self.attribute_batch([prompt], [answer], verify)[0]
+
+    def attribute_batch(
+        self, prompts: list[StackedPrompt], answers: list[str], verify: bool = False, batch_size: int = 8
+    ) -> list[Answer]:
+        """`attribute` for several (prompt, answer) pairs, `batch_size` at a time in left-padded batches; each
+        Answer equals its pair's alone (up to floating-point summation order)."""
+        if len(prompts) != len(answers):
+            raise InvalidArgumentError(f"{len(answers)} answers for {len(prompts)} prompts: give one answer each.")
+        ids = [self._given_ids(prompt, text, i) for i, (prompt, text) in enumerate(zip(prompts, answers, strict=True))]
+        out: list[Answer] = []
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start : start + batch_size]
+            refs: list[str | list[int] | None] = list(ids[start : start + batch_size])
+            out += _drain(self._steps(chunk, ATTRIBUTED, refs), None)
+        if verify and self.citations is not None:
+            self.verify(prompts, out, batch_size)
+        return out
+
+    def _given_ids(self, prompt: StackedPrompt, text: str, index: int) -> list[int]:
+        """A given answer's tokens, refused when empty or when it does not fit the window after its prompt."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] if isinstance(text, str) else []
+        if not isinstance(text, str) or not text.strip() or not ids:
+            raise InvalidArgumentError(
+                f"answer {index + 1} is empty ({text!r}): there is nothing to check; pass the answer's text."
+            )
+        if prompt.num_tokens + len(ids) > self.context_window:
+            raise InvalidArgumentError(
+                f"answer {index + 1} ({len(ids)} tokens) does not fit after its prompt ({prompt.num_tokens} tokens) "
+                f"in {self.loaded.name}'s {self.context_window}-token context window; pass fewer or shorter passages "
+                "(build the prompt with max_new_tokens at least the answer's length) or a shorter answer."
+            )
+        return ids
+
     def support_of(self, answer: Answer, verified: bool = False) -> Support | None:
         """How far `answer` can be trusted (generators.support): the support model shipped for this model (the
         model-agnostic one for any other), plain or, once its citations were verified, reading the ablation drops.
         None with citations off (the features read them) or for a pass that generated nothing."""
-        if self.citations is None or not answer.answer_ids:
+        if self.citations is None or not answer.answer_ids or answer.checked:
+            # A checked answer's features are teacher-forced: no support model was fitted on such features yet,
+            # and the generation-time one would read them as this model's own confidence (miscalibrated).
             return None
         if verified not in self._support_models:
             self._support_models[verified] = packaged_support(self.loaded.name, lambda: self.loaded.sha256, verified)

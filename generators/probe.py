@@ -53,14 +53,18 @@ class PassageProbe:
         self._index_on: torch.Tensor | None = None  # shared `rows` as one index vector on the model's device
         self._decode = False  # `rows` is [0]: a decode step's one query
         self._any_rows = False
+        self._answer_chunk = False  # the scored rows are answer tokens fed as one chunk (a given answer)
         self.collected: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.deferred: list[list[_Pending]] = [[] for _ in range(num_layers)]  # observed, not yet scored
         self.final_keys: list[torch.Tensor | None] = [None] * num_layers
         self._mask_cache: tuple | None = None  # (key, what it holds alive, mask rows) of the last forward
         self._zero: torch.Tensor | None = None  # a decode step's one row index per batch row
 
-    def score_rows(self, rows: list[int] | torch.Tensor) -> None:
-        """Chunk indices of the queries to score: a list shared by every batch row, or a [B, S] tensor per row."""
+    def score_rows(self, rows: list[int] | torch.Tensor, answer: bool = False) -> None:
+        """Chunk indices of the queries to score: a list shared by every batch row, or a [B, S] tensor per row.
+        `answer`: they are an answer's own queries fed in one chunk (teacher-forced), recorded over `answer_spans`
+        as decode steps' are."""
+        self._answer_chunk = answer
         self.rows = rows if isinstance(rows, torch.Tensor) else list(rows)
         self._rows_on = self._index_on = None
         self._decode = self.rows == [0] if isinstance(self.rows, list) else False
@@ -159,7 +163,8 @@ class PassageProbe:
             w_sel = None if weights is None else weights.gather(3, index.expand(experts, batch, heads, count, 1))
         allowed = self._mask_rows(mask, rows, decode, past, keys.shape[3])
         # The probe only reads: in a training step's forward (a delta's q or k, MoICE's routers) it holds no graph.
-        self.deferred[layer].append(_Pending(_detached(q_sel), _detached(w_sel), allowed, decode))
+        answer = decode or self._answer_chunk
+        self.deferred[layer].append(_Pending(_detached(q_sel), _detached(w_sel), allowed, answer))
         self.final_keys[layer] = _detached(keys)
 
     def _decode_row(self, batch: int, device: torch.device) -> torch.Tensor:

@@ -1,0 +1,65 @@
+"""Checking an answer midlens did not write: `Generator.attribute` teacher-forces a given answer after the prompt in one
+pass and reads its citations as a generated answer's are read (the real SmolLM2-135M, fp32)."""
+
+import pytest
+
+from midlens.core.errors import InvalidArgumentError
+from tests.conftest import planted_passages
+
+QUESTION = "What is the secret code word of the Zorbland expedition?"
+GOLD_AT = 3
+RIGHT = "The code word is pelican."
+WRONG = "The code word is albatross."
+
+
+@pytest.fixture(scope="module")
+def prompt(generator):
+    return generator.prompt(QUESTION, planted_passages(6, GOLD_AT))
+
+
+def test_attributing_the_models_own_answer_gives_what_generating_it_gave(generator, prompt):
+    generated = generator.generate(prompt, max_new_tokens=24)
+    checked = generator.attribute(prompt, generated.text)
+    assert checked.answer_ids == generated.answer_ids and checked.text == generated.text
+    # The same tokens scored in one chunk instead of one step each: equal up to summation order (measured 2e-6 on
+    # the log-probabilities, 1e-5 on the margins; fp32).
+    assert checked.token_logprobs == pytest.approx(generated.token_logprobs, abs=1e-4)
+    assert checked.token_margins == pytest.approx(generated.token_margins, abs=1e-4)
+    assert [c.span for c in checked.citations] == [c.span for c in generated.citations]
+    for a, b in zip(generated.citations, checked.citations, strict=True):
+        assert [(s.position, s.sentence) for s in a.sources] == [(s.position, s.sentence) for s in b.sources]
+        assert [s.score for s in b.sources] == pytest.approx([s.score for s in a.sources], abs=1e-4)
+    assert [p.score for p in checked.passages] == pytest.approx([p.score for p in generated.passages], abs=1e-4)
+    # The generation-time support model reads tokens this model picked; a given answer's were not.
+    assert generated.support is not None and checked.checked and checked.support is None
+
+
+def test_a_planted_right_answer_cites_its_passage_and_scores_above_a_wrong_one(generator, prompt):
+    right, wrong = generator.attribute_batch([prompt, prompt], [RIGHT, WRONG], verify=True)
+    assert right.text == RIGHT and right.citations[0].span == (0, len(RIGHT))
+    top = right.citations[0].sources[0]
+    assert top.position == GOLD_AT and top.passage_id == "gold"
+    # Removing the planted passage costs the right answer many nats (measured 14.9), the wrong one none (-0.4).
+    assert top.verified and top.logprob_drop > 5
+    assert not any(s.verified for c in wrong.citations for s in c.sources)
+    # One teacher-forced pass scores the answers: the right one is far likelier (measured -13.0 against -20.8 nats).
+    assert right.reference_logprob > wrong.reference_logprob + 3
+    alone = generator.attribute(prompt, WRONG)
+    assert alone.token_logprobs == pytest.approx(wrong.token_logprobs, abs=1e-4)
+
+
+def test_an_unsupported_sentence_is_the_one_left_unverified(generator, prompt):
+    text = "The secret code word is 'pelican'. It was chosen in 1920 by the Romans."
+    answer = generator.attribute(prompt, text, verify=True)
+    first, second = answer.citations
+    assert any(s.verified for s in first.sources)
+    assert not any(s.verified for s in second.sources)
+
+
+def test_bad_answers_are_refused_naming_what_to_change(generator, prompt):
+    with pytest.raises(InvalidArgumentError, match="answer 1 is empty"):
+        generator.attribute(prompt, "   ")
+    with pytest.raises(InvalidArgumentError, match="does not fit after its prompt"):
+        generator.attribute(prompt, "pelican " * generator.context_window)
+    with pytest.raises(InvalidArgumentError, match="1 answers for 2 prompts"):
+        generator.attribute_batch([prompt, prompt], [RIGHT])
