@@ -307,10 +307,11 @@ def test_shipped_metas_of_one_format_version_have_one_schema():
     # Where a method ships for one packaged model only (Pos2Distill's default-model run needs a GPU), or also for any
     # model (the model-agnostic support models).
     everywhere = {"smollm2-135m", "qwen2.5-coder-0.5b", "any"}
-    # Gemma 3 270M's first trained artefact: the `finetuned` delta (mudaf(alpha=0)), a CPU run.
+    # Gemma 3 270M's first artefacts: the `finetuned` delta (mudaf(alpha=0)) and the channel search, CPU runs.
     shipped_for = {
         "pos2distill": {"smollm2-135m"},
         "mudaf": {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"},
+        "channel-scaling": {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"},
         "support": everywhere,
         "support-verified": everywhere,
     }
