@@ -236,6 +236,52 @@ class Pipeline:
             o.withhold(answer)
         return answers
 
+    def check(
+        self,
+        question: str,
+        answer: str,
+        passages: list[Passage] | None = None,
+        options: AnswerOptions | None = None,
+        **changes: Any,
+    ) -> Answer:
+        """Check an answer midlens did not write (`Generator.attribute`): its sentences' citations over `passages`
+        (retrieved for `question` when None), in one teacher-forced pass; `verify` checks each citation by
+        ablation. The passages are stacked in the order given (never restacked: the answer was written over them
+        as they are); `support` is None (no support model is fitted for answers this model did not write)."""
+        check_question(question)
+        if not isinstance(answer, str) or not answer.strip():
+            raise InvalidArgumentError(
+                f"the answer to check is empty ({answer!r}): pass the text another model (or a person) wrote."
+            )
+        if passages is None and self.retriever is None:
+            raise InvalidArgumentError(
+                "no passages to check the answer against: this pipeline has no retriever; pass passages=[...] "
+                "(or build the pipeline over a corpus)."
+            )
+        o = self._call(options, changes).options
+        retrieved, t0 = passages is None, time.perf_counter()
+        if retrieved:
+            passages = self.retrieve(question, o.top_k)
+        retrieve_s = time.perf_counter() - t0
+        if not passages:
+            raise InvalidArgumentError("no passages to check the answer against: pass at least one passage.")
+        # The answer's own length as the room the prompt leaves: passages are truncated (or refused) as they
+        # would be for an answer that long.
+        room = len(self.generator.tokenizer(answer, add_special_tokens=False)["input_ids"])
+        if room >= self.generator.context_window:
+            raise InvalidArgumentError(
+                f"the answer ({room} tokens) does not fit {self.generator.loaded.name}'s "
+                f"{self.generator.context_window}-token context window: check a shorter answer, a sentence or a "
+                "paragraph at a time."
+            )
+        prompt = self.generator.prompt(question, passages, room, o.truncate, o.prompt_style)
+        checked = self.generator.attribute(prompt, answer)
+        if o.verify:
+            self._verify([prompt], [checked])
+        if retrieved:
+            checked.timings = {"retrieve_s": retrieve_s, **checked.timings}
+        return checked
+
     def answer_stream(
         self, question: str, passages: list[Passage], options: AnswerOptions | None = None, **changes: Any
     ) -> AnswerStream:

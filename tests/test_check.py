@@ -63,3 +63,35 @@ def test_bad_answers_are_refused_naming_what_to_change(generator, prompt):
         generator.attribute(prompt, "pelican " * generator.context_window)
     with pytest.raises(InvalidArgumentError, match="1 answers for 2 prompts"):
         generator.attribute_batch([prompt, prompt], [RIGHT])
+
+
+def test_pipeline_check_over_given_passages_and_its_bad_input(generator):
+    from midlens.rag.pipeline import Pipeline
+
+    pipe = Pipeline(None, generator)
+    answer = pipe.check(QUESTION, RIGHT, planted_passages(4, 2), verify=True)
+    assert answer.checked and answer.support is None
+    assert answer.citations[0].sources[0].position == 2 and answer.citations[0].sources[0].verified
+    with pytest.raises(InvalidArgumentError, match="this pipeline has no retriever; pass passages"):
+        pipe.check(QUESTION, RIGHT)
+    with pytest.raises(InvalidArgumentError, match="the answer to check is empty"):
+        pipe.check(QUESTION, "", planted_passages(4, 2))
+
+
+def test_the_check_command_prints_the_marked_answer_support_first_and_the_unsupported_sentence(tmp_path, capsys):
+    import json
+
+    from midlens.cli import main
+
+    rows = [{"title": p.title, "text": p.text, "id": p.id} for p in planted_passages(4, 2)]
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    text = "The secret code word is 'pelican'. It was chosen in 1920 by the Romans."
+    model = ["--model", "smollm2-135m", "--method", "baseline", "--device", "cpu", "--dtype", "float32"]
+    assert main(["check", QUESTION, "--answer", text, "--passages", str(tmp_path / "p.jsonl"), "--verify", *model]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert lines[1].startswith("A: The secret code word is 'pelican' [2].")
+    assert lines[2].startswith("   support: none (no support model for checked answers yet")
+    assert "may not be supported" in lines[3] and lines[4].strip() == "- It was chosen in 1920 by the Romans."
+    assert main(["check", QUESTION, "--answer", "  ", "--passages", str(tmp_path / "p.jsonl")]) == 2
+    assert "the answer to check is empty" in capsys.readouterr().err

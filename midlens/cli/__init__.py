@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from midlens import __version__
-from midlens.cli import ask, bench, cache, demo, heads, index, methods, serve, train
+from midlens.cli import ask, bench, cache, check, demo, heads, index, methods, serve, train
 from midlens.cli import eval as eval_command
 from midlens.cli.options import Parser, cli_spelling
 from midlens.core.errors import MidlensError
@@ -26,7 +26,7 @@ EXAMPLES = """examples:
   midlens demo
   midlens serve --port 8000
 """
-COMMANDS = (ask, methods, bench, eval_command, demo, heads, train, cache, index, serve)
+COMMANDS = (ask, check, methods, bench, eval_command, demo, heads, train, cache, index, serve)
 
 
 def build_parser() -> Parser:

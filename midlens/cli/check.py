@@ -1,0 +1,119 @@
+"""`midlens check`: read an answer another model (or a person) wrote over the passages, and show which passage each of
+its sentences rests on and which may not be supported."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from midlens.cli.options import add_model_args, positive_int
+from midlens.core.checks import check_question
+from midlens.core.errors import InvalidArgumentError
+from midlens.core.names import DEFAULT_PROMPT_STYLE, DEFAULT_TOP_K, PROMPT_STYLES, TRUNCATE_MODES
+
+EXAMPLES = """examples:
+  midlens check "Who directed Wings of Desire?" --answer "Wim Wenders directed it in 1987."
+  midlens check "What does the report conclude?" --answer "$(cat answer.txt)" --corpus docs/ --verify
+  midlens check "Who wrote it?" --answer "Ada Lovelace." --passages passages.jsonl --json
+"""
+
+
+def add_parser(sub) -> None:
+    check = sub.add_parser(
+        "check", help="cite and check an answer written elsewhere against the passages", epilog=EXAMPLES
+    )
+    check.add_argument("question", help="the question the answer answers (quote it)")
+    check.add_argument("--answer", required=True, help="the answer to check (quote it)")
+    source = check.add_mutually_exclusive_group()
+    source.add_argument("--corpus", help="folder of .txt/.md or a .jsonl to retrieve from; default: embedded HotpotQA")
+    source.add_argument(
+        "--passages",
+        help="the passages the answer was written over (.jsonl of {title, text}, a .txt/.md or a folder), "
+        "stacked in that order, no retrieval",
+    )
+    check.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="passages to retrieve (--corpus)")
+    check.add_argument("--truncate", default="error", choices=TRUNCATE_MODES, help="when passages overflow the window")
+    check.add_argument("--prompt-style", default=DEFAULT_PROMPT_STYLE, choices=PROMPT_STYLES)
+    check.add_argument(
+        "--verify",
+        action="store_true",
+        help="check each citation: re-score the answer with the cited passage removed; a sentence none of whose "
+        "passages it needs is flagged as possibly unsupported",
+    )
+    check.add_argument("--json", action="store_true", help="print the full result as JSON")
+    add_model_args(check)
+    check.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_question(args.question)  # before torch and the model load
+    if not args.answer.strip():
+        raise InvalidArgumentError('the answer to check is empty: pass its text with --answer "...".')
+    from midlens.cli.options import check_device, chosen_model, evidence_config, method_spec
+    from midlens.rag.options import AnswerOptions
+
+    options = AnswerOptions(
+        method=None, top_k=args.top_k, truncate=args.truncate, prompt_style=args.prompt_style, verify=args.verify
+    )
+    method = method_spec(args)
+    args.model = chosen_model(args, method)
+    check_device(args)
+    from midlens.core.passage import Passage
+    from midlens.generators.checking import NO_SUPPORT_MODEL, unsupported
+    from midlens.rag.pipeline import Pipeline, marked_answer
+
+    passages = None
+    if args.passages is not None:
+        from midlens.retrievers.corpus import read_documents
+
+        docs = read_documents(args.passages)  # a missing or malformed file is named before the model loads
+        passages = [Passage(text=d["text"], title=d["title"], id=d["id"]) for d in docs]
+        from midlens.generators import Generator
+
+        generator = Generator(
+            args.model, method=method, evidence=evidence_config(args), device=args.device, dtype=args.dtype
+        )
+        pipe = Pipeline(None, generator, options)
+    else:
+        pipe = Pipeline.from_corpus(
+            args.corpus,
+            model=args.model,
+            options=options.replace(method=method.spec()),
+            evidence=evidence_config(args),
+            device=args.device,
+            dtype=args.dtype,
+        )
+    answer = pipe.check(args.question, args.answer, passages)
+    flagged = unsupported(answer)
+    if args.json:
+        record = {
+            **answer.to_dict(),
+            "marked_text": marked_answer(answer).text,
+            "unsupported": [c.span for c in flagged],
+            "support_note": NO_SUPPORT_MODEL,
+        }
+        print(json.dumps(record, indent=2, ensure_ascii=False))
+        return 0
+    from midlens.cli.ask import print_citations
+
+    print(f"\nQ: {answer.question}\nA: {marked_answer(answer).text}")
+    print(f"   support: none ({NO_SUPPORT_MODEL})")
+    if flagged:
+        why = "none of its cited passages is needed (verified)" if args.verify else "it cites no passage"
+        print(f"   may not be supported ({why}):")
+        for citation in flagged:
+            print(f"     - {answer.text[citation.span[0] : citation.span[1]]}")
+    elif not args.verify:
+        print("   every sentence cites a passage; --verify checks whether it needs it")
+    else:
+        print("   every sentence rests on a passage it needs (verified)")
+    print()
+    print_citations(answer)
+    print(
+        f"{answer.prompt_tokens} prompt tokens, {answer.generated_tokens} answer tokens; "
+        + ", ".join(f"{k} {v:.2f}s" for k, v in answer.timings.items())
+    )
+    if answer.dropped:
+        print(f"note: {len(answer.dropped)} passages did not fit the window and were dropped.", file=sys.stderr)
+    return 0
