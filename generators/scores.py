@@ -162,11 +162,11 @@ def _banded_attend(
     if q.device.type != "cpu" or length < 2 * BAND_QUERIES or mask.shape[-2] != length:
         return None
     seen = mask.reshape(-1, length, total).any(0)  # [L, T]: some row or head sees the key
-    columns = torch.arange(total, device=q.device)
-    first = torch.where(seen, columns, total).amin(-1)
-    last = torch.where(seen, columns, -1).amax(-1)
     starts = range(0, length, BAND_QUERIES)
-    bounds = [(int(first[s : s + BAND_QUERIES].min()), int(last[s : s + BAND_QUERIES].max()) + 1) for s in starts]
+    bounds = []
+    for s in starts:  # bool reductions only: index arithmetic over [L, T] cost 5 % of a 2k prefill
+        columns = seen[s : s + BAND_QUERIES].any(0).nonzero()
+        bounds.append((int(columns[0]), int(columns[-1]) + 1))
     if max(lo for lo, _ in bounds) == 0:  # no window cuts a block's keys (causal or padded attention)
         return None
     gqa = keys.shape[1] != q.shape[1]
