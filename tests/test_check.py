@@ -95,3 +95,26 @@ def test_the_check_command_prints_the_marked_answer_support_first_and_the_unsupp
     assert "may not be supported" in lines[3] and lines[4].strip() == "- It was chosen in 1920 by the Romans."
     assert main(["check", QUESTION, "--answer", "  ", "--passages", str(tmp_path / "p.jsonl")]) == 2
     assert "the answer to check is empty" in capsys.readouterr().err
+
+
+def test_the_llamaindex_evaluator_passes_a_grounded_response_and_names_an_unsupported_sentence(generator):
+    from llama_index.core.base.response.schema import Response
+    from llama_index.core.evaluation import BaseEvaluator
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from midlens.rag.llamaindex import MidlensEvaluator
+    from midlens.rag.pipeline import Pipeline
+
+    evaluator = MidlensEvaluator(Pipeline(None, generator))
+    assert isinstance(evaluator, BaseEvaluator)
+    contexts = [p.text for p in planted_passages(4, 2)]
+    # Any query engine's Response: its source nodes are the contexts.
+    nodes = [NodeWithScore(node=TextNode(text=text), score=1.0) for text in contexts]
+    good = evaluator.evaluate_response(query=QUESTION, response=Response(response=RIGHT, source_nodes=nodes))
+    assert good.passing and good.score == 1.0 and "[2]" in good.feedback
+    text = "The secret code word is 'pelican'. It was chosen in 1920 by the Romans."
+    bad = evaluator.evaluate(query=QUESTION, response=text, contexts=contexts)
+    assert not bad.passing and bad.score == 0.5
+    assert "- It was chosen in 1920 by the Romans." in bad.feedback
+    with pytest.raises(InvalidArgumentError, match="needs the query, the response and its contexts"):
+        evaluator.evaluate(query=QUESTION, response=RIGHT, contexts=[])

@@ -6,6 +6,7 @@
                         metadata["midlens"]["citations"] what each answer sentence cites
     MidlensCitationQueryEngine  CitationQueryEngine's output ("Source n:" nodes, [n] markers), markers from attention
     MidlensRetriever    a BaseRetriever over the repo's own retriever (dense, hybrid, +links)
+    MidlensEvaluator    a BaseEvaluator: any LLM's response cited against its contexts, each citation verified
 
 Every class is a shell: passages are stacked and answered by `Pipeline.answer/answer_stream` (MidlensLLM.pipeline,
 which MidlensQueryEngine answers through) and scored by `Generator.score_batch` (AttentionReranker), so prompting,
@@ -27,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from midlens.rag.llamaindex.citation_engine import MidlensCitationQueryEngine  # noqa: E402
 from midlens.rag.llamaindex.citations import citation_rows  # noqa: E402
 from midlens.rag.llamaindex.common import evidence_rows, to_passage  # noqa: E402
+from midlens.rag.llamaindex.evaluator import MidlensEvaluator  # noqa: E402
 from midlens.rag.llamaindex.llm import MidlensLLM  # noqa: E402
 from midlens.rag.llamaindex.query_engine import MidlensQueryEngine  # noqa: E402
 from midlens.rag.llamaindex.reranker import AttentionReranker  # noqa: E402
@@ -35,6 +37,7 @@ from midlens.rag.llamaindex.retriever import MidlensRetriever  # noqa: E402
 __all__ = [
     "AttentionReranker",
     "MidlensCitationQueryEngine",
+    "MidlensEvaluator",
     "MidlensLLM",
     "MidlensQueryEngine",
     "MidlensRetriever",

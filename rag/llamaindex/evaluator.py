@@ -1,0 +1,93 @@
+"""A LlamaIndex evaluator that checks a response written by any LLM against its contexts the way midlens checks its own
+answers: each sentence cited from the attention of one teacher-forced pass (`Pipeline.check`), each citation verified
+by ablation, and the sentences none of whose cited contexts they need named in the feedback, as
+`FaithfulnessEvaluator` names a verdict.
+
+    evaluator = MidlensEvaluator.from_model("smollm2-135m")
+    result = evaluator.evaluate_response(query=question, response=engine.query(question))
+    result.passing, result.score, result.feedback
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.evaluation import BaseEvaluator, EvaluationResult
+from llama_index.core.prompts.mixin import PromptDictType
+
+from midlens.core.errors import InvalidArgumentError
+from midlens.core.passage import Passage
+from midlens.generators.checking import NO_SUPPORT_MODEL, supported_share, unsupported
+from midlens.rag.pipeline import Pipeline, marked_answer
+
+
+class MidlensEvaluator(BaseEvaluator):
+    """`passing`: every sentence rests on a context it needs; `score`: the share of sentences that do (a count, not a
+    calibrated probability: no support model is fitted for answers this model did not write); `feedback`: the
+    marked response and the sentences that may not be supported. `verify=False` cites without ablation, and then
+    only a sentence citing nothing fails (attention always lands on some context)."""
+
+    def __init__(self, pipeline: Pipeline, verify: bool = True) -> None:
+        if pipeline.generator is None or pipeline.generator.citations is None:
+            raise InvalidArgumentError(
+                "MidlensEvaluator reads citations: pass a pipeline whose generator cites (citations on)."
+            )
+        self.pipeline = pipeline
+        self.verify = verify
+
+    @classmethod
+    def from_model(cls, model: str = "smollm2-135m", verify: bool = True, **generator_options: Any) -> MidlensEvaluator:
+        """An evaluator over `model` (a packaged name or a model folder); `generator_options` go to `Generator`
+        (method, device, dtype)."""
+        from midlens.generators import Generator
+
+        return cls(Pipeline(None, Generator(model, **generator_options)), verify)
+
+    def evaluate(
+        self,
+        query: str | None = None,
+        response: str | None = None,
+        contexts: Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> EvaluationResult:
+        # The work is one synchronous forward on the local model: no event loop to start for it.
+        del kwargs
+        if query is None or response is None or not contexts:
+            raise InvalidArgumentError(
+                "MidlensEvaluator needs the query, the response and its contexts (the source nodes' texts): pass all "
+                "three, or call evaluate_response(query, response) with a Response that has source_nodes."
+            )
+        passages = [Passage(text=text, title=f"Context {i}", id=str(i)) for i, text in enumerate(contexts, 1)]
+        answer = self.pipeline.check(query, response, passages, verify=self.verify)
+        flagged = unsupported(answer)
+        lines = [marked_answer(answer).text, f"support: {NO_SUPPORT_MODEL}."]
+        if flagged:
+            check = "none of its cited contexts is needed" if self.verify else "it cites no context"
+            lines.append(f"May not be supported ({check}):")
+            lines += [f"- {answer.text[c.span[0] : c.span[1]]}" for c in flagged]
+        else:
+            lines.append("Every sentence rests on a context" + (" it needs (verified)." if self.verify else "."))
+        return EvaluationResult(
+            query=query,
+            response=response,
+            contexts=list(contexts),
+            passing=not flagged,
+            score=supported_share(answer),
+            feedback="\n".join(lines),
+        )
+
+    def _get_prompts(self) -> PromptDictType:
+        return {}  # no prompt: the verdict is read from attention and ablation, not asked of an LLM
+
+    def _update_prompts(self, prompts: PromptDictType) -> None:
+        del prompts
+
+    async def aevaluate(
+        self,
+        query: str | None = None,
+        response: str | None = None,
+        contexts: Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> EvaluationResult:
+        return self.evaluate(query, response, contexts, **kwargs)
