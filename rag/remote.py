@@ -116,6 +116,24 @@ class ScoreRequest(BaseModel):
     )
 
 
+class CheckRequest(BaseModel):
+    """An answer written elsewhere, to cite against the passages it was written over (`Generator.attribute`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str
+    answer: str = Field(description="The answer to check, as another model (or a person) wrote it.")
+    passages: list[PassageIn] = Field(default_factory=list, description="Stacked in the order given.")
+    method: str | None = Field(default=None, description="Method spec (default: the server's); same weights.")
+    verify: bool = Field(
+        default=True,
+        description="Check each citation by ablation (the answer re-scored without the cited passage): a sentence "
+        "none of whose cited passages it needs is listed in `unsupported`.",
+    )
+    truncate: Truncate = "error"
+    prompt_style: str | None = Field(default=None, description="litm or short (default: the server's).")
+
+
 class EvidenceRow(BaseModel):
     """One passage as the model saw it: its 1-based prompt position and the attention it received."""
 
@@ -162,6 +180,14 @@ class MidlensResult(BaseModel):
 class AnswerResponse(MidlensResult):
     question: str
     text: str
+
+
+class CheckResponse(AnswerResponse):
+    unsupported: list[tuple[int, int]] = Field(
+        description="The characters in `text` of each sentence that may not be supported: it cites no passage or, "
+        "verified, needs none of those it cites."
+    )
+    support_note: str = Field(description="Why `support` is null for a checked answer.")
 
 
 # ---- OpenAI chat completions (responses; the request's model is the server's) ----
@@ -400,6 +426,13 @@ class MidlensClient:
         """`options`: ScoreRequest's fields (method, calibrate, truncate, prompt_style)."""
         request = ScoreRequest(question=question, passages=[passage_json(p) for p in passages], **options)
         return MidlensResult.model_validate(self._send("POST", "/v1/midlens/score", _body(request)).json())
+
+    def check(self, question: str, answer: str, passages: Sequence[Any], **options: Any) -> CheckResponse:
+        """`options`: CheckRequest's fields (method, verify, truncate, prompt_style)."""
+        request = CheckRequest(
+            question=question, answer=answer, passages=[passage_json(p) for p in passages], **options
+        )
+        return CheckResponse.model_validate(self._send("POST", "/v1/midlens/check", _body(request)).json())
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> ChatCompletion:
         """An OpenAI chat completion; `options` are its parameters (max_tokens, ..., midlens={...})."""

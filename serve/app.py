@@ -3,6 +3,7 @@
     POST /v1/chat/completions    OpenAI chat completions (JSON or server-sent events) + a `midlens` extension
     POST /v1/midlens/answer      answer over passages given with ids, evidence per passage
     POST /v1/midlens/score       evidence without generating
+    POST /v1/midlens/check       cite (and verify) an answer written elsewhere over passages given with ids
     GET  /v1/midlens/spec        model, method, limits;  GET /v1/midlens/stats  batches this replica formed
     GET  /v1/models, /healthz, /readyz, /docs (OpenAPI)
 
@@ -33,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from midlens.core.errors import InvalidArgumentError, MidlensError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.generators.checking import NO_SUPPORT_MODEL, unsupported
 from midlens.generators.citations import Citation
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE
@@ -42,6 +44,8 @@ from midlens.rag.remote import (
     AnswerResponse,
     ChatCompletion,
     ChatCompletionChunk,
+    CheckRequest,
+    CheckResponse,
     ErrorResponse,
     MidlensResult,
     ScoreRequest,
@@ -321,6 +325,24 @@ class MidlensServer:
         """Evidence for the passages without generating (one prefill, plus the calibration suffix)."""
         outcome = await self._answer(self.engine.score_job(body))
         return JSONResponse(result_of(outcome.answer, outcome.batch_size).model_dump())
+
+    @api.post("/v1/midlens/check", response_model=CheckResponse)
+    async def check(self, body: CheckRequest) -> JSONResponse:
+        """Cite an answer written elsewhere against the passages (in the order given), one teacher-forced pass, each
+        citation verified by ablation unless `verify` is false; `unsupported` lists the sentences that may not be."""
+        outcome = await self._answer(self.engine.check_job(body))
+        answer = outcome.answer
+        result = result_of(answer, outcome.batch_size).model_dump()
+        flagged = [c.span for c in unsupported(answer)]
+        return JSONResponse(
+            {
+                "question": answer.question,
+                "text": answer.text,
+                **result,
+                "unsupported": flagged,
+                "support_note": NO_SUPPORT_MODEL,
+            }
+        )
 
     @api.get("/v1/midlens/spec", response_model=Spec)
     async def spec(self) -> Spec:

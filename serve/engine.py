@@ -32,7 +32,7 @@ from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_c
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style, read_user_content
 from midlens.generators.restack import Restacker, as_restack
 from midlens.rag.options import FIELDS, AnswerOptions
-from midlens.rag.remote import AnswerRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
+from midlens.rag.remote import AnswerRequest, CheckRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
 from midlens.serve.schemas import ChatCompletionRequest
 
 # How a prompt over the window is fixed through this API (PromptTooLongError.describe spells it per interface).
@@ -107,6 +107,9 @@ class Decoding:
     stop_at_line_end: bool = False
     # The request's options as a whole (what happens to its answer afterwards: abstaining); not what batches share.
     answer: AnswerOptions = field(default_factory=AnswerOptions, compare=False, repr=False)
+    # The rows are given answers to check (`Generator.attribute`), nothing is generated; `verify`: by ablation too.
+    check: bool = False
+    verify: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ class Job:
     decoding: Decoding
     on_token: Callable[[str], None] | None = None
     on_citation: Callable[[Citation], None] | None = None
+    given: str | None = None  # the answer to check (`Decoding.check`)
     # Set from the event loop when nobody waits for the answer any more; read by the generation thread.
     cancelled: bool = False
 
@@ -345,6 +349,24 @@ class Engine:
         )
         return Job(prompt, decoding)
 
+    def check_job(self, request: CheckRequest) -> Job:
+        """An answer written elsewhere, checked over the passages as given: its length is the room the prompt
+        leaves, bounded by the server's answer limit."""
+        if not request.answer.strip():
+            raise InvalidArgumentError("the answer to check is empty: send the text another model wrote in `answer`.")
+        if not request.passages:
+            raise InvalidArgumentError("no passages to check the answer against: send the ones it was written over.")
+        tokens = len(self.default.tokenizer(request.answer, add_special_tokens=False)["input_ids"])
+        if tokens > self.limits.max_answer_tokens:
+            raise TooMuchWork(
+                f"the answer is {tokens} tokens, over this server's limit of {self.limits.max_answer_tokens} "
+                "(midlens serve --max-answer-tokens): check it a paragraph at a time."
+            )
+        room = self._decoding(request.method, {"max_new_tokens": tokens, "restack": None})
+        prompt = self._stacked(request.question, request.passages, room, request.truncate, request.prompt_style)
+        decoding = dataclasses.replace(room, max_new_tokens=0, check=True, verify=request.verify)
+        return Job(prompt, decoding, given=request.answer)
+
     def chat_job(self, request: ChatCompletionRequest) -> Job:
         """Passages in the `midlens` extension: the RAG prompt over the last user message (evidence per passage).
         None: the conversation in the model's chat template, as MidlensLLM.chat does (no passages to score)."""
@@ -457,6 +479,9 @@ class Engine:
     def _generate(self, decoding: Decoding, jobs: list[Job]) -> list[Answer | Cancelled]:
         """One `generate_batch` over the jobs: an Answer per job, or Cancelled for a job whose row was stopped
         before it was done (what it generated so far is nobody's answer). Raises Cancelled when every job is."""
+        if decoding.check:  # one teacher-forced pass per batch (and the ablations): nothing to cancel between steps
+            checker = self._generator(decoding.method)
+            return checker.attribute_batch([j.prompt for j in jobs], [j.given or "" for j in jobs], decoding.verify)
         generator: Generator | Restacker = self._generator(decoding.method)
         if decoding.restack is not None:  # cheap: the scorer's generator is kept per answering generator
             generator = Restacker(generator, as_restack(decoding.restack, decoding.restack_rounds))

@@ -118,3 +118,24 @@ def test_the_llamaindex_evaluator_passes_a_grounded_response_and_names_an_unsupp
     assert "- It was chosen in 1920 by the Romans." in bad.feedback
     with pytest.raises(InvalidArgumentError, match="needs the query, the response and its contexts"):
         evaluator.evaluate(query=QUESTION, response=RIGHT, contexts=[])
+
+
+def test_the_server_engine_checks_an_answer_within_its_limits(generator):
+    from midlens.rag.remote import CheckRequest, PassageIn
+    from midlens.serve.engine import Engine, Limits, TooMuchWork
+
+    passages = [PassageIn(id=p.id or str(i), title=p.title, text=p.text) for i, p in enumerate(planted_passages(4, 2))]
+    engine = Engine("smollm2-135m", method="baseline", limits=Limits(max_answer_tokens=40))
+    text = "The secret code word is 'pelican'. It was chosen in 1920 by the Romans."
+    job = engine.check_job(CheckRequest(question=QUESTION, answer=text, passages=passages))
+    (outcome,) = engine.run([job])
+    assert outcome.error is None and outcome.answer.checked and outcome.answer.support is None
+    first, second = outcome.answer.citations
+    assert first.sources[0].passage_id == "gold" and first.sources[0].verified
+    assert not any(s.verified for s in second.sources)
+    with pytest.raises(TooMuchWork, match="over this server's limit of 40"):
+        engine.check_job(CheckRequest(question=QUESTION, answer="pelican " * 60, passages=passages))
+    with pytest.raises(InvalidArgumentError, match="the answer to check is empty"):
+        engine.check_job(CheckRequest(question=QUESTION, answer=" ", passages=passages))
+    with pytest.raises(InvalidArgumentError, match="no passages to check the answer against"):
+        engine.check_job(CheckRequest(question=QUESTION, answer=text))
