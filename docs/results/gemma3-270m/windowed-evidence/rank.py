@@ -87,6 +87,11 @@ def main(paths: list[str], out: str | None) -> None:
     for path in paths:
         with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
             rows = [json.loads(line) for line in f if line.strip()]
+        # Only questions scored at every slot (a run stopped for time may end inside one).
+        slots: dict[str, set[int]] = {}
+        for r in rows:
+            slots.setdefault(r["key"].split("|")[0], set()).add(r["slot"])
+        rows = [r for r in rows if slots[r["key"].split("|")[0]] == {1, 5, 10}]
         results[path] = table(rows)
         print(f"\n{path}: {len(rows)} prompts, {sum(r['slot'] == 1 for r in rows)} questions")
         print(f"{'rule':48s} {'slot 1':>7s} {'slot 5':>7s} {'slot 10':>7s} {'mean':>6s} {'MRR':>6s}")
