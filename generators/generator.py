@@ -501,7 +501,9 @@ class Generator:
         `rows` then hold them as if decoded (tokens, character ends, log-probabilities, margins, the rows fed
         back), so the Answer, its evidence and its citations are assembled by the same code as a generated one's.
         Returns each answer's token log-probabilities."""
+        t0 = time.perf_counter()
         logprobs, margins = run.teacher_forced(first_logits, answers, mix, read=self.citations is not None)
+        run.timings["answer_s"] = time.perf_counter() - t0  # the answer's chunk: what checking adds to the prefill
         for b, ids in enumerate(answers):
             ids = ids or []
             rows.generated[b] = list(ids)
