@@ -60,8 +60,9 @@ def trace_attention(attn: nn.Module, rotary_dim: int) -> AttentionTrace:
     """Run `attn` (a stock decoder layer's self_attn) on one token with rotary tables over `rotary_dim` channels.
 
     Raises whatever the forward raises: the caller turns that into a refusal naming the module."""
-    weight = next(attn.parameters())
-    device, dtype = weight.device, weight.dtype
+    # A dynamically quantised layer (torch.ao int8 Linear) holds packed weights, no parameters: it computes in fp32.
+    weight = next((t for t in (*attn.parameters(), *attn.buffers()) if t.is_floating_point()), None)
+    device, dtype = (weight.device, weight.dtype) if weight is not None else (torch.device("cpu"), torch.float32)
     hidden = torch.zeros(1, 1, attn.config.hidden_size, device=device, dtype=dtype)
     cos = torch.ones(1, 1, rotary_dim, device=device, dtype=dtype)
     sin = torch.zeros(1, 1, rotary_dim, device=device, dtype=dtype)
