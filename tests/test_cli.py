@@ -265,7 +265,7 @@ def test_a_trained_method_runs_on_the_default_model_and_is_refused_early_where_n
         chosen_model(args, method_spec(args))
     folder = tmp_path / "my-model"
     folder.mkdir()
-    refusal = r"mudaf.*ships for smollm2-135m, qwen2.5-coder-0.5b\. To fix it, pass model=\"smollm2-135m\""
+    refusal = r"mudaf.*ships for smollm2-135m, qwen2.5-coder-0.5b, gemma3-270m\. To fix it, pass model=\"smollm2-135m\""
     with pytest.raises(ArtefactError, match=refusal):
         args = argparse.Namespace(model=str(folder), method="mudaf(alpha=0)")
         chosen_model(args, method_spec(args))
