@@ -347,12 +347,16 @@ def test_classes_import_from_llamaindex_conventional_paths(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-1500:]
 
 
-def test_a_reranker_given_no_model_shares_the_llm_s_and_a_different_one_is_said(llm, tmp_path, caplog):
+def test_a_reranker_given_no_model_shares_the_llm_s_and_a_different_one_is_said(llm, tmp_path, caplog, monkeypatch):
     """Defect: `AttentionReranker(top_n=2)` beside `MidlensLLM(model="smollm2-135m")` silently loaded the 0.5B
     default as a second model. Now it reads the LLM's own model; a different one is logged as such."""
     from midlens.generators.loading import load_model
+    from midlens.rag.llamaindex import common
     from tests.tiny import save_tiny
 
+    # As in a process where this LLM is the only one: other test files' LLMs (gemma3-270m's) may still be alive here.
+    monkeypatch.setattr(common, "_LLM_MODELS", [])
+    common.note_llm_model(llm.generator.loaded)
     assert AttentionReranker(top_n=2).generator.loaded is llm.generator.loaded
     other = load_model(str(save_tiny("llama", tmp_path / "tiny")), device="cpu", dtype="float32")
     with caplog.at_level("WARNING", logger="midlens.rag.llamaindex"):
