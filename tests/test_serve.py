@@ -902,6 +902,7 @@ def test_a_helmet_style_item_through_the_openai_client_answers_as_in_process(ser
     assert "\n" not in done.choices[0].message.content
 
 
+@pytest.mark.busy
 def test_serve_becomes_ready_with_every_core_kept_busy(tmp_path):
     """Issue 74 G: with both cores busy (two CPU-bound processes, as when a sweep runs beside it) Ray Serve's proxy
     missed its 5 s ready check three times and was killed: `midlens serve` died with ActorDiedError, 4 of 4 tries.
