@@ -296,7 +296,7 @@ def inspect_routers(gen, prompts: list, out: Path | None = None) -> list[str]:
     only when asked: it draws with matplotlib)."""
     from midlens.generators.methods.moice_inspect import inspect_routers as inspect
 
-    return inspect(gen, prompts, out)
+    return inspect(gen, list(routed_schemes(gen.parts.schemes).values()), prompts, out)
 
 
 METHOD = Method(

@@ -30,13 +30,11 @@ def usage_heatmap(per_layer: torch.Tensor, bases: list[float], path) -> None:
     plt.close(fig)
 
 
-def inspect_routers(gen, prompts: list, out: Path | None = None) -> list[str]:
+def inspect_routers(gen, schemes: list, prompts: list, out: Path | None = None) -> list[str]:
     """`midlens methods moice ...`: the expert bases the routers mix, and the share of (token, head) routes each
     expert gets on `prompts` (StackedPrompts), per layer. With `out`: moice-bases.png (the bases' waveforms),
-    moice-usage.json and moice-usage.png (layers x experts)."""
-    from midlens.generators.methods.moice import routed_schemes
-
-    schemes = list(routed_schemes(gen.parts.schemes).values())  # NoPE layers have no router
+    moice-usage.json and moice-usage.png (layers x experts). `schemes`: the layers' MoICE schemes (NoPE layers have
+    no router), given by the method module so this one does not import it back."""
     config = gen.loaded.model.config
     head_dim = head_dim_of(config)
     bases = list(schemes[0].bases)
