@@ -38,6 +38,12 @@ def indexes_dir() -> Path:
     return cache_dir() / "indexes"
 
 
+def load_checks_dir() -> Path:
+    """The load-time comparisons with transformers' forward, one JSON record per (weights, config, dtype, device,
+    versions); a missing record only costs the comparison again."""
+    return cache_dir() / "load-checks"
+
+
 def make_folder(folder: Path) -> Path:
     """`folder` made (with its parents) to write into. A file where a folder must be (an output `results.txt`, or a
     parent that is a file) is refused by name, not by mkdir's FileExistsError traceback."""

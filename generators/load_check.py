@@ -38,7 +38,7 @@ from torch import nn
 
 from midlens.core.device import dtype_name
 from midlens.core.errors import ModelError, Remedy
-from midlens.core.files import cache_dir, read_manifest, sha256_json, sha256_of, write_atomic
+from midlens.core.files import load_checks_dir, read_manifest, sha256_json, sha256_of, write_atomic
 from midlens.generators import anatomy, attention, rope, scores
 from midlens.generators.anatomy import decoder_of, model_anatomy
 from midlens.generators.attention import PositionalAttention, install_positional_attention, new_cache
@@ -340,7 +340,7 @@ def _float32_parameters(model: nn.Module) -> Iterator[None]:
 
 
 def checks_dir() -> Path:
-    return cache_dir() / "load-checks"
+    return load_checks_dir()
 
 
 def _record_path(folder: Path, dtype: torch.dtype, device: torch.device) -> Path:

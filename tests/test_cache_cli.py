@@ -107,3 +107,30 @@ def test_index_build_info_verify_and_clear(cache, capsys, tmp_path):
 
     rc, out = cli(capsys, "index", "build", "--corpus", str(tmp_path / "missing"))
     assert rc == 2 and "corpus not found" in out
+
+
+def test_load_check_records_are_listed_and_cleared_with_their_model(cache, capsys):
+    from midlens.core.files import load_checks_dir
+
+    folder = save_tiny("llama", models_dir() / "tiny")
+    record_conversion(folder, "tiny", "ab" * 32)
+    rc, out = cli(capsys, "cache", "info")
+    assert "load-time checks: none recorded yet" in out
+
+    rc, out = cli(capsys, "cache", "verify", "--model", "tiny", "--dtype", "float32")
+    assert rc == 0, out
+    records = sorted(load_checks_dir().glob("*.json"))
+    assert len(records) == 1  # verify ran the comparison and recorded it
+    rc, out = cli(capsys, "cache", "info")
+    assert f"load-time checks: 1 recorded, 0 refused or unreadable  {load_checks_dir()}" in out
+
+    rc, out = cli(capsys, "cache", "clear", "--model", "tiny")
+    assert rc == 0 and "removed 1 load-time check record(s)" in out
+    assert not list(load_checks_dir().glob("*.json"))  # a reconverted model is compared again, not trusted
+
+    cli(capsys, "cache", "verify", "--model", "tiny")  # nothing cached: refused, no record
+    folder = save_tiny("llama", models_dir() / "tiny")
+    record_conversion(folder, "tiny", "ab" * 32)
+    cli(capsys, "cache", "verify", "--model", "tiny", "--dtype", "float32")
+    rc, out = cli(capsys, "cache", "clear", "--all")
+    assert rc == 0 and not load_checks_dir().exists()

@@ -3,7 +3,7 @@
     midlens cache info                                  models and indexes, sizes, paths, leftover temp folders
     midlens cache verify [--model NAME] [--dtype D]     every file against its recorded sha256; each model's
                                                         load-time comparison with transformers' forward, again
-    midlens cache clear (--model NAME | --indexes | --all)
+    midlens cache clear (--model NAME | --indexes | --all)   a model goes with its load-time check records
 
 Listing and clearing read only the folders (no torch, no faiss), so they answer at once; verifying hashes
 every byte. The folder helpers here serve `midlens index` too.
@@ -16,11 +16,13 @@ import json
 import shutil
 from pathlib import Path
 
+from midlens.cli.options import cli_message
 from midlens.core.errors import MidlensError
 from midlens.core.files import (
     folder_size,
     indexes_dir,
     is_stale,
+    load_checks_dir,
     models_dir,
     read_manifest,
     remove_tree,
@@ -98,7 +100,8 @@ def run_info(args: argparse.Namespace) -> int:
     for folder in indexes:
         print(index_line(folder, detail=False))
     print_leftovers(leftovers)
-    total = sum(folder_size(f) for f in models + indexes + leftovers)
+    print(_load_checks_line())
+    total = sum(folder_size(f) for f in models + indexes + leftovers) + _folder_bytes(load_checks_dir())
     print(f"total {human(total)}")
     return 0
 
@@ -111,7 +114,7 @@ def _verify_index(folder: Path) -> str | None:
     try:
         verify_index(folder, hashes=True)
     except RetrievalIndexError as err:
-        return str(err)
+        return cli_message(err)
     return None
 
 
@@ -132,7 +135,7 @@ def run_verify(args: argparse.Namespace) -> int:
             check_model_folder(folder.name, folder, hashes=True)
         except ModelError as err:
             bad += 1
-            print(f"DAMAGED model {folder.name}: {err}\n")
+            print(f"DAMAGED model {folder.name}: {cli_message(err)}\n")
             continue
         print(f"ok      model {folder.name}: every file matches its manifest ({folder})")
         bad += _recheck(folder, getattr(args, "dtype", "auto"))
@@ -161,7 +164,7 @@ def _recheck(folder: Path, dtype: str) -> int:
     try:
         loaded = load_model(folder.name if folder.name in REGISTRY else str(folder), "auto", dtype)
     except ModelError as err:
-        print(f"REFUSED model {folder.name}: {err}\n")
+        print(f"REFUSED model {folder.name}: {cli_message(err)}\n")
         return 1
     release_model(loaded)
     if loaded.verified is None or not loaded.verified.judged:
@@ -177,6 +180,55 @@ def _plain_name(name: str) -> str:
     if not name or name.startswith(".") or "/" in name or "\\" in name:
         raise MidlensError(f"--model {name!r}: give a cached model's name, as `midlens cache info` lists it.")
     return name
+
+
+def _check_records() -> list[Path]:
+    folder = load_checks_dir()
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []
+
+
+def _folder_bytes(folder: Path) -> int:
+    return folder_size(folder) if folder.is_dir() else 0
+
+
+def _load_checks_line() -> str:
+    """How many load-time comparisons are on record and how many refused, read from the records alone."""
+    records = _check_records()
+    if not records:
+        return "load-time checks: none recorded yet (the first load of each model and dtype runs one)"
+    refused = 0
+    for record in records:
+        try:
+            refused += not json.loads(record.read_text(encoding="utf-8"))["check"]["passed"]
+        except (OSError, ValueError, KeyError, TypeError):
+            refused += 1  # an unreadable record is not a pass: the next load runs the comparison again
+    return (
+        f"load-time checks: {len(records)} recorded, {refused} refused or unreadable  {load_checks_dir()}\n"
+        "      (`midlens cache verify --model NAME` runs one again)"
+    )
+
+
+def _model_checks(folder: Path) -> list[Path]:
+    """The records of one cached model (any dtype, device or version): those made from its folder."""
+    ours = []
+    for record in _check_records():
+        try:
+            made_from = json.loads(record.read_text(encoding="utf-8"))["check"]["folder"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if Path(str(made_from)).resolve() == folder.resolve():
+            ours.append(record)
+    return ours
+
+
+def _clear_checks(records: list[Path]) -> int:
+    freed = 0
+    for record in records:
+        freed += record.stat().st_size
+        record.unlink(missing_ok=True)
+    if records:
+        print(f"removed {len(records)} load-time check record(s) from {load_checks_dir()}")
+    return freed
 
 
 def _cached_models_hint() -> str:
@@ -218,6 +270,7 @@ def run_clear(args: argparse.Namespace) -> int:
     if args.model:
         folder = models_dir() / _plain_name(args.model)
         if folder.is_dir():
+            freed += _clear_checks(_model_checks(folder))
             freed += _clear([folder], "model")
             print(f"the next run that uses {args.model} converts it again from its installed GGUF")
         else:
@@ -227,6 +280,9 @@ def run_clear(args: argparse.Namespace) -> int:
         freed += clear_indexes()
     if args.all:
         freed += _clear(entries(models_dir(), False), "model") + _clear_leftovers(models_dir())
+        freed += _clear_checks(_check_records())
+        if load_checks_dir().is_dir():
+            shutil.rmtree(load_checks_dir(), ignore_errors=True)  # and the weights-hash memos beside the records
     print(f"freed {human(freed)}")
     return 0
 
@@ -250,5 +306,7 @@ def add_parser(sub) -> None:
     which = clear.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", help="the cached model to delete, e.g. smollm2-135m")
     which.add_argument("--indexes", action="store_true", help="delete every retrieval index")
-    which.add_argument("--all", action="store_true", help="delete every cached model and index")
+    which.add_argument(
+        "--all", action="store_true", help="delete every cached model and index, and the load-time check records"
+    )
     clear.set_defaults(func=run_clear)
