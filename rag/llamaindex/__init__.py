@@ -7,6 +7,7 @@
     MidlensCitationQueryEngine  CitationQueryEngine's output ("Source n:" nodes, [n] markers), markers from attention
     MidlensRetriever    a BaseRetriever over the repo's own retriever (dense, hybrid, +links)
     MidlensEvaluator    a BaseEvaluator: any LLM's response cited against its contexts, each citation verified
+    CheckedQueryEngine  wraps any query engine: its Response's sentences cited ([n], CitationBlocks) and checked
 
 Every class is a shell: passages are stacked and answered by `Pipeline.answer/answer_stream` (MidlensLLM.pipeline,
 which MidlensQueryEngine answers through) and scored by `Generator.score_batch` (AttentionReranker), so prompting,
@@ -25,6 +26,7 @@ import os
 # Before llama_index (or anything that imports huggingface_hub) loads: the models here are local files only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from midlens.rag.llamaindex.checked_engine import CheckedQueryEngine  # noqa: E402
 from midlens.rag.llamaindex.citation_engine import MidlensCitationQueryEngine  # noqa: E402
 from midlens.rag.llamaindex.citations import citation_rows  # noqa: E402
 from midlens.rag.llamaindex.common import evidence_rows, to_passage  # noqa: E402
@@ -36,6 +38,7 @@ from midlens.rag.llamaindex.retriever import MidlensRetriever  # noqa: E402
 
 __all__ = [
     "AttentionReranker",
+    "CheckedQueryEngine",
     "MidlensCitationQueryEngine",
     "MidlensEvaluator",
     "MidlensLLM",

@@ -1,0 +1,181 @@
+"""CheckedQueryEngine: the Response of any LlamaIndex query engine, whatever LLM wrote it, cited and checked by midlens.
+
+It wraps the engine as LlamaIndex's own `RetryQueryEngine` and `TransformQueryEngine` do: node postprocessors run
+before the answer exists and event handlers cannot change what `query` returns, so the place to add citations to a
+finished answer is where the wrapped engine hands its Response back. The response text is read over the response's
+own source nodes by `Pipeline.check` (one teacher-forced pass; with `verify`, each cited node removed in turn and the
+sentence re-scored), so the citations say which node each sentence rests on, not which node the LLM was told about.
+
+    engine = CheckedQueryEngine.from_model(index.as_query_engine(llm=any_llm), model="smollm2-135m")
+    response = engine.query("Who directed Wings of Desire?")
+    response.response                              # "... Wim Wenders [2]."  ([n]: response.source_nodes[n - 1])
+    response.metadata["midlens"]["citation_blocks"]  # LlamaIndex CitationBlocks, `source` the node id
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from llama_index.core.base.base_query_engine import BaseQueryEngine
+from llama_index.core.base.response.schema import (
+    RESPONSE_TYPE,
+    AsyncStreamingResponse,
+    PydanticResponse,
+    Response,
+    StreamingResponse,
+)
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.prompts.mixin import PromptMixinType
+from llama_index.core.schema import QueryBundle
+
+from midlens.core.errors import InvalidArgumentError
+
+if TYPE_CHECKING:  # torch loads slowly: the model parts are imported when a response is first checked
+    from midlens.generators.answer import Answer
+    from midlens.rag.pipeline import Pipeline
+
+# What LlamaIndex's engines answer when retrieval found nothing: no sources to check against.
+EMPTY_RESPONSE = "Empty Response"
+
+
+class CheckedQueryEngine(BaseQueryEngine):
+    """`query` runs the wrapped engine, then checks its answer over its source nodes and returns a Response with:
+
+    - `response`: the answer with "[n]" after each sentence, n the cited node's place in `source_nodes` (1-based, as
+      in LlamaIndex's CitationQueryEngine); with `verify`, only the nodes the sentence needs are marked (removing
+      the node costs the sentence at least `CitationConfig.margin` nats). `mark=False` keeps the text as written.
+    - `source_nodes`: the wrapped engine's, unchanged, in its order.
+    - `metadata`: the wrapped engine's, plus `metadata["midlens"]`: `text` (the answer as written), `marked_text`,
+      `citation_blocks` (LlamaIndex `CitationBlock`s, one per sentence and cited node, `source` the node id),
+      `citations` (JSON rows, as MidlensQueryEngine's), `markers` (n -> node id), `unsupported` (the sentences that
+      rest on no node they need), `supported_share`, `support` (the support model's verdict, None while no support
+      model is fitted for answers this model did not write, `support_note` saying so), `evidence` per node, and the
+      model, method, token counts and timings of the check.
+
+    A streaming engine's answer is read to its end first: the check needs the whole text, so the result is a plain
+    Response. A response with no source nodes (retrieval found nothing) comes back as it was, with
+    `metadata["midlens"] = {"checked": False, "reason": ...}`."""
+
+    def __init__(
+        self,
+        query_engine: BaseQueryEngine,
+        pipeline: Pipeline,
+        verify: bool = True,
+        mark: bool = True,
+        callback_manager: CallbackManager | None = None,
+    ) -> None:
+        if not isinstance(query_engine, BaseQueryEngine):
+            raise InvalidArgumentError(
+                f"CheckedQueryEngine wraps a LlamaIndex query engine (a BaseQueryEngine, e.g. "
+                f"index.as_query_engine(llm=...)); got {type(query_engine).__name__}."
+            )
+        if getattr(pipeline, "generator", None) is None or pipeline.generator.citations is None:
+            raise InvalidArgumentError(
+                "CheckedQueryEngine reads citations: pass a midlens Pipeline whose generator cites (citations on), "
+                "or build it with CheckedQueryEngine.from_model(engine, model=...)."
+            )
+        self._query_engine = query_engine
+        self.pipeline = pipeline
+        self.verify = verify
+        self.mark = mark
+        super().__init__(callback_manager)
+
+    @classmethod
+    def from_model(
+        cls,
+        query_engine: BaseQueryEngine,
+        model: str = "smollm2-135m",
+        verify: bool = True,
+        mark: bool = True,
+        **generator_options: Any,
+    ) -> CheckedQueryEngine:
+        """Checks with `model` (a packaged name or a model folder); `generator_options` go to `Generator` (method,
+        device, dtype). The checking model need not be the one that answered: it reads the answer, it does not
+        write it."""
+        from midlens.generators import Generator
+        from midlens.rag.pipeline import Pipeline
+
+        return cls(query_engine, Pipeline(None, Generator(model, **generator_options)), verify, mark)
+
+    def _get_prompt_modules(self) -> PromptMixinType:
+        return {"query_engine": self._query_engine}  # the prompts are the wrapped engine's; the check asks none
+
+    def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        response = self._query_engine.query(query_bundle)
+        return self.check_response(query_bundle.query_str, _finished(response))
+
+    async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        response = await self._query_engine.aquery(query_bundle)
+        if isinstance(response, AsyncStreamingResponse):
+            response = await response.get_response()
+        # The check runs the model: in a worker thread, so the event loop stays free meanwhile.
+        return await asyncio.to_thread(self.check_response, query_bundle.query_str, _finished(response))
+
+    def check_response(self, query: str, response: Response) -> Response:
+        """A Response obtained elsewhere (any engine's, or one built by hand), checked over its source nodes."""
+        text = response.response
+        if not response.source_nodes or not text or not text.strip() or text == EMPTY_RESPONSE:
+            reason = "no source nodes to check against" if not response.source_nodes else "no answer text to check"
+            return Response(
+                text,
+                source_nodes=list(response.source_nodes),
+                metadata={**(response.metadata or {}), "midlens": {"checked": False, "reason": reason}},
+            )
+        from midlens.rag.llamaindex.common import to_passage
+
+        passages = [to_passage(node) for node in response.source_nodes]
+        answer = self.pipeline.check(query, text, passages, verify=self.verify)
+        run = checked_metadata(answer)
+        return Response(
+            run["marked_text"] if self.mark else text,
+            source_nodes=list(response.source_nodes),
+            metadata={**(response.metadata or {}), "midlens": run},
+        )
+
+
+def checked_metadata(answer: Answer) -> dict[str, Any]:
+    """A checked answer as `metadata["midlens"]`: its marks, citations (rows and CitationBlocks), support and
+    evidence. Unverified sources get no marker: a sentence marked only with nodes it needs reads as checked."""
+    from midlens.generators.checking import NO_SUPPORT_MODEL, supported_share, unsupported, verified
+    from midlens.rag.llamaindex.citation_blocks import answer_blocks
+    from midlens.rag.llamaindex.citations import citation_rows
+    from midlens.rag.llamaindex.common import evidence_rows
+    from midlens.rag.pipeline import marked_answer
+
+    return {
+        "checked": True,
+        "text": answer.text,
+        "marked_text": marked_answer(answer, "drop").text,
+        "citation_blocks": answer_blocks(answer)[1:],  # the first block is the answer's text, already `text`
+        "citations": citation_rows(answer, "drop"),
+        "markers": {pe.position: pe.passage.id for pe in answer.passages},
+        "verified": verified(answer),
+        "unsupported": [answer.text[c.span[0] : c.span[1]] for c in unsupported(answer)],
+        "supported_share": supported_share(answer),
+        "support": None if answer.support is None else answer.support.to_dict(),
+        "support_note": NO_SUPPORT_MODEL if answer.support is None else None,
+        "evidence": evidence_rows(answer),
+        "model": answer.model,
+        "method": answer.method,
+        "prompt_tokens": answer.prompt_tokens,
+        "timings": answer.timings,
+        "dropped": [p.id for p in answer.dropped],
+    }
+
+
+def _finished(response: RESPONSE_TYPE) -> Response:
+    """The wrapped engine's answer as one Response: a stream read to its end; structured output refused."""
+    if isinstance(response, StreamingResponse):
+        return response.get_response()
+    if isinstance(response, PydanticResponse):
+        raise InvalidArgumentError(
+            "CheckedQueryEngine checks prose answers sentence by sentence; this engine returned structured output "
+            "(a PydanticResponse). Wrap an engine without output_cls, or check a text field yourself with "
+            "Pipeline.check(question, text, passages)."
+        )
+    if not isinstance(response, Response):
+        raise InvalidArgumentError(
+            f"CheckedQueryEngine needs a Response from the wrapped engine; it returned {type(response).__name__}."
+        )
+    return response
