@@ -3,11 +3,13 @@
 What to do is data when it is an option to change: a `Remedy` names the option by its Python keyword, the value to
 give it and why. The message reads it in Python's words (`device="cpu"`); the command line renders the same error
 with its flags (`--device cpu`) through `MidlensError.render`, so no layer below the interfaces spells a flag.
+A step to run (clear a cached model, score a model's heads, train an artefact) is data too, a `Step`: a Python
+caller reads it in plain words, the command line as its command, so no layer below the interfaces names a command.
 """
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 
@@ -21,8 +23,23 @@ class Remedy:
     why: str = ""
 
 
+@dataclass(frozen=True)
+class Step:
+    """A step a user runs to get past an error, as each interface runs it. `name` says which ("cache-clear",
+    "heads-score", "train", ...: the command line words each as its command), `args` its options by Python keyword
+    (None: a value the user picks), `what` the step in plain words naming no interface's command (how a Python
+    caller reads it), `why` a clause that follows either wording."""
+
+    name: str
+    what: str
+    args: dict[str, object] = field(default_factory=dict)
+    why: str = ""
+
+
 # How an interface writes an option with a value (None: the option alone, for a value the user picks).
 Spelling = Callable[[str, object], str]
+# How an interface words a step its user runs.
+StepSpelling = Callable[[Step], str]
 
 
 def python_spelling(option: str, value: object) -> str:
@@ -33,34 +50,46 @@ def python_spelling(option: str, value: object) -> str:
     return f"{option}={literal}"
 
 
+def plain_step(step: Step) -> str:
+    """A step in plain words: what a Python or LlamaIndex caller reads."""
+    return step.what
+
+
 def _either(clauses: list[str]) -> str:
     return clauses[0] if len(clauses) == 1 else ", ".join(clauses[:-1]) + ", or " + clauses[-1]
 
 
-def render_remedies(remedies: Sequence[Remedy], spell: Spelling) -> str:
-    """'To fix it, pass A why, or B why.': the options a user may change, in one interface's spelling."""
-    clauses = [spell(r.option, r.value) + (f" {r.why}" if r.why else "") for r in remedies]
-    return f"To fix it, pass {_either(clauses)}."
+def render_remedies(remedies: Sequence[Remedy | Step], spell: Spelling, steps: StepSpelling = plain_step) -> str:
+    """'To fix it, pass A why, or B why.' ('..., or run C.' with a step): the options a user may change and the
+    steps they may run, in one interface's spelling."""
+
+    def clause(r: Remedy | Step) -> str:
+        said = steps(r) if isinstance(r, Step) else spell(r.option, r.value)
+        return said + (f" {r.why}" if r.why else "")
+
+    if all(isinstance(r, Remedy) for r in remedies):
+        return f"To fix it, pass {_either([clause(r) for r in remedies])}."
+    return f"To fix it, {_either([clause(r) if isinstance(r, Step) else 'pass ' + clause(r) for r in remedies])}."
 
 
 class MidlensError(Exception):
     """Base class: anything midlens refuses on purpose.
 
     `problem` says what was wrong; `about`, when set, the option and value it is about (the message opens with
-    them); `remedies` the options that fix it. `str(err)` words them for Python callers; another interface calls
-    `render(its spelling)`."""
+    them); `remedies` the options that fix it and the steps to run. `str(err)` words them for Python callers;
+    another interface calls `render(its spelling, its steps)`."""
 
-    def __init__(self, problem: str = "", remedies: Sequence[Remedy] = (), about: Remedy | None = None) -> None:
+    def __init__(self, problem: str = "", remedies: Sequence[Remedy | Step] = (), about: Remedy | None = None) -> None:
         self.problem = problem
         self.remedies = tuple(remedies)
         self.about = about
         super().__init__(self.render())
 
-    def render(self, spell: Spelling = python_spelling) -> str:
+    def render(self, spell: Spelling = python_spelling, steps: StepSpelling = plain_step) -> str:
         text = self.problem if self.about is None else f"{spell(self.about.option, self.about.value)}: {self.problem}"
         if not self.remedies:
             return text
-        return f"{text} {render_remedies(self.remedies, spell)}"
+        return f"{text} {render_remedies(self.remedies, spell, steps)}"
 
     def __reduce__(self):
         # Default exception pickling calls cls(*args) with the rendered message: the remedies and a subclass's
@@ -147,7 +176,7 @@ class PromptTooLongError(MidlensError):
             ]
         super().__init__("", fixes)
 
-    def render(self, spell: Spelling = python_spelling) -> str:
+    def render(self, spell: Spelling = python_spelling, steps: StepSpelling = plain_step) -> str:
         return self.describe(self.wording or Remedies.spelt(spell, self.passages_that_fit))
 
     def describe(self, remedies: Remedies) -> str:

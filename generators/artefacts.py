@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from midlens.core.errors import ArtefactError
+from midlens.core.errors import ArtefactError, Step
 from midlens.core.files import replacing_folder, sha256_of
 
 FORMAT_VERSION = 1
@@ -187,6 +187,16 @@ def shipped_artefact(method: str, model: str) -> Path | None:
     return path if (path / META).is_file() else None
 
 
+def train_step(method: str, model: str | None = None) -> Step:
+    """The step that trains a `method` artefact (for `model`; None: the user's), to pass as artefact=FOLDER."""
+    return Step(
+        "train",
+        f"train a {method} artefact for {'your model' if model is None else repr(model)} with the method's recipe "
+        "(`RECIPE.train` of its registry entry's `trainer` module), then pass artefact=FOLDER",
+        {"method": method, "model": model, "out": None},
+    )
+
+
 def resolve_artefact(spec: str | None, method: str, model: str) -> Path:
     """None -> the artefact shipped for (method, model); otherwise a folder path."""
     if spec is None:
@@ -195,8 +205,8 @@ def resolve_artefact(spec: str | None, method: str, model: str) -> Path:
             shipped = sorted(p.name for p in (SHIPPED / method).glob("*") if (p / META).is_file())
             raise ArtefactError(
                 f"no trained {method} artefact ships for model {model!r} "
-                f"(shipped folders: {', '.join(shipped) or 'none'}). "
-                f"Train one with `midlens train {method} --model {model}` and pass artefact=PATH."
+                f"(shipped folders: {', '.join(shipped) or 'none'}).",
+                [train_step(method, model)],
             )
         return path
     path = Path(spec).expanduser()

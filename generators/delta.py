@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from midlens.core.errors import ArtefactError
-from midlens.generators.artefacts import Artefact, SavedPart, Section
+from midlens.generators.artefacts import Artefact, SavedPart, Section, train_step
 
 PROJECTIONS = ("q", "k", "v", "o")
 
@@ -58,7 +58,8 @@ def _check_layers(model: nn.Module, layers: list[int]) -> None:
             f"a LoRA delta for layers {layers[0]}-{layers[-1]} ({len(layers)} layers) does not fit model {name}: it "
             f"has {count} layers (0-{count - 1}), so layers {beyond[0]}-{beyond[-1]} do not exist. The delta (a "
             "MuDAF artefact's meta.json, delta.layers) was trained for another model: use an artefact trained for "
-            "this one (`midlens train mudaf --model MODEL --out FOLDER`, then artefact='FOLDER')."
+            "this one.",
+            [train_step("mudaf")],
         )
 
 

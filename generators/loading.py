@@ -17,7 +17,7 @@ from midlens.core.errors import ModelError, Remedy
 from midlens.core.files import read_manifest
 from midlens.generators.anatomy import UnsupportedAttention, model_anatomy
 from midlens.generators.load_check import LoadCheck, check_model
-from midlens.generators.model_cache import check_model_folder, content_sha256, rebuild_hint, resolve_model_dir
+from midlens.generators.model_cache import check_model_folder, content_sha256, rebuild, resolve_model_dir
 from midlens.generators.packaged_models import DEFAULT_MODEL, REGISTRY, canonical_name
 
 
@@ -181,9 +181,11 @@ def _load_failure(name: str, folder: Path, err: Exception) -> ModelError:
         return ModelError(
             f"model '{name}': could not load {folder}{cause}. Check that it is a complete Hugging Face model folder."
         )
+    restore, steps = rebuild(folder)
     return ModelError(
-        f"model '{name}': could not load {folder}{cause}, though its files match their manifest. "
-        f"If the manifest was recorded from an already damaged cache, this clears it up: {rebuild_hint(name, folder)}"
+        f"model '{name}': could not load {folder}{cause}, though its files match their manifest, so the manifest may "
+        f"have been recorded from an already damaged cache. {restore}".rstrip(),
+        steps,
     )
 
 
@@ -214,11 +216,12 @@ def non_finite_error(loaded: LoadedModel) -> ModelError:
         f"model '{loaded.name}' ({folder}, {dtype} on {loaded.device}) gave NaN or inf logits on the prompt's "
         "first forward pass, so it cannot answer."
     )
+    restore, steps = rebuild(folder)
     if loaded.dtype != torch.float16:
-        return ModelError(f"{what} {rebuild_hint(loaded.name, folder)}")
+        return ModelError(f"{what} {restore}".rstrip(), steps)
     # float16 overflows in some models: another precision is the first thing to try, a rebuilt cache the next.
     return ModelError(
         f"{what} float16 overflows in some models; if another precision gives NaN too, the weights are damaged. "
-        f"{rebuild_hint(loaded.name, folder)}",
-        remedies=[Remedy("dtype", "bfloat16"), Remedy("dtype", "float32")],
+        f"{restore}".rstrip(),
+        remedies=[Remedy("dtype", "bfloat16"), Remedy("dtype", "float32"), *steps],
     )

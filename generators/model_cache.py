@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from midlens.core.errors import ModelError
+from midlens.core.errors import ModelError, Step
 from midlens.core.files import (
     FileProblem,
     build_lock,
@@ -35,14 +35,18 @@ def _in_cache(folder: Path) -> bool:
     return folder.resolve().parent == models_dir().resolve()
 
 
-def rebuild_hint(name: str, folder: Path) -> str:
-    """What to run so a damaged model folder is written again."""
+def rebuild(folder: Path) -> tuple[str, list[Step]]:
+    """How a damaged model folder is written again: a cached conversion by clearing it (the step each interface
+    words), a user's own folder by restoring it (words only: no step of ours writes it)."""
     if _in_cache(folder):
-        return (
-            f"Rebuild it: `midlens cache clear --model {folder.name}`, then run the command again "
-            "(the model is converted again from its installed GGUF)."
+        step = Step(
+            "cache-clear",
+            f"delete {folder}, then load the model again",
+            {"model": folder.name},
+            "(the model is converted again from its installed GGUF)",
         )
-    return f"Restore {folder} from where it came from (re-copy or re-download it), or use another model."
+        return "", [step]
+    return f"Restore {folder} from where it came from (re-copy or re-download it), or use another model.", []
 
 
 class DamagedModelError(ModelError):
@@ -50,8 +54,9 @@ class DamagedModelError(ModelError):
     is wrong without what to do about it: midlens repairs a cached conversion itself, and its note must not tell
     the user to clear the cache while the repair is already running."""
 
-    def __init__(self, message: str, damage: str):
-        super().__init__(message)
+    def __init__(self, message: str, damage: str, folder: Path):
+        restore, steps = rebuild(folder)
+        super().__init__(f"{message} {restore}".rstrip(), steps)
         self.damage = damage
 
 
@@ -59,8 +64,9 @@ def _damaged(name: str, folder: Path, problems: list[FileProblem], cause: str = 
     listed = "\n".join(f"  {p}" for p in problems)
     return DamagedModelError(
         f"model '{name}': the files in {folder} do not match its manifest{cause}:\n{listed}\n"
-        f"The folder is damaged (a partial copy, a full disk, or bytes changed on disk). {rebuild_hint(name, folder)}",
+        "The folder is damaged (a partial copy, a full disk, or bytes changed on disk).",
         f"{folder} does not match its manifest ({'; '.join(map(str, problems))})",
+        folder,
     )
 
 
@@ -74,14 +80,14 @@ def check_model_folder(name: str, folder: Path, hashes: bool = False, cause: str
     try:
         manifest = read_manifest(folder)
     except ValueError as err:
-        raise DamagedModelError(f"model '{name}': {err}. {rebuild_hint(name, folder)}", str(err)) from None
+        raise DamagedModelError(f"model '{name}': {err}.", str(err), folder) from None
     if manifest is None:
         if _in_cache(folder):
             damage = (
                 f"{folder} has no MANIFEST.json, so nothing vouches for its files (the manifest was deleted, or an "
                 "older midlens converted it)"
             )
-            raise DamagedModelError(f"model '{name}': {damage}. {rebuild_hint(name, folder)}", damage)
+            raise DamagedModelError(f"model '{name}': {damage}.", damage, folder)
         return
     problems = manifest_problems(folder, manifest, hashes, progress=f"verifying {name}" if hashes else None)
     if problems:

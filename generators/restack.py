@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from midlens.core.checks import check_restack_rounds
-from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError, Remedy
+from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError, Remedy, Step
 from midlens.core.method_spec import parse_scorer_spec
 from midlens.core.names import DEFAULT_RESTACK_SCORER
 from midlens.generators.answer import Answer
@@ -198,11 +198,21 @@ def slot_order(generator: Generator, slots: tuple[int, ...] | str | Path | None 
     path = shipped_orders.get((loaded.name, generator.method.spec())) or shipped_orders.get((loaded.name, "baseline"))
     if path is None:
         shipped = ", ".join(sorted({model for model, _ in shipped_orders})) or "none"
+        sweep = Step(
+            "eval-sweep",
+            "measure one with a position sweep over every slot on the train split (midlens.eval: RunOptions(split="
+            "'train', k=10, positions=(1, ..., 10)) through plan.build_run and runner.run_units), then write it with "
+            "midlens.eval.slots.write_slot_order",
+            {"model": loaded.name, "split": "train", "k": 10, "positions": tuple(range(1, 11)), "out": None},
+            "and pass its file",
+        )
         raise ArtefactError(
-            f"no measured slot order for model {loaded.name!r} (measured: {shipped}). Measure one with a position "
-            "sweep over every slot (`midlens eval sweep --split train --positions 1,2,...,10 ...`, then "
-            "midlens.eval.slots.write_slot_order) and pass its file, or give the order yourself.",
-            remedies=[Remedy("slots", "FILE.json"), Remedy("slots", (1, 2, 3), "best first, one per passage")],
+            f"no measured slot order for model {loaded.name!r} (measured: {shipped}).",
+            remedies=[
+                sweep,
+                Remedy("slots", "FILE.json"),
+                Remedy("slots", (1, 2, 3), "to give the order yourself, best first, one per passage"),
+            ],
         )
     return read_slot_order(str(path), loaded.sha256)
 

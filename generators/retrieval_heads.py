@@ -14,7 +14,7 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
-from midlens.core.errors import ArtefactError
+from midlens.core.errors import ArtefactError, Step
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.loading import LoadedModel
 
@@ -56,26 +56,36 @@ def top_heads(scores: dict, fraction: float = TOP_FRACTION) -> list[tuple[int, i
     return select_heads(f1, count, mode="top", tiebreak=scores.get("em"))
 
 
+def score_heads(model: str, out: Path) -> Step:
+    """The step that writes a model's retrieval-head scores."""
+    return Step(
+        "heads-score",
+        f"score {model}'s retrieval heads into {out} (midlens.training.heads.retrieval_head_scores, then save_scores)",
+        {"model": model, "out": str(out)},
+    )
+
+
 def load_scores(loaded: LoadedModel, path: str | Path | None = None) -> dict:
     """The score file for `loaded` (the shipped one by default), checked against the model it claims to score."""
     path = Path(path) if path is not None else SHIPPED / f"{loaded.name}.json"
     if not path.is_file():
         shipped = sorted(p.stem for p in SHIPPED.glob("*.json"))
         raise ArtefactError(
-            f"no retrieval-head scores for model {loaded.name!r} at {path} (shipped: {', '.join(shipped) or 'none'}). "
-            f"Compute them with `midlens heads score --model {loaded.name} --out {path.parent}`."
+            f"no retrieval-head scores for model {loaded.name!r} at {path} (shipped: {', '.join(shipped) or 'none'}).",
+            [score_heads(loaded.name, path.parent)],
         )
     try:
         scores = json.loads(path.read_text())
         f1 = scores["f1"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise ArtefactError(
-            f"{path}: not a retrieval-head score file ({err}); recompute it with `midlens heads score`."
+            f"{path}: not a retrieval-head score file ({err}).", [score_heads(loaded.name, path.parent)]
         ) from None
     if scores.get("model_sha256") != loaded.sha256:
         raise ArtefactError(
             f"{path} scores another model (sha256 {str(scores.get('model_sha256'))[:12]}...) than {loaded.name} "
-            f"({loaded.sha256[:12]}...); recompute it with `midlens heads score --model {loaded.name}`."
+            f"({loaded.sha256[:12]}...).",
+            [score_heads(loaded.name, path.parent)],
         )
     config = loaded.model.config
     if len(f1) != config.num_hidden_layers or any(len(row) != config.num_attention_heads for row in f1):

@@ -33,7 +33,7 @@ from typing import ClassVar
 import torch
 
 from midlens.core.answer_text import normalize_answer
-from midlens.core.errors import ArtefactError, InvalidArgumentError
+from midlens.core.errors import ArtefactError, InvalidArgumentError, Step
 from midlens.generators.artefacts import SHIPPED, SavedPart, Section
 
 # The features, in the order a model's coefficients follow. PLAIN need only the generating pass; VERIFIED add the
@@ -328,7 +328,8 @@ class SupportModel(SavedPart):
         if tuple(section["features"]) != features:
             raise ArtefactError(
                 f"support model {artefact.meta_file}: features {section['features']} are not this midlens's "
-                f"{list(features)}; refit it (`midlens eval support-fit`)."
+                f"{list(features)}.",
+                [Step("support-fit", "refit it on train-split runs (training.support.fit_and_save)", {"runs": None})],
             )
         t = artefact.tensors
         return cls(

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from midlens.core.checks import check_top_k
-from midlens.core.errors import CorpusError, InvalidArgumentError, RetrievalIndexError
+from midlens.core.errors import CorpusError, InvalidArgumentError, RetrievalIndexError, Step
 from midlens.core.files import (
     OWNER,
     build_lock,
@@ -155,9 +155,17 @@ class DamagedIndexError(RetrievalIndexError):
     """An index folder that does not match its manifest, or has none. `damage` says what is wrong without what to
     do: a build that finds it rebuilds the index itself, and its note must not tell the user to."""
 
-    def __init__(self, damage: str, remedy: str):
-        super().__init__(f"{damage}{remedy}")
+    def __init__(self, damage: str, index_dir: Path):
+        super().__init__(damage if damage.endswith(".") else f"{damage}.", rebuild_index(index_dir))
         self.damage = damage
+
+
+def rebuild_index(index_dir: Path) -> list[Step]:
+    """The steps that write a damaged index again: clear it (the next use rebuilds it), or build it now."""
+    return [
+        Step("index-clear", f"delete {index_dir} (the next use builds it again)"),
+        Step("index-build", "build it again now with DenseRetriever.build(corpus)", {"corpus": None}),
+    ]
 
 
 def verify_index(index_dir: Path, hashes: bool = False) -> None:
@@ -167,19 +175,18 @@ def verify_index(index_dir: Path, hashes: bool = False) -> None:
     try:
         manifest = read_manifest(index_dir)
     except ValueError as err:
-        raise DamagedIndexError(str(err), f"; rebuild the index ({REBUILD_INDEX}).") from None
+        raise DamagedIndexError(str(err), index_dir) from None
     if manifest is None:
         raise DamagedIndexError(
             f"index folder {index_dir} has no MANIFEST.json, so its passages and vectors cannot be verified (deleted, "
             "or built by an older midlens)",
-            f"; rebuild it ({REBUILD_INDEX}).",
+            index_dir,
         )
     problems = manifest_problems(index_dir, manifest, hashes, always_hash=ALWAYS_HASHED)
     if problems:
         listed = "\n".join(f"  {p}" for p in problems)
         raise DamagedIndexError(
-            f"index folder {index_dir} does not match its manifest (edited or damaged):\n{listed}",
-            f"\nRebuild it ({REBUILD_INDEX}).",
+            f"index folder {index_dir} does not match its manifest (edited or damaged):\n{listed}", index_dir
         )
 
 
@@ -200,10 +207,6 @@ def corpus_fingerprint(corpus: str | Path, index_type: IndexType = "flat") -> st
     run's config names its corpus before any model loads."""
     passages, info = _chunked(corpus, CHUNK_WORDS, OVERLAP_WORDS)
     return fingerprint(passages, _settings(index_type, info))
-
-
-# Commands, not options: a shell step is the same in every interface. `index build` takes the corpus as --corpus.
-REBUILD_INDEX = "`midlens index clear`, then run the command again, or `midlens index build --corpus CORPUS`"
 
 
 class DenseRetriever:

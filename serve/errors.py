@@ -2,7 +2,8 @@
 
 A request the library refuses (an empty question, an unknown method, a prompt over the window) is a 400 with the
 message the library gives in-process; a prompt over the window is worded for this API by
-`PromptTooLongError.describe(HTTP_REMEDIES)`, as the CLI words it for its options.
+`PromptTooLongError.describe(HTTP_REMEDIES)`, as the CLI words it for its options. A step the library advises (clear
+a cached model, train an artefact) is not the client's to run: it reads as one for the server's operator.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from midlens.core.errors import MidlensError, PromptTooLongError
+from midlens.core.errors import MidlensError, PromptTooLongError, Step
 from midlens.rag.remote import ErrorDetail, ErrorResponse
 from midlens.serve.engine import HTTP_REMEDIES, ModelNotServed
 
@@ -34,6 +35,11 @@ def error_response(status: int, message: str, kind: str, code: str | None = None
     return JSONResponse(body.model_dump(), status_code=status)
 
 
+def operator_step(step: Step) -> str:
+    """A step in this API's words: the client cannot run it, the server's operator can."""
+    return f"ask the server's operator to {step.what}"
+
+
 def describe(err: BaseException) -> tuple[int, str, str, str | None]:
     """(status, message, OpenAI error type, code) for an exception raised while answering a request."""
     if isinstance(err, PromptTooLongError):
@@ -44,7 +50,9 @@ def describe(err: BaseException) -> tuple[int, str, str, str | None]:
         return 504, str(err), "timeout", "request_timeout"
     if isinstance(err, BodyTooLarge):
         return 413, str(err), "invalid_request_error", "body_too_large"
-    if isinstance(err, MidlensError | ValueError | TypeError):
+    if isinstance(err, MidlensError):
+        return 400, err.render(steps=operator_step), "invalid_request_error", type(err).__name__
+    if isinstance(err, ValueError | TypeError):
         return 400, str(err), "invalid_request_error", type(err).__name__
     logger.exception("internal error", exc_info=err)
     return 500, f"internal error: {type(err).__name__}: {err}", "server_error", None

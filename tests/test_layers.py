@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from midlens.core.names import METHODS
@@ -115,3 +116,40 @@ def test_experiment_scripts_under_docs_results_import_what_exists():
                     f"{path.relative_to(ROOT)}:{node.lineno} {module}.{n}" for n in names if not hasattr(loaded, n)
                 ]
     assert not missing, "\n".join(missing)
+
+
+def _library_strings(folder: str) -> list[tuple[str, str]]:
+    """(file:line, text) of every string in a folder's source but its docstrings: what its messages are made of."""
+    found = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                found.append((f"{path.relative_to(ROOT)}:{node.lineno}", node.value))
+    return found
+
+
+def test_no_layer_below_the_shells_names_a_command():
+    """An error, a reason or a help text below the shells names the step to run as a `core.errors.Step`, which
+    each shell words its own way; a `midlens <command>` written there would be the command line's words in every
+    interface (a Python caller told to run a shell command). The commands are the parser's own, not a list here."""
+    from midlens.cli import build_parser
+
+    parser = build_parser()
+    names = parser._subparsers._group_actions[0].choices  # argparse keeps the subcommands only there
+    command = re.compile(rf"\bmidlens ({'|'.join(map(re.escape, names))})\b")
+    offenders = [
+        f"{where}: {text[:100]!r}"
+        for folder in ("core", "retrievers", "generators", "training")
+        for where, text in _library_strings(folder)
+        if command.search(text)
+    ]
+    assert not offenders, "\n".join(offenders)

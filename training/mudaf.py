@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from midlens.core.errors import MidlensError
+from midlens.core.errors import MidlensError, Remedy, Step
 from midlens.generators.context import MethodParts, method_context
 from midlens.generators.delta import LoRADelta
 from midlens.generators.loading import LoadedModel
@@ -148,7 +148,12 @@ def _check(options: dict) -> None:
         raise MidlensError(f"alpha {options['alpha']}: the contrastive weight is in [0, 1].")
     heads_file = options["heads_file"]
     if heads_file and not Path(heads_file).is_file():
-        raise MidlensError(f"heads-file {heads_file}: no such file; make it with `midlens heads score`.")
+        score = Step(
+            "heads-score",
+            "score the model's retrieval heads (midlens.training.heads.retrieval_head_scores, then save_scores)",
+            {"model": None, "out": None},
+        )
+        raise MidlensError("no such file.", [score], about=Remedy("heads_file", heads_file))
 
 
 def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict:
@@ -194,7 +199,12 @@ RECIPE = Recipe(
         Option("lora_layers", "all", "layers the delta adapts", choices=("all", "targets")),
         Option("num_heads", 8, "target heads"),
         Option("head_selection", "sample", "how target heads are drawn from the scores", choices=("sample", "top")),
-        Option("heads_file", None, "scores from `midlens heads score` (default: computed first)", type=str),
+        Option(
+            "heads_file",
+            None,
+            "retrieval-head scores (a file training.heads.save_scores writes; default: computed first)",
+            type=str,
+        ),
         Option("heads_n", 200, "prompts for the head scores when computed here"),
     ),
     budget={"examples": 4000, "lr": 2e-4, "warmup": 0.05, "max_words": 80},

@@ -48,7 +48,7 @@ from torch import nn
 
 from midlens.core.errors import ArtefactError, MethodConfigError
 from midlens.generators.anatomy import LayerAnatomy, decoder_of, index_ranges, interleaved_to_half, model_anatomy
-from midlens.generators.artefacts import Artefact, SavedPart, Section, resolve_artefact
+from midlens.generators.artefacts import Artefact, SavedPart, Section, resolve_artefact, train_step
 from midlens.generators.context import MethodParts
 from midlens.generators.delta import WeightDelta
 from midlens.generators.methods.method import Method
@@ -95,8 +95,9 @@ class ChannelChoice(SavedPart):
         layers = section["layers"]
         if not layers or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
             raise ArtefactError(
-                f"artefact {artefact.meta_file}: scaling.layers must be a non-empty list of layer indices; "
-                "rerun the search (`midlens train channel-scaling`)."
+                f"artefact {artefact.meta_file}: scaling.layers must be a non-empty list of layer indices; rerun the "
+                "search.",
+                [train_step(NAME)],
             )
         tensors = artefact.tensors_for({"channel": (1,), "layers": (len(layers),), "scale": (1,)})
         stored = cls(int(tensors["channel"][0]), tuple(int(i) for i in tensors["layers"]), float(tensors["scale"][0]))
@@ -105,7 +106,8 @@ class ChannelChoice(SavedPart):
             raise ArtefactError(
                 f"artefact {artefact.meta_file}: its scaling section says {described.config()}, but the verified "
                 f"{artefact.path.name}/weights.safetensors holds {stored.config()}: meta.json was edited. Restore it "
-                "from the repository or rerun the search (`midlens train channel-scaling`)."
+                "from the repository or rerun the search.",
+                [train_step(NAME)],
             )
         return stored, artefact
 

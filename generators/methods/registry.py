@@ -16,7 +16,7 @@ import importlib
 import re
 from dataclasses import dataclass, field
 
-from midlens.core.errors import MethodConfigError
+from midlens.core.errors import MethodConfigError, StepSpelling, plain_step
 from midlens.core.method_spec import (
     PLUGIN_GROUP,
     entry_points,
@@ -156,10 +156,11 @@ def unsupported_reason(name: str, model) -> str | None:
     return None if method.unsupported is None else method.unsupported(model)
 
 
-def support_on(loaded) -> dict[str, str | None]:
+def support_on(loaded, steps: StepSpelling = plain_step) -> dict[str, str | None]:
     """Every registered method -> None when it runs on `loaded` as it comes, else why it does not: what the model's
-    layers do that it does not handle, or the trained artefact it lacks for this model."""
-    from midlens.generators.artefacts import shipped_artefact
+    layers do that it does not handle, or the trained artefact it lacks for this model (with the step that trains
+    one, worded by `steps`: an interface's own)."""
+    from midlens.generators.artefacts import shipped_artefact, train_step
 
     out: dict[str, str | None] = {}
     for name, method in REGISTRY.items():
@@ -170,8 +171,8 @@ def support_on(loaded) -> dict[str, str | None]:
             and trained
             and shipped_artefact(name, _shipped_name(method, loaded.name, method.defaults)) is None
         ):
-            how = f"`midlens train {name}`" if method.trainer else "a trained artefact"
-            reason = f"needs an artefact trained for this model ({how}, then artefact=FOLDER)"
+            how = steps(train_step(name, loaded.name)) if method.trainer else "pass a trained one as artefact=FOLDER"
+            reason = f"needs an artefact trained for this model ({how})"
         out[name] = reason
     return out
 

@@ -12,7 +12,7 @@ import sys
 from midlens import __version__
 from midlens.cli import ask, bench, cache, check, demo, heads, index, methods, serve, train
 from midlens.cli import eval as eval_command
-from midlens.cli.options import Parser, cli_spelling
+from midlens.cli.options import Parser, cli_message
 from midlens.core.errors import MidlensError
 
 DESCRIPTION = (
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (MidlensError, ValueError) as err:
-        # A library error names the options that fix it by their Python keywords: here they read as flags.
-        message = err.render(cli_spelling) if isinstance(err, MidlensError) else str(err)
-        print(f"midlens: error: {message}", file=sys.stderr)
+        # A library error names the options that fix it by their Python keywords: here they read as flags, and the
+        # steps to run as commands.
+        print(f"midlens: error: {cli_message(err)}", file=sys.stderr)
         return 2

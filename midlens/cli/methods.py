@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from midlens.cli.options import METHOD_HELP, add_device_args, check_device, chosen_model
+from midlens.cli.options import METHOD_HELP, add_device_args, check_device, chosen_model, cli_step
 from midlens.core.names import METHOD_SHORTHANDS
 
 EXAMPLES = """examples:
@@ -66,7 +66,7 @@ def _support(args: argparse.Namespace) -> int:
         kinds.setdefault(layer.describe(), []).append(i)
     for what, indices in kinds.items():
         print(f"  {'layers' if len(indices) > 1 else 'layer'} {index_ranges(indices)}: {what}")
-    support = support_on(loaded)
+    support = support_on(loaded, cli_step)
     width = max(len(name) for name in support) + 2
     for name, reason in support.items():
         scope = REGISTRY[name].scope

@@ -1,5 +1,6 @@
 """Options the commands share (model, method spec, device, dtype, evidence), the parser class, and the
-command line's spelling of errors raised below (`cli_spelling`: a remedy's `device="cpu"` reads `--device cpu`).
+command line's spelling of errors raised below (`cli_spelling`: a remedy's `device="cpu"` reads `--device cpu`;
+`cli_step`: a step to run reads as its command, `midlens cache clear --model NAME`).
 
 Argparse only at import time (so `--help` stays fast); the parsed strings are validated by the layers below
 (`generators.methods.registry.method_config`, `core.device`) before any model loads.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from midlens.core.errors import InvalidArgumentError
+from midlens.core.errors import InvalidArgumentError, MidlensError, Step
 from midlens.core.names import ANSWER_METHODS, DEFAULT_MODEL, FALLBACK_ANSWER_METHOD
 
 RETRIEVAL_HELP = (
@@ -40,6 +41,37 @@ def cli_spelling(option: str, value: object) -> str:
         return flag
     text = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
     return f"{flag} {shlex.quote(text)}"
+
+
+# The library's steps (core.errors.Step names) as this command line runs them: the command, its positional
+# arguments taken from the step's args by name, and what follows it. The rest of the args read as flags.
+STEP_COMMANDS: dict[str, tuple[str, str]] = {
+    "cache-clear": ("cache clear", ", then run the command again"),
+    "index-clear": ("index clear", ", then run the command again"),
+    "index-build": ("index build", ""),
+    "heads-score": ("heads score", ""),
+    "train": ("train {method}", ", then ask with --method '{method}(artefact={out})'"),
+    "eval-sweep": ("eval sweep", ""),
+    "support-runs": ("eval support", ""),
+    "support-fit": ("eval support-fit {runs}", ""),
+}
+
+
+def cli_step(step: Step) -> str:
+    """`run `midlens heads score --model smollm2-135m --out FOLDER``: a step as this command line runs it; a value
+    the user picks reads as the option's name in capitals. A step it does not know reads in plain words."""
+    if step.name not in STEP_COMMANDS:
+        return step.what
+    command, then = STEP_COMMANDS[step.name]
+    given = {k: k.upper() if v is None else v for k, v in step.args.items()}
+    words = [command.format(**given)]
+    words += [cli_spelling(k, v) for k, v in given.items() if "{" + k + "}" not in command]
+    return f"run `midlens {' '.join(words)}`{then.format(**given)}"
+
+
+def cli_message(err: BaseException) -> str:
+    """A library error as this command line words it: its options as flags, its steps as commands."""
+    return err.render(cli_spelling, cli_step) if isinstance(err, MidlensError) else str(err)
 
 
 def add_model_args(parser: argparse.ArgumentParser, method: bool = True) -> None:
