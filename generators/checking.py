@@ -1,14 +1,60 @@
-"""Which sentences of a checked answer (`Generator.attribute`) may not rest on the passages, read from its citations:
-with no support model for answers this model did not write, the per-sentence verdict is the ablation's."""
+"""Which sentences of a checked answer (`Generator.attribute`) may not rest on the passages, and how far it can be
+trusted: the checked support model.
+
+An answer this model did not write is read teacher-forced, so the generation-time support model does not apply: its
+confidence features are this model's confidence in tokens it picked. The checked support model reads what a forced
+pass does mean, per answer sentence (each citation): how probable this reader finds the sentence's tokens after the
+passages (mean, lowest, first log-probability, the steps' top-1 minus top-2 margin), the sentence's length, its
+attention share on the passage it cites and the margin over the next, whether that passage is the prompt's top
+evidence, and how many of its words occur in the cited sentence and passage. A logistic regression over them (the
+generation-time recipe: scikit-learn, standardised features, C = 1) gives each sentence its own probability of being
+right; the answer's support is its weakest sentence's (an answer is right only where every sentence is). Fitted per
+packaged model on train-split checks of the other packaged model's answers, gold answers, wrong ones (a distractor
+passage's entity) and right multi-sentence answers with one planted false sentence (eval/check_support.py,
+docs/results/check/README.md), with its own threshold chosen on those train answers, and shipped as a verified
+artefact (generators/trained/support-checked/<model>/). Without one, the per-sentence verdict is the ablation's.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from midlens.core.errors import ArtefactError, InvalidArgumentError
 from midlens.generators.answer import Answer
+from midlens.generators.artefacts import SHIPPED
 from midlens.generators.citations import Citation
+from midlens.generators.support import (
+    LIKELY_FLOOR,
+    MARGIN_CLIP,
+    TARGET_PRECISION,
+    Support,
+    SupportModel,
+    _word_set,
+    choose_threshold,
+    support_inputs,
+)
+
+METHOD_CHECKED = "support-checked"
+CHECKED_FEATURES = (
+    "mean_logprob",
+    "min_logprob",
+    "first_logprob",
+    "log_tokens",
+    "mean_margin",
+    "top_share",
+    "share_margin",
+    "cited_is_top_evidence",
+    "evidence_peak",
+    "words_in_cited_sentence",
+    "words_in_cited_passage",
+)
 
 NO_SUPPORT_MODEL = (
-    "no support model for checked answers yet: the generation-time one reads this model's confidence in tokens it "
-    "picked, which a given answer's were not"
+    "no checked-answer support model ships for this model: the generation-time one reads a model's confidence in "
+    "tokens it picked, which a given answer's were not"
 )
 
 
@@ -30,3 +76,180 @@ def supported_share(answer: Answer) -> float | None:
     if not answer.citations:
         return None
     return 1 - len(unsupported(answer)) / len(answer.citations)
+
+
+def checked_inputs(answer: Answer) -> dict:
+    """`support_inputs` of a checked answer plus each sentence's (citation's) answer tokens and characters: what the
+    per-sentence features read. JSON-ready."""
+    return {
+        **support_inputs(answer),
+        "sentence_tokens": [list(c.tokens) for c in answer.citations],
+        "sentence_spans": [list(c.span) for c in answer.citations],
+    }
+
+
+def sentence_features(inputs: dict, index: int) -> dict[str, float]:
+    """CHECKED_FEATURES of sentence `index` of a checked answer (`checked_inputs`)."""
+    a, b = inputs["sentence_tokens"][index]
+    lps = inputs["token_logprobs"][a:b]
+    margins = (inputs.get("token_margins") or [])[a:b]
+    start, end = inputs["sentence_spans"][index]
+    words = _word_set(inputs["text"][start:end])
+    mine = [s for s in inputs["sources"] if s["sentence_index"] == index]
+    top = next((s for s in mine if s["rank"] == 0), None)
+    second = next((s["share"] for s in mine if s["rank"] == 1), 0.0)
+    evidence = inputs["evidence"]
+    total = sum(max(0.0, e) for e in evidence)
+    top_evidence = max(range(len(evidence)), key=lambda i: evidence[i]) + 1 if evidence else 0
+
+    def covered(field: str) -> float:
+        return len(words & _word_set(top[field] or "")) / len(words) if words and top else 0.0
+
+    return {
+        # A forced token's log-probability: how far this reader, after the passages, would have said it.
+        "mean_logprob": sum(lps) / len(lps) if lps else -20.0,
+        "min_logprob": min(lps) if lps else -20.0,
+        "first_logprob": lps[0] if lps else -20.0,
+        "log_tokens": math.log1p(len(lps)),
+        "mean_margin": sum(min(MARGIN_CLIP, m) for m in margins) / len(margins) if margins else 0.0,
+        "top_share": top["share"] if top else 0.0,
+        "share_margin": top["share"] - second if top else 0.0,
+        "cited_is_top_evidence": float(top is not None and top["position"] == top_evidence),
+        "evidence_peak": max(max(0.0, e) for e in evidence) / total if total > 0 else 0.0,
+        "words_in_cited_sentence": covered("sentence"),
+        "words_in_cited_passage": covered("passage"),
+    }
+
+
+@dataclass(frozen=True)
+class CheckedSupport(Support):
+    """A checked answer's support: `probability` is its weakest sentence's; `sentences` holds each sentence's (in
+    the order of `Answer.citations`)."""
+
+    sentences: tuple[float, ...] = ()
+
+    def under(self, threshold: float) -> CheckedSupport:
+        return CheckedSupport(
+            self.probability,
+            self.probability >= max(threshold, LIKELY_FLOOR),
+            threshold,
+            self.verified,
+            self.model,
+            self.sentences,
+        )
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "band": self.band, "words": self.words, "checked": True}
+
+
+@dataclass(frozen=True)
+class CheckedSupportModel(SupportModel):
+    """The support model of answers a model did not write: a SupportModel over CHECKED_FEATURES of each sentence."""
+
+    @property
+    def verified(self) -> bool:
+        return False  # the ablation drops are not read: verification measured no gain at generation time
+
+    @property
+    def method(self) -> str:
+        return METHOD_CHECKED
+
+    def sentence_probabilities(self, inputs: dict) -> list[float]:
+        return [self.probability(sentence_features(inputs, i)) for i in range(len(inputs["sentence_tokens"]))]
+
+    def support(self, inputs: dict) -> CheckedSupport | None:
+        """None for an answer without sentences to read."""
+        probabilities = self.sentence_probabilities(inputs)
+        if not probabilities:
+            return None
+        p, threshold = min(probabilities), max(self.threshold, LIKELY_FLOOR)
+        return CheckedSupport(p, p >= threshold, threshold, False, self.name, tuple(probabilities))
+
+    @classmethod
+    def fit_checked(
+        cls, rows: list[dict], name: str, target_precision: float = TARGET_PRECISION
+    ) -> CheckedSupportModel:
+        """Fit on train-split check rows (`inputs`, `sentence_labels`, `em`): a logistic regression over every
+        sentence's features, labelled right or not, and the threshold for `target_precision` over the answers'
+        weakest-sentence probabilities (an answer right when its `em` is)."""
+        import numpy as np
+        from sklearn.linear_model import LogisticRegression
+
+        from midlens.generators.support import C
+
+        x, y = [], []
+        for r in rows:
+            for i, label in enumerate(r["sentence_labels"]):
+                f = sentence_features(r["inputs"], i)
+                x.append([f[k] for k in CHECKED_FEATURES])
+                y.append(label)
+        xa, ya = np.asarray(x, dtype=float), np.asarray(y)
+        if len(set(ya.tolist())) < 2:
+            raise InvalidArgumentError(f"the {len(y)} train sentences are all of one label: no fit.")
+        mean, scale = xa.mean(0), xa.std(0)
+        scale[scale == 0] = 1.0
+        fitted = LogisticRegression(C=C, max_iter=2000).fit((xa - mean) / scale, ya)
+        model = cls(
+            CHECKED_FEATURES,
+            tuple(mean.tolist()),
+            tuple(scale.tolist()),
+            tuple(fitted.coef_[0].tolist()),
+            float(fitted.intercept_[0]),
+            0.5,
+            target_precision,
+            "sentence right (planted: not the planted one; else em)",
+            name,
+        )
+        answers = [r for r in rows if r["sentence_labels"]]
+        weakest = [min(model.sentence_probabilities(r["inputs"])) for r in answers]
+        right = [int(r["em"] >= 0.5) for r in answers]
+        return replace(model, threshold=choose_threshold(weakest, right, target_precision))
+
+    @classmethod
+    def load_checked(cls, folder: str | Path, base_model_sha256: str) -> CheckedSupportModel:
+        count = len(CHECKED_FEATURES)
+        shapes = {"mean": (count,), "scale": (count,), "coef": (count,), "intercept": (1,)}
+        section, artefact = cls.open(folder, METHOD_CHECKED, base_model_sha256, shapes)
+        if tuple(section["features"]) != CHECKED_FEATURES:
+            raise ArtefactError(
+                f"checked support model {artefact.meta_file}: features {section['features']} are not this midlens's "
+                f"{list(CHECKED_FEATURES)}; refit it (docs/results/check/support.py fit)."
+            )
+        t = artefact.tensors
+        return cls(
+            CHECKED_FEATURES,
+            tuple(t["mean"].tolist()),
+            tuple(t["scale"].tolist()),
+            tuple(t["coef"].tolist()),
+            float(t["intercept"][0]),
+            section["threshold"],
+            section["target_precision"],
+            section["label"],
+            Path(folder).name,
+        )
+
+
+def shipped_checked_folder(model: str) -> Path:
+    return SHIPPED / METHOD_CHECKED / model
+
+
+_LOADED: dict[tuple[str, str], CheckedSupportModel] = {}
+
+
+def packaged_checked_support(model: str, model_sha256: Callable[[], str]) -> CheckedSupportModel | None:
+    """The checked support model shipped for `model` (a packaged model's name; `model_sha256` is read only then);
+    None for any other model (no model-agnostic one is fitted)."""
+    folder = shipped_checked_folder(model)
+    if Path(model).name != model or not folder.is_dir():
+        return None
+    sha = model_sha256()
+    if (model, sha) not in _LOADED:
+        _LOADED[(model, sha)] = CheckedSupportModel.load_checked(folder, sha)
+    return _LOADED[(model, sha)]
+
+
+def checked_support(answer: Answer, model_sha256: Callable[[], str]) -> CheckedSupport | None:
+    """The support of a checked answer under the checked support model shipped for its model; None without one or
+    without citations."""
+    model = packaged_checked_support(answer.model, model_sha256)
+    return None if model is None or not answer.citations else model.support(checked_inputs(answer))
