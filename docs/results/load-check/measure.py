@@ -27,34 +27,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from midlens.generators import attention, load_check
 from midlens.generators.loading import check_attention
 from midlens.generators.model_cache import resolve_model_dir
-from midlens.generators.random_models import random_config
+from midlens.generators.random_models import save_random_model
 
 HERE = Path(__file__).parent
 ROWS = HERE / "rows.jsonl"
 DTYPES = ("float32", "bfloat16")
 PACKAGED = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
-# Llama 3.2 1B: 16 layers, 2048 hidden, 32 / 8 heads (head_dim 64), 8192 intermediate, its 128256-token vocabulary
-# (the prompt's ids come from the SmolLM2 tokenizer the folder carries), llama3 RoPE scaling, tied embeddings.
-SHAPE_1B = dict(
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=131072,
-    vocab_size=128256,
-    tie_word_embeddings=True,
-    rope_parameters=dict(
-        rope_type="llama3",
-        rope_theta=5e5,
-        factor=32.0,
-        low_freq_factor=1.0,
-        high_freq_factor=4.0,
-        original_max_position_embeddings=8192,
-    ),
-)
-
-
 def done() -> set[tuple[str, str, str]]:
     if not ROWS.is_file():
         return set()
@@ -137,11 +115,8 @@ def families() -> None:
 def one_b() -> None:
     folder = Path(tempfile.gettempdir()) / "midlens-llama-1b-shape"
     if not (folder / "model.safetensors").is_file() and not list(folder.glob("*.safetensors")):
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m"))
-        config = random_config("llama", **SHAPE_1B)
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+        # the prompt's ids come from the SmolLM2 tokenizer the folder carries
+        save_random_model("llama-3.2-1b", folder, resolve_model_dir("smollm2-135m"), dtype=torch.bfloat16)
     measure_folder("llama-3.2-1b shape (random)", folder)
 
 
