@@ -1,10 +1,11 @@
 """`midlens eval support`: answers as a user gets them, each with what its support score reads and whether it was right.
 
 Each unit is one question with its gold passage at one slot (1 / 5 / 10 of 10), answered the way `Pipeline.answer`
-answers by default (the model's answering method, restack and citation rule, the default instruction and answer
-length), its citations verified. A row keeps `generators.support.support_inputs` of the answer and its EM / F1, so
-support models are fitted (training/support.py, on a train-split run) and measured (eval/support_report.py, on
-held-out runs) without the language model. Resumable, one row per unit, as every eval run.
+answers by default (the model's answering method, or the method named, with the restack and citation rule measured
+for it, the default instruction and answer length), its citations verified. A row keeps the method's spec and
+`generators.support.support_inputs` of the answer and its EM / F1, so support models are fitted (training/support.py,
+on a train-split run) and measured (eval/support_report.py, on held-out runs) without the language model. Resumable,
+one row per unit, as every eval run.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class SupportRunOptions:
     dataset: str = "hotpotqa"
     split: str = "eval"  # hotpotqa and squad: the train or eval split (kv is synthetic; its seed sets it apart)
     model: str = EVAL_MODEL
+    method: str | None = None  # a method spec; None: the model's answering default (what `Pipeline.answer` runs)
     device: str = "auto"
     dtype: str = "auto"
     n: int = 70
@@ -52,7 +54,8 @@ def load_examples(options: SupportRunOptions):
 
 
 def read_run(folder: Path) -> tuple[dict, list[dict]]:
-    """The config and rows of an `eval support` run (every shard's file), refused with what to pass otherwise."""
+    """The config and rows of an `eval support` run (every shard's file, each row with its method's spec), refused
+    with what to pass otherwise."""
     import json
 
     from midlens.core.errors import InvalidArgumentError
@@ -66,7 +69,16 @@ def read_run(folder: Path) -> tuple[dict, list[dict]]:
     if config.get("kind") != "support":
         raise InvalidArgumentError(f"{folder}: a {config.get('kind')!r} run, not an `eval support` run.")
     rows = [r for f in sorted(folder.glob("results*.jsonl*")) for r in runner.read_rows(f)]
-    return config, rows
+    # Rows written before they recorded their method answered with the config's (one method per run).
+    spec = method_spec(config["method"])
+    return config, [r if "method" in r else {**r, "method": spec} for r in rows]
+
+
+def method_spec(recorded: dict) -> str:
+    """The spec of a method as a run's config records it (`MethodConfig.to_dict`)."""
+    from midlens.generators.methods.registry import method_config
+
+    return method_config(recorded["name"], {k: v for k, v in recorded.items() if k != "name"}).spec()
 
 
 def plan(options: SupportRunOptions) -> tuple[dict, list[dict], list]:
@@ -80,7 +92,7 @@ def plan(options: SupportRunOptions) -> tuple[dict, list[dict], list]:
     examples = load_examples(options)
     model = canonical_name(options.model)
     device = resolve_device(options.device)
-    method = method_config(default_method(model))
+    method = method_config(options.method or default_method(model))
     name = options.dataset if options.split == "eval" else f"{options.dataset}-{options.split}"
     config = {
         "kind": "support",
@@ -125,6 +137,7 @@ def run(options: SupportRunOptions) -> list[dict]:
     from midlens.eval.sweep import layout
     from midlens.generators.generator import Generator
     from midlens.generators.loading import load_model
+    from midlens.generators.methods.registry import method_config
     from midlens.generators.packaged_models import default_method
     from midlens.generators.support import support_inputs
     from midlens.rag.pipeline import Pipeline
@@ -137,8 +150,9 @@ def run(options: SupportRunOptions) -> list[dict]:
     _, _, _, todo = runner.pending_units(options.out, config, units, options.shard, options.limit, prefix_sha256)
     if not todo:
         return runner.read_rows(Path(options.out) / runner.results_name(options.shard))
+    method = method_config(options.method or default_method(config["model"]))
     loaded = load_model(options.model, options.device, options.dtype)
-    pipe = Pipeline(None, Generator(loaded, method=default_method(loaded.name)), max_new_tokens=options.max_new_tokens)
+    pipe = Pipeline(None, Generator(loaded, method=method), max_new_tokens=options.max_new_tokens)
 
     def evaluate(unit: dict) -> dict:
         example = examples[unit["example"]]
@@ -152,6 +166,7 @@ def run(options: SupportRunOptions) -> list[dict]:
             "generated_tokens": answer.generated_tokens,
             "prompt_tokens": answer.prompt_tokens,
             "restacked": answer.restack is not None,
+            "method": method.spec(),  # what a support model fitted on these rows learns the answers of
             "inputs": support_inputs(answer),
             "timings": answer.timings,
             "seconds": time.perf_counter() - t0,

@@ -1,8 +1,10 @@
 """How well support scores separate right answers from wrong ones, on held-out `eval support` runs.
 
-For each held-out run (one model, one corpus) and each scorer: the shipped support model of that model (plain, and
-verified: reading the ablation drops), the model-agnostic one, and the simplest baseline, the answer's mean token
-log-probability alone (a one-feature logistic fit on the same train runs, so its calibration is comparable):
+For each held-out run (one model, one answering method, one corpus) and each scorer: the shipped support model of
+that model (plain, and verified: reading the ablation drops), the model-agnostic one, the same model fitted on the
+default method's train answers alone (what shipped before other methods' answers were in the train rows), and the
+simplest baseline, the answer's mean token log-probability alone (a one-feature logistic fit on the same train runs,
+so its calibration is comparable):
   AUROC for correctness (EM; and F1 >= 0.5), 95 % bootstrap intervals over answers, paired against the baseline;
   ECE (10 equal-width bins) against EM, and a reliability diagram (PNG);
   selective answering: accuracy of the answers ranked most supported at 25 / 50 / 75 % coverage against all of them,
@@ -17,7 +19,7 @@ import random
 from pathlib import Path
 
 from midlens.eval.support import read_run
-from midlens.generators.support import GENERIC, SupportModel, shipped_support_folder, support_features
+from midlens.generators.support import GENERIC, SupportModel, shipped_support_folder
 
 COVERAGES = (0.25, 0.5, 0.75)
 BOOTSTRAP = 1000
@@ -86,13 +88,24 @@ def _shipped(name: str, sha: str, verified: bool) -> SupportModel | None:
     return SupportModel.load(folder, verified, sha) if folder.is_dir() else None
 
 
+DEFAULT_ONLY = "support, default method's answers only"
+
+
 def scorers(config: dict, train_rows: list[dict]) -> dict[str, SupportModel]:
-    """Every scorer of one model's answers: the log-probability baseline (fitted on its train rows) and the shipped
+    """Every scorer of one model's answers: the log-probability baseline (fitted on its train rows), the support model
+    fitted on its default method's train rows alone (where other methods' rows are there too), and the shipped
     support models, its own and the model-agnostic ones."""
+    from midlens.generators.methods.registry import method_config
+    from midlens.generators.packaged_models import default_method
+
     model, sha = config["model"], config["model_sha256"]
     out = {}
     if train_rows:
         out["mean log-prob alone"] = SupportModel.fit(train_rows, False, model, only=("mean_logprob",))
+        default = method_config(default_method(model)).spec()
+        own = [r for r in train_rows if r["method"] == default]
+        if own and len(own) < len(train_rows):
+            out[DEFAULT_ONLY] = SupportModel.fit(own, False, model)
     for label, support in (
         ("support", _shipped(model, sha, False)),
         ("support + verification", _shipped(model, sha, True)),
@@ -112,15 +125,15 @@ def readable(models: dict[str, SupportModel], verified: bool) -> dict[str, Suppo
 def measure(rows: list[dict], models: dict[str, SupportModel]) -> dict:
     em = [int(r["em"] >= 0.5) for r in rows]
     f1 = [int(r["f1"] >= 0.5) for r in rows]
-    probabilities = {
-        label: [m.probability(support_features(r["inputs"], m.verified)) for r in rows] for label, m in models.items()
-    }
+    probabilities = {label: [m.probability_of(r["inputs"], r["method"]) for r in rows] for label, m in models.items()}
     baseline = probabilities.get("mean log-prob alone")
     out = {"answers": len(rows), "em": sum(em) / len(em), "f1>=0.5": sum(f1) / len(f1), "scorers": {}}
     for label, ps in probabilities.items():
         model = models[label]
         kept = [i for i, p in enumerate(ps) if p >= model.threshold]
         entry = {
+            "fitted_on_method": all(r["method"] in model.methods for r in rows),
+            "mean_probability": sum(ps) / len(ps),
             "auroc_em": auroc(ps, em),
             "auroc_em_ci": auroc_interval(ps, em),
             "auroc_f1": auroc(ps, f1),
@@ -157,11 +170,17 @@ def _ci(interval) -> str:
     return "" if interval is None else f" [{interval[0]:+.2f}, {interval[1]:+.2f}]"
 
 
+POOLED = "hotpotqa+squad"  # the corpora every method was measured on, pooled: one row per method to compare
+
+
 def write_report(runs: list[Path], out: Path, train: list[Path]) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from midlens.generators.methods.registry import method_config
+    from midlens.generators.packaged_models import default_method
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -169,56 +188,87 @@ def write_report(runs: list[Path], out: Path, train: list[Path]) -> Path:
     for folder in train:
         config, rows = read_run(folder)
         train_rows.setdefault(config["model"], []).extend(rows)
-    results: dict[str, dict[str, dict]] = {}
+    # {model: {method: {corpus: measure}}}
+    results: dict[str, dict[str, dict[str, dict]]] = {}
     by_model: dict[str, dict[str, SupportModel]] = {}  # each model's scorers, fitted and loaded once
-    pooled: dict[str, list[dict]] = {}
+    pooled: dict[tuple[str, str], dict[str, list[dict]]] = {}
     for folder in runs:
         config, rows = read_run(folder)
-        model = config["model"]
+        model, method = config["model"], rows[0]["method"] if rows else "?"
         if model not in by_model:
             by_model[model] = scorers(config, train_rows.get(model, []))
         models = readable(by_model[model], config.get("verify", True))
-        results.setdefault(model, {})[config["dataset"]] = measure(rows, models)
-        pooled.setdefault(model, []).extend(rows)
-    for model, rows in pooled.items():
-        if len(results[model]) > 1:  # every held-out answer of the model at once, by the plain scorers
-            results[model]["all held-out"] = measure(rows, readable(by_model[model], False))
+        results.setdefault(model, {}).setdefault(method, {})[config["dataset"]] = measure(rows, models)
+        pooled.setdefault((model, method), {})[config["dataset"]] = rows
+    for (model, method), by_dataset in pooled.items():
+        plain = readable(by_model[model], False)
+        if {"hotpotqa", "squad"} <= set(by_dataset):
+            results[model][method][POOLED] = measure(by_dataset["hotpotqa"] + by_dataset["squad"], plain)
+        if len(by_dataset) > 2:  # every held-out answer of the model and method at once, by the plain scorers
+            results[model][method]["all held-out"] = measure([r for rs in by_dataset.values() for r in rs], plain)
 
     lines = [
         "# Support scores on held-out answers",
         "",
-        "Each row: one model's answers (its answering default, 10 passages, gold at 1 / 5 / 10) on one held-out",
+        "Each row: one model's answers with one answering method (10 passages, gold at 1 / 5 / 10) on one held-out",
         "corpus.",
         "AUROC against EM with a 95 % bootstrap interval over answers; `vs log-prob`: the paired AUROC difference",
         "against the mean token log-probability alone; accuracy (EM %) of the most supported 25 / 50 / 75 % of",
         "answers against all; ECE against EM; the threshold's coverage and precision on these answers.",
         "",
+        "## Per method: the shipped support model",
+        "",
+        "`fitted on it`: whether the support model's train rows held this method's answers (else its words say it is",
+        f"not calibrated for it). `{DEFAULT_ONLY}`: the same estimator fitted on the default method's train answers",
+        "alone, for comparison.",
+        "",
+        "| model | method | corpus | answers | EM % | scorer | fitted on it | mean support | AUROC (EM) | ECE |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for model, by_dataset in results.items():
-        lines += [f"## {model}", ""]
-        lines += [
-            "| corpus | answers | EM % | scorer | AUROC (EM) | vs log-prob | AUROC (F1>=0.5) | ECE | acc@25/50/75 % "
-            "| threshold: coverage / precision |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for dataset, m in by_dataset.items():
-            for label, s in m["scorers"].items():
-                sel = s["selective"]
-                lines.append(
-                    f"| {dataset} | {m['answers']} | {100 * m['em']:.1f} | {label} | {_fmt(s['auroc_em'])}"
-                    f"{_ci(s['auroc_em_ci'])} | {_paired(s)} | "
-                    f"{_fmt(s['auroc_f1'])} | {_fmt(s['ece'], 3)} | {100 * sel['25%']:.0f} / {100 * sel['50%']:.0f} / "
-                    f"{100 * sel['75%']:.0f} | {100 * s['coverage_at_threshold']:.0f} % / "
-                    f"{_percent(s['precision_at_threshold'])} |"
-                )
-        lines.append("")
-        _plots(plt, out, model, by_dataset)
+    for model, by_method in results.items():
+        for method, by_dataset in by_method.items():
+            for dataset, m in by_dataset.items():
+                for label in ("support", DEFAULT_ONLY):
+                    s = m["scorers"].get(label)
+                    if s is None:
+                        continue
+                    lines.append(
+                        f"| {model} | {method} | {dataset} | {m['answers']} | {100 * m['em']:.1f} | {label} | "
+                        f"{'yes' if s['fitted_on_method'] else 'no'} | {s['mean_probability']:.2f} | "
+                        f"{_fmt(s['auroc_em'])}{_ci(s['auroc_em_ci'])} | {_fmt(s['ece'], 3)} |"
+                    )
+    lines.append("")
+    for model, by_method in results.items():
+        for method, by_dataset in by_method.items():
+            lines += [f"## {model}, {method}", ""]
+            lines += [
+                "| corpus | answers | EM % | scorer | AUROC (EM) | vs log-prob | AUROC (F1>=0.5) | ECE "
+                "| acc@25/50/75 % | threshold: coverage / precision |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+            ]
+            for dataset, m in by_dataset.items():
+                for label, s in m["scorers"].items():
+                    sel = s["selective"]
+                    lines.append(
+                        f"| {dataset} | {m['answers']} | {100 * m['em']:.1f} | {label} | {_fmt(s['auroc_em'])}"
+                        f"{_ci(s['auroc_em_ci'])} | {_paired(s)} | "
+                        f"{_fmt(s['auroc_f1'])} | {_fmt(s['ece'], 3)} | {100 * sel['25%']:.0f} / "
+                        f"{100 * sel['50%']:.0f} / {100 * sel['75%']:.0f} | {100 * s['coverage_at_threshold']:.0f} % / "
+                        f"{_percent(s['precision_at_threshold'])} |"
+                    )
+            lines.append("")
+        # The plots show the default method's answers per corpus (what the README's figures always showed).
+        default = method_config(default_method(model)).spec()
+        _plots(plt, out, model, by_method.get(default) or next(iter(by_method.values())))
         lines += [f"![reliability]({model}-reliability.png) ![risk-coverage]({model}-risk-coverage.png)", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     slim = {
-        model: {d: {k: v for k, v in m.items() if k not in ("probabilities", "labels")} for d, m in by.items()}
-        for model, by in results.items()
+        model: {
+            method: {d: {k: v for k, v in m.items() if k not in ("probabilities", "labels")} for d, m in by.items()}
+            for method, by in by_method.items()
+        }
+        for model, by_method in results.items()
     }
     (out / "report.json").write_text(json.dumps(slim, indent=2) + "\n")
     return path

@@ -758,10 +758,13 @@ class Generator:
             # A checked answer's features are teacher-forced: no support model was fitted on such features yet,
             # and the generation-time one would read them as this model's own confidence (miscalibrated).
             return None
+        method = self.method.spec()  # the support model says whether it was fitted on this method's answers
         if verified not in self._support_models:
-            self._support_models[verified] = packaged_support(self.loaded.name, lambda: self.loaded.sha256, verified)
+            self._support_models[verified] = packaged_support(
+                self.loaded.name, lambda: self.loaded.sha256, verified, method
+            )
         model = self._support_models[verified]
-        return None if model is None else model.support(support_inputs(answer))
+        return None if model is None else model.support(support_inputs(answer), method)
 
     def stream(self, prompt: StackedPrompt, **kwargs) -> GenerationStream:
         reference = kwargs.pop("reference", None)  # generate()'s other keywords but the callbacks: DecodeOptions'

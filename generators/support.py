@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -59,6 +59,7 @@ VERIFIED_FEATURES = (*PLAIN_FEATURES, "max_drop", "verified_share")
 DROP_CLIP = 8.0
 MARGIN_CLIP = 10.0  # a step decided by 10 nats is decided; beyond that is the tokenizer's noise
 GENERIC = "any"  # the folder of the model-agnostic support model
+METHOD_FEATURE = "method="  # an indicator feature's prefix: "method=baseline" is 1.0 for the baseline's answers
 METHOD_PLAIN, METHOD_VERIFIED = "support", "support-verified"
 SECTION = Section(
     "support",
@@ -192,22 +193,43 @@ def support_features(inputs: dict, verified: bool = False) -> dict[str, float]:
 class Support:
     """How far one answer can be trusted: `probability` that it is right (calibrated on the train split);
     `threshold`, the one in force (the support model's, never below LIKELY_FLOOR, or the caller's `abstain_below`);
-    `likely` when the probability reaches it and LIKELY_FLOOR; `verified` when the ablation drops were read."""
+    `likely` when the probability reaches it and LIKELY_FLOOR and the support model was fitted on the answering
+    method's answers; `verified` when the ablation drops were read; `methods`, the answering methods (specs) whose
+    train answers the support model was fitted on, and `method`, the one that answered (None: not recorded)."""
 
     probability: float
     likely: bool
     threshold: float
     verified: bool
     model: str  # the support model's folder name: the answering model's, or "any"
+    methods: tuple[str, ...] = field(default=(), kw_only=True)
+    method: str | None = field(default=None, kw_only=True)
 
     @classmethod
-    def at(cls, probability: float, threshold: float, verified: bool, model: str) -> Support:
-        """The support of `probability` under the threshold in force."""
-        return cls(probability, probability >= max(threshold, LIKELY_FLOOR), threshold, verified, model)
+    def at(
+        cls,
+        probability: float,
+        threshold: float,
+        verified: bool,
+        model: str,
+        methods: tuple[str, ...] = (),
+        method: str | None = None,
+    ) -> Support:
+        """The support of `probability` under the threshold in force, for an answer of `method`."""
+        calibrated = method is None or method in methods
+        likely = calibrated and probability >= max(threshold, LIKELY_FLOOR)
+        return cls(probability, likely, threshold, verified, model, methods=tuple(methods), method=method)
 
     def under(self, threshold: float) -> Support:
         """The same probability under another threshold in force (a caller's `abstain_below`)."""
-        return Support.at(self.probability, threshold, self.verified, self.model)
+        return Support.at(self.probability, threshold, self.verified, self.model, self.methods, self.method)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the support model was fitted on answers of the method that answered: another method's answers are
+        right at another rate for the same features (SmolLM2's baseline: 0.59 mean support, 41 % right), so the
+        probability is not a calibrated one and never reads "likely"."""
+        return self.method is None or self.method in self.methods
 
     @property
     def band(self) -> str:
@@ -218,10 +240,22 @@ class Support:
 
     @property
     def words(self) -> str:
-        return f"{BAND_WORDS[self.band]} ({self.probability:.2f})"
+        if self.calibrated:
+            return f"{BAND_WORDS[self.band]} ({self.probability:.2f})"
+        return (
+            f"{BAND_WORDS[self.band]} ({self.probability:.2f}, not calibrated for {self.method}: the support model "
+            f"{self.model} was fitted on answers of {', '.join(self.methods) or 'no recorded method'})"
+        )
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "band": self.band, "words": self.words}
+        return {**asdict(self), "band": self.band, "words": self.words, "calibrated": self.calibrated}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Support:
+        """The Support `to_dict` wrote (a server's JSON): its derived keys (band, words, calibrated) dropped."""
+        fields_ = {k: v for k, v in data.items() if k not in ("band", "words", "calibrated")}
+        fields_["methods"] = tuple(fields_.get("methods") or ())
+        return cls(**fields_)
 
 
 # What each band says to a reader (the CLI's `support:` line, the JSON's `words`, the demo's badge).
@@ -245,6 +279,8 @@ class SupportModel(SavedPart):
     target_precision: float
     label: str  # what "right" meant when it was fitted (e.g. "em")
     name: str = GENERIC
+    # The answering methods (specs) whose train answers it was fitted on: its probabilities are calibrated for these.
+    methods: tuple[str, ...] = ()
 
     @property
     def verified(self) -> bool:
@@ -255,9 +291,18 @@ class SupportModel(SavedPart):
         z = self.intercept + sum(c * (features[f] - m) / s for f, m, s, c in terms)
         return 1.0 / (1.0 + math.exp(-max(-40.0, min(40.0, z))))
 
-    def support(self, inputs: dict) -> Support:
-        p = self.probability(support_features(inputs, self.verified))
-        return Support.at(p, max(self.threshold, LIKELY_FLOOR), self.verified, self.name)
+    def features_of(self, inputs: dict, method: str | None = None) -> dict[str, float]:
+        """The features of one answer (`support_inputs`) of `method` this model reads, its method indicators
+        (`method=<spec>`, where it was fitted with them) included."""
+        return {**support_features(inputs, self.verified), **method_indicators(self.features, method)}
+
+    def probability_of(self, inputs: dict, method: str | None = None) -> float:
+        return self.probability(self.features_of(inputs, method))
+
+    def support(self, inputs: dict, method: str | None = None) -> Support:
+        """The support of one answer (`support_inputs`) of `method` (its spec; None: not recorded)."""
+        p = self.probability_of(inputs, method)
+        return Support.at(p, max(self.threshold, LIKELY_FLOOR), self.verified, self.name, self.methods, method)
 
     @classmethod
     def fit(
@@ -267,33 +312,48 @@ class SupportModel(SavedPart):
         name: str,
         target_precision: float = TARGET_PRECISION,
         only: tuple[str, ...] | None = None,
+        by_method: bool = False,
     ) -> SupportModel:
-        """Fit on `rows` (train-split `eval support` rows: `inputs` and `em`): a logistic regression (scikit-learn)
-        over the standardised features, labelled by EM, and its threshold for `target_precision` on the same rows.
-        `only`: a subset of the features (the log-probability baseline the reports compare against)."""
+        """Fit on `rows` (train-split `eval support` rows: `inputs`, `em` and `method`, the answering method's spec):
+        a logistic regression (scikit-learn) over the standardised features, labelled by EM, and its threshold for
+        `target_precision` on the same rows; the methods it is calibrated for are the rows'. `only`: a subset of the
+        features (the log-probability baseline the reports compare against). `by_method`: an indicator feature per
+        method but the rows' first, so each method's answers get a rate of their own."""
         import numpy as np
         from sklearn.linear_model import LogisticRegression
 
+        # Rows without a method (made by hand) calibrate it for no method: its words will say so for every answer.
+        methods = tuple(dict.fromkeys(r["method"] for r in rows if r.get("method") is not None))
         features = only or (VERIFIED_FEATURES if verified else PLAIN_FEATURES)
-        x = np.asarray([[support_features(r["inputs"], verified)[f] for f in features] for r in rows], dtype=float)
+        if by_method:
+            features = (*features, *(f"{METHOD_FEATURE}{m}" for m in methods[1:]))
+
+        def values(row: dict) -> dict[str, float]:
+            return {**support_features(row["inputs"], verified), **method_indicators(features, row.get("method"))}
+
+        x = np.asarray([[values(r)[f] for f in features] for r in rows], dtype=float)
         y = np.asarray([int(r["em"] >= 0.5) for r in rows])
         if len(set(y.tolist())) < 2:
             raise InvalidArgumentError(f"the {len(rows)} train answers are all {'right' if y[0] else 'wrong'}: no fit.")
         mean, scale = x.mean(0), x.std(0)
         scale[scale == 0] = 1.0
-        model = LogisticRegression(C=C, max_iter=2000).fit((x - mean) / scale, y)
-        probabilities = model.predict_proba((x - mean) / scale)[:, 1].tolist()
-        return cls(
+        fitted = LogisticRegression(C=C, max_iter=2000).fit((x - mean) / scale, y)
+        model = cls(
             tuple(features),
             tuple(mean.tolist()),
             tuple(scale.tolist()),
-            tuple(model.coef_[0].tolist()),
-            float(model.intercept_[0]),
-            choose_threshold(probabilities, y.tolist(), target_precision),
+            tuple(fitted.coef_[0].tolist()),
+            float(fitted.intercept_[0]),
+            0.5,
             target_precision,
             "em",
             name,
+            methods,
         )
+        # The threshold is one of these probabilities: computed as `support` computes them (not scikit-learn's
+        # predict_proba, which rounds differently), so the train answer that set it stays on its side.
+        probabilities = [model.probability(dict(zip(features, row, strict=True))) for row in x.tolist()]
+        return replace(model, threshold=choose_threshold(probabilities, y.tolist(), target_precision))
 
     SECTION: ClassVar[Section] = SECTION
 
@@ -303,6 +363,7 @@ class SupportModel(SavedPart):
             "threshold": float(self.threshold),
             "target_precision": float(self.target_precision),
             "label": self.label,
+            "methods": list(self.methods),
         }
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -321,16 +382,24 @@ class SupportModel(SavedPart):
     @classmethod
     def load(cls, folder: str | Path, verified: bool, base_model_sha256: str) -> SupportModel:
         method = METHOD_VERIFIED if verified else METHOD_PLAIN
-        features = VERIFIED_FEATURES if verified else PLAIN_FEATURES
-        count = len(features)
-        shapes = {"mean": (count,), "scale": (count,), "coef": (count,), "intercept": (1,)}
-        section, artefact = cls.open(folder, method, base_model_sha256, shapes)
-        if tuple(section["features"]) != features:
+        base = VERIFIED_FEATURES if verified else PLAIN_FEATURES
+        section, artefact = cls.open(folder, method, base_model_sha256)
+        # The base features in this midlens's order, then any method indicators (`fit(by_method=True)`).
+        features = tuple(section["features"])
+        if features[: len(base)] != base or not all(f.startswith(METHOD_FEATURE) for f in features[len(base) :]):
             raise ArtefactError(
                 f"support model {artefact.meta_file}: features {section['features']} are not this midlens's "
-                f"{list(features)}.",
+                f"{list(base)} (then method indicators {METHOD_FEATURE}<spec>).",
                 [Step("support-fit", "refit it on train-split runs (training.support.fit_and_save)", {"runs": None})],
             )
+        methods = section.get("methods")
+        if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
+            raise ArtefactError(
+                f"support model {artefact.meta_file}: no list of the answering methods it was fitted on (it predates "
+                "them, or was edited); refit it (`midlens eval support-fit`)."
+            )
+        count = len(features)
+        artefact.tensors_for({"mean": (count,), "scale": (count,), "coef": (count,), "intercept": (1,)})
         t = artefact.tensors
         return cls(
             features,
@@ -342,16 +411,35 @@ class SupportModel(SavedPart):
             section["target_precision"],
             section["label"],
             Path(folder).name,
+            tuple(methods),
         )
+
+
+def method_indicators(features: tuple[str, ...], method: str | None) -> dict[str, float]:
+    """1.0 for the indicator of `method` among `features` (`method=<spec>`), 0.0 for the others."""
+    return {f: float(f == f"{METHOD_FEATURE}{method}") for f in features if f.startswith(METHOD_FEATURE)}
 
 
 def shipped_support_folder(model: str, verified: bool) -> Path:
     return SHIPPED / (METHOD_VERIFIED if verified else METHOD_PLAIN) / model
 
 
-def packaged_support(model: str, model_sha256: Callable[[], str], verified: bool) -> SupportModel | None:
+def packaged_support(
+    model: str, model_sha256: Callable[[], str], verified: bool, method: str | None = None
+) -> SupportModel | None:
     """The support model shipped for `model` (a packaged model's name; `model_sha256` gives its content hash, read
-    only then), else the model-agnostic one; None when neither ships."""
+    only then), else the model-agnostic one; None when neither ships. A verified one not fitted on `method`'s
+    answers (the methods other than the default are fitted without verification) gives way to the plain one that
+    is: a calibrated probability without the drops beats an uncalibrated one with them."""
+    chosen = _shipped_support(model, model_sha256, verified)
+    if verified and method is not None and chosen is not None and method not in chosen.methods:
+        plain = _shipped_support(model, model_sha256, False)
+        if plain is not None and method in plain.methods:
+            return plain
+    return chosen
+
+
+def _shipped_support(model: str, model_sha256: Callable[[], str], verified: bool) -> SupportModel | None:
     own = shipped_support_folder(model, verified)
     if Path(model).name == model and own.is_dir():
         return SupportModel.load(own, verified, model_sha256())

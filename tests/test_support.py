@@ -171,7 +171,7 @@ def test_verification_rescores_the_support_with_the_drops(monkeypatch, loaded):
     from midlens.rag.pipeline import Pipeline
 
     models = {v: SupportModel.fit(_rows(), verified=v, name="synthetic") for v in (False, True)}
-    monkeypatch.setattr(generator_module, "packaged_support", lambda _name, _sha, verified: models[verified])
+    monkeypatch.setattr(generator_module, "packaged_support", lambda _name, _sha, verified, _method: models[verified])
     pipe = Pipeline(None, Generator(loaded, method="baseline"), max_new_tokens=8)
     question = "What is the secret code word of the Zorbland expedition?"
     answer = pipe.answer(question, planted_passages(5, 2))
@@ -203,31 +203,6 @@ def test_the_default_flags_a_wrong_answer_and_not_a_right_one(loaded):
     assert right.support.probability == pytest.approx(0.595, abs=0.02) and right.support.model == "smollm2-135m"
     assert not wrong.support.likely and wrong.support.probability == pytest.approx(0.013, abs=0.02)
     assert wrong.text == ABSTAIN_TEXT and wrong.withheld["text"] == "London"
-
-
-@pytest.mark.parametrize("model, tag", [("smollm2-135m", "smol"), ("qwen2.5-coder-0.5b", "qwen"), ("any", "*")])
-def test_the_shipped_support_models_are_what_their_committed_train_rows_fit(model, tag):
-    """Each shipped support model refits from the train-split rows committed beside its report (the same estimator,
-    deterministic: coefficients within 1e-6), and records those runs' data hashes."""
-    import json
-    from pathlib import Path
-
-    from midlens.eval.support import read_run
-    from midlens.generators.support import SupportModel, shipped_support_folder
-
-    runs = sorted(Path(__file__).resolve().parent.parent.glob(f"docs/results/support/runs/{tag}/*-train"))
-    loaded = [read_run(r) for r in runs]
-    rows = [row for _, rs in loaded for row in rs]
-    assert len(rows) == (600 if model == "any" else 300)
-    for verified in (False, True):
-        folder = shipped_support_folder(model, verified)
-        meta = json.loads((folder / "meta.json").read_text())
-        sha = meta["base_model_sha256"]
-        shipped = SupportModel.load(folder, verified, sha)
-        refit = SupportModel.fit(rows, verified, model)
-        assert shipped.coef == pytest.approx(refit.coef, abs=1e-6)
-        assert shipped.threshold == pytest.approx(refit.threshold)
-        assert {c["data_sha256"] for c, _ in loaded} == {run["data_sha256"] for run in meta["data"]["runs"]}
 
 
 def test_the_support_words_never_contradict_the_number_or_the_withholding():

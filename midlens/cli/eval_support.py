@@ -28,6 +28,9 @@ def add_parsers(esub) -> None:
     )
     sp.add_argument("--out", required=True, type=Path, help="run directory (created; resumed when it exists)")
     sp.add_argument("--model", default=EVAL_MODEL, help="registry name or local HF folder")
+    sp.add_argument(
+        "--method", help="the answering method's spec (e.g. baseline, \"ms-poe(ratio_max=1.5)\"); default: the model's"
+    )
     add_device_args(sp)
     sp.add_argument("--dataset", choices=("hotpotqa", "squad", "kv"), default="hotpotqa")
     sp.add_argument("--split", choices=("train", "eval"), default="eval", help="fit on train, measure on eval")
@@ -63,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         dataset=args.dataset,
         split=args.split,
         model=args.model,
+        method=args.method,
         device=args.device,
         dtype=args.dtype,
         n=args.n,

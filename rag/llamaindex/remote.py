@@ -69,9 +69,7 @@ def answer_of(result: MidlensResult, question: str, text: str, passages: Sequenc
         answer.citations = citations_from_json(result.citations)
     answer.restack = result.restack
     if result.support is not None:
-        # band and words are properties of Support, derived from the fields
-        fields = {k: v for k, v in result.support.items() if k not in ("band", "words")}
-        answer.support = Support(**fields)
+        answer.support = Support.from_dict(result.support)
     if result.withheld is not None:
         answer.withheld = {"text": result.withheld, "citations": []}
     return answer
