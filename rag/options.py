@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from midlens.core.checks import check_max_new_tokens, check_prompt_style, check_restack_rounds, check_top_k
@@ -28,6 +28,7 @@ from midlens.core.names import (
     DEFAULT_PROMPT_STYLE,
     DEFAULT_RESTACK_SCORER,
     DEFAULT_TOP_K,
+    PROMPT_STYLES,
     RESTACK_MEASURED,
     TRUNCATE_MODES,
     PromptStyle,
@@ -40,6 +41,47 @@ if TYPE_CHECKING:  # torch loads with these, after the cheap checks
     from midlens.generators.citations import MeasuredCitations
     from midlens.generators.methods.registry import MethodConfig
     from midlens.generators.restack import Restack
+
+
+# The shells that spell AnswerOptions (rag/option_fields.py writes each spelling from the fields' OptionInfo):
+# "cli" the `midlens ask` flags, "llm" the LlamaIndex LLM's fields and call keywords, "request" the server's request
+# fields (its answer request and the chat request's `midlens` object; the remote client sends those).
+SHELLS = ("cli", "llm", "request")
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """What a shell needs to spell one AnswerOptions field, kept beside the field (its `metadata["option"]`).
+
+    The bounds (`ge`, `gt`, `le`) and `choices` are the ones `AnswerOptions.__post_init__` enforces, restated for the
+    shells' schemas and help (a test checks each against the check). `shell_type`: the type the shells declare where
+    the Python field takes more (restack: a Restack object too). `flag`: the command line's flag where it is not
+    `--name-with-dashes`; `const`: the value the flag takes given alone; `none_flag`: a second flag that sets None.
+    `shared_flag`: the command line's flag where a helper shared by several commands writes it (not generated).
+    `implies`: fields a given value switches on (in the shells that offer both). `streamed`: False for what a
+    streamed answer cannot do (its text is out before its support). `absent`: shell -> why it does not spell it."""
+
+    help: str
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    choices: tuple[str, ...] | None = None
+    shell_type: Any = None
+    flag: str | None = None
+    const: Any = None
+    none_flag: str | None = None
+    shared_flag: str | None = None
+    implies: tuple[str, ...] = ()
+    streamed: bool = True
+    absent: dict[str, str] = field(default_factory=dict)
+
+
+def _option(default: Any, help: str, **info: Any) -> Any:
+    return field(default=default, metadata={"option": OptionInfo(help, **info)})
+
+
+# Why the server's requests leave a field out.
+_CALLER_RETRIEVES = "the caller sends the passages it retrieved"
 
 
 @dataclass(frozen=True)
@@ -57,22 +99,111 @@ class AnswerOptions:
     line; None: the model's default, on for a model without a chat template (a base model, e.g. gemma3-270m, goes on
     past its answer to write the next "Question: ... Answer: ..." of the prompt's pattern), off for a chat model."""
 
-    method: str | None = None
-    top_k: int = DEFAULT_TOP_K
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    truncate: Truncate = "error"
-    prompt_style: PromptStyle = DEFAULT_PROMPT_STYLE
-    calibrate: bool = True
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = 0
-    restack: Any = RESTACK_MEASURED  # str | Restack | MethodConfig | None: a Restack carries its own slots
-    restack_rounds: int = 1
-    cite_evidence: str | None = None
-    verify: bool = False
-    abstain: bool = False
-    abstain_below: float | None = None
-    stop_at_line_end: bool | None = None
+    method: str | None = _option(
+        None,
+        "Method spec: a registry name or NAME(option=value, ...); None: the model's measured default.",
+        shared_flag="--method",
+        absent={
+            "cli": "spelt with the model flags every command that loads a model shares (cli/options.add_model_args)",
+            "llm": "the LLM's generator runs one method: its own `method` field, set when it is built",
+            "request": "the request's own field, whose default is the server's method",
+        },
+    )
+    top_k: int = _option(
+        DEFAULT_TOP_K,
+        "Passages to retrieve and stack.",
+        ge=1,
+        absent={"llm": "LlamaIndex's retriever decides which nodes come", "request": _CALLER_RETRIEVES},
+    )
+    max_new_tokens: int = _option(
+        DEFAULT_MAX_NEW_TOKENS, "Longest answer, in tokens (0: score the passages only).", ge=0
+    )
+    truncate: Truncate = _option(
+        "error",
+        "What happens to passages that overflow the context window: error, or drop_last (keep those that fit).",
+        choices=TRUNCATE_MODES,
+    )
+    prompt_style: PromptStyle = _option(
+        DEFAULT_PROMPT_STYLE,
+        "Instruction above the passages: litm (Liu et al.'s) or short (asks for the bare answer: crisper, but fewer "
+        "right answers in our measurements).",
+        choices=PROMPT_STYLES,
+    )
+    calibrate: bool = _option(
+        True, "Also compute calibrated evidence (less that of a content-free question).", flag="--no-calibrate"
+    )
+    temperature: float = _option(
+        0.0,
+        "Sampling temperature, from 0 (greedy) to 2.",
+        ge=0.0,
+        le=2.0,
+        absent={"cli": "`ask` answers greedily, as measured"},
+    )
+    top_p: float = _option(
+        1.0,
+        "Nucleus sampling: the share of the probability mass kept, in (0, 1].",
+        gt=0.0,
+        le=1.0,
+        absent={"cli": "`ask` answers greedily, as measured"},
+    )
+    seed: int | None = _option(
+        0, "Sampling seed (with a temperature above 0); None: unseeded.", absent={"cli": "`ask` answers greedily"}
+    )
+    # str | Restack | MethodConfig | None: a Restack carries its own slots
+    restack: Any = _option(
+        RESTACK_MEASURED,
+        f"A method spec (e.g. {DEFAULT_RESTACK_SCORER}) whose evidence scores the passages first; the strongest are "
+        "stacked in the slots the model reads best, then the answering method answers (positions, evidence and "
+        f"citations stay in the order given). '{RESTACK_MEASURED}' (the default): restacked where that was measured "
+        "to help the model and method; None: answered in the order given.",
+        shell_type=str | None,
+        const=DEFAULT_RESTACK_SCORER,
+        none_flag="--no-restack",
+    )
+    restack_rounds: int = _option(
+        1,
+        "Scoring passes before answering, each re-scoring the passages where the last one placed them.",
+        ge=1,
+        absent={"llm": "a call's keyword (with its `restack`), not a field: the LLM's own `restack` scores once"},
+    )
+    cite_evidence: str | None = _option(
+        None,
+        "The method whose evidence of the prompt the citations blend in (one more prefill; e.g. mudaf); None: the "
+        "answering pass's own.",
+        shared_flag="--cite-evidence",
+        absent={
+            "cli": "spelt with the flag other commands share (cli/options.add_cite_evidence_arg)",
+            "llm": "a setting of the LLM's generator (its own `cite_evidence` field), made when it is built",
+            "request": "the server's operator chooses how it cites",
+        },
+    )
+    verify: bool = _option(
+        False,
+        "Check each citation by ablation: the answer re-scored with the cited passage removed.",
+        absent={"llm": "MidlensQueryEngine's (`verify=True`): it re-scores with the model in this process"},
+        # The server sends a streamed answer's citations as its sentences end, before they could be re-scored.
+        streamed=False,
+    )
+    abstain: bool = _option(
+        False,
+        "Say the passages do not support an answer instead of giving one whose support is below the threshold (the "
+        "withheld answer is kept beside it).",
+        streamed=False,
+    )
+    abstain_below: float | None = _option(
+        None,
+        "With abstain: withhold answers whose support probability is below this, instead of the model's own "
+        "threshold (set at 80% precision on the train split).",
+        ge=0.0,
+        le=1.0,
+        implies=("abstain",),
+        streamed=False,
+    )
+    stop_at_line_end: bool | None = _option(
+        None,
+        "End the answer at the end of its first non-empty line; None: the model's default (on for a model without a "
+        "chat template, which otherwise goes on to write the next question of the prompt's pattern).",
+    )
 
     def __post_init__(self) -> None:
         if self.method is not None:
@@ -224,6 +355,11 @@ class ResolvedOptions:
 
 
 FIELDS = frozenset(f.name for f in fields(AnswerOptions))
+
+
+def option_info(name: str) -> OptionInfo:
+    """How the shells spell the field `name` (its OptionInfo)."""
+    return next(f.metadata["option"] for f in fields(AnswerOptions) if f.name == name)
 
 
 def _number(value: object) -> bool:

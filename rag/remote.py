@@ -30,7 +30,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from midlens.core.errors import MidlensError
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, Truncate
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, Truncate
+from midlens.rag.option_fields import option_model
 
 
 class PassageIn(BaseModel):
@@ -44,57 +45,21 @@ class PassageIn(BaseModel):
     score: float | None = Field(default=None, description="The caller's retrieval score, echoed in the evidence.")
 
 
-class GenerationOptions(BaseModel):
-    """What a request may set about decoding; None: the server's default."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    # strict: a number sent as a string ("5") is refused, as the Python API refuses it.
-    max_new_tokens: int | None = Field(
-        default=None, ge=0, strict=True, description="Longest answer in tokens (0: score only)."
-    )
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy; at most 2, as OpenAI's.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(default=0, description="Sampling seed (temperature > 0).")
-    calibrate: bool = Field(default=True, description="Also compute calibrated evidence (content-free query).")
-
-
-RESTACK_HELP = (
-    "A method spec (e.g. mudaf) whose evidence scores the passages first; the strongest are stacked where the model "
-    "reads best, then the request's method answers. Positions, evidence and citations stay in the order given. "
-    f"'{RESTACK_MEASURED}' (the default): restacked where that was measured to help the served model and the "
-    "request's method; null: answered in the order given."
+# A request's answering options: AnswerOptions' fields the server's requests spell (rag/option_fields.py writes them:
+# the same names, defaults, bounds and help). None for the longest answer and the prompt's style: the server's default.
+RequestOptions = option_model(
+    "RequestOptions",
+    "request",
+    deferred=("max_new_tokens", "prompt_style"),
+    strict_ints=True,  # a number sent as a string ("5") is refused, as the Python API refuses it
+    config=ConfigDict(extra="forbid"),
 )
 
 
-ABSTAIN_HELP = (
-    "Say the passages do not support an answer instead of giving one whose support is below the model's threshold "
-    "(the answer withheld is in `midlens.withheld`)."
-)
-
-
-ABSTAIN_BELOW_HELP = (
-    "With `abstain`: withhold answers whose support probability is below this, instead of the model's own threshold "
-    "(it also decides the support's words: \"likely supported\" needs it, and 0.5)."
-)
-
-STOP_AT_LINE_END_HELP = (
-    "End the answer at the end of its first non-empty line; null: the model's default (on for a model without a chat "
-    "template, which goes on to write the next question of the prompt's pattern)."
-)
-
-
-class AnswerRequest(GenerationOptions):
+class AnswerRequest(RequestOptions):
     question: str
     passages: list[PassageIn] = Field(default_factory=list)
     method: str | None = Field(default=None, description="Method spec (default: the server's); same weights.")
-    truncate: Truncate = "error"
-    prompt_style: str | None = Field(default=None, description="litm or short (default: the server's).")
-    restack: str | None = Field(default=RESTACK_MEASURED, description=RESTACK_HELP)
-    restack_rounds: int = Field(default=1, ge=1, description="Scoring passes before answering (with `restack`).")
-    abstain: bool = Field(default=False, description=ABSTAIN_HELP)
-    abstain_below: float | None = Field(default=None, ge=0.0, le=1.0, description=ABSTAIN_BELOW_HELP)
-    stop_at_line_end: bool | None = Field(default=None, description=STOP_AT_LINE_END_HELP)
 
 
 class ScoreRequest(BaseModel):

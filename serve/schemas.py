@@ -12,15 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from midlens.core.names import RESTACK_MEASURED
-from midlens.rag.remote import (
-    ABSTAIN_BELOW_HELP,
-    ABSTAIN_HELP,
-    RESTACK_HELP,
-    STOP_AT_LINE_END_HELP,
-    PassageIn,
-    Truncate,
-)
+from midlens.rag.option_fields import option_model
+from midlens.rag.remote import PassageIn
 
 # ---- OpenAI chat completions ----
 
@@ -44,10 +37,22 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatExtension(BaseModel):
-    """The request's `midlens` object: passages to stack under the last user message, and midlens's options."""
+# The `midlens` object's answering options: a request's (rag/option_fields.py), less the decoding, which a chat
+# request spells the OpenAI way (max_tokens, temperature, top_p, seed); calibrate None: the server's default.
+ChatOptions = option_model(
+    "ChatOptions",
+    "request",
+    exclude=("max_new_tokens", "temperature", "top_p", "seed"),
+    deferred=("calibrate", "prompt_style"),
+    strict_ints=True,
+    unstreamed_note="Not with stream.",
+    config=ConfigDict(extra="forbid"),
+)
 
-    model_config = ConfigDict(extra="forbid")
+
+class ChatExtension(ChatOptions):
+    """The request's `midlens` object: passages to stack under the last user message, and midlens's options (restack
+    needs `passages`)."""
 
     passages: list[PassageIn] | None = Field(
         default=None,
@@ -55,14 +60,6 @@ class ChatExtension(BaseModel):
         "conversation goes through the model's chat template and has no passages to score.",
     )
     method: str | None = None
-    calibrate: bool | None = None
-    truncate: Truncate = "error"
-    prompt_style: str | None = None
-    restack: str | None = Field(default=RESTACK_MEASURED, description=RESTACK_HELP + " Needs `passages`.")
-    restack_rounds: int = Field(default=1, ge=1)
-    abstain: bool = Field(default=False, description=ABSTAIN_HELP + " Not with stream.")
-    abstain_below: float | None = Field(default=None, ge=0.0, le=1.0, description=ABSTAIN_BELOW_HELP)
-    stop_at_line_end: bool | None = Field(default=None, description=STOP_AT_LINE_END_HELP)
     marked: bool = Field(
         default=False,
         description="Write `[n]` after each cited sentence in message.content (n: the passage's position), so a stock "

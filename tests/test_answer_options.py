@@ -107,14 +107,109 @@ def test_a_pipeline_checks_its_options_before_any_model():
     )
 
 
-# What each shell spells of AnswerOptions, and what it leaves out on purpose (why beside it). A field added to
-# AnswerOptions fails here until each shell spells it or says why it does not.
-NOT_ON_THE_COMMAND_LINE = {"temperature", "top_p", "seed"}  # `ask` answers greedily, as measured
-NOT_ON_THE_LLM = {"method", "cite_evidence", "top_k", "verify"}  # fields of the generator, the retriever, the engine
-NOT_IN_A_REQUEST = {"top_k", "cite_evidence", "verify"}  # the caller retrieves; the operator chooses citations
+# Each shell's spelling is written from AnswerOptions' fields (rag/option_fields.py); these tests fail when a shell
+# spells an option by hand again (another default, other bounds) or drops one without saying why (OptionInfo.absent).
+SHELL_FIELDS = {
+    "cli": lambda: _cli_actions(),
+    "llm": lambda: _pydantic_of("midlens.rag.llamaindex.llm", "MidlensLLM"),
+    "request": lambda: _pydantic_of("midlens.rag.remote", "AnswerRequest"),
+    "chat": lambda: _pydantic_of("midlens.serve.schemas", "ChatExtension"),
+}
+# A request's fields whose None is the server's default (the served model's) and a chat request's decoding, which
+# it spells the OpenAI way (max_tokens, temperature, top_p, seed).
+SERVER_DEFAULT = {"request": {"max_new_tokens", "prompt_style"}, "chat": {"calibrate", "prompt_style"}}
+OPENAI_DECODING = {"max_new_tokens", "temperature", "top_p", "seed"}
 
 
-def test_every_option_is_spelt_by_the_command_line():
+def _cli_actions() -> dict:
+    import argparse
+
+    from midlens.cli.ask import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    ask = parser._subparsers._group_actions[0].choices["ask"]
+    return {a.dest: a for a in ask._actions if a.option_strings and a.dest in FIELDS}
+
+
+def _pydantic_of(module: str, name: str) -> dict:
+    import importlib
+
+    return {k: v for k, v in getattr(importlib.import_module(module), name).model_fields.items() if k in FIELDS}
+
+
+def _bounds(field) -> dict:
+    return {k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le") if hasattr(m, k)}
+
+
+@pytest.mark.parametrize("shell", sorted(SHELL_FIELDS))
+def test_every_shell_spells_every_option_with_its_default_and_bounds_or_says_why_not(shell):
+    from dataclasses import fields
+
+    from midlens.rag.options import option_info
+
+    spelt = SHELL_FIELDS[shell]()
+    for field in fields(AnswerOptions):
+        info = option_info(field.name)
+        reason = info.absent.get("request" if shell == "chat" else shell)
+        if reason or (shell == "chat" and field.name in OPENAI_DECODING):
+            continue  # spelt another way, or not at all, for the reason given (e.g. the server's own `method`)
+        assert field.name in spelt, f"{shell} does not spell {field.name}, and its OptionInfo gives no reason"
+        given = spelt[field.name]
+        server_default = field.name in SERVER_DEFAULT.get(shell, ())
+        assert given.default == (None if server_default else field.default), (shell, field.name, given.default)
+        if shell == "cli":
+            assert given.choices in (None, list(info.choices or ()), info.choices), (field.name, given.choices)
+            continue  # the flags' values are checked by AnswerOptions, in their own spelling
+        stated = {k: v for k, v in (("ge", info.ge), ("gt", info.gt), ("le", info.le)) if v is not None}
+        assert _bounds(given) == stated, (shell, field.name, _bounds(given), stated)
+        assert given.description.startswith(info.help), (shell, field.name)
+
+
+# Per bounded field: a value at each bound it allows and one just past each bound.
+EDGES = {
+    "top_k": ([1], [0]),
+    "max_new_tokens": ([0], [-1]),
+    "temperature": ([0.0, 2.0], [-0.01, 2.01]),
+    "top_p": ([1.0, 0.01], [0.0, 1.01]),
+    "restack_rounds": ([1], [0]),
+    "abstain_below": ([0.0, 1.0], [-0.01, 1.01]),
+}
+
+
+def test_the_stated_bounds_are_the_ones_answer_options_enforces():
+    """OptionInfo's bounds are what the shells' schemas show: AnswerOptions, which enforces them, must agree."""
+    from dataclasses import fields
+
+    from midlens.rag.options import option_info
+
+    bounded = {
+        f.name
+        for f in fields(AnswerOptions)
+        if {option_info(f.name).ge, option_info(f.name).gt, option_info(f.name).le} != {None}
+    }
+    assert bounded == set(EDGES), bounded ^ set(EDGES)
+    context = {"restack_rounds": {"restack": "mudaf"}, "abstain_below": {"abstain": True}}
+    for name, (inside, outside) in EDGES.items():
+        info = option_info(name)
+        for value in inside:
+            assert info.ge is None or value >= info.ge
+            assert info.gt is None or value > info.gt
+            assert info.le is None or value <= info.le
+            AnswerOptions(**{name: value}, **context.get(name, {}))
+        for value in outside:
+            with pytest.raises(InvalidArgumentError) as caught:
+                AnswerOptions(**{name: value}, **context.get(name, {}))
+            err = caught.value
+            assert (err.about and err.about.option == name) or str(err).startswith(f"{name}="), str(err)
+    for name in ("truncate", "prompt_style"):
+        for word in option_info(name).choices:
+            AnswerOptions(**{name: word})
+        with pytest.raises(InvalidArgumentError):
+            AnswerOptions(**{name: "other"})
+
+
+def test_the_command_line_reads_its_flags_into_options_with_what_they_imply():
     import argparse
 
     from midlens.cli.ask import add_parser, answer_options
@@ -124,20 +219,52 @@ def test_every_option_is_spelt_by_the_command_line():
     args = parser.parse_args(["ask", "Who?", "--top-k", "3", "--no-calibrate", "--abstain-below", "0.4"])
     options = answer_options(args)
     assert (options.top_k, options.calibrate, options.abstain, options.abstain_below) == (3, False, True, 0.4)
-    spelt = {a.dest for a in parser._subparsers._group_actions[0].choices["ask"]._actions}
-    spelt |= {"calibrate"} if "no_calibrate" in spelt else set()
-    assert FIELDS - NOT_ON_THE_COMMAND_LINE <= spelt, FIELDS - NOT_ON_THE_COMMAND_LINE - spelt
+    assert answer_options(parser.parse_args(["ask", "Who?"])) == AnswerOptions()
+    assert answer_options(parser.parse_args(["ask", "Who?", "--restack"])).restack == "mudaf"
+    assert answer_options(parser.parse_args(["ask", "Who?", "--no-restack"])).restack is None
+    assert answer_options(parser.parse_args(["ask", "Who?", "--no-stop-at-line-end"])).stop_at_line_end is False
 
 
-def test_every_option_is_spelt_by_the_llamaindex_llm_and_the_server():
+def test_a_new_option_is_its_field_alone(monkeypatch):
+    """A field added to AnswerOptions, with its OptionInfo, reaches the flags and the pydantic shells with no edit
+    there (here a subclass stands for the edited class)."""
+    import argparse
+    from dataclasses import dataclass
+
+    from midlens.rag import option_fields
+    from midlens.rag.options import _option
+
+    @dataclass(frozen=True)
+    class WithNew(AnswerOptions):
+        new_share: float | None = _option(None, "A share of something.", ge=0.0, le=1.0)
+
+    monkeypatch.setattr(option_fields, "AnswerOptions", WithNew)
+    parser = argparse.ArgumentParser()
+    option_fields.add_arguments(parser)
+    assert parser.parse_args(["--new-share", "0.25"]).new_share == 0.25
+    model = option_fields.option_model("Shell", "request")
+    assert model.model_fields["new_share"].default is None and _bounds(model.model_fields["new_share"]) == {
+        "ge": 0.0,
+        "le": 1.0,
+    }
+    with pytest.raises(ValueError, match="less than or equal to 1"):
+        model(new_share=1.5)
+
+
+def test_the_llm_and_the_server_spell_options_without_a_list_of_their_own():
     from midlens.rag.llamaindex.llm import CALL_OPTIONS, LLM_OPTIONS, MidlensLLM
-    from midlens.rag.remote import AnswerRequest
-    from midlens.serve.schemas import ChatCompletionRequest, ChatExtension
+    from midlens.serve.schemas import ChatCompletionRequest
 
     assert set(LLM_OPTIONS) <= set(MidlensLLM.model_fields) and set(CALL_OPTIONS) <= FIELDS
-    assert FIELDS - NOT_ON_THE_LLM <= CALL_OPTIONS, FIELDS - NOT_ON_THE_LLM - CALL_OPTIONS
-    assert FIELDS - NOT_IN_A_REQUEST <= set(AnswerRequest.model_fields), FIELDS - set(AnswerRequest.model_fields)
-    # A chat request spells the decoding the OpenAI way (max_tokens, temperature, ...) and the rest in `midlens`.
-    chat = set(ChatExtension.model_fields) | {"max_new_tokens", "temperature", "top_p", "seed"}
-    assert "max_tokens" in ChatCompletionRequest.model_fields
-    assert FIELDS - NOT_IN_A_REQUEST <= chat, FIELDS - NOT_IN_A_REQUEST - chat
+    assert "max_tokens" in ChatCompletionRequest.model_fields  # the chat request's decoding, OpenAI's way
+    # The LLM's temperature is bounded as everywhere else (it was unbounded when spelt by hand).
+    assert _bounds(MidlensLLM.model_fields["temperature"]) == {"ge": 0.0, "le": 2.0}
+
+
+def test_the_guide_shows_the_options_as_they_are():
+    from pathlib import Path
+
+    from midlens.rag.option_fields import options_table
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "guide.md").read_text(encoding="utf-8")
+    assert options_table() in guide, "docs/guide.md's options table: paste option_fields.options_table() there"

@@ -347,6 +347,32 @@ def test_classes_import_from_llamaindex_conventional_paths(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-1500:]
 
 
+def test_the_conventional_llm_import_is_light():
+    """`from llama_index.llms.midlens import MidlensLLM` loads no torch and costs little beyond llama_index.core.
+
+    Tolerance: at most 0.8 s on top of llama_index.core's own import, in one process. The issue's bar is 3 s in
+    all, where llama_index.core alone took 2.2 s on this 2-core machine (unloaded): 0.8 s is what is left. Measured
+    on a busy machine: 0.1 s, where importing torch and transformers with it took 6.9 s (median of 3). Relative to
+    llama_index.core, so that a machine busy with other work slows both sides alike."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time\n"
+        "start = time.perf_counter(); import llama_index.core; core = time.perf_counter() - start\n"
+        "start = time.perf_counter(); from llama_index.llms.midlens import MidlensLLM\n"
+        "ours = time.perf_counter() - start\n"
+        "from llama_index.llms.midlens.base import MidlensLLM as at_base\n"
+        "assert at_base is MidlensLLM\n"
+        "print(core, ours, sorted(m for m in ('torch', 'transformers', 'midlens.generators') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120)
+    assert out.returncode == 0, out.stderr[-1500:]
+    core, ours, heavy = out.stdout.split(maxsplit=2)
+    assert heavy.strip() == "[]", heavy
+    assert float(ours) <= 0.8, f"MidlensLLM's import took {float(ours):.2f} s beyond llama_index.core's {float(core):.2f} s"
+
+
 def test_a_reranker_given_no_model_shares_the_llm_s_and_a_different_one_is_said(llm, tmp_path, caplog, monkeypatch):
     """Defect: `AttentionReranker(top_n=2)` beside `MidlensLLM(model="smollm2-135m")` silently loaded the 0.5B
     default as a second model. Now it reads the LLM's own model; a different one is logged as such."""

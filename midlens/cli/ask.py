@@ -11,22 +11,12 @@ from midlens.cli.options import (
     RETRIEVAL_HELP,
     add_cite_evidence_arg,
     add_model_args,
-    positive_int,
     prompt_error_for_cli,
 )
 from midlens.core.checks import check_question
 from midlens.core.errors import MidlensError, PromptTooLongError
-from midlens.core.names import (
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_PROMPT_STYLE,
-    DEFAULT_RESTACK_SCORER,
-    DEFAULT_RETRIEVAL,
-    DEFAULT_TOP_K,
-    PROMPT_STYLES,
-    RESTACK_MEASURED,
-    RETRIEVALS,
-    TRUNCATE_MODES,
-)
+from midlens.core.names import DEFAULT_RETRIEVAL, RETRIEVALS
+from midlens.rag.option_fields import add_arguments, from_arguments
 
 EXAMPLES = """examples:
   midlens ask "Who directed Wings of Desire?"
@@ -45,75 +35,15 @@ def add_parser(sub) -> None:
     ask = sub.add_parser("ask", help="answer a question over a corpus, with per-passage evidence", epilog=EXAMPLES)
     ask.add_argument("question", help="the question to answer (quote it)")
     ask.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
-    ask.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="passages to retrieve and stack")
     ask.add_argument("--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVALS, help=RETRIEVAL_HELP)
     ask.add_argument("--index-type", default="flat", choices=["flat", "ivf", "hnsw"], help="faiss index for --corpus")
-    ask.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="longest answer, in tokens")
-    ask.add_argument("--truncate", default="error", choices=TRUNCATE_MODES, help="when passages overflow the window")
-    ask.add_argument(
-        "--prompt-style",
-        default=DEFAULT_PROMPT_STYLE,
-        choices=PROMPT_STYLES,
-        help="instruction above the passages: litm (Liu et al.'s) or short (asks for the bare answer: crisper, "
-        "but fewer right answers in our measurements)",
-    )
-    ask.add_argument("--no-calibrate", action="store_true", help="skip the content-free (N/A) calibration pass")
-    ask.add_argument(
-        "--verify",
-        action="store_true",
-        help="check each citation: re-score the answer with the cited passage removed; one that costs the sentence "
-        "too little log-probability is marked [n?]",
-    )
-    order = ask.add_mutually_exclusive_group()
-    order.add_argument(
-        "--restack",
-        nargs="?",
-        const=DEFAULT_RESTACK_SCORER,
-        default=RESTACK_MEASURED,
-        metavar="SCORER",
-        help="score the passages with this method's evidence (alone: mudaf), place the strongest in the slots the "
-        "model reads best (measured per model and answering method), then answer with --method; positions shown stay "
-        "as retrieved. Default: restack where it was measured to help the model and method (SmolLM2's default "
-        "method), else answer in the order retrieved",
-    )
-    order.add_argument(
-        "--no-restack",
-        dest="restack",
-        action="store_const",
-        const=None,
-        help="answer the passages in the order retrieved, also where restacking is the default",
-    )
-    ask.add_argument(
-        "--restack-rounds",
-        type=positive_int,
-        default=1,
-        help="scoring passes before answering: each re-scores the passages where the last one placed them",
-    )
+    # The answering options (rag/options.py's fields, spelt by rag/option_fields.py), then those shared with others.
+    add_arguments(ask)
     add_cite_evidence_arg(
         ask,
         "choose the cited passages with this method's evidence of the prompt (one more prefill) instead of the "
         "answering pass's own: mudaf raised the default model's citation F1 on HotpotQA (docs/results/cite, "
         "section 12)",
-    )
-    ask.add_argument(
-        "--abstain",
-        action="store_true",
-        help="say the passages do not support an answer instead of giving one whose support score is below the "
-        "model's threshold (the withheld answer is printed under it)",
-    )
-    ask.add_argument(
-        "--abstain-below",
-        type=float,
-        metavar="P",
-        help="with --abstain (implied), withhold answers whose support probability is below P instead of the model's "
-        "own threshold (set at 80%% precision on the train split; \"likely supported\" then needs P too)",
-    )
-    ask.add_argument(
-        "--stop-at-line-end",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="end the answer at the end of its first non-empty line (default: on for a model without a chat "
-        "template, e.g. gemma3-270m, which otherwise writes on into a next question; off for a chat model)",
     )
     ask.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_model_args(ask)
@@ -122,23 +52,7 @@ def add_parser(sub) -> None:
 
 def answer_options(args: argparse.Namespace):
     """The flags of `ask` as the AnswerOptions they spell (checked there, before torch loads)."""
-    from midlens.rag.options import AnswerOptions
-
-    return AnswerOptions(
-        method=args.method,
-        top_k=args.top_k,
-        max_new_tokens=args.max_new_tokens,
-        truncate=args.truncate,
-        prompt_style=args.prompt_style,
-        calibrate=not args.no_calibrate,
-        restack=args.restack,
-        restack_rounds=args.restack_rounds,
-        cite_evidence=args.cite_evidence,
-        verify=args.verify,
-        abstain=args.abstain or args.abstain_below is not None,
-        abstain_below=args.abstain_below,
-        stop_at_line_end=args.stop_at_line_end,
-    )
+    return from_arguments(args, method=args.method, cite_evidence=args.cite_evidence)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,20 +21,27 @@ evidence and calibration have one implementation, the one the CLI uses.
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import TYPE_CHECKING, Any
 
 # Before llama_index (or anything that imports huggingface_hub) loads: the models here are local files only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from midlens.rag.llamaindex.checked_engine import CheckedQueryEngine  # noqa: E402
-from midlens.rag.llamaindex.citation_engine import MidlensCitationQueryEngine  # noqa: E402
-from midlens.rag.llamaindex.citations import citation_rows  # noqa: E402
-from midlens.rag.llamaindex.common import evidence_rows, to_passage  # noqa: E402
-from midlens.rag.llamaindex.evaluator import MidlensEvaluator  # noqa: E402
-from midlens.rag.llamaindex.llm import MidlensLLM  # noqa: E402
-from midlens.rag.llamaindex.query_engine import MidlensQueryEngine  # noqa: E402
-from midlens.rag.llamaindex.reranker import AttentionReranker  # noqa: E402
-from midlens.rag.llamaindex.retriever import MidlensRetriever  # noqa: E402
+# name -> the module that defines it. Loaded on first use: `from llama_index.llms.midlens import MidlensLLM`
+# must not pay for the reranker's or the engines' imports (torch among them).
+_LAZY = {
+    "AttentionReranker": "midlens.rag.llamaindex.reranker",
+    "CheckedQueryEngine": "midlens.rag.llamaindex.checked_engine",
+    "MidlensCitationQueryEngine": "midlens.rag.llamaindex.citation_engine",
+    "MidlensEvaluator": "midlens.rag.llamaindex.evaluator",
+    "MidlensLLM": "midlens.rag.llamaindex.llm",
+    "MidlensQueryEngine": "midlens.rag.llamaindex.query_engine",
+    "MidlensRetriever": "midlens.rag.llamaindex.retriever",
+    "citation_rows": "midlens.rag.llamaindex.citations",
+    "evidence_rows": "midlens.rag.llamaindex.common",
+    "to_passage": "midlens.rag.llamaindex.common",
+}
 
 __all__ = [
     "AttentionReranker",
@@ -48,3 +55,26 @@ __all__ = [
     "evidence_rows",
     "to_passage",
 ]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
+    from midlens.rag.llamaindex.checked_engine import CheckedQueryEngine
+    from midlens.rag.llamaindex.citation_engine import MidlensCitationQueryEngine
+    from midlens.rag.llamaindex.citations import citation_rows
+    from midlens.rag.llamaindex.common import evidence_rows, to_passage
+    from midlens.rag.llamaindex.evaluator import MidlensEvaluator
+    from midlens.rag.llamaindex.llm import MidlensLLM
+    from midlens.rag.llamaindex.query_engine import MidlensQueryEngine
+    from midlens.rag.llamaindex.reranker import AttentionReranker
+    from midlens.rag.llamaindex.retriever import MidlensRetriever
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'midlens.rag.llamaindex' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

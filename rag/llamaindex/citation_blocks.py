@@ -14,12 +14,15 @@ additional_kwargs (citations) as for every MidlensLLM answer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from llama_index.core.base.llms.types import ChatMessage, CitableBlock, CitationBlock, MessageRole, TextBlock
 
-from midlens.generators.answer import Answer
-from midlens.generators.citations import Citation
-from midlens.generators.prompt import Passage
+from midlens.core.passage import Passage
+
+if TYPE_CHECKING:  # torch loads with these; MidlensLLM's module imports this one and must not load torch
+    from midlens.generators.answer import Answer
+    from midlens.generators.citations import Citation
 
 SEPARATOR = "\n\n"
 

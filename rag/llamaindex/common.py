@@ -9,21 +9,21 @@ import threading
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole
 from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
-from midlens.generators.answer import Answer
-from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.generator import Generator
-from midlens.generators.loading import LoadedModel
-from midlens.generators.methods.registry import method_config
-from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
-from midlens.generators.prompt import Passage
-from midlens.rag.pipeline import marked_answer
+from midlens.core.names import DEFAULT_MODEL
+from midlens.core.passage import Passage
+
+if TYPE_CHECKING:  # torch loads with these: imported where a model is built, so that importing an LLM class is light
+    from midlens.generators.answer import Answer
+    from midlens.generators.evidence import EvidenceConfig
+    from midlens.generators.generator import Generator
+    from midlens.generators.loading import LoadedModel
 
 logger = logging.getLogger(__name__)
 # Models the MidlensLLMs of this process use, latest last: an AttentionReranker given no model shares one. Weak
@@ -81,6 +81,8 @@ class GeneratorBacked(BaseModel):
         dtype: str = "auto",
         **kwargs: Any,
     ) -> None:
+        from midlens.generators.generator import Generator
+
         generator = None
         if isinstance(model, Generator):  # used as it is (`from_generator`): the caller's settings describe it
             generator = model
@@ -97,6 +99,8 @@ class GeneratorBacked(BaseModel):
                 **(method_options or {}),
             )
         elif method is not None:  # the model is resolved at first use; a bad method spec still fails now
+            from midlens.generators.methods.registry import method_config
+
             method_config(method, method_options or {})
         super().__init__(
             model=None if generator is None else generator.loaded.name,
@@ -120,6 +124,8 @@ class GeneratorBacked(BaseModel):
     def _build_generator(self, model: str | LoadedModel) -> Generator:
         """A Generator on `model` with this object's method (its default for `model` when none was named; the field
         then keeps the one chosen) and evidence settings."""
+        from midlens.generators.generator import Generator
+
         if self.method is None:
             self.method = self._default_method(model)
         return Generator(
@@ -145,6 +151,8 @@ class GeneratorBacked(BaseModel):
     @classmethod
     def _default_method(cls, model: str | LoadedModel) -> str:
         """The method run on `model` where none is named: the answering default measured for it."""
+        from midlens.generators.packaged_models import default_method
+
         return default_method(model)
 
     def _on_generator(self) -> None:
@@ -227,6 +235,8 @@ def _completion(answer: Answer, delta: str | None = None, marked: bool = False) 
     """An Answer as LlamaIndex's completion (whether a local model or a server gave it): the text, and the evidence
     in additional_kwargs. `marked`: the text with "[n]" after each cited sentence (the passages' prompt positions),
     for a prompt that asks for citations in the text."""
+    from midlens.rag.pipeline import marked_answer
+
     text = marked_answer(answer).text if marked else answer.text
     return CompletionResponse(text=text, delta=delta, additional_kwargs=_response_kwargs(answer), raw=answer.to_dict())
 

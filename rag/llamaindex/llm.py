@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -19,17 +19,13 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
+from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr, model_validator
 from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.method_spec import check_cite_evidence
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, PromptStyle, Truncate
-from midlens.generators.citations import Citation, MeasuredCitations
-from midlens.generators.generator import GenerationStream, Generator
-from midlens.generators.prompt import Passage, StackedPrompt, chat_prompt
-from midlens.generators.restack import Restacker
+from midlens.core.passage import Passage
 from midlens.rag.llamaindex.citation_blocks import answer_blocks, citable_request, citation_blocks
 from midlens.rag.llamaindex.common import (
     GeneratorBacked,
@@ -40,16 +36,27 @@ from midlens.rag.llamaindex.common import (
     note_llm_model,
     to_passage,
 )
-from midlens.rag.llamaindex.remote import Served
 from midlens.rag.llamaindex.stock_prompts import STOCK_SYSTEM_PROMPTS, StockRequest, read_stock_prompt
+from midlens.rag.option_fields import option_model, spelt_by
 from midlens.rag.options import AnswerOptions
-from midlens.rag.pipeline import AnswerStream, Pipeline
-from midlens.rag.remote import MidlensClient, connect
+
+if TYPE_CHECKING:
+    # torch loads with these, so they are imported where a call needs them: `from llama_index.llms.midlens import
+    # MidlensLLM` stays as light as LlamaIndex's own integrations (llama_index.core and no torch).
+    from midlens.generators.citations import MeasuredCitations
+    from midlens.generators.generator import GenerationStream, Generator
+    from midlens.generators.prompt import StackedPrompt
+    from midlens.generators.restack import Restacker
+    from midlens.rag.llamaindex.remote import Served
+    from midlens.rag.pipeline import AnswerStream, Pipeline
+    from midlens.rag.remote import MidlensClient
 
 
 def _chunks(stream: GenerationStream | AnswerStream) -> CompletionResponseGen:
     """Token deltas and, as each answer sentence ends, a chunk with no delta whose additional_kwargs["citation"]
     holds its Citation; then a last chunk (its delta may be empty) that carries the evidence in additional_kwargs."""
+    from midlens.generators.citations import Citation
+
     # Deltas track the stripped text so that ''.join(deltas) == the non-streaming answer exactly.
     raw, shown = "", ""
     for piece in stream.events():
@@ -65,24 +72,16 @@ def _chunks(stream: GenerationStream | AnswerStream) -> CompletionResponseGen:
     yield _completion(answer, delta=answer.text[len(shown) :] if answer.text.startswith(shown) else "")
 
 
-# The fields of MidlensLLM that are AnswerOptions' (same names), and what one call may change besides.
-LLM_OPTIONS = (
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "calibrate",
-    "truncate",
-    "prompt_style",
-    "restack",
-    "abstain",
-    "abstain_below",
-    "stop_at_line_end",
-)
+# MidlensLLM's fields that are AnswerOptions' (same names, defaults, bounds and help: rag/option_fields.py writes
+# them), and what one call may change besides: a call's restacking may take several rounds, the field's takes one.
+LLM_OPTIONS = spelt_by("llm")
 CALL_OPTIONS = frozenset(LLM_OPTIONS) | {"restack_rounds"}
+LLMOptions = option_model(
+    "LLMOptions", "llm", base=BaseModel, unstreamed_note="A stream carries the support; it does not withhold."
+)
 
 
-class MidlensLLM(GeneratorBacked, CustomLLM):
+class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
     """A midlens generator as a LlamaIndex LLM.
 
     `complete(question, passages=[nodes...])` stacks the passages into the lost-in-the-middle prompt and
@@ -98,51 +97,13 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
     method (core.names.MEASURED_RESTACKS: SmolLM2's default), None never does.
     """
 
-    max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=0, description="Most tokens generated per call.")
-    temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(default=0, description="Sampling seed (temperature > 0).")
-    calibrate: bool = Field(default=True, description="Also compute calibrated evidence (content-free query).")
-    truncate: Truncate = Field(
-        default="error", description="What to do when the passages do not fit the context window."
-    )
-    prompt_style: PromptStyle = Field(
-        default="litm", description="Instruction above the passages: Liu et al.'s, or 'short' for the bare answer."
-    )
     base_url: str | None = Field(
         default=None, description="A `midlens serve` server that answers instead of a model loaded in this process."
     )
-    restack: str | None = Field(
-        default=RESTACK_MEASURED,
-        description="How passages are re-stacked before answering where a call does not say: 'measured' restacks "
-        "where that was measured to help this model and method; a method spec (e.g. mudaf) restacks by its "
-        "evidence; None answers them in the order given.",
-    )
-
     cite_evidence: str | None = Field(
         default=None,
         description="The method whose evidence of the prompt each answer's citations blend in (one more prefill per "
         "answer; e.g. mudaf, which raised the default model's citation F1): None, the answering pass's own.",
-    )
-
-    abstain: bool = Field(
-        default=False,
-        description="Answer 'I could not find this in the passages.' instead of an answer whose support score is "
-        "below the model's threshold (the withheld answer stays in metadata['midlens']['withheld']; streams carry "
-        "the support, they do not abstain).",
-    )
-    abstain_below: float | None = Field(
-        default=None,
-        ge=0.0,
-        le=1.0,
-        description="With abstain: withhold answers whose support probability is below this instead of the model's "
-        "own threshold.",
-    )
-
-    stop_at_line_end: bool | None = Field(
-        default=None,
-        description="End each answer at the end of its first non-empty line; None: the model's default (on for a "
-        "model without a chat template, which otherwise writes on into a next question of the prompt's pattern).",
     )
 
     read_stock_prompts: bool = Field(
@@ -163,6 +124,8 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
     @classmethod
     def _citations(cls, fields: dict[str, Any]) -> MeasuredCitations:
+        from midlens.generators.citations import MeasuredCitations
+
         # Checked in this field's name, not as the library's evidence_from it becomes.
         return MeasuredCitations(check_cite_evidence(fields.get("cite_evidence")))
 
@@ -201,7 +164,12 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
         """The Pipeline that answers this LLM's passages with its options as they are now; retrieval stays with the
         caller (MidlensQueryEngine's LlamaIndex retriever). Cheap to make per call: a restack scorer's generator is
         built once per answering generator (`Generator.scorer`)."""
-        return Pipeline(None, self.generator, self.answer_options)
+        return self._pipeline(self.answer_options)
+
+    def _pipeline(self, options: AnswerOptions) -> Pipeline:
+        from midlens.rag.pipeline import Pipeline  # here, not at the top: it loads torch
+
+        return Pipeline(None, self.generator, options)
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -265,14 +233,16 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
             raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
         citable = citable_request(messages)
         if citable is not None:
-            pipeline = Pipeline(None, self.generator, options)
+            pipeline = self._pipeline(options)
             return pipeline.answerer, pipeline.prompt(*citable), options.decoding(self.generator.tokenizer), "blocks"
         stock = self._stock_chat(messages) if messages else None
         if stock is not None:
-            pipeline = Pipeline(None, self.generator, options)
+            pipeline = self._pipeline(options)
             prompt = pipeline.prompt(stock.question, stock.passages)
             decoding = options.decoding(self.generator.tokenizer)
             return pipeline.answerer, prompt, decoding, "marked" if stock.cites_in_text else "text"
+        from midlens.generators.prompt import chat_prompt
+
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
         window = self.generator.context_window - options.max_new_tokens
         decoding = {**options.decoding(self.generator.tokenizer), "calibrate": False}
@@ -280,12 +250,12 @@ class MidlensLLM(GeneratorBacked, CustomLLM):
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         question, passages, options, marked = self._request(prompt, formatted, kwargs)
-        return _completion(Pipeline(None, self.generator, options).answer(question, passages), marked=marked)
+        return _completion(self._pipeline(options).answer(question, passages), marked=marked)
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         # Prompt errors (empty question, too long) raise here, at call time, not on the first next().
         question, passages, options, _ = self._request(prompt, formatted, kwargs)
-        return _chunks(Pipeline(None, self.generator, options).answer_stream(question, passages))
+        return _chunks(self._pipeline(options).answer_stream(question, passages))
 
     # Chat goes through the model's own chat template, not the RAG prompt: chat engines and agents that use
     # this class as Settings.llm send whole conversations (system turns included).
@@ -357,6 +327,8 @@ class RemoteMidlensLLM(MidlensLLM):
             if kwargs.get(local):
                 raise InvalidArgumentError(f"{local}= is the server's to choose: set it on `midlens serve`.")
             kwargs.pop(local, None)
+        from midlens.rag.remote import connect  # httpx: only a LLM answered by a server needs it
+
         client, spec = connect(base_url, timeout=timeout, retries=retries, api_key=api_key)
         if model is not None and model != spec.model:
             raise InvalidArgumentError(f"model={model!r}: the server at {base_url} runs {spec.model!r}.")
@@ -372,6 +344,8 @@ class RemoteMidlensLLM(MidlensLLM):
             cite_evidence=spec.cite_evidence,
             **kwargs,
         )
+        from midlens.rag.llamaindex.remote import Served
+
         self._served = Served(client, spec)
 
     @classmethod

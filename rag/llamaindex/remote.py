@@ -30,6 +30,7 @@ from midlens.generators.evidence import EvidenceConfig, PassageEvidence
 from midlens.generators.support import Support
 from midlens.rag.llamaindex.citations import citations_from_json
 from midlens.rag.llamaindex.common import _as_chat, _completion
+from midlens.rag.option_fields import unstreamed
 from midlens.rag.options import FIELDS, AnswerOptions
 from midlens.rag.remote import AnswerRequest, ChatCompletionChunk, MidlensClient, MidlensResult, Spec, passage_json
 
@@ -157,7 +158,7 @@ class Served:
         return (_as_chat(c) for c in self.stream(method, turns, None, options, turns[-1]["content"]))
 
 
-WITHHOLDING = ("abstain", "abstain_below")  # what a stream does not do: its text is out before its support
+WITHHOLDING = unstreamed()  # what a stream does not do: its text is out before its support
 
 
 def request_fields(options: AnswerOptions, request: type[BaseModel]) -> dict[str, Any]:
