@@ -370,7 +370,34 @@ def test_the_conventional_llm_import_is_light():
     assert out.returncode == 0, out.stderr[-1500:]
     core, ours, heavy = out.stdout.split(maxsplit=2)
     assert heavy.strip() == "[]", heavy
-    assert float(ours) <= 0.8, f"MidlensLLM's import took {float(ours):.2f} s beyond llama_index.core's {float(core):.2f} s"
+    took = f"MidlensLLM's import took {float(ours):.2f} s beyond llama_index.core's {float(core):.2f} s"
+    assert float(ours) <= 0.8, took
+
+
+def test_the_llm_refuses_a_bad_option_by_its_field_name_before_any_model_loads():
+    """Its answering fields are AnswerOptions' (same bounds as every shell: temperature 0 to 2, which MidlensLLM
+    once left unbounded), checked before the model (and torch) loads."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from llama_index.llms.midlens import MidlensLLM\n"
+        "for bad in ({'temperature': 2.5}, {'abstain_below': 0.5}, {'prompt_style': 'long'}):\n"
+        "    try:\n"
+        "        MidlensLLM(model='smollm2-135m', **bad)\n"
+        "    except Exception as err:\n"
+        "        print(type(err).__name__, str(err).split(':')[0])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120)
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert out.stdout.splitlines() == [
+        "InvalidArgumentError temperature=2.5",
+        "InvalidArgumentError abstain_below=0.5",
+        "InvalidArgumentError prompt style 'long'",  # core.checks' words for it
+        "False",
+    ], out.stdout
 
 
 def test_a_reranker_given_no_model_shares_the_llm_s_and_a_different_one_is_said(llm, tmp_path, caplog, monkeypatch):

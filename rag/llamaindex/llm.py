@@ -135,6 +135,8 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
                 f"MidlensLLM(base_url={kwargs['base_url']!r}) would answer through a server: build that one with "
                 "MidlensLLM.from_server(base_url, ...), which checks the server and returns a RemoteMidlensLLM."
             )
+        # The answering options are checked (by AnswerOptions, in their field names) before a model loads.
+        AnswerOptions(**{name: kwargs[name] for name in LLM_OPTIONS if name in kwargs})
         super().__init__(*args, **kwargs)
 
     @classmethod
