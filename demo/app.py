@@ -2,8 +2,10 @@
 
 Ask a question over the embedded HotpotQA corpus (or an uploaded one), read the answer, see each
 retrieved passage in prompt order shaded by how much attention it received, and run baseline and a
-position-aware method side by side on the same passages. The page is a thin shell: every number it
-shows comes from `Pipeline.retrieve` / `Pipeline.answer`; one model is loaded once and methods share it.
+position-aware method side by side on the same passages. The "Check an answer" tab reads an answer written
+elsewhere over pasted or retrieved passages (`Pipeline.check`) and links each sentence to the passage it rests on.
+The page is a thin shell: every number it shows comes from `Pipeline.retrieve` / `Pipeline.answer` /
+`Pipeline.check`; one model is loaded once and methods share it.
 
     demo = create_demo(pipeline)                  # reuse a Pipeline you already have
     launch(demo, port=7860)                       # blocks; prevent_thread_lock=True for tests
@@ -111,6 +113,14 @@ INTRO = (
     "built against this with the plain model (baseline) on the very same passages."
 )
 
+CHECK_INTRO = (
+    "Paste an answer written elsewhere (another model, a person) and the question it replies to. The model reads "
+    "the answer over the passages, pasted or retrieved from the corpus, and links each sentence to the passage it "
+    'rests on; with "Check citations" it reads the answer again without each of them, and a sentence none of '
+    "whose passages it needs is named."
+)
+CHECK_EXAMPLE_LABEL = "Example: one sentence from the passages, one made up"  # check_views.example()
+
 
 def create_demo(pipeline: Pipeline | None = None, **backend_options: Any) -> gr.Blocks:
     """The page, with its queue set up. Pass an existing Pipeline to share its model and index."""
@@ -152,10 +162,16 @@ def build_blocks(backend: DemoBackend) -> gr.Blocks:
 
     with gr.Blocks(title="midlens demo") as demo:
         gr.Markdown(INTRO)
-        controls = _controls(backend)
-        status = gr.Markdown(f"Loading model {backend.model} and the retrieval index...", elem_id="status")
-        results = _results()
-        _wire(demo, Handlers(backend), controls, results, status)
+        with gr.Tabs(elem_id="tabs"):
+            with gr.Tab("Ask a question", id="ask-tab", elem_id="ask-tab"):
+                controls = _controls(backend)
+                status = gr.Markdown(f"Loading model {backend.model} and the retrieval index...", elem_id="status")
+                results = _results()
+            with gr.Tab("Check an answer", id="check-tab", elem_id="check-tab"):
+                check = _check_tab(backend)
+        handlers = Handlers(backend)
+        _wire(demo, handlers, controls, results, status)
+        _wire_check(handlers, check, controls.corpus)
     # Generation is serialised per model by its lock; two workers let a second visitor's retrieval,
     # rendering and queue position proceed meanwhile, each with its own result.
     demo.queue(default_concurrency_limit=2, max_size=32)
@@ -213,6 +229,72 @@ def _controls(backend: DemoBackend) -> Controls:
                     1, MAX_NEW_TOKENS, value=backend.max_new_tokens, step=1, label="Longest answer (tokens)"
                 )
     return Controls(question, ask, model, method, compare, top_k, corpus, max_new, check, restack, abstain)
+
+
+@dataclass
+class CheckTab:
+    """The "Check an answer" tab: an answer written elsewhere, read over pasted or retrieved passages
+    (Handlers.check takes `inputs` in this order, with the Ask tab's corpus after top-k)."""
+
+    question: gr.Textbox
+    answer: gr.Textbox
+    passages: gr.Textbox
+    model: gr.Dropdown
+    top_k: gr.Slider
+    verify: gr.Checkbox
+    button: gr.Button
+    example: gr.Button
+    shown: gr.Column
+    outputs: list[gr.components.Component]  # in handlers.render_check()'s order
+
+
+def _check_tab(backend: DemoBackend) -> CheckTab:
+    """The form (question, the pasted answer, optional passages, the reading model) and, hidden until the first
+    check, the answer with its links, the passages and the per-sentence table."""
+    import gradio as gr
+
+    gr.Markdown(CHECK_INTRO)
+    with gr.Row():
+        with gr.Column(scale=3):
+            question = gr.Textbox(label="Question", lines=1, elem_id="check-question")
+            answer = gr.Textbox(
+                label="The answer to check (written by another model, or a person)", lines=4, elem_id="check-answer"
+            )
+            passages = gr.Textbox(
+                label="Passages it should rest on, separated by a blank line (leave empty to retrieve them from the "
+                "corpus)",
+                lines=6,
+                elem_id="check-passages",
+            )
+            with gr.Row():
+                example = gr.Button(CHECK_EXAMPLE_LABEL, size="sm", variant="secondary", elem_id="check-example")
+                button = gr.Button("Check", variant="primary", elem_id="check-button")
+        with gr.Column(scale=2):
+            model = gr.Dropdown(backend.models, value=backend.model, label="Model that reads it", elem_id="check-model")
+            top_k = gr.Slider(
+                1, MAX_TOP_K, value=backend.top_k, step=1, label="Passages to retrieve (when none are pasted)"
+            )
+            # On by default: it is what says which sentences do not need any passage (one reading per citation).
+            verify = gr.Checkbox(
+                label="Check citations: read the answer again without each cited passage (slower)",
+                value=True,
+                elem_id="check-verify",
+            )
+    with gr.Column(visible=False, elem_id="check-results") as shown:
+        answer_md = gr.Markdown(elem_id="checked-answer", sanitize_html=False)  # data-cites, as the Ask tab's
+        passages_html = gr.HTML(
+            label="Passages the answer was read over, in prompt order",
+            show_label=True,
+            container=True,
+            padding=True,
+            elem_id="checked-passages",
+            js_on_load=None,
+        )
+        table = gr.Dataframe(
+            label="Which passage each sentence rests on", interactive=False, wrap=True, elem_id="checked-table"
+        )
+    outputs = [answer_md, passages_html, table]
+    return CheckTab(question, answer, passages, model, top_k, verify, button, example, shown, outputs)
 
 
 def _results() -> Results:
@@ -323,6 +405,18 @@ def _wire(demo: gr.Blocks, on: Handlers, controls: Controls, results: Results, s
     c.corpus.upload(on.upload, c.corpus, status, api_visibility="private")
     c.corpus.clear(on.cleared, None, status, api_visibility="private")
     demo.load(on.load, None, status, api_visibility="private")
+
+
+def _wire_check(on: Handlers, tab: CheckTab, corpus: gr.File) -> None:
+    """Checking (the button) fills and reveals the check tab's results; the example fills its form."""
+    import gradio as gr
+
+    inputs = [tab.question, tab.answer, tab.passages, tab.model, tab.top_k, corpus, tab.verify]
+    checked = tab.button.click(on.check, inputs, tab.outputs, api_name="check")
+    checked.success(lambda: gr.Column(visible=True), None, tab.shown, api_visibility="private", queue=False)
+    from midlens.demo.check_views import example
+
+    tab.example.click(example, None, [tab.question, tab.answer, tab.passages], api_visibility="private", queue=False)
 
 
 def launch(

@@ -5,6 +5,7 @@ the page (`midlens.demo.app`) calls it, and tests drive it directly."""
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -31,6 +32,17 @@ REMEDIES = Remedies(
     split="upload a corpus with shorter passages",
 )
 MAX_QUESTION_CHARS = 1000
+# "Check an answer": a pasted answer and pasted passages, bounded like an upload (each costs prompt tokens and time).
+MAX_ANSWER_CHARS = 4000
+MAX_PASTED_CHARS = 20_000
+# What a checked answer's too-long prompt can change on that tab (the room left is the answer's own length).
+CHECK_REMEDIES = Remedies(
+    room="the model's context window minus the answer's length",
+    fewer="check against at most {n} passages (lower how many passages, or paste fewer)",
+    drop=None,
+    longer="choose a model with a longer context window",
+    split="paste shorter passages",
+)
 MAX_NEW_TOKENS = 128
 DEFAULT_MAX_UPLOAD_MB = 2.0
 UPLOAD_SUFFIXES = (".txt", ".md", ".jsonl")
@@ -259,6 +271,51 @@ class DemoBackend:
             "compared": len(answers) > 1,
         }
 
+    def check(
+        self,
+        question: str,
+        answer: str,
+        pasted: str,
+        model: str,
+        top_k: float,
+        corpus_file: str | None = None,
+        verify: bool = True,
+        progress: Any = None,
+    ) -> dict:
+        """Check an answer written elsewhere (`Pipeline.check`) with `model` and the method the page starts with
+        for it: over the pasted passages (blocks separated by a blank line) or, when none are pasted, over the
+        `top_k` passages retrieved from the corpus. `verify`: each citation checked by removing its passage."""
+        from midlens.core.errors import PromptTooLongError
+        from midlens.demo.views import gold_titles
+
+        question = (question or "").strip()
+        if not question:
+            raise UserError("The question is empty: type the question the answer replies to.")
+        if len(question) > MAX_QUESTION_CHARS:
+            raise UserError(f"The question is {len(question)} characters; keep it under {MAX_QUESTION_CHARS}.")
+        answer = (answer or "").strip()
+        if not answer:
+            raise UserError("The answer to check is empty: paste the answer another model (or a person) wrote.")
+        if len(answer) > MAX_ANSWER_CHARS:
+            raise UserError(f"The answer is {len(answer)} characters; check at most {MAX_ANSWER_CHARS} at a time.")
+        passages = pasted_passages(pasted)
+        k = _int_in_range("top-k", top_k, 1, MAX_TOP_K)
+        method = self.method if model == self.model else self.default_method_of(model)
+        try:
+            pipe = self.pipeline(model, method, corpus_file, progress)
+            if not passages:
+                _progress(progress, 0.3, "retrieving passages")
+                passages = pipe.retrieve(question, k)
+            doing = "reading the answer over the passages" + (", then without each cited passage" if verify else "")
+            _progress(progress, 0.5, f"{doing} ({model}; waits if the model is busy)")
+            checked = pipe.check(question, answer, passages, verify=bool(verify))
+        except PromptTooLongError as err:
+            raise UserError(f"The prompt is too long for {model}: {err.describe(CHECK_REMEDIES)}") from None
+        except (MidlensError, ValueError) as err:
+            raise UserError(str(err)) from None
+        embedded = not pasted.strip() and not corpus_file and self.corpus is None
+        return {"question": question, "answer": checked, "gold": gold_titles(question) if embedded else []}
+
     def _answer(
         self,
         pipe: Pipeline,
@@ -283,6 +340,22 @@ class DemoBackend:
         _progress(progress, (0, new_tokens), f"reading the prompt ({method}; waits if the model is busy)", "tokens")
         options = pipe.options.replace(max_new_tokens=new_tokens, verify=check, abstain=abstain)
         return pipe.answer(question, passages, options, on_token=on_token)
+
+
+def pasted_passages(text: str | None) -> list[Passage]:
+    """Passages pasted as text: one per block, blocks separated by a blank line, named "pasted n" in order."""
+    from midlens.core.passage import Passage
+
+    text = (text or "").strip()
+    if len(text) > MAX_PASTED_CHARS:
+        raise UserError(
+            f"The pasted passages are {len(text)} characters; paste at most {MAX_PASTED_CHARS}, or upload them as a "
+            "corpus and leave this box empty to retrieve from it."
+        )
+    blocks = [" ".join(b.split()) for b in re.split(r"\n\s*\n", text) if b.strip()]
+    if len(blocks) > MAX_TOP_K:
+        raise UserError(f"{len(blocks)} passages pasted; paste at most {MAX_TOP_K} (separated by a blank line).")
+    return [Passage(text=b, title=f"pasted {i}", id=f"pasted-{i}") for i, b in enumerate(blocks, 1)]
 
 
 def _size(n: int) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import gradio as gr
 
-from midlens.demo import views
+from midlens.demo import check_views, views
 from midlens.demo.backend import DemoBackend, UserError
 
 # Gradio spots progress-reporting handlers by a gr.Progress default and gives each call its own tracker.
@@ -39,6 +39,17 @@ def render(result: dict | None, view: str) -> tuple:
         gr.BarPlot(views.attribution_frame(main), y_lim=views.share_limits(main)),
         views.legend_html(scale, len(main.passages)),
         views.details_markdown(answers),
+    )
+
+
+def render_check(result: dict) -> tuple:
+    """A checked answer -> the check tab's values: the answer with its links and verdicts, the passages it was read
+    over (each sentence a span its links point at), and one row per (answer sentence, passage it rests on)."""
+    answer = result["answer"]
+    return (
+        check_views.checked_markdown(answer),
+        views.passages_html(answer, "calibrated", result["gold"], None, check_views.PREFIX),
+        gr.Dataframe(check_views.sentence_table(answer)),
     )
 
 
@@ -83,6 +94,25 @@ class Handlers:
 
     def cleared(self) -> str:
         return f"Corpus: {self.backend.corpus_label()}."
+
+    def check(
+        self,
+        question: str,
+        answer: str,
+        pasted: str,
+        model: str,
+        top_k: float,
+        corpus_file: str | None,
+        verify: bool = True,
+        progress: gr.Progress = TRACKED,
+    ) -> tuple[Any, ...]:
+        try:
+            result = self.backend.check(
+                question, answer, pasted, model, top_k, corpus_file, verify=bool(verify), progress=progress
+            )
+        except UserError as err:
+            raise gr.Error(str(err), title="Cannot check", print_exception=False) from None
+        return render_check(result)
 
     def ask(
         self,

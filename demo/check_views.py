@@ -1,0 +1,116 @@
+"""A checked answer (`Pipeline.check`: an answer written elsewhere, read over passages) -> what the "Check an answer"
+tab shows. Pure functions, as views.py: the answer with its sentences linked to the passage sentences they rest on,
+the support line as `Pipeline.check` returns it, and one table row per (answer sentence, passage it rests on)."""
+
+from __future__ import annotations
+
+import html
+from functools import lru_cache
+
+import pandas as pd
+
+from midlens.demo import views
+from midlens.generators.answer import Answer
+from midlens.generators.checking import NO_SUPPORT_MODEL, CheckedSupport, unsupported, verified
+
+# The check tab's sentence ids ("c-<position>-<start>") stay apart from the Ask tab's ("m-", "b-"): one document
+# holds both tabs, and pointing at a sentence marks only its own tab's passages.
+PREFIX = "c"
+# The example: the first example question of the Ask tab, three of the corpus' paragraphs (the one that holds the
+# answer in the middle) and an answer whose first sentence that paragraph holds and whose second none does. Read by
+# the real SmolLM2-135M, the first sentence needs the middle paragraph and the second needs none
+# (tests/test_demo_check.py).
+EXAMPLE_TITLES = ("Candice Swanepoel", "Torrid (clothing retailer)", "Brea Mall")
+EXAMPLE_ANSWER = (
+    "The first Torrid store opened in the Brea Mall in Brea, California. Torrid was founded by Walt Disney in 1923."
+)
+TABLE_COLUMNS = ["sentence", "answer sentence", "support", "rests on passage", "needed", "passage sentence"]
+
+
+@lru_cache(maxsize=1)
+def example() -> tuple[str, str, str]:
+    """The example's (question, answer, pasted passages), the passages from the embedded corpus."""
+    from midlens.retrievers.corpus import default_corpus_path, read_documents
+
+    texts = {d["title"]: d["text"] for d in read_documents(default_corpus_path())}
+    question = views._questions()[views.MID_PROMPT_EXAMPLE_ID]["question"].strip()
+    return question, EXAMPLE_ANSWER, "\n\n".join(" ".join(texts[t].split()) for t in EXAMPLE_TITLES)
+
+
+def support_line(answer: Answer) -> str:
+    """Whether to trust the answer, in the support model's words (`Answer.support`, as `Pipeline.check` returns it:
+    a checked answer's is its weakest sentence's); where no support model ships for checked answers of this model,
+    saying so instead of guessing."""
+    if answer.support is None:
+        return f"**Support:** none, {NO_SUPPORT_MODEL}."
+    weakest = ", its weakest sentence's" if isinstance(answer.support, CheckedSupport) else ""
+    return f"**Support:** {html.escape(answer.support.words)}{weakest}."
+
+
+def sentence_support(answer: Answer) -> list[float | None]:
+    """Each sentence's support probability, in `Answer.citations` order (None without a per-sentence model)."""
+    support = answer.support
+    if isinstance(support, CheckedSupport) and len(support.sentences) == len(answer.citations):
+        return list(support.sentences)
+    return [None] * len(answer.citations)
+
+
+def sentence_verdict(answer: Answer) -> str:
+    """The sentences that may not rest on the passages (`generators.checking.unsupported`: citing none, needing none
+    of those cited once checked by removing each, or scored low by a checked support model), listed; unchecked
+    citations are said to be so."""
+    flagged = unsupported(answer)
+    n = len(answer.citations)
+    lines = []
+    if not verified(answer):
+        lines.append(
+            "Citations not checked: each sentence is linked to the passage its reading rests on. Tick "
+            '"Check citations" to find the sentences that need none of them.'
+        )
+    elif not flagged:
+        lines.append(f"✓ **Each of the {n} sentences rests on a passage it needs:** without it, it is less likely.")
+    if flagged:
+        listed = "".join(f"\n- {views._md_text(answer.text[c.span[0] : c.span[1]])}" for c in flagged)
+        lines.append(f"⚠ **{len(flagged)} of {n} sentences may not rest on the passages:** check them:{listed}")
+    return "\n\n".join(lines)
+
+
+def checked_markdown(answer: Answer) -> str:
+    """The checked answer with its [n] markers and linked sentences, the support line, the per-sentence verdict and
+    the markers' legend."""
+    who = html.escape(f"{views.method_label(answer)}, {answer.model}")
+    lines = [
+        f"**Checked answer** (read by {who}): {views.cited_answer_html(answer, PREFIX)}",
+        support_line(answer),
+        sentence_verdict(answer),
+    ]
+    legend = views.citation_legend_html(answer)
+    if legend:
+        lines.append(legend)
+    if answer.dropped:
+        lines.append(f"{len(answer.dropped)} passages did not fit in the model's prompt and were left out.")
+    return "\n\n".join(lines)
+
+
+def _needed(verified_: bool | None, drop: float | None) -> str:
+    if verified_ is None:
+        return "not checked"
+    change = "" if drop is None else f" (log-probability {-drop:+.2f} without it)"
+    return ("yes" if verified_ else "no") + change
+
+
+def sentence_table(answer: Answer) -> pd.DataFrame:
+    """One row per (answer sentence, passage it rests on), in answer order then prompt order; a sentence that rests
+    on no passage has one row saying so."""
+    by_position = {p.position: p.passage for p in answer.passages}
+    rows = []
+    for i, (citation, p) in enumerate(zip(answer.citations, sentence_support(answer), strict=True), start=1):
+        said, support = answer.text[citation.span[0] : citation.span[1]], "" if p is None else f"{p:.2f}"
+        if not citation.sources:
+            rows.append([i, said, support, "none", "", ""])
+        for source in sorted(citation.sources, key=lambda s: s.position):
+            passage = by_position[source.position]
+            cited = "" if source.sentence is None else passage.text[source.sentence[0] : source.sentence[1]]
+            name = f"[{source.position}] {passage.title or '(untitled)'}"
+            rows.append([i, said, support, name, _needed(source.verified, source.logprob_drop), cited])
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
