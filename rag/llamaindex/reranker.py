@@ -3,7 +3,7 @@ model in this process or through a `midlens serve` server (`base_url=`, the same
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.callbacks import CBEventType, EventPayload
@@ -13,10 +13,8 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from midlens.core import names
 from midlens.core.errors import InvalidArgumentError, PromptTooLongError, Remedies
-from midlens.generators.generator import Generator
-from midlens.generators.loading import LoadedModel
-from midlens.generators.packaged_models import DEFAULT_MODEL, default_reranker
-from midlens.generators.prompt import DEFAULT_STYLE, Passage, StackedPrompt, fit_windows
+from midlens.core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE
+from midlens.core.passage import Passage
 from midlens.rag.llamaindex.common import (
     _DEFERRED_LOAD,
     _RERANK_KEYS,
@@ -26,7 +24,12 @@ from midlens.rag.llamaindex.common import (
     logger,
     to_passage,
 )
-from midlens.rag.remote import MidlensClient, ServerError, connect, reaching
+
+if TYPE_CHECKING:  # torch (and httpx) load with these, where a rerank needs them: importing the class stays light
+    from midlens.generators.generator import Generator
+    from midlens.generators.loading import LoadedModel
+    from midlens.generators.prompt import StackedPrompt
+    from midlens.rag.remote import MidlensClient
 
 
 def _warn_two_models(scoring: str, answering: list[str]) -> None:
@@ -120,6 +123,8 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
             if kwargs.get(local):
                 raise InvalidArgumentError(f"{local}= is the server's to choose: set it on `midlens serve`.")
             kwargs.pop(local, None)
+        from midlens.rag.remote import connect
+
         client, spec = connect(base_url, timeout=timeout, retries=retries, api_key=api_key)
         # Past GeneratorBacked's constructor, which loads (or defers) a model: the fields describe the server's.
         BaseNodePostprocessor.__init__(
@@ -152,6 +157,8 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     @classmethod
     def _default_method(cls, model: str | LoadedModel) -> str:
         """The best ranker measured for `model` (MuDAF's evidence for the packaged models), not its answering method."""
+        from midlens.generators.packaged_models import default_reranker
+
         return default_reranker(model)[0]
 
     def _score_by(self) -> Literal["calibrated", "evidence"]:
@@ -191,6 +198,8 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     def _passes(self, query: str, passages: list[Passage]) -> list[StackedPrompt]:
         """Consecutive groups of passages, each stacked into the fullest prompt that fits (the prompt builder's
         own fitting, so a pass holds exactly what `truncate='drop_last'` would keep)."""
+        from midlens.generators.prompt import fit_windows
+
         window = self.generator.context_window
         limit = min(window, self.max_tokens_per_pass or window)
         prompts: list[StackedPrompt] = []
@@ -223,6 +232,8 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
             return [[pe.evidence if by_evidence else pe.score for pe in a.passages] for a in answers]
         # The server fits each pass as fit_windows does here: the fullest prompt of the nodes left that fits its
         # window (or max_tokens_per_pass), the rest dropped for the next pass. It refuses a node that fits no pass.
+        from midlens.rag.remote import ServerError, reaching
+
         passes: list[list[float]] = []
         cap = {} if self.max_tokens_per_pass is None else {"max_prompt_tokens": self.max_tokens_per_pass}
         remaining = passages
@@ -234,7 +245,7 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
                     method=self.method,
                     calibrate=not by_evidence,
                     truncate="drop_last",
-                    prompt_style=DEFAULT_STYLE,  # fit_windows' style, which in-process passes are stacked in
+                    prompt_style=DEFAULT_PROMPT_STYLE,  # fit_windows' style, which in-process passes are stacked in
                     **cap,
                 )
                 if not result.passages:  # drop_last refuses rather than score nothing; never loop on it
