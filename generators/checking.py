@@ -30,6 +30,7 @@ from midlens.generators.support import (
     LIKELY_FLOOR,
     MARGIN_CLIP,
     TARGET_PRECISION,
+    UNLIKELY_BELOW,
     Support,
     SupportModel,
     _word_set,
@@ -63,11 +64,50 @@ def verified(answer: Answer) -> bool:
     return any(s.verified is not None for c in answer.citations for s in c.sources)
 
 
-def unsupported(answer: Answer) -> list[Citation]:
-    """The sentences that may not be supported: those citing no passage and, once verified, those none of whose
-    cited passages the sentence needed (attention always lands somewhere, so unverified citations flag little)."""
+def flagged(answer: Answer) -> list[tuple[Citation, str]]:
+    """The sentences that may not be supported, each with why: citing no passage; once verified, needing none of the
+    passages cited (attention always lands somewhere, so unverified citations flag little); with a checked support
+    model, scored in the "check this" band (below UNLIKELY_BELOW): a sentence between that and the likely threshold
+    is uncertain, which the answer's support already says, not flagged."""
     check = verified(answer)
-    return [c for c in answer.citations if not c.sources or (check and not any(s.verified for s in c.sources))]
+    probabilities = sentence_support(answer) or [None] * len(answer.citations)
+    floor = UNLIKELY_BELOW
+    out = []
+    for citation, p in zip(answer.citations, probabilities, strict=True):
+        why = []
+        if not citation.sources:
+            why.append("cites no passage")
+        elif check and not any(s.verified for s in citation.sources):
+            why.append("needs none of the passages it cites (verified)")
+        if p is not None and p < floor:
+            why.append(f"support {p:.2f}, below {floor:.2f}")
+        if why:
+            out.append((citation, "; ".join(why)))
+    return out
+
+
+def unsupported(answer: Answer) -> list[Citation]:
+    """The sentences that may not be supported (`flagged`, without the reasons)."""
+    return [c for c, _ in flagged(answer)]
+
+
+def sentence_support(answer: Answer) -> list[float] | None:
+    """Each sentence's probability of being right, in `Answer.citations` order, under the checked support model;
+    None without one."""
+    support = answer.support
+    return list(support.sentences) if isinstance(support, CheckedSupport) else None
+
+
+def support_lines(answer: Answer) -> list[str]:
+    """The support as the shells print it: the answer's (its weakest sentence's) and, for several, each sentence's."""
+    support = answer.support
+    if support is None:
+        return [f"support: none ({NO_SUPPORT_MODEL})"]
+    lines = [f"support: {support.words}, its weakest sentence's (checked-answer support model of {support.model})"]
+    probabilities = sentence_support(answer) or []
+    if len(probabilities) > 1:
+        lines.append("sentence support: " + "; ".join(f"{i}. {p:.2f}" for i, p in enumerate(probabilities, 1)))
+    return lines
 
 
 def supported_share(answer: Answer) -> float | None:
@@ -139,7 +179,13 @@ class CheckedSupport(Support):
         )
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "band": self.band, "words": self.words, "checked": True}
+        return {
+            **asdict(self),
+            "sentences": list(self.sentences),
+            "band": self.band,
+            "words": self.words,
+            "checked": True,
+        }
 
 
 @dataclass(frozen=True)

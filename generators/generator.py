@@ -713,9 +713,9 @@ class Generator:
         """Read an answer this model did not write as if it had: `answer` teacher-forced after `prompt` in one pass,
         giving its per-sentence citations (spans in `Answer.text`, which is `answer` as the tokenizer round-trips
         it), the passages' evidence and the answer's log-probability (`reference_logprob`, per token in
-        `token_logprobs`). `verify`: each citation checked by ablation (`verify`). `support` stays None: the
-        generation-time support model reads this model's confidence in tokens it picked, which a given answer's
-        are not."""
+        `token_logprobs`). `verify`: each citation checked by ablation (`verify`). `support` is the checked
+        support model's (generators.checking: per sentence, the answer's its weakest sentence's), None where none
+        ships for this model."""
         return self.attribute_batch([prompt], [answer], verify)[0]
 
     def attribute_batch(
@@ -754,10 +754,14 @@ class Generator:
         """How far `answer` can be trusted (generators.support): the support model shipped for this model (the
         model-agnostic one for any other), plain or, once its citations were verified, reading the ablation drops.
         None with citations off (the features read them) or for a pass that generated nothing."""
-        if self.citations is None or not answer.answer_ids or answer.checked:
-            # A checked answer's features are teacher-forced: no support model was fitted on such features yet,
-            # and the generation-time one would read them as this model's own confidence (miscalibrated).
+        if self.citations is None or not answer.answer_ids:
             return None
+        if answer.checked:
+            # Teacher-forced features: the generation-time model would read them as this model's own confidence;
+            # the checked support model is fitted on such passes (generators.checking).
+            from midlens.generators.checking import checked_support
+
+            return checked_support(answer, lambda: self.loaded.sha256)
         method = self.method.spec()  # the support model says whether it was fitted on this method's answers
         if verified not in self._support_models:
             self._support_models[verified] = packaged_support(

@@ -149,10 +149,16 @@ class AnswerResponse(MidlensResult):
 
 class CheckResponse(AnswerResponse):
     unsupported: list[tuple[int, int]] = Field(
-        description="The characters in `text` of each sentence that may not be supported: it cites no passage or, "
-        "verified, needs none of those it cites."
+        description="The characters in `text` of each sentence that may not be supported: it cites no passage, "
+        "verified, needs none of those it cites, or the checked support model scores it below its threshold."
     )
-    support_note: str = Field(description="Why `support` is null for a checked answer.")
+    unsupported_why: list[str] = Field(default_factory=list, description="Why, for each of `unsupported`.")
+    sentence_support: list[float] | None = Field(
+        default=None,
+        description="Each sentence's probability of being right (in `citations` order) under the checked-answer "
+        "support model; `support` is the weakest's. Null where no such model ships for the server's model.",
+    )
+    support_note: str | None = Field(default=None, description="Why `support` is null for a checked answer.")
 
 
 # ---- OpenAI chat completions (responses; the request's model is the server's) ----

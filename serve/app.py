@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from midlens.core.errors import InvalidArgumentError, MidlensError
 from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
-from midlens.generators.checking import NO_SUPPORT_MODEL, unsupported
+from midlens.generators.checking import NO_SUPPORT_MODEL, flagged, sentence_support
 from midlens.generators.citations import Citation
 from midlens.generators.packaged_models import DEFAULT_MODEL
 from midlens.generators.prompt import DEFAULT_STYLE
@@ -333,14 +333,16 @@ class MidlensServer:
         outcome = await self._answer(self.engine.check_job(body))
         answer = outcome.answer
         result = result_of(answer, outcome.batch_size).model_dump()
-        flagged = [c.span for c in unsupported(answer)]
+        doubts = flagged(answer)
         return JSONResponse(
             {
                 "question": answer.question,
                 "text": answer.text,
                 **result,
-                "unsupported": flagged,
-                "support_note": NO_SUPPORT_MODEL,
+                "unsupported": [c.span for c, _ in doubts],
+                "unsupported_why": [why for _, why in doubts],
+                "sentence_support": sentence_support(answer),
+                "support_note": NO_SUPPORT_MODEL if answer.support is None else None,
             }
         )
 

@@ -4,12 +4,18 @@ pass and reads its citations as a generated answer's are read (the real SmolLM2-
 import pytest
 
 from midlens.core.errors import InvalidArgumentError
+from midlens.generators.checking import CheckedSupport
 from tests.conftest import planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
 GOLD_AT = 3
 RIGHT = "The code word is pelican."
 WRONG = "The code word is albatross."
+PLANTED_ANSWER = (
+    "The secret code word of the Zorbland expedition is 'pelican'. "
+    'A Kind of Magic is based on the soundtrack to the film "Flash Gordon". '
+    "Sheer Heart Attack is the third studio album by the British rock band Queen."
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +36,11 @@ def test_attributing_the_models_own_answer_gives_what_generating_it_gave(generat
         assert [(s.position, s.sentence) for s in a.sources] == [(s.position, s.sentence) for s in b.sources]
         assert [s.score for s in b.sources] == pytest.approx([s.score for s in a.sources], abs=1e-4)
     assert [p.score for p in checked.passages] == pytest.approx([p.score for p in generated.passages], abs=1e-4)
-    # The generation-time support model reads tokens this model picked; a given answer's were not.
-    assert generated.support is not None and checked.checked and checked.support is None
+    # The generation-time support model reads tokens this model picked; a given answer's were not: a checked answer
+    # gets the checked support model's (generators.checking), one probability per sentence.
+    assert generated.support is not None and checked.checked and checked.support.to_dict()["checked"]
+    assert not isinstance(generated.support, CheckedSupport) and isinstance(checked.support, CheckedSupport)
+    assert len(checked.support.sentences) == len(checked.citations)
 
 
 def test_a_planted_right_answer_cites_its_passage_and_scores_above_a_wrong_one(generator, prompt):
@@ -46,6 +55,23 @@ def test_a_planted_right_answer_cites_its_passage_and_scores_above_a_wrong_one(g
     assert right.reference_logprob > wrong.reference_logprob + 3
     alone = generator.attribute(prompt, WRONG)
     assert alone.token_logprobs == pytest.approx(wrong.token_logprobs, abs=1e-4)
+    # The checked support model calls the right answer likelier right (measured RIGHT_P against WRONG_P).
+    assert right.support.probability > wrong.support.probability + 0.1
+
+
+def test_the_planted_false_sentence_of_a_right_answer_gets_the_lowest_sentence_support(generator):
+    """Three sentences, each copied or shortened from a passage; the middle one's film swapped for the one another
+    passage names ("Highlander" -> "Flash Gordon"), as docs/results/check plants them."""
+    prompt = generator.prompt(QUESTION, planted_passages(4, 2))
+    answer = generator.attribute(prompt, PLANTED_ANSWER)
+    support = answer.support
+    assert isinstance(support, CheckedSupport) and support.model == "smollm2-135m" and not support.verified
+    assert len(support.sentences) == len(answer.citations) == 3
+    lowest = min(range(3), key=support.sentences.__getitem__)
+    assert answer.text[answer.citations[lowest].span[0] :].startswith("A Kind of Magic is based on")
+    assert support.probability == support.sentences[lowest] and not support.likely
+    record = answer.to_dict()["support"]
+    assert record["checked"] and record["sentences"] == list(support.sentences)
 
 
 def test_an_unsupported_sentence_is_the_one_left_unverified(generator, prompt):
@@ -70,7 +96,7 @@ def test_pipeline_check_over_given_passages_and_its_bad_input(generator):
 
     pipe = Pipeline(None, generator)
     answer = pipe.check(QUESTION, RIGHT, planted_passages(4, 2), verify=True)
-    assert answer.checked and answer.support is None
+    assert answer.checked and isinstance(answer.support, CheckedSupport)
     assert answer.citations[0].sources[0].position == 2 and answer.citations[0].sources[0].verified
     with pytest.raises(InvalidArgumentError, match="this pipeline has no retriever; pass passages"):
         pipe.check(QUESTION, RIGHT)
@@ -91,8 +117,10 @@ def test_the_check_command_prints_the_marked_answer_support_first_and_the_unsupp
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.strip()]
     assert lines[1].startswith("A: The secret code word is 'pelican' [2].")
-    assert lines[2].startswith("   support: none (no support model for checked answers yet")
-    assert "may not be supported" in lines[3] and lines[4].strip() == "- It was chosen in 1920 by the Romans."
+    assert lines[2].startswith("   support: ") and "checked-answer support model of smollm2-135m" in lines[2]
+    assert lines[3].startswith("   sentence support: 1. ")
+    assert lines[4] == "   the sentences that may not be supported:"
+    assert lines[5].strip().startswith("- It was chosen in 1920 by the Romans.  (needs none of the passages")
     assert main(["check", QUESTION, "--answer", "  ", "--passages", str(tmp_path / "p.jsonl")]) == 2
     assert "the answer to check is empty" in capsys.readouterr().err
 
@@ -129,7 +157,7 @@ def test_the_server_engine_checks_an_answer_within_its_limits(generator):
     text = "The secret code word is 'pelican'. It was chosen in 1920 by the Romans."
     job = engine.check_job(CheckRequest(question=QUESTION, answer=text, passages=passages))
     (outcome,) = engine.run([job])
-    assert outcome.error is None and outcome.answer.checked and outcome.answer.support is None
+    assert outcome.error is None and outcome.answer.checked and isinstance(outcome.answer.support, CheckedSupport)
     first, second = outcome.answer.citations
     assert first.sources[0].passage_id == "gold" and first.sources[0].verified
     assert not any(s.verified for s in second.sources)

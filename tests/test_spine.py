@@ -303,6 +303,7 @@ def test_shipped_metas_of_one_format_version_have_one_schema():
         "pos2distill": LoRADelta.SECTION,
         "support": SUPPORT,
         "support-verified": SUPPORT,
+        "support-checked": SUPPORT,
     }
     # Where a method ships for one packaged model only (Pos2Distill's default-model run needs a GPU), or also for any
     # model (the model-agnostic support models).
@@ -314,6 +315,7 @@ def test_shipped_metas_of_one_format_version_have_one_schema():
         "channel-scaling": {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"},
         "support": everywhere,
         "support-verified": everywhere,
+        "support-checked": {"smollm2-135m"},
     }
 
     def keys(meta: dict) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from midlens.core.errors import InvalidArgumentError
+from midlens.core.errors import InvalidArgumentError, Step
 from midlens.generators.support import GENERIC, C, SupportModel, shipped_support_folder
 
 FOLDS = 5
@@ -63,9 +63,13 @@ def fit_and_save(runs: list[Path], loaded: list[tuple[dict, list[dict]]], out: P
     artefact (default: the shipped folders)."""
     not_train = [str(r) for r, (c, _) in zip(runs, loaded, strict=True) if not c["dataset"].endswith("-train")]
     if not_train:
+        runs_step = Step(
+            "support-runs",
+            "make train-split runs (midlens.eval.support: SupportRunOptions(split='train'))",
+            {"split": "train", "out": None},
+        )
         raise InvalidArgumentError(
-            f"{', '.join(not_train)}: held-out runs; a support model is fitted on train-split runs only "
-            "(`midlens eval support --split train`)."
+            f"{', '.join(not_train)}: held-out runs; a support model is fitted on train-split runs only.", [runs_step]
         )
     models = sorted({c["model"] for c, _ in loaded})
     name = models[0] if len(models) == 1 else GENERIC

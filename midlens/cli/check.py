@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     args.model = chosen_model(args, method)
     check_device(args)
     from midlens.core.passage import Passage
-    from midlens.generators.checking import NO_SUPPORT_MODEL, unsupported
+    from midlens.generators.checking import NO_SUPPORT_MODEL, flagged, sentence_support, support_lines
     from midlens.rag.pipeline import Pipeline, marked_answer
 
     passages = None
@@ -85,25 +85,27 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
         )
     answer = pipe.check(args.question, args.answer, passages)
-    flagged = unsupported(answer)
+    doubts = flagged(answer)
     if args.json:
         record = {
             **answer.to_dict(),
             "marked_text": marked_answer(answer).text,
-            "unsupported": [c.span for c in flagged],
-            "support_note": NO_SUPPORT_MODEL,
+            "unsupported": [c.span for c, _ in doubts],
+            "unsupported_why": [why for _, why in doubts],
+            "sentence_support": sentence_support(answer),
+            "support_note": NO_SUPPORT_MODEL if answer.support is None else None,
         }
         print(json.dumps(record, indent=2, ensure_ascii=False))
         return 0
     from midlens.cli.ask import print_citations
 
     print(f"\nQ: {answer.question}\nA: {marked_answer(answer).text}")
-    print(f"   support: none ({NO_SUPPORT_MODEL})")
-    if flagged:
-        why = "none of its cited passages is needed (verified)" if args.verify else "it cites no passage"
-        print(f"   may not be supported ({why}):")
-        for citation in flagged:
-            print(f"     - {answer.text[citation.span[0] : citation.span[1]]}")
+    for line in support_lines(answer):
+        print(f"   {line}")
+    if doubts:
+        print("   the sentences that may not be supported:")
+        for citation, why in doubts:
+            print(f"     - {answer.text[citation.span[0] : citation.span[1]]}  ({why})")
     elif not args.verify:
         print("   every sentence cites a passage; --verify checks whether it needs it")
     else:

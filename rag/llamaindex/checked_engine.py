@@ -49,8 +49,8 @@ class CheckedQueryEngine(BaseQueryEngine):
     - `metadata`: the wrapped engine's, plus `metadata["midlens"]`: `text` (the answer as written), `marked_text`,
       `citation_blocks` (LlamaIndex `CitationBlock`s, one per sentence and cited node, `source` the node id),
       `citations` (JSON rows, as MidlensQueryEngine's), `markers` (n -> node id), `unsupported` (the sentences that
-      rest on no node they need), `supported_share`, `support` (the support model's verdict, None while no support
-      model is fitted for answers this model did not write, `support_note` saying so), `evidence` per node, and the
+      rest on no node they need), `supported_share`, `support` (the checked support model's verdict, None where none
+      ships for the model, `support_note` saying so), `sentence_support` (each sentence's), `evidence` per node, the
       model, method, token counts and timings of the check.
 
     A streaming engine's answer is read to its end first: the check needs the whole text, so the result is a plain
@@ -137,7 +137,7 @@ class CheckedQueryEngine(BaseQueryEngine):
 def checked_metadata(answer: Answer) -> dict[str, Any]:
     """A checked answer as `metadata["midlens"]`: its marks, citations (rows and CitationBlocks), support and
     evidence. Unverified sources get no marker: a sentence marked only with nodes it needs reads as checked."""
-    from midlens.generators.checking import NO_SUPPORT_MODEL, supported_share, unsupported, verified
+    from midlens.generators.checking import NO_SUPPORT_MODEL, sentence_support, supported_share, unsupported, verified
     from midlens.rag.llamaindex.citation_blocks import answer_blocks
     from midlens.rag.llamaindex.citations import citation_rows
     from midlens.rag.llamaindex.common import evidence_rows
@@ -154,6 +154,7 @@ def checked_metadata(answer: Answer) -> dict[str, Any]:
         "unsupported": [answer.text[c.span[0] : c.span[1]] for c in unsupported(answer)],
         "supported_share": supported_share(answer),
         "support": None if answer.support is None else answer.support.to_dict(),
+        "sentence_support": sentence_support(answer),
         "support_note": NO_SUPPORT_MODEL if answer.support is None else None,
         "evidence": evidence_rows(answer),
         "model": answer.model,

@@ -18,7 +18,7 @@ from llama_index.core.prompts.mixin import PromptDictType
 
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.passage import Passage
-from midlens.generators.checking import NO_SUPPORT_MODEL, supported_share, unsupported
+from midlens.generators.checking import flagged, support_lines, supported_share
 from midlens.rag.pipeline import Pipeline, marked_answer
 
 
@@ -60,19 +60,18 @@ class MidlensEvaluator(BaseEvaluator):
             )
         passages = [Passage(text=text, title=f"Context {i}", id=str(i)) for i, text in enumerate(contexts, 1)]
         answer = self.pipeline.check(query, response, passages, verify=self.verify)
-        flagged = unsupported(answer)
-        lines = [marked_answer(answer).text, f"support: {NO_SUPPORT_MODEL}."]
-        if flagged:
-            check = "none of its cited contexts is needed" if self.verify else "it cites no context"
-            lines.append(f"May not be supported ({check}):")
-            lines += [f"- {answer.text[c.span[0] : c.span[1]]}" for c in flagged]
+        doubts = flagged(answer)
+        lines = [marked_answer(answer).text, *(f"{line}." for line in support_lines(answer))]
+        if doubts:
+            lines.append("May not be supported:")
+            lines += [f"- {answer.text[c.span[0] : c.span[1]]} ({why})" for c, why in doubts]
         else:
             lines.append("Every sentence rests on a context" + (" it needs (verified)." if self.verify else "."))
         return EvaluationResult(
             query=query,
             response=response,
             contexts=list(contexts),
-            passing=not flagged,
+            passing=not doubts,
             score=supported_share(answer),
             feedback="\n".join(lines),
         )
