@@ -55,7 +55,7 @@ def test_a_planted_right_answer_cites_its_passage_and_scores_above_a_wrong_one(g
     assert right.reference_logprob > wrong.reference_logprob + 3
     alone = generator.attribute(prompt, WRONG)
     assert alone.token_logprobs == pytest.approx(wrong.token_logprobs, abs=1e-4)
-    # The checked support model calls the right answer likelier right (measured RIGHT_P against WRONG_P).
+    # The checked support model calls the right answer likelier right (measured 0.59 against 0.10).
     assert right.support.probability > wrong.support.probability + 0.1
 
 
@@ -67,6 +67,7 @@ def test_the_planted_false_sentence_of_a_right_answer_gets_the_lowest_sentence_s
     support = answer.support
     assert isinstance(support, CheckedSupport) and support.model == "smollm2-135m" and not support.verified
     assert len(support.sentences) == len(answer.citations) == 3
+    # Measured 0.77 / 0.06 / 0.23: the planted sentence far below the others, in the "check this" band.
     lowest = min(range(3), key=support.sentences.__getitem__)
     assert answer.text[answer.citations[lowest].span[0] :].startswith("A Kind of Magic is based on")
     assert support.probability == support.sentences[lowest] and not support.likely
