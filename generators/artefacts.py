@@ -8,9 +8,11 @@ model and its content sha256, options, training (the run's config and loss recor
 is null), data (split and the sha256 of its example ids), and what this module derives on save (format_version,
 weights_sha256, shapes, parameters). A kind of trained part adds its own section and declares its fields
 (`Section`: `LoRADelta.SECTION` is "delta", MoICE's routers "experts"). Every kind is a `SavedPart`, the way a
-sentence-transformers module is one: it says what its section holds (`config`) and which tensors it saves
-(`tensors`); saving and opening are written once, here (`part.save(folder, meta)`, `Kind.open(folder, ...)`), and a
-kind's `load` only builds itself from its verified section and tensors.
+sentence-transformers module is one: its section holds the fields its `Section` declares (`config`, by default
+those attributes of the part) and its tensors are what `tensors` returns. Saving and loading are written once, here
+(`part.save(folder, meta)`, `Kind.load(folder, method, base_model_sha256, ...)`): a kind only says how it is built
+from its verified section (`from_config`, as sentence-transformers builds a module from its config keys) and how it
+takes the saved tensors (`with_tensors`, as a module takes its state dict).
 
 Artefacts that ship live in `generators/trained/<method>/<model>/` and are found by name; any other folder
 is given by path. Reading (`open_artefact`) verifies before anything is parsed, in this order: the files exist,
@@ -26,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 
@@ -112,18 +114,52 @@ class Artefact:
         return tensors
 
 
+def _plain(value: object) -> object:
+    """A field as JSON holds it: tuples as lists, numpy scalars as Python numbers."""
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value.item() if hasattr(value, "item") else value
+
+
 class SavedPart:
     """A trained part saved as an artefact folder: its `config()` as meta.json's `SECTION`, its `tensors()` as the
-    verified weights. Subclasses declare SECTION and those two; `load` (their own: what a part needs to rebuild
-    itself differs) starts from `open`."""
+    verified weights. A kind declares SECTION, `tensors`, `from_config` and, unless it is an nn.Module whose state
+    dict is its tensors, `with_tensors`; `save` and `load` are these, for every kind."""
 
     SECTION: ClassVar[Section]
 
     def config(self) -> dict:
-        raise NotImplementedError
+        """This part's section of meta.json: the attributes its SECTION names (a kind whose section records what
+        it derives, not holds, says so itself)."""
+        return {name: _plain(getattr(self, name)) for name in self.SECTION.fields}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, section: dict, artefact: Artefact, **context: Any) -> Self:
+        """The part its verified, type-checked `section` describes, before its tensors are read; `context` is what
+        a kind needs beyond its folder (the model a delta adapts). Refuses a section this midlens cannot build."""
+        raise NotImplementedError
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor], artefact: Artefact) -> Self:
+        """The part holding the saved `tensors` (shapes already checked against `self.tensors()`), frozen: by
+        default an nn.Module's state dict."""
+        if not isinstance(self, torch.nn.Module):
+            raise NotImplementedError(f"{type(self).__name__} does not say how it takes its saved tensors")
+        self.load_state_dict(tensors)
+        self.requires_grad_(False)
+        return self
+
+    @classmethod
+    def load(cls, folder: str | Path, method: str, base_model_sha256: str, **context: Any) -> tuple[Self, Artefact]:
+        """The part saved in `folder` and the verified artefact it came from. The folder is verified (files,
+        schema, method, base model, weights hash) before its section is read; the part that section describes
+        names the tensors it holds and their shapes, which the saved ones must match, none missing or extra."""
+        section, artefact = cls.open(folder, method, base_model_sha256)
+        part = cls.from_config(section, artefact, **context)
+        tensors = artefact.tensors_for({name: tuple(t.shape) for name, t in part.tensors().items()})
+        return part.with_tensors(tensors, artefact), artefact
 
     def save(self, folder: str | Path, meta: dict) -> Path:
         """Save as an artefact folder; `meta` gives the schema's other keys (method, base model, training, data)."""

@@ -6,13 +6,12 @@ or a probe, so a tuned method and the baseline share one loaded model and the sh
 written. `LoRADelta` is the low-rank case (Hu et al. 2021): delta(x) = (alpha / r) * B A x with B = 0 at
 initialisation, so a fresh delta is exactly the baseline. A trained `LoRADelta` is an artefact
 (`generators.artefacts`): it declares its section of meta.json (`LoRADelta.SECTION`, "delta") and saves and loads
-itself (`save(folder, meta)` / `LoRADelta.load(folder, model, method, base_model_sha256)`).
+itself (`save(folder, meta)` / `LoRADelta.load(folder, method, base_model_sha256, model=model)`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -133,17 +132,11 @@ class LoRADelta(WeightDelta, SavedPart):
         return self.state_dict()
 
     @classmethod
-    def load(
-        cls, folder: str | Path, model: nn.Module, method: str, base_model_sha256: str
-    ) -> tuple[LoRADelta, Artefact]:
-        """The frozen delta saved in `folder` for `model`, and the verified artefact it came from. The folder is
-        verified (files, schema, method, base model, weights hash) before its "delta" section is read."""
-        spec, artefact = cls.open(folder, method, base_model_sha256)
-        if spec["kind"] != "lora":
+    def from_config(cls, section: dict, artefact: Artefact, model: nn.Module) -> LoRADelta:
+        """A fresh delta for `model` with the layers, projections, rank and alpha the "delta" section records; its
+        factors are what `load` then fills from the saved tensors."""
+        if section["kind"] != "lora":
             raise ArtefactError(
-                f"artefact {artefact.meta_file}: delta kind {spec['kind']!r}; this midlens builds 'lora' deltas."
+                f"artefact {artefact.meta_file}: delta kind {section['kind']!r}; this midlens builds 'lora' deltas."
             )
-        delta = cls(model, spec["layers"], spec["projections"], spec["rank"], spec["lora_alpha"])
-        delta.load_state_dict(artefact.tensors_for({k: tuple(v.shape) for k, v in delta.state_dict().items()}))
-        delta.requires_grad_(False)
-        return delta, artefact
+        return cls(model, section["layers"], section["projections"], section["rank"], section["lora_alpha"])

@@ -34,7 +34,7 @@ import torch
 
 from midlens.core.answer_text import normalize_answer
 from midlens.core.errors import ArtefactError, InvalidArgumentError, Step
-from midlens.generators.artefacts import SHIPPED, SavedPart, Section
+from midlens.generators.artefacts import SHIPPED, Artefact, SavedPart, Section
 
 # The features, in the order a model's coefficients follow. PLAIN need only the generating pass; VERIFIED add the
 # ablation drops of `Generator.verify`.
@@ -381,10 +381,15 @@ class SupportModel(SavedPart):
 
     @classmethod
     def load(cls, folder: str | Path, verified: bool, base_model_sha256: str) -> SupportModel:
-        method = METHOD_VERIFIED if verified else METHOD_PLAIN
-        base = VERIFIED_FEATURES if verified else PLAIN_FEATURES
-        section, artefact = cls.open(folder, method, base_model_sha256)
-        # The base features in this midlens's order, then any method indicators (`fit(by_method=True)`).
+        """The plain or `verified` support model saved in `folder`, through the one load every part has."""
+        return super().load(folder, METHOD_VERIFIED if verified else METHOD_PLAIN, base_model_sha256)[0]
+
+    @classmethod
+    def from_config(cls, section: dict, artefact: Artefact) -> SupportModel:
+        """The model its "support" section describes, its coefficients zero until `with_tensors` gives the saved
+        ones: the base features of the artefact's method in this midlens's order, then any method indicators
+        (`fit(by_method=True)`), and the answering methods it was fitted on."""
+        base = VERIFIED_FEATURES if artefact.meta["method"] == METHOD_VERIFIED else PLAIN_FEATURES
         features = tuple(section["features"])
         if features[: len(base)] != base or not all(f.startswith(METHOD_FEATURE) for f in features[len(base) :]):
             raise ArtefactError(
@@ -396,22 +401,20 @@ class SupportModel(SavedPart):
         if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
             raise ArtefactError(
                 f"support model {artefact.meta_file}: no list of the answering methods it was fitted on (it predates "
-                "them, or was edited); refit it (`midlens eval support-fit`)."
+                "them, or was edited).",
+                [Step("support-fit", "refit it on train-split runs (training.support.fit_and_save)", {"runs": None})],
             )
-        count = len(features)
-        artefact.tensors_for({"mean": (count,), "scale": (count,), "coef": (count,), "intercept": (1,)})
-        t = artefact.tensors
-        return cls(
-            features,
-            tuple(t["mean"].tolist()),
-            tuple(t["scale"].tolist()),
-            tuple(t["coef"].tolist()),
-            float(t["intercept"][0]),
-            section["threshold"],
-            section["target_precision"],
-            section["label"],
-            Path(folder).name,
-            tuple(methods),
+        zeros = (0.0,) * len(features)
+        label, threshold, precision = section["label"], section["threshold"], section["target_precision"]
+        return cls(features, zeros, zeros, zeros, 0.0, threshold, precision, label, artefact.path.name, tuple(methods))
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor], artefact: Artefact) -> SupportModel:
+        return replace(
+            self,
+            mean=tuple(tensors["mean"].tolist()),
+            scale=tuple(tensors["scale"].tolist()),
+            coef=tuple(tensors["coef"].tolist()),
+            intercept=float(tensors["intercept"][0]),
         )
 
 

@@ -107,7 +107,7 @@ def test_decoding_reads_the_scaled_attention_the_prefill_gave_the_last_token(loa
 def test_the_shipped_choice_loads_by_default_and_a_damaged_one_is_refused(loaded, tmp_path):
     shipped = shipped_path("channel-scaling", "smollm2-135m")
     meta = json.loads((shipped / "meta.json").read_text())
-    choice, _ = ChannelChoice.load(shipped, loaded.sha256)
+    choice, _ = ChannelChoice.load(shipped, "channel-scaling", loaded.sha256)
     assert choice.config() == meta["scaling"]
     assert meta["training"]["command"].startswith("midlens train channel-scaling")
     assert meta["data"]["hotpotqa"]["split"].startswith("train")
@@ -130,7 +130,7 @@ def test_the_shipped_choice_loads_by_default_and_a_damaged_one_is_refused(loaded
     with pytest.raises(ArtefactError, match="does not match"):
         Generator(loaded, method=f"channel-scaling(artefact='{damaged}')")
     with pytest.raises(ArtefactError, match="not on the model loaded now"):
-        ChannelChoice.load(shipped, "0" * 64)
+        ChannelChoice.load(shipped, "channel-scaling", "0" * 64)
     with pytest.raises(ArtefactError, match="no such folder"):
         Generator(loaded, method=f"channel-scaling(artefact='{tmp_path / 'missing'}')")
 

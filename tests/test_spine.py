@@ -258,7 +258,7 @@ def test_a_delta_saves_and_loads_itself_verified_before_its_section_is_read(tiny
     folder = delta.save(tmp_path / "d", {**_meta(tiny, "mudaf"), "options": {"alpha": 0.7}})
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["delta"] == delta.config() and meta["parameters"] == delta.num_parameters()
-    loaded, artefact = LoRADelta.load(folder, tiny.model, "mudaf", tiny.sha256)
+    loaded, artefact = LoRADelta.load(folder, "mudaf", tiny.sha256, model=tiny.model)
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in delta.state_dict().items())
     assert not any(p.requires_grad for p in loaded.parameters()) and artefact.meta["options"] == {"alpha": 0.7}
 
@@ -266,13 +266,13 @@ def test_a_delta_saves_and_loads_itself_verified_before_its_section_is_read(tiny
     meta["delta"] = {"kind": "lora"}
     (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ArtefactError, match="not on the model loaded now"):
-        LoRADelta.load(folder, tiny.model, "mudaf", "0" * 64)
+        LoRADelta.load(folder, "mudaf", "0" * 64, model=tiny.model)
     with pytest.raises(ArtefactError, match=r"meta.json: 'delta' field\(s\) missing .*rank \(needs int"):
-        LoRADelta.load(folder, tiny.model, "mudaf", tiny.sha256)
+        LoRADelta.load(folder, "mudaf", tiny.sha256, model=tiny.model)
     del meta["parameters"]
     (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ArtefactError, match=r"format_version 1 holds \['parameters'\], missing here"):
-        LoRADelta.load(folder, tiny.model, "mudaf", tiny.sha256)
+        LoRADelta.load(folder, "mudaf", tiny.sha256, model=tiny.model)
 
 
 def test_a_corrupt_meta_json_is_an_artefact_error_naming_the_file(tiny, tmp_path):

@@ -78,9 +78,6 @@ class ChannelChoice(SavedPart):
     # weights.safetensors verifies the choice itself, and a meta.json edited to disagree is refused.
     SECTION = Section("scaling", {"channel": int, "layers": list, "scale": (int, float)})
 
-    def config(self) -> dict:
-        return {"channel": self.channel, "layers": list(self.layers), "scale": self.scale}
-
     def tensors(self) -> dict[str, torch.Tensor]:
         return {
             "channel": torch.tensor([self.channel], dtype=torch.int64),
@@ -89,9 +86,8 @@ class ChannelChoice(SavedPart):
         }
 
     @classmethod
-    def load(cls, folder: str | Path, base_model_sha256: str) -> tuple[ChannelChoice, Artefact]:
-        """The choice saved in `folder`, verified (files, schema, method, base model, weights hash) first."""
-        section, artefact = cls.open(folder, NAME, base_model_sha256)
+    def from_config(cls, section: dict, artefact: Artefact) -> ChannelChoice:
+        """The choice the "scaling" section describes; `with_tensors` then holds it to the verified tensors."""
         layers = section["layers"]
         if not layers or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
             raise ArtefactError(
@@ -99,17 +95,21 @@ class ChannelChoice(SavedPart):
                 "search.",
                 [train_step(NAME)],
             )
-        tensors = artefact.tensors_for({"channel": (1,), "layers": (len(layers),), "scale": (1,)})
-        stored = cls(int(tensors["channel"][0]), tuple(int(i) for i in tensors["layers"]), float(tensors["scale"][0]))
-        described = cls(section["channel"], tuple(layers), float(section["scale"]))
-        if stored != described:
+        return cls(section["channel"], tuple(layers), float(section["scale"]))
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor], artefact: Artefact) -> ChannelChoice:
+        """The choice the verified tensors hold, which the section (not covered by the hash) must repeat."""
+        stored = ChannelChoice(
+            int(tensors["channel"][0]), tuple(int(i) for i in tensors["layers"]), float(tensors["scale"][0])
+        )
+        if stored != self:
             raise ArtefactError(
-                f"artefact {artefact.meta_file}: its scaling section says {described.config()}, but the verified "
+                f"artefact {artefact.meta_file}: its scaling section says {self.config()}, but the verified "
                 f"{artefact.path.name}/weights.safetensors holds {stored.config()}: meta.json was edited. Restore it "
                 "from the repository or rerun the search.",
                 [train_step(NAME)],
             )
-        return stored, artefact
+        return stored
 
 
 # ---- the per-call parts ---------------------------------------------------------------------------------------
@@ -351,7 +351,7 @@ def resolve_choice(loaded, opts: dict) -> tuple[ChannelChoice, str]:
     if opts["artefact"] is None and all(v is not None for v in given.values()):
         return ChannelChoice(given["channel"], tuple(given["layers"]), float(given["scale"])), "options"
     path = resolve_artefact(opts["artefact"], NAME, loaded.name)
-    stored, _ = ChannelChoice.load(path, loaded.sha256)
+    stored, _ = ChannelChoice.load(path, NAME, loaded.sha256)
     choice = ChannelChoice(
         stored.channel if given["channel"] is None else given["channel"],
         stored.layers if given["layers"] is None else tuple(given["layers"]),

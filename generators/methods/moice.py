@@ -255,14 +255,11 @@ class MoiceRouters(SavedPart):
         return router_state(self.schemes)
 
     @classmethod
-    def load(
-        cls, folder: str | Path, model: nn.Module, method: str, base_model_sha256: str, top_k: int | None = None
-    ) -> tuple[MoiceRouters, Artefact]:
-        """The frozen routers saved in `folder` for `model` (mixing `top_k` experts per token, default: as trained),
-        and the verified artefact. The folder is verified before its "experts" section is read."""
-        experts, artefact = cls.open(folder, method, base_model_sha256)
-        bases = experts["bases"]
-        top_k = top_k or experts["top_k"]
+    def from_config(cls, section: dict, artefact: Artefact, model: nn.Module, top_k: int | None = None) -> MoiceRouters:
+        """Fresh routers for `model` over the "experts" section's bases, mixing `top_k` experts per token (default:
+        as trained); refused when the bases are not this model's."""
+        bases = section["bases"]
+        top_k = top_k or section["top_k"]
         if top_k > len(bases):
             raise MethodConfigError(
                 f"moice top_k={top_k}: the routers in {artefact.path} choose among {len(bases)} experts."
@@ -273,13 +270,15 @@ class MoiceRouters(SavedPart):
                 f"moice artefact {artefact.path}: its first expert base is {bases[0]:g}, but this model's RoPE base "
                 f"is {native:g}; the routers were trained for another model."
             )
-        routers = cls.new(model, bases, top_k, experts["per_head"])
-        tensors = artefact.tensors_for({k: tuple(v.shape) for k, v in routers.tensors().items()})
-        for i, scheme in routed_schemes(routers.schemes).items():
+        return cls.new(model, bases, top_k, section["per_head"])
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor], artefact: Artefact) -> MoiceRouters:
+        """Each layer's router takes its saved state (`layers.{i}.` names, as `router_state` writes them)."""
+        for i, scheme in routed_schemes(self.schemes).items():
             prefix = f"layers.{i}."
             scheme.router.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
             scheme.requires_grad_(False)
-        return routers, artefact
+        return self
 
 
 def build(loaded, opts: dict) -> MethodParts:
@@ -287,7 +286,7 @@ def build(loaded, opts: dict) -> MethodParts:
 
     path = resolve_artefact(opts["artefact"], "moice", loaded.name)
     # Verified (base model, hash) before its "experts" section is read; the routers read their own section.
-    routers, _ = MoiceRouters.load(path, loaded.model, "moice", loaded.sha256, opts["top_k"])
+    routers, _ = MoiceRouters.load(path, "moice", loaded.sha256, model=loaded.model, top_k=opts["top_k"])
     return MethodParts(routers.schemes)
 
 

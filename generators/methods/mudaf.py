@@ -39,7 +39,7 @@ def check_options(opts: dict) -> None:
 def build(loaded, opts: dict) -> MethodParts:
     path = resolve_artefact(opts["artefact"], "mudaf", shipped_name(loaded.name, opts))
     # Verified (base model, hash, shapes) before its options are read; the delta reads its own section.
-    delta, artefact = LoRADelta.load(path, loaded.model, "mudaf", loaded.sha256)
+    delta, artefact = LoRADelta.load(path, "mudaf", loaded.sha256, model=loaded.model)
     trained_alpha = artefact.meta["options"].get("alpha")
     if trained_alpha is not None and float(trained_alpha) != float(opts["alpha"]):
         raise MethodConfigError(

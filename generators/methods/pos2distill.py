@@ -28,7 +28,7 @@ def check_options(opts: dict) -> None:
 
 def build(loaded, opts: dict) -> MethodParts:
     path = resolve_artefact(opts["artefact"], "pos2distill", loaded.name)
-    delta, _ = LoRADelta.load(path, loaded.model, "pos2distill", loaded.sha256)  # verified before it is read
+    delta, _ = LoRADelta.load(path, "pos2distill", loaded.sha256, model=loaded.model)  # verified before it is read
     return MethodParts(baseline_schemes(loaded.model), delta.to(loaded.dtype))
 
 
