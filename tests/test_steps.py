@@ -4,6 +4,7 @@ operator. No layer below the shells names a command (tests/test_layers.py checks
 
 from __future__ import annotations
 
+import pickle
 import re
 import shlex
 from pathlib import Path
@@ -86,6 +87,8 @@ def test_options_and_steps_read_together_each_with_its_verb():
         "it failed. To fix it, pass --dtype float32, or run `midlens cache clear --model m`, then run the command "
         "again."
     )
+    # From a Ray worker the error arrives pickled: still a step the command line words as its command.
+    assert cli_message(pickle.loads(pickle.dumps(err))) == cli_message(err)
     only_options = MidlensError("it failed.", [Remedy("dtype", "float32"), Remedy("device", "cpu")])
     assert str(only_options) == 'it failed. To fix it, pass dtype="float32", or device="cpu".'
 
