@@ -96,6 +96,7 @@ def report(runs: Path, out: Path) -> dict:
         ]
         pooled: dict[str, list] = {}
         planted_rows: list[dict] = []
+        reference: list[str] = []
         for run_dir in sorted(p for p in reader_dir.iterdir() if p.is_dir() and not p.name.endswith("-train")):
             config, rows = read_check_run(run_dir)
             rows = [r for r in rows if r["sentence_labels"]] + own_rows(reader, config["dataset"])
@@ -112,6 +113,11 @@ def report(runs: Path, out: Path) -> dict:
                 results.setdefault(reader, {}).setdefault(config["dataset"], {})[kind] = _numbers(
                     support, labels, base, model.threshold
                 )
+            own = [r for r in rows if r["kind"] == "own"]
+            if own:  # the same answers under the generation-time model, which read them as they were written
+                generated = _generation_time(reader, own)
+                results[reader][config["dataset"]]["own"]["generation_time_auroc"] = generated
+                reference.append(f"{config['dataset']} {_fmt(generated)}")
             planted_rows += [r for r in rows if r["kind"] == "planted"]
         for kind, parts in pooled.items():
             support = [s for p in parts for s in p[0]]
@@ -121,6 +127,8 @@ def report(runs: Path, out: Path) -> dict:
             results.setdefault(reader, {}).setdefault("all", {})[kind] = _numbers(
                 support, labels, base, model.threshold
             )
+        if reference:
+            lines += ["", "The own answers under the generation-time support model (AUROC): " + "; ".join(reference)]
         if planted_rows:
             lines += ["", _planted(reader, planted_rows, model, results)]
         lines.append("")
@@ -128,6 +136,15 @@ def report(runs: Path, out: Path) -> dict:
     (out / "support-report.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     print("\n".join(lines))
     return results
+
+
+def _generation_time(reader: str, rows: list[dict]) -> tuple:
+    from midlens.generators.model_cache import content_sha256
+    from midlens.generators.support import packaged_support, support_features
+
+    model = packaged_support(reader, lambda: content_sha256(reader), verified=False)
+    scores = [model.probability(support_features(r["inputs"], False)) for r in rows]
+    return _interval([[(p, int(r["em"] >= 0.5))] for p, r in zip(scores, rows, strict=True)])
 
 
 def _numbers(support: list[float], labels: list[int], base: list[float], threshold: float) -> dict:
