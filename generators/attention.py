@@ -28,8 +28,9 @@ from transformers import DynamicCache
 
 from midlens.generators.anatomy import LayerAnatomy, decoder_of, interleaved_to_half, read_anatomy
 from midlens.generators.delta import WeightDelta
+from midlens.generators.masks import score_mask
 from midlens.generators.rope import RotaryScheme, layer_inv_freq
-from midlens.generators.scores import Scoring, expand_heads, score_mask
+from midlens.generators.scores import Scoring, expand_heads
 
 
 class PositionalAttention(nn.Module):
@@ -156,7 +157,7 @@ class PositionalAttention(nn.Module):
 def new_cache() -> DynamicCache:
     """A KV cache that keeps every key of every layer. transformers' cache for a model with sliding windows drops
     keys a window has passed, which would shift the key columns passage spans and masks are laid out in; here the
-    window lives in the score mask instead (`generators.scores.score_mask`), so a hidden key gets zero attention,
+    window lives in the score mask instead (`generators.masks.score_mask`), so a hidden key gets zero attention,
     and zero evidence, from that layer's later queries rather than vanishing."""
     return DynamicCache()
 

@@ -25,6 +25,7 @@ from midlens.generators.attention import new_cache
 from midlens.generators.context import AnsweringView, MethodRun
 from midlens.generators.evidence import EvidenceMaps, RowMaps
 from midlens.generators.loading import LoadedModel, non_finite_error
+from midlens.generators.masks import padded_causal
 from midlens.generators.probe import PassageProbe
 from midlens.generators.prompt import CONTENT_FREE_QUESTION, StackedPrompt, render_many, shared_prefix_length
 
@@ -35,25 +36,6 @@ def pad_token_id(tokenizer: Any) -> int:
         if candidate is not None:
             return int(candidate)
     return 0
-
-
-def block_mask(key_valid: torch.Tensor, length: int, all_valid: bool | None = None) -> torch.Tensor | None:
-    """The mask for a chunk of `length` queries in the last columns of `key_valid` [B, T]: causal by column,
-    hidden where a key is not valid for its row; None when every key is valid (plain causal attention).
-    `all_valid`, when the caller knows it, spares reading `key_valid` back (a wait for the GPU's queue).
-
-    Every query also sees itself, so a padding query has one key and stays finite (an all-hidden row would be
-    NaN, and NaN values poison the rows that hide them: 0 * NaN)."""
-    if all_valid is None:
-        all_valid = bool(key_valid.all())
-    if all_valid:
-        return None
-    total = key_valid.shape[1]
-    q_cols = torch.arange(total - length, total, device=key_valid.device)[:, None]
-    k_cols = torch.arange(total, device=key_valid.device)[None, :]
-    allowed = (k_cols <= q_cols)[None] & key_valid[:, None, :]
-    allowed |= (k_cols == q_cols)[None]
-    return allowed[:, None]  # [B, 1, L, T]
 
 
 def padded_block(
@@ -160,7 +142,7 @@ class BatchRun:
     ):
         """Logits [B, keep, vocab] for the chunk `ids` [B, L] at `positions`, appended to the cache; `key_valid`
         [B, cached + L] says which columns each row may attend to (`all_valid`: every one of them, if known)."""
-        mask = block_mask(key_valid, ids.shape[1], all_valid)
+        mask = padded_causal(key_valid, ids.shape[1], all_valid)
         out = self.loaded.model(
             input_ids=ids,
             attention_mask=mask,

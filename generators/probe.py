@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from midlens.core.device import id_tensor, to_device_async
-from midlens.generators.scores import Scoring, attention_probs, mask_rows
+from midlens.generators.masks import mask_rows, widened_rows
+from midlens.generators.scores import Scoring, attention_probs
 
 
 class PassageProbe:
@@ -137,7 +138,7 @@ class PassageProbe:
         keys: torch.Tensor,  # [B, E, Hk, T, d]
         weights: torch.Tensor | None,  # [E, B, H, L, 1]
         past: int,
-        mask: torch.Tensor | None,  # the forward's `generators.scores.score_mask`
+        mask: torch.Tensor | None,  # the forward's `generators.masks.score_mask`
         scoring: Scoring,
     ) -> None:
         # Runs between the model's layers, where every microsecond of host time delays the next layer's launches
@@ -308,27 +309,6 @@ def _to_host(collected: list[list[torch.Tensor]], num_layers: int) -> torch.Tens
         return None
     zero = torch.zeros_like(present) if any(t is None for t in per_layer) else None
     return torch.stack([zero if t is None else t for t in per_layer]).cpu()
-
-
-def widened_rows(rows: list[torch.Tensor], total: int) -> torch.Tensor:
-    """Observed forwards' mask rows [B|1, 1|H, S_i, T_i] -> one [B|1, 1|H, sum S_i, T] mask: the keys a row had
-    not seen yet hidden, so each row is scored exactly as it was when it was observed."""
-    additive = any(r.dtype != torch.bool for r in rows)
-    heads = max(r.shape[1] for r in rows)
-    batch = max(r.shape[0] for r in rows)
-    count = sum(r.shape[2] for r in rows)
-    first = rows[0]
-    if additive:
-        out = torch.full((batch, heads, count, total), float("-inf"), device=first.device)
-    else:
-        out = torch.zeros(batch, heads, count, total, dtype=torch.bool, device=first.device)
-    at = 0
-    for row in rows:
-        if additive and row.dtype == torch.bool:
-            row = torch.zeros(row.shape, device=row.device).masked_fill(~row, float("-inf"))
-        out[:, :, at : at + row.shape[2], : row.shape[-1]] = row
-        at += row.shape[2]
-    return out
 
 
 class _Spans:

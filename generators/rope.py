@@ -185,7 +185,7 @@ class RotaryScheme(nn.Module):
         keys: torch.Tensor,  # [B, E, Hk, T, d]
         values: torch.Tensor,  # [B, Hk, T, d]
         weights: torch.Tensor | None,  # [E, B, H, L, 1] from `mixing_weights`
-        mask: torch.Tensor | None,  # from `generators.scores.score_mask`
+        mask: torch.Tensor | None,  # from `generators.masks.score_mask`
         past: int,
         scoring: Scoring,
     ) -> torch.Tensor:

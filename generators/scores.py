@@ -3,8 +3,9 @@
 Everything that reads or applies attention builds on the functions here: the attention module's output
 (`attend`, SDPA's fused kernel), a MoICE expert run on its routed queries only, Ms-PoE's head ranking, and
 the probe that reads evidence (`attention_probs`, the same softmax written out for a few rows). What a query
-may see and the logit bias a method adds are folded into one mask by `score_mask` and cut into rows by
-`mask_rows`, so a change to masks, biases or the scale cannot reach the model's output and miss its evidence.
+may see and the logit bias a method adds are folded into one mask by `generators.masks.score_mask` and cut into
+rows by its `mask_rows`, so a change to masks, biases or the scale cannot reach the model's output and miss its
+evidence.
 
 Shapes: q [B, H, S, d]; keys and values [B, Hk, T, d] with H a multiple of Hk (grouped-query attention).
 A mask is None (causal, the queries being the chunk's last S positions of T), bool [B|1, 1|H, S, T]
@@ -13,11 +14,12 @@ A mask is None (causal, the queries being the chunk's last S positions of T), bo
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from midlens.generators.masks import causal_rows
 
 
 @dataclass(frozen=True)
@@ -42,80 +44,6 @@ def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """[..., G, T, d] -> [..., heads, T, d], repeating each kv head for its query heads (GQA)."""
     groups = x.shape[-3]
     return x if groups == heads else x.repeat_interleave(heads // groups, dim=-3)
-
-
-def additive(mask: torch.Tensor | None, length: int, total: int, device: torch.device) -> torch.Tensor:
-    """A mask as additive fp32 logits (0 visible, -inf hidden), causal when no mask was given."""
-    if mask is None:
-        if length == 1:
-            return torch.zeros(1, 1, 1, total, device=device)
-        mask = torch.ones(length, total, dtype=torch.bool, device=device).tril(total - length)
-    if mask.dtype != torch.bool:
-        return mask.float()
-    return torch.zeros(mask.shape, device=device).masked_fill(~mask, float("-inf"))
-
-
-def window_rows(length: int, total: int, window: int, device: torch.device) -> torch.Tensor:
-    """bool [length, total]: the keys the chunk's last `length` queries see through a sliding window, causal
-    included. Query column i sees key column j when 0 <= i - j < window: in a left-padded row the real tokens
-    are contiguous, so column distance is position distance (transformers' sliding_window_overlay).
-
-    Every windowed layer of a forward asks for the same rows (twice at a prefill): they are built once and shared
-    (read-only), as transformers builds its sliding mask once per forward. Built per layer they cost 30 [L, T] builds
-    per Gemma 3 prefill. Tensors made in inference mode cannot be saved for a training step's backward, so each mode
-    has its own."""
-    return _window_rows(length, total, window, device, torch.is_inference_mode_enabled())
-
-
-@functools.lru_cache(maxsize=4)
-def _window_rows(length: int, total: int, window: int, device: torch.device, _inference: bool) -> torch.Tensor:
-    # Row r is query column total - length + r: it sees keys total - length + r - window < j <= total - length + r.
-    # Two band cuts of a bool matrix, not an int64 distance matrix (8x the memory; 4.7 s at 8k tokens, one thread).
-    ones = torch.ones(length, total, dtype=torch.bool, device=device)
-    return ones.tril(total - length).triu(total - length - window + 1)
-
-
-def score_mask(
-    attention_mask: torch.Tensor | None,
-    key_bias: torch.Tensor | None,
-    length: int,
-    total: int,
-    device: torch.device,
-    window: int | None = None,
-) -> torch.Tensor | None:
-    """The mask every score of this forward is computed under: the model's mask (cut to the keys in hand),
-    causal with an offset for a chunk after a cached prefix, the layer's sliding window, if it has one and the
-    keys reach beyond it, plus a method's additive key bias, if any."""
-    mask = attention_mask
-    if mask is not None and mask.shape[-1] != total:
-        mask = mask[..., :total]
-    if window is not None and total > window:
-        seen = window_rows(length, total, window, device)
-        if mask is None:
-            mask = seen[None, None]
-        elif mask.dtype == torch.bool:
-            mask = mask & seen
-        else:
-            mask = mask.masked_fill(~seen, float("-inf"))
-    if mask is None and 1 < length < total:
-        mask = torch.ones(length, total, dtype=torch.bool, device=device).tril(total - length)
-    if key_bias is not None:
-        mask = additive(mask, length, total, device) + key_bias.to(device)
-    return mask
-
-
-def mask_rows(mask: torch.Tensor | None, rows: torch.Tensor, past: int, total: int) -> torch.Tensor:
-    """The mask of the queries at chunk indices `rows` ([B, S], or [B, H, S] per head) -> [B, 1|H, S, T].
-
-    A None mask is causal: row r of a chunk that starts after `past` cached keys sees keys 0..past+r."""
-    if rows.dim() == 2:
-        rows = rows[:, None]
-    if mask is None:
-        return torch.arange(total, device=rows.device) <= (past + rows)[..., None]
-    heads = max(mask.shape[1], rows.shape[1])
-    full = mask.expand(rows.shape[0], heads, mask.shape[2], mask.shape[3])
-    index = rows.expand(rows.shape[0], heads, rows.shape[2])[..., None].expand(-1, -1, -1, mask.shape[3])
-    return full.gather(2, index)
 
 
 def attend(
@@ -190,7 +118,7 @@ def _capped_attend(
 ) -> torch.Tensor:
     rows, total = q.shape[2], keys.shape[2]
     if mask is None:
-        mask = mask_rows(None, torch.arange(total - rows, total, device=q.device)[None], 0, total)
+        mask = causal_rows(rows, total, q.device)
     values = expand_heads(values, q.shape[1])
     out = []
     for start in range(0, rows, SOFTCAP_QUERY_CHUNK):
@@ -218,7 +146,7 @@ def attention_probs(
     if scoring.softcap is not None:  # tanh's backward reads its output: the cap's product is a new tensor
         logits = torch.tanh(logits.div_(scoring.softcap)) * scoring.softcap
     if mask is None:
-        mask = mask_rows(None, torch.arange(total - rows, total, device=q.device)[None], 0, total)
+        mask = causal_rows(rows, total, q.device)
     if mask.dtype == torch.bool:
         logits.masked_fill_(~mask, float("-inf"))
     else:

@@ -124,7 +124,8 @@ def test_bf16_logits_are_as_close_to_fp32_as_transformers_own_bf16_logits(family
 def test_bf16_batched_rows_are_within_the_same_tolerance_as_each_prompt_alone(family_bf16):
     """Three prompts left-padded into one batch (the generator's masks and positions), then teacher-forced cached
     steps: each row's logits obey the bf16 rule against its own prompt's fp32 reference, as the row alone does."""
-    from midlens.generators.batch import block_mask, padded_block
+    from midlens.generators.batch import padded_block
+    from midlens.generators.masks import padded_causal
 
     name, loaded, stock, full = family_bf16
     rows = [_ids(seed, length + STEPS)[0] for seed, length in BF16_PROMPTS]
@@ -135,7 +136,7 @@ def test_bf16_batched_rows_are_within_the_same_tolerance_as_each_prompt_alone(fa
         cache = new_cache()
         out = loaded.model(
             input_ids=ids,
-            attention_mask=block_mask(valid, ids.shape[1]),
+            attention_mask=padded_causal(valid, ids.shape[1]),
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
@@ -151,7 +152,7 @@ def test_bf16_batched_rows_are_within_the_same_tolerance_as_each_prompt_alone(fa
             at = torch.tensor(lengths)[:, None] + step
             out = loaded.model(
                 input_ids=fed,
-                attention_mask=block_mask(valid, 1),
+                attention_mask=padded_causal(valid, 1),
                 position_ids=at,
                 past_key_values=cache,
                 use_cache=True,

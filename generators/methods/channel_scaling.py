@@ -51,9 +51,10 @@ from midlens.generators.anatomy import LayerAnatomy, decoder_of, index_ranges, i
 from midlens.generators.artefacts import Artefact, SavedPart, Section, resolve_artefact, train_step
 from midlens.generators.context import MethodParts
 from midlens.generators.delta import WeightDelta
+from midlens.generators.masks import mask_rows
 from midlens.generators.methods.method import Method
 from midlens.generators.rope import RotaryScheme, baseline_schemes
-from midlens.generators.scores import attend, mask_rows
+from midlens.generators.scores import attend
 
 NAME = "channel-scaling"
 # None: the value of the artefact shipped for the model (or of `artefact`); a value given overrides it.

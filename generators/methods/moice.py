@@ -29,10 +29,11 @@ from midlens.core.errors import MethodConfigError
 from midlens.generators.anatomy import layer_ropes, plain_rope_problem, rope_scope
 from midlens.generators.artefacts import Artefact, SavedPart, Section
 from midlens.generators.context import MethodParts
+from midlens.generators.masks import mask_rows
 from midlens.generators.methods.method import Method
 from midlens.generators.methods.rope_bases import head_dim_of, rope_base
 from midlens.generators.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
-from midlens.generators.scores import Scoring, attend, mask_rows
+from midlens.generators.scores import Scoring, attend
 
 DEFAULTS = {"top_k": None, "artefact": None}  # top_k None: the K the routers were trained with
 # `midlens bench`: the specs timed against the baseline (an expert runs only on the queries routed to it).
@@ -159,7 +160,7 @@ def routed_attention(
     keys: torch.Tensor,  # [B, Hk, T, d]
     values: torch.Tensor,  # [B, Hk, T, d]
     weight: torch.Tensor,  # [B, H, L, 1], zero where a query was not routed to this expert
-    mask: torch.Tensor | None,  # from `generators.scores.score_mask`
+    mask: torch.Tensor | None,  # from `generators.masks.score_mask`
     past: int,
     scoring: Scoring,
 ) -> torch.Tensor | None:

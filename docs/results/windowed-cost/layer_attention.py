@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from midlens.generators import scores
+from midlens.generators import masks, scores
 
 torch.set_num_threads(1)
 
@@ -34,7 +34,7 @@ def one_size(tokens: int) -> dict:
     q = torch.randn(1, 4, tokens, 256, generator=g)
     k, v = torch.randn(1, 1, tokens, 256, generator=g), torch.randn(1, 1, tokens, 256, generator=g)
     with torch.inference_mode():
-        mask = scores.score_mask(None, None, tokens, tokens, q.device, 512)
+        mask = masks.score_mask(None, None, tokens, tokens, q.device, 512)
 
         def whole():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.0625, enable_gqa=True)
@@ -46,7 +46,7 @@ def one_size(tokens: int) -> dict:
             return scores._banded_attend(q, k, v, mask, 0.0625)
 
         def build():
-            return scores._window_rows.__wrapped__(tokens, tokens, 512, q.device, True)
+            return masks._window_rows.__wrapped__(tokens, tokens, 512, q.device, True)
 
         times = {name: timed(fn) for name, fn in (("whole", whole), ("causal", causal), ("banded", banded))}
         return {
