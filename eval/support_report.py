@@ -27,9 +27,17 @@ BINS = 10
 
 
 def auroc(scores: list[float], labels: list[int]) -> float | None:
-    from sklearn.metrics import roc_auc_score
+    """The Mann-Whitney form of scikit-learn's roc_auc_score (ties as half; the same number), ~20x faster: the
+    bootstrap calls it thousands of times per run and scorer."""
+    import numpy as np
+    from scipy.stats import rankdata
 
-    return None if len(set(labels)) < 2 else float(roc_auc_score(labels, scores))
+    y = np.asarray(labels, dtype=bool)
+    right = int(y.sum())
+    if right in (0, len(y)):
+        return None
+    ranks = rankdata(scores)  # average ranks over ties
+    return float((ranks[y].sum() - right * (right + 1) / 2) / (right * (len(y) - right)))
 
 
 def auroc_interval(
@@ -170,6 +178,10 @@ def _ci(interval) -> str:
     return "" if interval is None else f" [{interval[0]:+.2f}, {interval[1]:+.2f}]"
 
 
+def _interval(interval) -> str:
+    return "" if interval is None else f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
 POOLED = "hotpotqa+squad"  # the corpora every method was measured on, pooled: one row per method to compare
 
 
@@ -235,7 +247,7 @@ def write_report(runs: list[Path], out: Path, train: list[Path]) -> Path:
                     lines.append(
                         f"| {model} | {method} | {dataset} | {m['answers']} | {100 * m['em']:.1f} | {label} | "
                         f"{'yes' if s['fitted_on_method'] else 'no'} | {s['mean_probability']:.2f} | "
-                        f"{_fmt(s['auroc_em'])}{_ci(s['auroc_em_ci'])} | {_fmt(s['ece'], 3)} |"
+                        f"{_fmt(s['auroc_em'])}{_interval(s['auroc_em_ci'])} | {_fmt(s['ece'], 3)} |"
                     )
     lines.append("")
     for model, by_method in results.items():
@@ -251,7 +263,7 @@ def write_report(runs: list[Path], out: Path, train: list[Path]) -> Path:
                     sel = s["selective"]
                     lines.append(
                         f"| {dataset} | {m['answers']} | {100 * m['em']:.1f} | {label} | {_fmt(s['auroc_em'])}"
-                        f"{_ci(s['auroc_em_ci'])} | {_paired(s)} | "
+                        f"{_interval(s['auroc_em_ci'])} | {_paired(s)} | "
                         f"{_fmt(s['auroc_f1'])} | {_fmt(s['ece'], 3)} | {100 * sel['25%']:.0f} / "
                         f"{100 * sel['50%']:.0f} / {100 * sel['75%']:.0f} | {100 * s['coverage_at_threshold']:.0f} % / "
                         f"{_percent(s['precision_at_threshold'])} |"

@@ -323,7 +323,8 @@ class SupportModel(SavedPart):
         from sklearn.linear_model import LogisticRegression
 
         # Rows without a method (made by hand) calibrate it for no method: its words will say so for every answer.
-        methods = tuple(dict.fromkeys(r["method"] for r in rows if r.get("method") is not None))
+        # Sorted: the same rows in any order of runs fit the same model (the first method has no indicator).
+        methods = tuple(sorted({r["method"] for r in rows if r.get("method") is not None}))
         features = only or (VERIFIED_FEATURES if verified else PLAIN_FEATURES)
         if by_method:
             features = (*features, *(f"{METHOD_FEATURE}{m}" for m in methods[1:]))

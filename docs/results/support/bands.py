@@ -5,7 +5,8 @@ as `Support.band` puts it under the model's threshold in force, EM as the label.
     python docs/results/support/bands.py            # writes bands.json and bands.md next to this file
 
 The train rows chose the bands' edges (generators/support.py: LIKELY_FLOOR, UNLIKELY_BELOW); the held-out rows
-(HotpotQA eval split, SQuAD's eval articles, KV) measure them.
+(HotpotQA eval split, SQuAD's eval articles, KV) measure them: the default method's (runs/<model>/<corpus>), and each
+other method's (runs/<model>/<method>/<corpus>: HotpotQA and SQuAD), each answer read with its own method.
 """
 
 from __future__ import annotations
@@ -20,29 +21,39 @@ HERE = Path(__file__).resolve().parent
 RUNS = HERE / "runs"
 MODELS = {"qwen": "qwen2.5-coder-0.5b", "smol": "smollm2-135m"}
 CORPORA = ("hotpotqa", "squad", "kv")
+_CORPUS_RUNS = {*CORPORA, *(f"{c}-train" for c in CORPORA)}  # a model's default-method runs; other folders: methods
 
 
-def band_rows(short: str, split: str) -> list[tuple[str, int]]:
-    """(band, right) of every answer of one model's runs of a split ("held-out" or "train")."""
+def band_rows(short: str, split: str, method: str | None = None) -> list[tuple[str, int]]:
+    """(band, right) of every answer of one model's runs of a split ("held-out" or "train"): the default method's,
+    or those of `method` (its runs' folder)."""
     out = []
+    folder = RUNS / short if method is None else RUNS / short / method
     for corpus in CORPORA:
-        config, rows = read_run(RUNS / short / (corpus if split == "held-out" else f"{corpus}-train"))
+        run = folder / (corpus if split == "held-out" else f"{corpus}-train")
+        if not run.is_dir():
+            continue
+        config, rows = read_run(run)
         model = SupportModel.load(shipped_support_folder(config["model"], False), False, config["model_sha256"])
-        out += [(model.support(r["inputs"]).band, int(r["em"] >= 0.5)) for r in rows]
+        out += [(model.support(r["inputs"], r["method"]).band, int(r["em"] >= 0.5)) for r in rows]
     return out
 
 
 def table() -> dict:
-    """{model: {split: {band: {"answers": n, "right": share}}}}, the shares rounded to 3 places."""
+    """{model: {split: {band: {"answers": n, "right": share}}}}, the shares rounded to 3 places; another method's
+    splits are "train, <method>" and "held-out, <method>"."""
     result: dict = {}
     for short, name in MODELS.items():
-        for split in ("train", "held-out"):
-            rows = band_rows(short, split)
+        methods = [None, *sorted(p.name for p in (RUNS / short).iterdir() if p.is_dir() and p.name not in _CORPUS_RUNS)]
+        for method, split in ((m, s) for m in methods for s in ("train", "held-out")):
+            rows = band_rows(short, split, method)
+            if not rows:
+                continue
             cells = {}
             for band in BANDS:
                 labels = [y for b, y in rows if b == band]
                 cells[band] = {"answers": len(labels), "right": round(sum(labels) / len(labels), 3) if labels else None}
-            result.setdefault(name, {})[split] = cells
+            result.setdefault(name, {})[split if method is None else f"{split}, {method}"] = cells
     return result
 
 
@@ -51,7 +62,8 @@ def markdown(result: dict) -> str:
         "# Support bands: how often answers in each band were right (EM)",
         "",
         "Made by `python docs/results/support/bands.py` from the committed rows of `runs/`; the shipped support",
-        "models, each model's threshold in force (its 80 %-train-precision threshold, never below 0.5).",
+        "models, each model's threshold in force (its 80 %-train-precision threshold, never below 0.5). A split",
+        "without a method is the default method's answers; `, <method>`: that method's (HotpotQA and SQuAD).",
         "",
         "| model | split | " + " | ".join(f"{BAND_WORDS[b].split(':')[0]}: answers, right %" for b in BANDS) + " |",
         "|---|---|" + "---|" * len(BANDS),
