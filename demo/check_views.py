@@ -11,7 +11,7 @@ import pandas as pd
 
 from midlens.demo import views
 from midlens.generators.answer import Answer
-from midlens.generators.checking import NO_SUPPORT_MODEL, CheckedSupport, unsupported, verified
+from midlens.generators.checking import NO_SUPPORT_MODEL, CheckedSupport, sentence_support, unsupported, verified
 
 # The check tab's sentence ids ("c-<position>-<start>") stay apart from the Ask tab's ("m-", "b-"): one document
 # holds both tabs, and pointing at a sentence marks only its own tab's passages.
@@ -25,6 +25,8 @@ EXAMPLE_ANSWER = (
     "The first Torrid store opened in the Brea Mall in Brea, California. Torrid was founded by Walt Disney in 1923."
 )
 TABLE_COLUMNS = ["sentence", "answer sentence", "support", "rests on passage", "needed", "passage sentence"]
+# Shares of the table's width, each header's longest word whole at 1280 px; the two sentences take the rest.
+TABLE_WIDTHS = ["9%", "25%", "8%", "12%", "16%", "30%"]
 
 
 @lru_cache(maxsize=1)
@@ -45,14 +47,6 @@ def support_line(answer: Answer) -> str:
         return f"**Support:** none, {NO_SUPPORT_MODEL}."
     weakest = ", its weakest sentence's" if isinstance(answer.support, CheckedSupport) else ""
     return f"**Support:** {html.escape(answer.support.words)}{weakest}."
-
-
-def sentence_support(answer: Answer) -> list[float | None]:
-    """Each sentence's support probability, in `Answer.citations` order (None without a per-sentence model)."""
-    support = answer.support
-    if isinstance(support, CheckedSupport) and len(support.sentences) == len(answer.citations):
-        return list(support.sentences)
-    return [None] * len(answer.citations)
 
 
 def sentence_verdict(answer: Answer) -> str:
@@ -104,13 +98,14 @@ def sentence_table(answer: Answer) -> pd.DataFrame:
     on no passage has one row saying so."""
     by_position = {p.position: p.passage for p in answer.passages}
     rows = []
-    for i, (citation, p) in enumerate(zip(answer.citations, sentence_support(answer), strict=True), start=1):
-        said, support = answer.text[citation.span[0] : citation.span[1]], "" if p is None else f"{p:.2f}"
+    support = sentence_support(answer) or [None] * len(answer.citations)  # None: no per-sentence support model
+    for i, (citation, p) in enumerate(zip(answer.citations, support, strict=True), start=1):
+        said, shown = answer.text[citation.span[0] : citation.span[1]], "" if p is None else f"{p:.2f}"
         if not citation.sources:
-            rows.append([i, said, support, "none", "", ""])
+            rows.append([i, said, shown, "none", "", ""])
         for source in sorted(citation.sources, key=lambda s: s.position):
             passage = by_position[source.position]
             cited = "" if source.sentence is None else passage.text[source.sentence[0] : source.sentence[1]]
             name = f"[{source.position}] {passage.title or '(untitled)'}"
-            rows.append([i, said, support, name, _needed(source.verified, source.logprob_drop), cited])
+            rows.append([i, said, shown, name, _needed(source.verified, source.logprob_drop), cited])
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)

@@ -49,7 +49,7 @@ def render_check(result: dict) -> tuple:
     return (
         check_views.checked_markdown(answer),
         views.passages_html(answer, "calibrated", result["gold"], None, check_views.PREFIX),
-        gr.Dataframe(check_views.sentence_table(answer)),
+        gr.Dataframe(check_views.sentence_table(answer), column_widths=check_views.TABLE_WIDTHS),
     )
 
 

@@ -396,3 +396,47 @@ def test_citations_point_at_passage_sentences(browser, pipeline, tmp_path):
         assert not [w for w in JARGON if w in _visible_text(browser).lower()]
         _full_page(browser)
         _shot(browser, tmp_path, "cite_checked")
+
+
+# The check tab's passage sentences marked for the answer sentence pointed at, and the ids that sentence cites.
+CHECK_MARKED = """
+const sentence = arguments[0];
+return {
+  marked: [...document.querySelectorAll('#checked-passages .psent.cite-hl')].map(e => e.dataset.sid),
+  cited: (sentence.dataset.cites || '').split(' ').filter(Boolean),
+  elsewhere: document.querySelectorAll('#passages .psent.cite-hl').length,
+};
+"""
+
+
+def test_check_tab_links_a_pasted_answers_sentences_to_passages(browser, pipeline, tmp_path):
+    """The "Check an answer" tab: the example fills the form, Check reads the answer, and pointing at its first
+    sentence marks, in the passages below it, the passage sentence it rests on (the example's middle paragraph)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 180)
+    with served(pipeline) as url:
+        browser.get(url)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "Ready"))
+        browser.find_element(By.XPATH, "//button[@role='tab' and contains(., 'Check an answer')]").click()
+        browser.find_element(By.ID, "check-example").click()
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#check-answer textarea").get_attribute("value"))
+        browser.find_element(By.ID, "check-button").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "checked-answer"), "may not rest on the passages"))
+        answer = browser.find_element(By.ID, "checked-answer").text
+        assert answer.startswith("Checked answer (read by baseline, smollm2-135m):") and "Support:" in answer
+        assert "[2✓]" in answer  # the first sentence needs the middle paragraph
+        first = browser.find_elements(By.CSS_SELECTOR, "#checked-answer .asent")[0]
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", first)
+        ActionChains(browser).move_to_element(first).perform()
+        hovered = browser.execute_script(CHECK_MARKED, first)
+        assert hovered["marked"] and sorted(hovered["marked"]) == sorted(hovered["cited"]), hovered
+        assert any(sid.startswith("c-2-") for sid in hovered["marked"]) and hovered["elsewhere"] == 0
+        assert "Brea Mall in Brea, California" in " ".join(
+            e.text for e in browser.find_elements(By.CSS_SELECTOR, "#checked-passages .psent.cite-hl")
+        )
+        _full_page(browser)
+        _shot(browser, tmp_path, "check_tab")
