@@ -97,7 +97,7 @@ def test_citations_from_another_methods_evidence_rank_by_that_methods_evidence(g
     raw = [pe.evidence for pe in mudaf]
     assert [raw[s.position - 1] for s in raw_answer.citations[0].sources] == sorted(raw, reverse=True)
     # Naming the answering method itself is its own evidence: no second reading.
-    assert Generator(loaded, method="mudaf", citations=config)._evidence_scorer is None
+    assert Generator(loaded, method="mudaf", citations=config).evidence_scorer is None
     with pytest.raises(MethodConfigError, match="evidence_from"):
         Generator(loaded, method="baseline", citations=CitationConfig(evidence_from="no-such-method"))
 

@@ -843,7 +843,7 @@ def test_an_llm_can_cite_with_another_methods_evidence(loaded):
 
     measured = CitationConfig.measured("smollm2-135m", "baseline", evidence_from="mudaf")
     llm = MidlensLLM(loaded, method="baseline", cite_evidence="mudaf")
-    assert llm.generator.citations == measured and llm.generator._evidence_scorer is not None
+    assert llm.generator.citations == measured and llm.generator.evidence_scorer is not None
     assert MidlensLLM.from_generator(llm.generator).cite_evidence == "mudaf"
     assert MidlensLLM.from_generator(MidlensLLM(loaded, method="baseline").generator).cite_evidence is None
     with pytest.raises(MidlensError, match="cite_evidence"):
