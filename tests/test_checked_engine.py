@@ -93,6 +93,8 @@ def test_a_stock_engines_answer_cites_the_node_that_holds_the_fact(index, checke
     blocks = [b for b in run["citation_blocks"] if b.additional_location_info["answer_start"] == 0]
     assert blocks and all(isinstance(b, CitationBlock) for b in run["citation_blocks"])
     gold_block = next(b for b in blocks if b.source == "gold")
+    # The Romans need no node: verification rejected every node they read, so no block names one.
+    assert not [b for b in run["citation_blocks"] if b.additional_location_info["answer_start"] > 0]
     assert gold_block.cited_content.text == PLANTED_FACT and gold_block.additional_location_info["position"] == gold
     row = next(r for r in run["citations"] if r["sentence"] == 0 and r["node_id"] == "gold")
     # Removing the planted fact costs the sentence many nats (the evaluator's test measured 12.6 on this pair).
@@ -133,3 +135,18 @@ def test_nothing_to_check_and_bad_parts_are_said_by_name(index, checker, generat
     silent = Pipeline(None, Generator(generator.loaded, method="baseline", citations=None))
     with pytest.raises(InvalidArgumentError, match="reads citations: pass a midlens Pipeline whose generator cites"):
         CheckedQueryEngine(engine, silent)
+
+
+def test_the_readme_example_checks_another_llms_answer(index, capsys):
+    """README's CheckedQueryEngine lines, run as written on this file's index with another LLM's answer."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"<!-- checked-engine-example -->\n```python\n(.*?)```", readme, re.S)
+    assert code, "README.md has no <!-- checked-engine-example --> block"
+    your_llm = WrittenAnswer(text=WRITTEN, prompts=[])
+    exec(compile(code[1], "README.md", "exec"), {"index": index, "question": QUESTION, "your_llm": your_llm})
+    marked, flagged = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"The secret code word is 'pelican' \[\d\]\. It was chosen in 1920 by the Romans\.", marked)
+    assert "'It was chosen in 1920 by the Romans.'" in flagged and len(your_llm.prompts) == 1

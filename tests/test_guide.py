@@ -65,6 +65,10 @@ def test_every_python_example_of_the_guide_runs_as_written(loaded, default_retri
             assert len(lines) == 2 and lines[1], out
         if "register(Method(" in code:  # the registered method answered
             assert len(lines) == 1 and lines[0].strip(), out
+        if "CheckedQueryEngine(" in code:  # another LLM's answer: the planted fact's sentence marked, the Romans named
+            assert re.fullmatch(r"The code word is pelican \[\d\]\. It was chosen in 1920 by the Romans\.", lines[0])
+            assert "'It was chosen in 1920 by the Romans.'" in lines[1] and lines[2], out
+            assert any("pelican" in line for line in lines[3:]), out  # a CitationBlock cites the fact's sentence
         if "MidlensQueryEngine.from_index" in code:  # the planted fact found and answered
             assert lines[0].startswith("Answer:") and "pelican" in lines[0].lower(), out
             assert len(re.findall(r"evidence [+-]\d\.\d{4} +prompt position \d", out)) == 4

@@ -15,6 +15,7 @@ sentence re-scored), so the citations say which node each sentence rests on, not
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
@@ -33,6 +34,7 @@ from midlens.core.errors import InvalidArgumentError
 
 if TYPE_CHECKING:  # torch loads slowly: the model parts are imported when a response is first checked
     from midlens.generators.answer import Answer
+    from midlens.generators.citations import Citation
     from midlens.rag.pipeline import Pipeline
 
 # What LlamaIndex's engines answer when retrieval found nothing: no sources to check against.
@@ -47,7 +49,8 @@ class CheckedQueryEngine(BaseQueryEngine):
       the node costs the sentence at least `CitationConfig.margin` nats). `mark=False` keeps the text as written.
     - `source_nodes`: the wrapped engine's, unchanged, in its order.
     - `metadata`: the wrapped engine's, plus `metadata["midlens"]`: `text` (the answer as written), `marked_text`,
-      `citation_blocks` (LlamaIndex `CitationBlock`s, one per sentence and cited node, `source` the node id),
+      `citation_blocks` (LlamaIndex `CitationBlock`s, one per sentence and node it rests on, `source` the node id;
+      with `verify`, only nodes the sentence needs),
       `citations` (JSON rows, as MidlensQueryEngine's), `markers` (n -> node id), `unsupported` (the sentences that
       rest on no node they need), `supported_share`, `support` (the checked support model's verdict, None where none
       ships for the model, `support_note` saying so), `sentence_support` (each sentence's), `evidence` per node, the
@@ -138,16 +141,18 @@ def checked_metadata(answer: Answer) -> dict[str, Any]:
     """A checked answer as `metadata["midlens"]`: its marks, citations (rows and CitationBlocks), support and
     evidence. Unverified sources get no marker: a sentence marked only with nodes it needs reads as checked."""
     from midlens.generators.checking import NO_SUPPORT_MODEL, sentence_support, supported_share, unsupported, verified
-    from midlens.rag.llamaindex.citation_blocks import answer_blocks
+    from midlens.rag.llamaindex.citation_blocks import citation_blocks
     from midlens.rag.llamaindex.citations import citation_rows
     from midlens.rag.llamaindex.common import evidence_rows
     from midlens.rag.pipeline import marked_answer
+
+    passages = [p.passage for p in sorted(answer.passages, key=lambda p: p.position)]
 
     return {
         "checked": True,
         "text": answer.text,
         "marked_text": marked_answer(answer, "drop").text,
-        "citation_blocks": answer_blocks(answer)[1:],  # the first block is the answer's text, already `text`
+        "citation_blocks": [block for c in answer.citations for block in citation_blocks(_kept(c), passages)],
         "citations": citation_rows(answer, "drop"),
         "markers": {pe.position: pe.passage.id for pe in answer.passages},
         "verified": verified(answer),
@@ -163,6 +168,11 @@ def checked_metadata(answer: Answer) -> dict[str, Any]:
         "timings": answer.timings,
         "dropped": [p.id for p in answer.dropped],
     }
+
+
+def _kept(citation: Citation) -> Citation:
+    """The citation without the sources verification rejected: as the markers, a block names only what was needed."""
+    return replace(citation, sources=[s for s in citation.sources if s.verified is not False])
 
 
 def _finished(response: RESPONSE_TYPE) -> Response:
