@@ -315,7 +315,6 @@ def test_shipped_metas_of_one_format_version_have_one_schema():
         "channel-scaling": {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"},
         "support": everywhere,
         "support-verified": everywhere,
-        "support-checked": {"smollm2-135m"},
     }
 
     def keys(meta: dict) -> dict:
