@@ -1,6 +1,7 @@
 """What an evaluation run is: from its options, the plan (config and units, loading no model) and the evaluators
-(the loaded model, one generator per system, the functions that evaluate units). Every answer goes through
-Generator/Pipeline.
+(the loaded model, one generator per method, the functions that evaluate units). Every answer goes through the
+library's one answer path (rag.answering: Pipeline's for end-to-end units, the position sweep's own), a restacked
+system being its method's generator with a restack in its options.
 
 The in-process engine (`eval.runner`) builds a run once; the Ray engine (`eval.ray_engine`) plans in one light
 task and builds the evaluators once per worker from the same options, so a worker evaluates exactly what an
@@ -208,7 +209,7 @@ def build_run(options: RunOptions) -> Run:
     from midlens.eval import runner
     from midlens.generators.generator import Generator
     from midlens.generators.loading import load_model
-    from midlens.generators.restack import Restack, Restacker
+    from midlens.generators.restack import Restack
 
     plan = plan_run(options)
     loaded = load_model(options.model, options.device, options.dtype)
@@ -218,8 +219,9 @@ def build_run(options: RunOptions) -> Run:
         for m, c in options.configs.items()
         if m not in restacked
     }
+    # Every system by its row label: its method's generator, and the restack a restacked system answers with.
     restacks = {label: Restack(scorer, rounds) for label, (_, scorer, rounds) in restacked.items()}
-    answerers = {**gens, **{label: Restacker(gens[m], restacks[label]) for label, (m, _, _) in restacked.items()}}
+    systems = {**gens, **{label: gens[m] for label, (m, _, _) in restacked.items()}}
     style, data = options.prompt_style, plan.data
     if options.mode == "e2e":
         from midlens.eval.e2e import evaluate_e2e, evaluate_e2e_many
@@ -231,13 +233,13 @@ def build_run(options: RunOptions) -> Run:
         pipes = {
             m: Pipeline(
                 retriever,
-                gens[restacked[m][0] if m in restacked else m],
+                gen,
                 top_k=options.top_k,
                 max_new_tokens=options.max_new_tokens,
                 prompt_style=style,
                 restack=restacks.get(m),
             )
-            for m in answerers
+            for m, gen in systems.items()
         }
 
         def evaluate(u: dict) -> dict:
@@ -250,13 +252,14 @@ def build_run(options: RunOptions) -> Run:
         from midlens.eval.sweep import PositionSweep
 
         sweep = PositionSweep(
-            answerers,
+            systems,
             options.k,
             options.max_new_tokens,
             logprob=options.logprob,
             style=style,
             stop_at_line_end=options.stop_at_line_end,
             orderings={name: name for name in options.orderings},
+            restacks=restacks,
         )
 
         def evaluate(u: dict) -> dict:

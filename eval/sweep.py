@@ -7,10 +7,11 @@ baseline generator and only change the passages' order:
   attn-sort  attention sorting (Peysakhovich & Lerer 2023): score the prompt once, reorder passages
              by calibrated evidence, ascending, so the most-attended passage sits next to the question,
              then answer.
-Every answer comes from Generator.prompt/generate; the ordering baselines only change passage order.
-Restacked systems (`--restack SCORER`: generators.restack) answer through a Restacker, which scores and places the
-passages itself; their rows name the slot the gold was answered from (`gold_prompt_position`) and its rank by the
-scorer's last pass (`restack_gold_rank`).
+Every answer comes from the library's answer path (rag.answering.Answering: the prompts a generator stacks, answered
+with AnswerOptions); the ordering baselines only change passage order. Restacked systems (`--restack SCORER`:
+generators.restack) answer with that restack in their options, which scores and places the passages itself; their
+rows name the slot the gold was answered from (`gold_prompt_position`) and its rank by the scorer's last pass
+(`restack_gold_rank`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from midlens.eval.metrics import answer_f1, best_subspan_em
 from midlens.generators.answer import Answer
 from midlens.generators.generator import Generator
 from midlens.generators.prompt import DEFAULT_STYLE
-from midlens.generators.restack import Restacker
-from midlens.generators.scheduling import generate_all
+from midlens.generators.restack import Restack
+from midlens.rag.answering import Answering
+from midlens.rag.options import AnswerOptions
 
 
 def layout(example: Example, k: int, position: int) -> list[Passage]:
@@ -99,18 +101,12 @@ def arrange(
 
 
 def answer_row(
-    gen: Generator | Restacker,
-    example: Example,
-    passages: list[Passage],
-    max_new_tokens: int,
-    logprob: bool,
-    style: str = DEFAULT_STYLE,
-    stop_at_line_end: bool = False,
+    answering: Answering, options: AnswerOptions, example: Example, passages: list[Passage], logprob: bool
 ) -> dict:
     """Answer one arranged prompt and score it -> the metric columns of a result row."""
-    prompt = gen.prompt(example.question, passages, max_new_tokens=max_new_tokens, style=style)
+    prompt = answering.prompt(example.question, passages, options)
     reference = example.answers[0] if logprob else None
-    answer = gen.generate(prompt, max_new_tokens=max_new_tokens, reference=reference, stop_at_line_end=stop_at_line_end)
+    (answer,) = answering.answer([prompt], options, references=[reference])
     return row_of(example, answer, logprob)
 
 
@@ -152,21 +148,35 @@ class PositionSweep:
 
     def __init__(
         self,
-        gens: dict[str, Generator | Restacker],
+        gens: dict[str, Generator],
         k: int,
         max_new_tokens: int,
         logprob: bool = True,
         style: str = DEFAULT_STYLE,
         stop_at_line_end: bool = False,
         orderings: dict[str, str] | None = None,
+        restacks: dict[str, Restack] | None = None,
     ):
-        """`gens`: the generator (or restacker) of each system, by the label its rows carry; `orderings`: label ->
-        ordering name for the systems that reorder passages (the rest answer the layout as it is). `style`: the
-        prompt's instruction; Liu et al.'s by default, as the sweep reproduces their setting. `stop_at_line_end`:
-        decode only the first answer line, the one the metrics read."""
+        """`gens`: the generator of each system, by the label its rows carry; `restacks`: label -> the Restack of
+        the systems that answer restacked; `orderings`: label -> ordering name for the systems that reorder passages
+        (the rest answer the layout as it is). `style`: the prompt's instruction; Liu et al.'s by default, as the
+        sweep reproduces their setting. `stop_at_line_end`: decode only the first answer line, the one the metrics
+        read."""
         self.gens, self.k, self.max_new_tokens, self.logprob, self.style = gens, k, max_new_tokens, logprob, style
         self.orderings = orderings or {}
         self.stop_at_line_end = stop_at_line_end
+        # One answer path per generator; a system is that path and its options (its restack, if any).
+        paths: dict[int, Answering] = {}
+        self.answering = {label: paths.setdefault(id(gen), Answering(gen)) for label, gen in gens.items()}
+        self.options = {
+            label: AnswerOptions(
+                max_new_tokens=max_new_tokens,
+                prompt_style=style,
+                stop_at_line_end=stop_at_line_end,
+                restack=(restacks or {}).get(label),
+            )
+            for label in gens
+        }
         self._example_id: str | None = None
         self._answered: dict[tuple, tuple[int, dict]] = {}  # (method, passage ids) of the current example
 
@@ -181,9 +191,7 @@ class PositionSweep:
             first_position, row = self._answered[key]
             row = {**row, "reused_from_position": first_position}
         else:
-            row = answer_row(
-                gen, example, passages, self.max_new_tokens, self.logprob, self.style, self.stop_at_line_end
-            )
+            row = answer_row(self.answering[method], self.options[method], example, passages, self.logprob)
             self._answered[key] = (position, row)
         return {**row, "seconds": time.perf_counter() - t0}
 
@@ -205,17 +213,10 @@ class PositionSweep:
                 first_of[i] = unique[key]
                 continue
             unique[key] = i
-            prompts.append(gen.prompt(example.question, passages, max_new_tokens=self.max_new_tokens, style=self.style))
+            prompts.append(self.answering[method].prompt(example.question, passages, self.options[method]))
             references.append(example.answers[0] if self.logprob else None)
             owners.append(i)
-        answers = generate_all(
-            gen,
-            prompts,
-            batch_size,
-            references,
-            max_new_tokens=self.max_new_tokens,
-            stop_at_line_end=self.stop_at_line_end,
-        )
+        answers = self.answering[method].answer(prompts, self.options[method], batch_size, references)
         rows: list[dict] = [{}] * len(cells)
         for i, answer in zip(owners, answers, strict=True):
             rows[i] = row_of(cells[i][0], answer, self.logprob)

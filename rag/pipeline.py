@@ -17,27 +17,26 @@ slots the model reads best and answers with the pipeline's method; answers stay 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from midlens.core.batch_size import BatchSize, parse_batch_size, units_per_group
+from midlens.core.batch_size import BatchSize
 from midlens.core.checks import check_question, check_top_k
-from midlens.core.errors import InvalidArgumentError, Remedy
+from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_RETRIEVAL
 from midlens.core.passage import Passage
 from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation
 from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.generator import GenerationStream, Generator
+from midlens.generators.generator import Generator
 from midlens.generators.loading import LoadedModel, refuse_unrunnable
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
 from midlens.generators.prompt import StackedPrompt
-from midlens.generators.restack import RestackedStream, Restacker, in_prompt_order
-from midlens.generators.scheduling import generate_all
-from midlens.rag.options import FIELDS, AnswerOptions, ResolvedOptions
+from midlens.generators.restack import Restacker, in_prompt_order
+from midlens.rag.answering import CITATIONS_OFF, VERIFY_BATCH, Answering, AnswerStream, single_hooks
+from midlens.rag.options import FIELDS, AnswerOptions
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
 from midlens.retrievers.corpus import default_corpus_path
@@ -45,10 +44,9 @@ from midlens.retrievers.dense import IndexType
 
 
 class _Call(NamedTuple):
-    """One call's options (resolved), what answers with them, and the generation hooks passed through as given."""
+    """One call's options (checked against the generator) and the generation hooks passed through as given."""
 
     options: AnswerOptions
-    answerer: Generator | Restacker
     hooks: dict[str, Any]
 
 
@@ -71,53 +69,30 @@ class Pipeline:
         self.retriever = retriever
         self.generator = generator
         self.options = (options or AnswerOptions()).replace(**changes)
-        self.restack, self.answerer = None, None
+        self.restack, self.answerer, self.answering = None, None, None
         if generator is None:  # a pipeline made to check its options
             return
-        resolved = self._resolve(self.options)
-        self.restack = resolved.restack
+        # Every call answers through the answer path all interfaces share (rag.answering).
+        self.answering = Answering(generator)
+        self.restack = self.answering.resolve(self.options).restack
         # What answers: the generator, or the generator behind a restacker (same calls, same signatures).
-        self.answerer: Generator | Restacker = self._answerer(resolved)
-
-    def _resolve(self, options: AnswerOptions) -> ResolvedOptions:
-        generator = self.generator
-        running = generator.method.spec()
-        resolved = options.resolve(generator.loaded.name, running)
-        if resolved.method.spec() != running:
-            raise InvalidArgumentError(
-                f"this pipeline's generator runs {running}, and the options ask for {options.method}: answer with "
-                "pipeline.with_method(...) (same weights), or leave method out.",
-                about=Remedy("method", options.method),
-            )
-        setting = getattr(generator.citations, "evidence_from", None)
-        if options.cite_evidence is not None and options.cite_evidence != setting:
-            raise InvalidArgumentError(
-                f"this pipeline's generator cites with {setting or 'its own'} evidence; the citation evidence is the "
-                "generator's (Generator(..., citations=MeasuredCitations(evidence_from=...))), leave it out here.",
-                about=Remedy("cite_evidence", options.cite_evidence),
-            )
-        return resolved
-
-    def _answerer(self, resolved: ResolvedOptions) -> Generator | Restacker:
-        if resolved.restack is None:
-            return self.generator
-        if self.answerer is not None and resolved.restack == self.restack:
-            return self.answerer
-        return Restacker(self.generator, resolved.restack)
+        self.answerer: Generator | Restacker = self.answering.answerer(self.restack)
 
     def _call(self, options: AnswerOptions | None, changes: dict[str, Any]) -> _Call:
-        """One call's options (this pipeline's, `options` instead where given, `changes` on top), what answers
-        with them, and the generation hooks among `changes` (on_token, reference, ...), passed as they are."""
+        """One call's options (this pipeline's, `options` instead where given, `changes` on top) and the generation
+        hooks among `changes` (on_token, reference, ...), passed as they are. The options are resolved for the
+        generator here, before any retrieval, so a bad one fails first."""
         if options is not None and not isinstance(options, AnswerOptions):
             raise InvalidArgumentError(
                 f"options={options!r}: pass an AnswerOptions (rag.options), or the options by keyword."
             )
         hooks = {k: v for k, v in changes.items() if k not in FIELDS}
         call = (options or self.options).replace(**{k: v for k, v in changes.items() if k in FIELDS})
-        _check_verify(call, self.generator)
-        if call == self.options:
-            return _Call(call, self.answerer, hooks)
-        return _Call(call, self._answerer(self._resolve(call)), hooks)
+        if self.answering is not None:
+            self.answering.check_verify(call)
+            if call != self.options:  # this pipeline's own options were resolved when it was made
+                self.answering.answerer(self.answering.resolve(call).restack)
+        return _Call(call, hooks)
 
     @classmethod
     def from_corpus(
@@ -176,10 +151,7 @@ class Pipeline:
 
     def prompt(self, question: str, passages: list[Passage], options: AnswerOptions | None = None) -> StackedPrompt:
         """The stacked prompt this pipeline answers from (its truncation, instruction style and answer room)."""
-        o = options or self.options
-        return self.generator.prompt(
-            question, passages, max_new_tokens=o.max_new_tokens, truncate=o.truncate, style=o.prompt_style
-        )
+        return self.answering.prompt(question, passages, options or self.options)
 
     def answer(
         self, question: str, passages: list[Passage], options: AnswerOptions | None = None, **changes: Any
@@ -189,13 +161,9 @@ class Pipeline:
         return self._answer(question, passages, self._call(options, changes))
 
     def _answer(self, question: str, passages: list[Passage], call: _Call) -> Answer:
-        o = call.options
-        prompt = self.prompt(question, passages, o)
-        answer = call.answerer.generate(prompt, **o.decoding(self.generator.tokenizer), **call.hooks)
-        if o.verify:
-            self._verify([prompt], [answer])
-        o.withhold(answer)
-        return answer
+        hooks, references = single_hooks(call.hooks)
+        prompt = self.prompt(question, passages, call.options)
+        return self.answering.answer([prompt], call.options, references=references, **hooks)[0]
 
     def ask(self, question: str, options: AnswerOptions | None = None, **changes: Any) -> Answer:
         """Retrieve (`top_k` passages), stack and answer; `verify` as in `answer`."""
@@ -218,7 +186,7 @@ class Pipeline:
         """`ask` for many questions, their prompts generated `batch_size` at a time (`auto`: the largest batch that
         fits on a GPU, 1 on the CPU); each Answer equals the question asked alone, citations included. `verify`
         checks every answer's citations, the re-scoring passes batched `batch_size` at a time as well."""
-        o, answerer, hooks = self._call(options, changes)
+        o, hooks = self._call(options, changes)
         for question in questions:  # all before the first retrieval
             check_question(question)
         prompts, retrieve_s = [], []
@@ -227,13 +195,9 @@ class Pipeline:
             passages = self.retrieve(question, o.top_k)
             retrieve_s.append(time.perf_counter() - t0)
             prompts.append(self.prompt(question, passages, o))
-        answers = generate_all(answerer, prompts, batch_size, **o.decoding(self.generator.tokenizer), **hooks)
-        if o.verify:
-            size = units_per_group(parse_batch_size(batch_size), self.generator.device.type)
-            self._verify(prompts, answers, size)
+        answers = self.answering.answer(prompts, o, batch_size, **hooks)
         for answer, seconds in zip(answers, retrieve_s, strict=True):
             answer.timings = {"retrieve_s": seconds, **answer.timings}
-            o.withhold(answer)
         return answers
 
     def check(
@@ -277,7 +241,7 @@ class Pipeline:
         prompt = self.generator.prompt(question, passages, room, o.truncate, o.prompt_style)
         checked = self.generator.attribute(prompt, answer)
         if o.verify:
-            self._verify([prompt], [checked])
+            self.answering.verify([prompt], [checked])
         if retrieved:
             checked.timings = {"retrieve_s": retrieve_s, **checked.timings}
         return checked
@@ -292,17 +256,14 @@ class Pipeline:
         return self._answer_stream(question, passages, self._call(options, changes))
 
     def _answer_stream(self, question: str, passages: list[Passage], call: _Call) -> AnswerStream:
-        o = call.options
-        prompt = self.prompt(question, passages, o)
-        stream = call.answerer.stream(prompt, **o.decoding(self.generator.tokenizer), **call.hooks)
-        return AnswerStream(stream, (lambda answer: self._verify([prompt], [answer])) if o.verify else None)
+        return self.answering.stream(self.prompt(question, passages, call.options), call.options, **call.hooks)
 
     def ask_stream(self, question: str, options: AnswerOptions | None = None, **changes: Any) -> AnswerStream:
         check_question(question)
         call = self._call(options, changes)
         return self._answer_stream(question, self.retrieve(question, call.options.top_k), call)
 
-    def verify(self, answers: list[Answer], batch_size: int = 8) -> list[Answer]:
+    def verify(self, answers: list[Answer], batch_size: int = VERIFY_BATCH) -> list[Answer]:
         """Check the citations of answers this pipeline gave (`Generator.verify`), in place; returns them.
 
         Each answer's prompt is rebuilt from the passages it stacked (`Answer.passages`, in prompt order; a
@@ -310,79 +271,10 @@ class Pipeline:
         the pipeline just gave, the prompt it answered from, token for token. An interface that keeps only the
         Answer (a LlamaIndex engine) verifies through this."""
         if self.generator.citations is None:
-            raise InvalidArgumentError(_CITATIONS_OFF)
+            raise InvalidArgumentError(CITATIONS_OFF)
         with in_prompt_order(answers):
-            # The answer's own length as the room left: the prompt it came from fit with at least that much.
-            prompts = [
-                self.generator.prompt(
-                    a.question,
-                    [pe.passage for pe in a.passages],
-                    a.generated_tokens,
-                    "error",
-                    self.options.prompt_style,
-                )
-                for a in answers
-            ]
-            return self._verify(prompts, answers, batch_size)
-
-    def _verify(self, prompts: list[StackedPrompt], answers: list[Answer], batch_size: int = 8) -> list[Answer]:
-        if any(a.restack is not None and a.restack["numbering"] != "prompt" for a in answers):
-            # Restacked answers came from prompts other than those built here: verify on the prompts answered.
-            return self.verify(answers, batch_size)
-        t0 = time.perf_counter()
-        self.generator.verify(prompts, answers, batch_size=batch_size)
-        seconds = time.perf_counter() - t0
-        for answer in answers:  # one verification run for the batch: each answer reports its wall time
-            answer.timings = {**answer.timings, "verify_s": seconds}
-        return answers
-
-
-def _check_verify(options: AnswerOptions, generator: Generator | None) -> None:
-    """`verify` is refused before retrieval and generation where it cannot run."""
-    if not options.verify:
-        return
-    if generator is not None and generator.citations is None:
-        raise InvalidArgumentError(_CITATIONS_OFF)
-
-
-_CITATIONS_OFF = (
-    "verify=True checks the answer's citations, and this pipeline's generator has citations off "
-    "(Generator(..., citations=None)): build it with citations=CitationConfig(), or pass verify=False."
-)
-
-
-class AnswerStream:
-    """A streamed answer: iterate for the text deltas while it is decoded; once they end, `answer` holds the full
-    Answer, its citations verified when the stream was asked to. `events()` yields the text deltas and each answer
-    sentence's `Citation`, in answer order: a sentence's citation right after the delta that began the next
-    sentence (the last one's at the end), read from the answer's attention so far. Verification re-scores the
-    finished answer, so a verified stream yields its citations after the text instead."""
-
-    def __init__(
-        self, stream: GenerationStream | RestackedStream, finish: Callable[[Answer], object] | None = None
-    ) -> None:
-        self._stream = stream
-        self._finish = finish
-        self.answer: Answer | None = None
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._stream
-        answer = self._stream.answer
-        if self._finish is not None and answer is not None:
-            self._finish(answer)
-        self.answer = answer
-
-    def events(self) -> Iterator[str | Citation]:
-        """The text deltas (str) and one Citation per answer sentence, in order (its `span` indexes `answer.text`,
-        which equals the joined deltas stripped of surrounding whitespace)."""
-        if self._finish is not None:  # verified: only the finished answer can be re-scored
-            yield from self
-            yield from self.answer.citations if self.answer is not None else ()
-            return
-        for event in self._stream.events():  # the stream yields the citations still due once decoding ends
-            self.answer = self._stream.answer
-            yield event
-        self.answer = self._stream.answer
+            prompts = self.answering.rebuilt(answers, [self.options.prompt_style] * len(answers))
+            return self.answering.verify(prompts, answers, batch_size)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """`midlens serve`: the generator as an HTTP service on Ray Serve.
 
     schemas     the chat completions request as accepted here; the rest of the wire format is midlens.rag.remote
-    engine      requests -> prompts -> `Generator.generate_batch`, grouped so every answer equals its request alone
+    engine      requests -> prompts -> the library's answer path (rag.answering), grouped so every answer equals its
+                request alone
     errors      library errors as HTTP statuses with the library's own messages
     api         the FastAPI routes (and their OpenAPI page), independent of Ray
     app         the Ray Serve deployment: one model per replica, `@serve.batch` dynamic batching onto the engine

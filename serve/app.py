@@ -312,10 +312,8 @@ class MidlensServer:
     @api.post("/v1/midlens/answer", response_model=AnswerResponse)
     async def answer(self, body: AnswerRequest) -> JSONResponse:
         """Answer the question over the passages, in the order given; evidence per passage, by id."""
-        job = self.engine.answer_job(body)
-        outcome = await self._answer(job)
-        answer = outcome.answer
-        job.decoding.answer.withhold(answer)
+        outcome = await self._answer(self.engine.answer_job(body))
+        answer = outcome.answer  # verified and withheld (abstaining) by the answer path, as the request asked
         return JSONResponse(
             {"question": answer.question, "text": answer.text, **result_of(answer, outcome.batch_size).model_dump()}
         )
@@ -395,6 +393,11 @@ class MidlensServer:
                 "midlens.abstain withholds an answer once its support is known, after its text: ask without stream "
                 "(a stream's last chunk carries the support in midlens.support)."
             )
+        if body.midlens and body.midlens.verify and body.stream:
+            raise InvalidArgumentError(
+                "midlens.verify checks the citations of the whole answer, after its text, and a stream sends each "
+                "citation as its sentence ends: ask without stream."
+            )
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         model = body.model or self.engine.model_name
         created = int(time.time())
@@ -405,7 +408,6 @@ class MidlensServer:
             )
         outcome = await self._answer(job)
         answer = outcome.answer
-        job.decoding.answer.withhold(answer)
         max_new = job.decoding.max_new_tokens
         return JSONResponse(
             {

@@ -1,12 +1,12 @@
-"""Requests -> stacked prompts -> `Generator.generate_batch`, with no Ray in sight (the deployment and the benchmark
-both drive it).
+"""Requests -> stacked prompts -> the library's answer path (`rag.answering`), with no Ray in sight (the deployment
+and the benchmark both drive it).
 
 A request becomes a `Job` in the request's own path: its prompt is built and checked there, so a bad request is
 refused alone with the library's message and never fails the batch it would have joined. A batch of jobs is split
-into groups that share a method and decoding options (what one `generate_batch` call shares); each group is one
-left-padded batch in which every row is answered as it would be alone (text, evidence, sampling stream). A group
-that asks for restacking (`restack`: a scorer method; by default, the one measured to help the model and method, if
-any) is answered through a `Restacker` on the same generator: one scoring batch per round, then the answering batch.
+into groups that share a method and the answering options that decide an answer (what one batch shares); each group
+is answered through the library's one answer path (`rag.answering.Answering.answer`), one left-padded batch in which
+every row is answered as it would be alone (text, evidence, sampling stream), restacked, verified and withheld
+(abstaining) as the request's AnswerOptions say, as `Pipeline` answers them.
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, measure
 from midlens.core.passage import Passage
 from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation, MeasuredCitations
-from midlens.generators.detokenize import cut_at_stop
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style, read_user_content
-from midlens.generators.restack import Restacker, as_restack
+from midlens.rag.answering import Answering
 from midlens.rag.options import FIELDS, AnswerOptions
 from midlens.rag.remote import AnswerRequest, CheckRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
 from midlens.serve.schemas import ChatCompletionRequest
@@ -105,11 +104,16 @@ class Decoding:
     stop: tuple[str, ...] = ()
     # End at the end of the first non-empty line (AnswerOptions.stop_at_line_end, resolved for the served model).
     stop_at_line_end: bool = False
-    # The request's options as a whole (what happens to its answer afterwards: abstaining); not what batches share.
+    # The request's options as a whole, what the answer path reads; the fields of it that decide an answer are
+    # fields here too (the prompt's are the job's), so a group's rows share them and answer with any row's.
     answer: AnswerOptions = field(default_factory=AnswerOptions, compare=False, repr=False)
-    # The rows are given answers to check (`Generator.attribute`), nothing is generated; `verify`: by ablation too.
+    # The rows are given answers to check (`Generator.attribute`), nothing is generated.
     check: bool = False
+    # Each citation checked by ablation (AnswerOptions.verify; a check request's own `verify`).
     verify: bool = False
+    # Withhold an answer whose support is under `abstain_below` (None: the model's threshold): AnswerOptions'.
+    abstain: bool = False
+    abstain_below: float | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +223,8 @@ class Engine:
         self.default = Generator(
             model, method=method, evidence=evidence, device=device, dtype=dtype, citations=self.citations
         )
-        self._generators: dict[str, Generator] = {self.default.method.spec(): self.default}
+        # The answer path of each method served (its generator shares the loaded weights).
+        self._answerings: dict[str, Answering] = {self.default.method.spec(): Answering(self.default)}
         self._lock = threading.Lock()
         self.batches: Counter[int] = Counter()  # size of every batch `run` was handed
         self.requests = 0
@@ -302,6 +307,9 @@ class Engine:
             restack=None if restack is None else restack.scorer_spec,
             restack_rounds=1 if restack is None else restack.rounds,
             answer=answer,
+            verify=answer.verify,
+            abstain=answer.abstain,
+            abstain_below=answer.abstain_below,
             **answer.decoding(self.default.tokenizer),
         )
 
@@ -397,6 +405,11 @@ class Engine:
                 "restack re-orders the passages of a RAG prompt, and this conversation has none: send them in "
                 "midlens.passages, or leave out midlens.restack."
             )
+        if ext is not None and ext.verify:
+            raise InvalidArgumentError(
+                "verify checks the answer's citations of passages, and this conversation has none: send them in "
+                "midlens.passages, or leave out midlens.verify."
+            )
         options["calibrate"] = False  # a chat has no passages to calibrate
         decoding = dataclasses.replace(self._decoding(method, options), stop=stop)
         stacked = self._read_back(request.messages, decoding)
@@ -429,16 +442,15 @@ class Engine:
 
     # ---- jobs -> answers (one thread: the model is installed for one method at a time) ----
 
-    def _generator(self, spec: str) -> Generator:
-        if spec not in self._generators:
-            if len(self._generators) >= MAX_METHODS:  # the oldest other method goes; the default stays
-                del self._generators[next(k for k in self._generators if k != self.default.method.spec())]
+    def _answering(self, spec: str) -> Answering:
+        if spec not in self._answerings:
+            if len(self._answerings) >= MAX_METHODS:  # the oldest other method goes; the default stays
+                del self._answerings[next(k for k in self._answerings if k != self.default.method.spec())]
             config: MethodConfig = method_config(spec)
             evidence = self.default.evidence_config
-            self._generators[spec] = Generator(
-                self.default.loaded, method=config, evidence=evidence, citations=self.citations
-            )
-        return self._generators[spec]
+            generator = Generator(self.default.loaded, method=config, evidence=evidence, citations=self.citations)
+            self._answerings[spec] = Answering(generator)
+        return self._answerings[spec]
 
     def run(self, jobs: Sequence[Job]) -> list[Outcome]:
         """Answer a batch of jobs: one `generate_batch` per group of equal decoding. A group's error is handed to
@@ -477,14 +489,18 @@ class Engine:
             return [o for o in outcomes if o is not None]
 
     def _generate(self, decoding: Decoding, jobs: list[Job]) -> list[Answer | Cancelled]:
-        """One `generate_batch` over the jobs: an Answer per job, or Cancelled for a job whose row was stopped
-        before it was done (what it generated so far is nobody's answer). Raises Cancelled when every job is."""
+        """The jobs as one batch through the answer path: an Answer per job, or Cancelled for a job whose row was
+        stopped before it was done (what it generated so far is nobody's answer). Raises Cancelled when every job
+        is."""
+        answering = self._answering(decoding.method)
         if decoding.check:  # one teacher-forced pass per batch (and the ablations): nothing to cancel between steps
-            checker = self._generator(decoding.method)
+            checker = answering.generator
             return checker.attribute_batch([j.prompt for j in jobs], [j.given or "" for j in jobs], decoding.verify)
-        generator: Generator | Restacker = self._generator(decoding.method)
-        if decoding.restack is not None:  # cheap: the scorer's generator is kept per answering generator
-            generator = Restacker(generator, as_restack(decoding.restack, decoding.restack_rounds))
+        # Every row's options decide the same answer (Decoding's fields); a line break among the stop strings also
+        # ends decoding at the end of the first non-empty line.
+        options = decoding.answer
+        if "\n" in decoding.stop and not decoding.stop_at_line_end:
+            options = options.replace(stop_at_line_end=True)
         sinks = [job.on_token for job in jobs]
         citation_sinks = [job.on_citation for job in jobs]
         stopped: set[int] = set()
@@ -508,14 +524,10 @@ class Engine:
 
         answers: list[Answer] | None = None
         try:
-            answers = generator.generate_batch(
+            answers = answering.answer(
                 [job.prompt for job in jobs],
-                max_new_tokens=decoding.max_new_tokens,
-                temperature=decoding.temperature,
-                top_p=decoding.top_p,
-                seed=decoding.seed,
-                calibrate=decoding.calibrate,
-                stop_at_line_end=decoding.stop_at_line_end or "\n" in decoding.stop,
+                options,
+                stop=decoding.stop,
                 on_token=on_token,
                 cancelled=cancelled,
                 # Only a streamed request listens; the others' citations come with their answers either way.
@@ -534,20 +546,9 @@ class Engine:
                 answer.generated_tokens,
             )
             if row in stopped
-            else stopped_at(answer, decoding.stop)
+            else answer
             for row, answer in enumerate(answers)
         ]
-
-
-def stopped_at(answer: Answer, stop: tuple[str, ...]) -> Answer:
-    """The answer cut before its first stop string (generators.detokenize.cut_at_stop), keeping the citations of the
-    sentences that end within what is left."""
-    cut = cut_at_stop(answer.text, stop)
-    if cut == answer.text:
-        return answer
-    answer.text = cut.rstrip()
-    answer.citations = [c for c in answer.citations if c.span[1] <= len(answer.text)]
-    return answer
 
 
 def _jsonable(value: Any) -> Any:
