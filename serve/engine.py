@@ -30,6 +30,7 @@ from midlens.generators.generator import Generator
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
 from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style, read_user_content
 from midlens.rag.answering import Answering
+from midlens.rag.option_fields import unstreamed
 from midlens.rag.options import FIELDS, AnswerOptions
 from midlens.rag.remote import AnswerRequest, CheckRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
 from midlens.serve.schemas import ChatCompletionRequest
@@ -111,9 +112,9 @@ class Decoding:
     check: bool = False
     # Each citation checked by ablation (AnswerOptions.verify; a check request's own `verify`).
     verify: bool = False
-    # Withhold an answer whose support is under `abstain_below` (None: the model's threshold): AnswerOptions'.
-    abstain: bool = False
-    abstain_below: float | None = None
+    # What decides withholding an answer (AnswerOptions' fields a stream cannot honour, rag.option_fields.unstreamed)
+    # as (name, value) pairs: rows that withhold alike share a group.
+    withholding: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -308,8 +309,7 @@ class Engine:
             restack_rounds=1 if restack is None else restack.rounds,
             answer=answer,
             verify=answer.verify,
-            abstain=answer.abstain,
-            abstain_below=answer.abstain_below,
+            withholding=tuple((name, getattr(answer, name)) for name in unstreamed()),
             **answer.decoding(self.default.tokenizer),
         )
 
