@@ -193,9 +193,9 @@ def test_cli_refuses_bad_restack_options_before_loading(capsys):
     assert "--restack mudaff: restacking scores the passages with a method's evidence" in capsys.readouterr().err
     assert main(["ask", QUESTION, "--restack-rounds", "2"]) == 2
     assert "--restack-rounds 2: more than one scoring pass needs a named scorer" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["ask", QUESTION, "--restack", "--restack-rounds", "0"])
-    assert "--restack-rounds: 0 is not allowed: use 1 or more" in capsys.readouterr().err
+    # The bound is AnswerOptions' own (the flags are spelt from its fields), so the command line words its reason.
+    assert main(["ask", QUESTION, "--restack", "--restack-rounds", "0"]) == 2
+    assert "--restack-rounds 0: restacking scores the passages at least once" in capsys.readouterr().err
     assert main(["eval", "sweep", "--out", "/nonexistent/run", "--restack", "mudaf", "--restack-rounds", "0"]) == 2
     assert "--restack-rounds 0: restacking scores the passages at least once" in capsys.readouterr().err
 

@@ -60,7 +60,7 @@ def test_without_the_grouping_the_short_row_would_take_the_long_factors(phi3, mo
     gen = Generator(phi3)
     prompts = [gen.prompt("who ?", []), gen.prompt("what is the code word of city 2 ?", _passages(4))]
     alone = gen.generate(prompts[0], max_new_tokens=STEPS)
-    monkeypatch.setattr("midlens.generators.generator.rope_switches", lambda model: [])
+    monkeypatch.setattr("midlens.generators.prefill.rope_switches", lambda model: [])
     together = gen.generate_batch(prompts, max_new_tokens=STEPS)[0]
     drift = max(abs(a - b) for a, b in zip(alone.token_logprobs, together.token_logprobs, strict=False))
     assert drift > 5 * TOL  # 1.2e-3 measured
