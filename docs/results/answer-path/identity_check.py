@@ -125,7 +125,7 @@ class Interfaces:
         `eval.e2e.row_of` (a row holds only the prediction's text)."""
         if name not in EVAL_SETS:
             return None
-        from midlens.eval import e2e
+        import midlens.eval.e2e as e2e
         from midlens.eval.options import RunOptions
         from midlens.eval.plan import build_run
         from midlens.generators.packaged_models import default_method
