@@ -21,7 +21,8 @@ NOT_RUN = {
 }
 SUPPORT_WORDS = (
     r" \| (likely supported|uncertain: check it against the passages|check this: the passages may not support it) "
-    r"\(0\.\d\d\)$"
+    # A method outside the support model's fitted set says so after the number (generators/support.py).
+    r"\(0\.\d\d(, not calibrated for [\w()=.-]+: the support model [\w.-]+ was fitted on answers of .+)?\)$"
 )
 EXAMPLE = re.compile(r"(?:<!-- example-not-run: ([\w-]+)[^\n]*-->\n)?```python\n(.*?)```", re.S)
 
