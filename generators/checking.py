@@ -219,9 +219,8 @@ class CheckedSupportModel(SupportModel):
         sentence's features, labelled right or not, and the threshold for `target_precision` over the answers'
         weakest-sentence probabilities (an answer right when its `em` is)."""
         import numpy as np
-        from sklearn.linear_model import LogisticRegression
 
-        from midlens.generators.support import C
+        from midlens.generators.support import standardised_logistic_fit
 
         x, y = [], []
         for r in rows:
@@ -232,15 +231,9 @@ class CheckedSupportModel(SupportModel):
         xa, ya = np.asarray(x, dtype=float), np.asarray(y)
         if len(set(ya.tolist())) < 2:
             raise InvalidArgumentError(f"the {len(y)} train sentences are all of one label: no fit.")
-        mean, scale = xa.mean(0), xa.std(0)
-        scale[scale == 0] = 1.0
-        fitted = LogisticRegression(C=C, max_iter=2000).fit((xa - mean) / scale, ya)
         model = cls(
             CHECKED_FEATURES,
-            tuple(mean.tolist()),
-            tuple(scale.tolist()),
-            tuple(fitted.coef_[0].tolist()),
-            float(fitted.intercept_[0]),
+            *standardised_logistic_fit(xa, ya),
             0.5,
             target_precision,
             "sentence right (planted: not the planted one; else em)",

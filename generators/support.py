@@ -267,6 +267,18 @@ BAND_WORDS = {
 }
 
 
+def standardised_logistic_fit(x, y) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], float]:
+    """(mean, scale, coefficients, intercept) of scikit-learn's logistic regression (C = `C`, not tuned) on the
+    standardised features `x` (rows x features, numpy) labelled `y`: the recipe every support model is fitted by.
+    A constant feature keeps scale 1 (it standardises to 0 rather than dividing by zero)."""
+    from sklearn.linear_model import LogisticRegression
+
+    mean, scale = x.mean(0), x.std(0)
+    scale[scale == 0] = 1.0
+    fitted = LogisticRegression(C=C, max_iter=2000).fit((x - mean) / scale, y)
+    return tuple(mean.tolist()), tuple(scale.tolist()), tuple(fitted.coef_[0].tolist()), float(fitted.intercept_[0])
+
+
 @dataclass(frozen=True)
 class SupportModel(SavedPart):
     """Logistic regression over standardised features: p = sigmoid(intercept + coef . (x - mean) / scale)."""
@@ -321,7 +333,6 @@ class SupportModel(SavedPart):
         features (the log-probability baseline the reports compare against). `by_method`: an indicator feature per
         method but the rows' first, so each method's answers get a rate of their own."""
         import numpy as np
-        from sklearn.linear_model import LogisticRegression
 
         # Rows without a method (made by hand) calibrate it for no method: its words will say so for every answer.
         # Sorted: the same rows in any order of runs fit the same model (the first method has no indicator).
@@ -337,15 +348,9 @@ class SupportModel(SavedPart):
         y = np.asarray([int(r["em"] >= 0.5) for r in rows])
         if len(set(y.tolist())) < 2:
             raise InvalidArgumentError(f"the {len(rows)} train answers are all {'right' if y[0] else 'wrong'}: no fit.")
-        mean, scale = x.mean(0), x.std(0)
-        scale[scale == 0] = 1.0
-        fitted = LogisticRegression(C=C, max_iter=2000).fit((x - mean) / scale, y)
         model = cls(
             tuple(features),
-            tuple(mean.tolist()),
-            tuple(scale.tolist()),
-            tuple(fitted.coef_[0].tolist()),
-            float(fitted.intercept_[0]),
+            *standardised_logistic_fit(x, y),
             0.5,
             target_precision,
             "em",
