@@ -6,8 +6,9 @@ The public names below import from the top (`midlens.Pipeline`, `midlens.Generat
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from midlens.core.lazy import lazy_attributes
 
 __version__ = "0.2.0"
 
@@ -42,13 +43,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from midlens.retrievers.dense import DenseRetriever
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'midlens' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_attributes("midlens", _LAZY, globals())

@@ -21,9 +21,10 @@ evidence and calibration have one implementation, the one the CLI uses.
 
 from __future__ import annotations
 
-import importlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from midlens.core.lazy import lazy_attributes
 
 # Before llama_index (or anything that imports huggingface_hub) loads: the models here are local files only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -68,13 +69,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from midlens.rag.llamaindex.retriever import MidlensRetriever
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'midlens.rag.llamaindex' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_attributes("midlens.rag.llamaindex", _LAZY, globals())
