@@ -12,6 +12,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +54,14 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _serve_cli(port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`midlens serve` in a process of its own, as an operator starts it (the packaged SmolLM2, baseline, one
+    thread), with its stderr (where it says what it waits for) written to `log`."""
+    command = [sys.executable, "-m", "midlens", "serve", "--model", "smollm2-135m", "--method", "baseline"]
+    command += ["--port", str(port), "--threads", "1"]
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"))
 
 
 @pytest.fixture(scope="module")
@@ -557,34 +567,13 @@ def test_soak_mixed_valid_and_abusive_requests(server, client):
 def test_a_server_killed_hard_leaves_nothing_after_the_next_start_s_cleanup(tmp_path):
     """kill -9 of `midlens serve` leaves Ray's agents running for a while; the next start (`reap_orphans`, which
     `start` calls first) ends every process of the dead server's cluster."""
-    import subprocess
-    import sys
-
     import psutil
 
     from midlens.serve.app import OWNER_ENV, reap_orphans
 
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
-    cli = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "midlens",
-            "serve",
-            "--model",
-            "smollm2-135m",
-            "--method",
-            "baseline",
-            "--port",
-            str(port),
-            "--threads",
-            "1",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "serve.log").open("w"),
-    )
+    cli = _serve_cli(port, env, tmp_path / "serve.log")
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -908,9 +897,6 @@ def test_serve_becomes_ready_with_every_core_kept_busy(tmp_path):
     missed its 5 s ready check three times and was killed: `midlens serve` died with ActorDiedError, 4 of 4 tries.
     Here the cores are kept busy for the test's whole run (one busy loop per core) and the server must answer
     /readyz, its stderr saying what it waited for at each stage."""
-    import subprocess
-    import sys
-
     from midlens.generators.loading import load_model
     from midlens.serve.app import OWNER_ENV, PROXY_CHECK_LIMITS
 
@@ -922,25 +908,7 @@ def test_serve_becomes_ready_with_every_core_kept_busy(tmp_path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != OWNER_ENV and k not in PROXY_CHECK_LIMITS}
     log = tmp_path / "serve.log"
-    cli = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "midlens",
-            "serve",
-            "--model",
-            "smollm2-135m",
-            "--method",
-            "baseline",
-            "--port",
-            str(port),
-            "--threads",
-            "1",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),
-    )
+    cli = _serve_cli(port, env, log)
     try:
         deadline, ready = time.monotonic() + 600, False  # 3-4 min measured on this 2-core machine, both cores busy
         while time.monotonic() < deadline and not ready:
