@@ -1,6 +1,7 @@
 """Each shell's spelling of AnswerOptions, written from its fields and their OptionInfo (rag/options.py): the command
 line's flags (`add_arguments`, `from_arguments`), the pydantic fields of the LlamaIndex LLM and of the server's
-requests (`option_model`), and which fields a streamed answer cannot honour (`unstreamed`). A new answering option is
+requests (`option_model`), and which fields a streamed answer cannot honour (`unstreamed`); the demo page builds its
+controls from `spelt_by("demo")` and each field's OptionInfo (demo/controls.py). A new answering option is
 its field in AnswerOptions, with its OptionInfo, plus the code that uses it: no shell spells it again.
 
 Defaults come from the fields; bounds and choices from the OptionInfo, which states what `AnswerOptions` enforces
@@ -29,7 +30,7 @@ def _info(field: Field) -> OptionInfo:
 
 
 def spelt_by(shell: str) -> tuple[str, ...]:
-    """The fields `shell` ("cli", "llm", "request") spells, in AnswerOptions' order; the others say why not
+    """The fields `shell` ("cli", "llm", "request", "demo") spells, in AnswerOptions' order; the others say why not
     (`OptionInfo.absent`)."""
     if shell not in SHELLS:
         raise ValueError(f"unknown shell {shell!r}: AnswerOptions is spelt by {', '.join(SHELLS)}.")

@@ -45,8 +45,9 @@ if TYPE_CHECKING:  # torch loads with these, after the cheap checks
 
 # The shells that spell AnswerOptions (rag/option_fields.py writes each spelling from the fields' OptionInfo):
 # "cli" the `midlens ask` flags, "llm" the LlamaIndex LLM's fields and call keywords, "request" the server's request
-# fields (its answer request and the chat request's `midlens` object; the remote client sends those).
-SHELLS = ("cli", "llm", "request")
+# fields (its answer request and the chat request's `midlens` object; the remote client sends those), "demo" the demo
+# page's answering controls (demo/controls.py).
+SHELLS = ("cli", "llm", "request", "demo")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ def _option(default: Any, help: str, **info: Any) -> Any:
 
 # Why the server's requests leave a field out.
 _CALLER_RETRIEVES = "the caller sends the passages it retrieved"
+# Why the demo page has no control for a field.
+_PAGE_GREEDY = "the page answers greedily, as measured"
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class AnswerOptions:
             "cli": "spelt with the model flags every command that loads a model shares (cli/options.add_model_args)",
             "llm": "the LLM's generator runs one method: its own `method` field, set when it is built",
             "request": "the request's own field, whose default is the server's method",
+            "demo": "the page's method menu: the methods the chosen model offers, starting at its measured default",
         },
     )
     top_k: int = _option(
@@ -122,32 +126,39 @@ class AnswerOptions:
         "error",
         "What happens to passages that overflow the context window: error, or drop_last (keep those that fit).",
         choices=TRUNCATE_MODES,
+        absent={"demo": "the page drops no passage: a prompt too long says what to lower instead"},
     )
     prompt_style: PromptStyle = _option(
         DEFAULT_PROMPT_STYLE,
         "Instruction above the passages: litm (Liu et al.'s) or short (asks for the bare answer: crisper, but fewer "
         "right answers in our measurements).",
         choices=PROMPT_STYLES,
+        absent={"demo": "the page asks with the default instruction, as measured"},
     )
     calibrate: bool = _option(
-        True, "Also compute calibrated evidence (less that of a content-free question).", flag="--no-calibrate"
+        True,
+        "Also compute calibrated evidence (less that of a content-free question).",
+        flag="--no-calibrate",
+        absent={"demo": "always on: the page's Details show both score views"},
     )
     temperature: float = _option(
         0.0,
         "Sampling temperature, from 0 (greedy) to 2.",
         ge=0.0,
         le=2.0,
-        absent={"cli": "`ask` answers greedily, as measured"},
+        absent={"cli": "`ask` answers greedily, as measured", "demo": _PAGE_GREEDY},
     )
     top_p: float = _option(
         1.0,
         "Nucleus sampling: the share of the probability mass kept, in (0, 1].",
         gt=0.0,
         le=1.0,
-        absent={"cli": "`ask` answers greedily, as measured"},
+        absent={"cli": "`ask` answers greedily, as measured", "demo": _PAGE_GREEDY},
     )
     seed: int | None = _option(
-        0, "Sampling seed (with a temperature above 0); None: unseeded.", absent={"cli": "`ask` answers greedily"}
+        0,
+        "Sampling seed (with a temperature above 0); None: unseeded.",
+        absent={"cli": "`ask` answers greedily", "demo": _PAGE_GREEDY},
     )
     # str | Restack | MethodConfig | None: a Restack carries its own slots
     restack: Any = _option(
@@ -164,7 +175,10 @@ class AnswerOptions:
         1,
         "Scoring passes before answering, each re-scoring the passages where the last one placed them.",
         ge=1,
-        absent={"llm": "a call's keyword (with its `restack`), not a field: the LLM's own `restack` scores once"},
+        absent={
+            "llm": "a call's keyword (with its `restack`), not a field: the LLM's own `restack` scores once",
+            "demo": "the page's re-order switch scores once",
+        },
     )
     cite_evidence: str | None = _option(
         None,
@@ -175,6 +189,7 @@ class AnswerOptions:
             "cli": "spelt with the flag other commands share (cli/options.add_cite_evidence_arg)",
             "llm": "a setting of the LLM's generator (its own `cite_evidence` field), made when it is built",
             "request": "the server's operator chooses how it cites",
+            "demo": "chosen when the demo starts (`midlens demo --cite-evidence`), for every method on the page",
         },
     )
     verify: bool = _option(
@@ -198,11 +213,13 @@ class AnswerOptions:
         le=1.0,
         implies=("abstain",),
         streamed=False,
+        absent={"demo": "the page's abstain switch withholds below each model's own threshold"},
     )
     stop_at_line_end: bool | None = _option(
         None,
         "End the answer at the end of its first non-empty line; None: the model's default (on for a model without a "
         "chat template, which otherwise goes on to write the next question of the prompt's pattern).",
+        absent={"demo": "each model's default"},
     )
 
     def __post_init__(self) -> None:
