@@ -261,6 +261,27 @@ def test_the_llm_and_the_server_spell_options_without_a_list_of_their_own():
     assert _bounds(MidlensLLM.model_fields["temperature"]) == {"ge": 0.0, "le": 2.0}
 
 
+def test_the_query_engine_takes_its_options_from_answer_options():
+    """MidlensQueryEngine's `verify` / `restack` / `restack_rounds`, as pydantic fields and as constructor keywords,
+    have AnswerOptions' defaults, help and bounds (they were written by hand there, and could drift)."""
+    import inspect
+    from dataclasses import fields
+
+    from midlens.rag.llamaindex import query_engine
+    from midlens.rag.options import option_info
+
+    engine = query_engine.MidlensQueryEngine
+    keywords = inspect.signature(engine.__init__).parameters
+    assert set(query_engine.EngineOptions.model_fields) == query_engine.ENGINE_OPTIONS
+    for name in query_engine.ENGINE_OPTIONS:
+        default = next(f.default for f in fields(AnswerOptions) if f.name == name)
+        given = engine.model_fields[name]
+        assert given.default == keywords[name].default == default, (name, given.default, keywords[name].default)
+        assert given.description.startswith(option_info(name).help), name
+        stated = {k: v for k, v in (("ge", option_info(name).ge), ("le", option_info(name).le)) if v is not None}
+        assert _bounds(given) == stated, (name, _bounds(given))
+
+
 def test_the_guide_shows_the_options_as_they_are():
     from pathlib import Path
 

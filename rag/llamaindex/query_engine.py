@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
+from copy import copy
 from typing import Any, ClassVar, Literal
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -13,7 +14,7 @@ from llama_index.core.base.response.schema import (
     Response,
     StreamingResponse,
 )
-from llama_index.core.bridge.pydantic import Field
+from llama_index.core.bridge.pydantic import BaseModel, Field
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.chat_engine import CondenseQuestionChatEngine
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -35,15 +36,24 @@ from midlens.rag.llamaindex.common import (
 )
 from midlens.rag.llamaindex.llm import MidlensLLM
 from midlens.rag.llamaindex.reranker import AttentionReranker
-from midlens.rag.options import AnswerOptions
+from midlens.rag.option_fields import option_model
+from midlens.rag.options import FIELDS, AnswerOptions
 from midlens.rag.pipeline import marked_answer
+
+# The engine's own answering fields: what the LLM leaves to it (`verify`, which needs the model here, and a restack of
+# several rounds) and the `restack` that overrides the LLM's. Written from AnswerOptions' fields (default, help,
+# bounds: rag/option_fields.py) as the LLM's are; the server's request spells all three, so its spelling less the
+# others is the engine's. The keywords' defaults are the same fields' (`_DEFAULTS`).
+ENGINE_OPTIONS = frozenset({"verify", "restack", "restack_rounds"})
+EngineOptions = option_model("EngineOptions", "request", exclude=FIELDS - ENGINE_OPTIONS, base=BaseModel)
+_DEFAULTS = AnswerOptions()
 
 
 def _empty() -> Response:
     return Response("Empty Response", source_nodes=[], metadata={})
 
 
-class MidlensQueryEngine(CustomQueryEngine):
+class MidlensQueryEngine(EngineOptions, CustomQueryEngine):
     """retrieve -> (postprocess) -> stack -> generate, with evidence-scored sources.
 
     Retrieval and postprocessing are LlamaIndex's (an AttentionReranker given no model of its own scores with the
@@ -76,9 +86,8 @@ class MidlensQueryEngine(CustomQueryEngine):
     llm: MidlensLLM
     node_postprocessors: list[BaseNodePostprocessor] = Field(default_factory=list)
     streaming: bool = False
-    verify: bool = False
-    restack: Any = RESTACK_MEASURED  # a scorer spec, a generators.restack.Restack, RESTACK_MEASURED, or None
-    restack_rounds: int = 1
+    # A generators.restack.Restack too, which the options' schema (a spec or None) does not describe.
+    restack: Any = copy(EngineOptions.model_fields["restack"])
 
     def __init__(
         self,
@@ -91,9 +100,9 @@ class MidlensQueryEngine(CustomQueryEngine):
         node_postprocessors: Sequence[BaseNodePostprocessor] = (),
         streaming: bool = False,
         callback_manager: CallbackManager | None = None,
-        verify: bool = False,
-        restack: str | Restack | None = RESTACK_MEASURED,
-        restack_rounds: int = 1,
+        verify: bool = _DEFAULTS.verify,
+        restack: str | Restack | None = _DEFAULTS.restack,
+        restack_rounds: int = _DEFAULTS.restack_rounds,
         **llm_kwargs: Any,
     ) -> None:
         """`verify=True` checks each citation (`Pipeline.verify`: the answer re-scored with the cited node removed,
