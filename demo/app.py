@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from midlens.demo.backend import (
     DEFAULT_MAX_UPLOAD_MB,
     HOST,
-    MAX_NEW_TOKENS,
     MAX_TOP_K,
     UPLOAD_SUFFIXES,
     DemoBackend,
@@ -182,7 +181,7 @@ def _controls(backend: DemoBackend) -> Controls:
     """The question with its example buttons on the left, the settings on the right."""
     import gradio as gr
 
-    from midlens.demo import views
+    from midlens.demo import controls, views
 
     with gr.Row():
         with gr.Column(scale=3):
@@ -200,34 +199,23 @@ def _controls(backend: DemoBackend) -> Controls:
                 model = gr.Dropdown(backend.models, value=backend.model, label="Model")
                 method = gr.Dropdown(backend.methods_of(backend.model), value=backend.method, label="Method")
             compare = gr.Checkbox(label="Side by side: compare with the plain model (baseline), same passages")
-            # Off by default: each cited passage costs one more reading of the whole prompt.
-            check = gr.Checkbox(
-                label="Check citations: answer again without each cited passage (slower)",
-                value=False,
-                elem_id="check-citations",
+            # The answering options' controls start where the demo's options do (AnswerOptions' defaults unless it
+            # was started with others), so a default changed there is the page's too; the Re-order switch is set
+            # again when the model or method changes (what re-ordering gains, per model: docs/results/restack/).
+            options = backend.options
+            check = controls.control(options, "verify", options.verify, elem_id="check-citations")
+            restack = controls.control(
+                options, "restack", backend.restacks(backend.model, backend.method), elem_id="restack"
             )
-            # On where it was measured to help the chosen model and method (one more reading of the prompt; what it
-            # gains, per model: docs/results/restack/), and set again when either changes.
-            restack = gr.Checkbox(
-                label="Re-order the passages first: the ones the model judges most relevant go where it reads best",
-                value=backend.measured_restack(backend.model, backend.method) is not None,
-                elem_id="restack",
-            )
-            abstain = gr.Checkbox(
-                label="Say so instead of answering when the passages do not seem to support an answer",
-                value=False,
-                elem_id="abstain",
-            )
-            top_k = gr.Slider(1, MAX_TOP_K, value=backend.top_k, step=1, label="How many passages to give the model")
+            abstain = controls.control(options, "abstain", options.abstain, elem_id="abstain")
+            top_k = controls.control(options, "top_k", options.top_k, elem_id="top-k")
             with gr.Accordion("Corpus and answer length", open=False):
                 corpus = gr.File(
                     label=f"Your own corpus (.txt, .md or .jsonl, up to {_size(backend.max_upload_bytes)})",
                     file_types=list(UPLOAD_SUFFIXES),
                     type="filepath",
                 )
-                max_new = gr.Slider(
-                    1, MAX_NEW_TOKENS, value=backend.max_new_tokens, step=1, label="Longest answer (tokens)"
-                )
+                max_new = controls.control(options, "max_new_tokens", options.max_new_tokens, elem_id="max-new-tokens")
     return Controls(question, ask, model, method, compare, top_k, corpus, max_new, check, restack, abstain)
 
 
@@ -253,6 +241,8 @@ def _check_tab(backend: DemoBackend) -> CheckTab:
     check, the answer with its links, the passages and the per-sentence table."""
     import gradio as gr
 
+    from midlens.demo import controls
+
     gr.Markdown(CHECK_INTRO)
     with gr.Row():
         with gr.Column(scale=3):
@@ -271,13 +261,17 @@ def _check_tab(backend: DemoBackend) -> CheckTab:
                 button = gr.Button("Check", variant="primary", elem_id="check-button")
         with gr.Column(scale=2):
             model = gr.Dropdown(backend.models, value=backend.model, label="Model that reads it", elem_id="check-model")
-            top_k = gr.Slider(
-                1, MAX_TOP_K, value=backend.top_k, step=1, label="Passages to retrieve (when none are pasted)"
+            options = backend.options
+            top_k = controls.control(
+                options, "top_k", options.top_k, label="Passages to retrieve (when none are pasted)"
             )
-            # On by default: it is what says which sentences do not need any passage (one reading per citation).
-            verify = gr.Checkbox(
+            # On, unlike an answer's default: checking is what says which sentences need no passage (one reading
+            # per citation).
+            verify = controls.control(
+                options,
+                "verify",
+                True,
                 label="Check citations: read the answer again without each cited passage (slower)",
-                value=True,
                 elem_id="check-verify",
             )
     with gr.Column(visible=False, elem_id="check-results") as shown:

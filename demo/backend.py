@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from midlens.core.errors import CorpusError, MidlensError, Remedies
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RESTACK_SCORER, measured_restack_for
+from midlens.core.names import DEFAULT_RESTACK_SCORER, RESTACK_MEASURED, measured_restack_for
+from midlens.rag.options import AnswerOptions
 
 if TYPE_CHECKING:  # torch loads slowly: only the requests themselves import it
     from midlens.core.passage import Passage
@@ -68,16 +69,18 @@ class DemoBackend:
         corpus: str | Path | None = None,
         model: str | None = None,
         method: str | None = None,
-        top_k: int = 5,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        top_k: int | None = None,
+        max_new_tokens: int | None = None,
         evidence: EvidenceConfig | None = None,
         max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
         device: str = "auto",
         dtype: str = "auto",
         cite_evidence: str | None = None,
     ):
-        """`cite_evidence`: every method's citations choose their passages with this method's evidence of the prompt
-        (`MeasuredCitations(evidence_from=...)`; one more prefill per answer); a given `pipeline` cites as it does."""
+        """`top_k`, `max_new_tokens`: where the page's controls start (None: AnswerOptions' defaults; a given
+        `pipeline`: its options). `cite_evidence`: every method's citations choose their passages with this method's
+        evidence of the prompt (`MeasuredCitations(evidence_from=...)`; one more prefill per answer); a given
+        `pipeline` cites as it does."""
         from midlens.core.names import METHOD_SHORTHANDS
         from midlens.generators.citations import MeasuredCitations
         from midlens.generators.methods.registry import method_config
@@ -97,15 +100,14 @@ class DemoBackend:
             self._bases[name] = pipeline
             self._retrievers[DEFAULT_CORPUS] = pipeline.retriever
             self.model = name
-            self.top_k = pipeline.options.top_k
-            self.max_new_tokens = pipeline.options.max_new_tokens
+            self.options = pipeline.options
             self.evidence = pipeline.generator.evidence_config
             self.citations = pipeline.generator.citation_setting
             method = pipeline.generator.method
         else:
             self.model = model or DEFAULT_MODEL
-            self.top_k = top_k
-            self.max_new_tokens = max_new_tokens
+            given = {"top_k": top_k, "max_new_tokens": max_new_tokens}
+            self.options = AnswerOptions().replace(**{k: v for k, v in given.items() if v is not None})
             method = method or default_method(self.model)
         self.models = list(dict.fromkeys([self.model, *REGISTRY]))
         # The startup spec's options (e.g. `ms-poe(ratio_max=1.4)`) apply whenever that method is picked.
@@ -113,6 +115,16 @@ class DemoBackend:
         # The menu entry the page starts on: a shorthand (`finetuned`) is an entry of its own, not its method's name.
         shorthand = isinstance(method, str) and method.strip() in METHOD_SHORTHANDS
         self.method = method.strip() if shorthand else self.startup_method.name
+
+    @property
+    def top_k(self) -> int:
+        """Passages per question, until a visitor moves the slider."""
+        return self.options.top_k
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The longest answer, until a visitor moves the slider."""
+        return self.options.max_new_tokens
 
     # -- shared parts, built on first use -------------------------------------------------------
 
@@ -173,6 +185,15 @@ class DemoBackend:
             return None
         return measured_restack_for(model, spec)
 
+    def restacks(self, model: str, method: str) -> bool:
+        """Whether the demo's options restack `model`'s answers with `method` (their `restack`; "measured": where
+        restacking was measured to help them): what the page's "Re-order" switch starts at, and is set to again
+        when the model or the method changes."""
+        restack = self.options.restack
+        if isinstance(restack, str) and restack == RESTACK_MEASURED:
+            return self.measured_restack(model, method) is not None
+        return restack is not None
+
     def methods_of(self, model: str) -> list[str]:
         """The methods offered with `model`: one trained per model (MuDAF, MoICE) only where it ships for it."""
         from midlens.generators.methods.registry import available
@@ -187,7 +208,6 @@ class DemoBackend:
         the default scorer (core.names.DEFAULT_RESTACK_SCORER)."""
         from midlens.generators.generator import Generator
         from midlens.generators.loading import load_model
-        from midlens.rag.options import AnswerOptions
         from midlens.rag.pipeline import Pipeline
 
         if model not in self.models:

@@ -77,8 +77,9 @@ class Handlers:
         return gr.Dropdown(choices=offered, value=chosen)
 
     def restack_default(self, model: str, method: str) -> bool:
-        """The "Re-order" switch for a newly chosen model or method: on where restacking was measured to help."""
-        return self.backend.measured_restack(model, method) is not None
+        """The "Re-order" switch for a newly chosen model or method: on where the demo's options restack (by default
+        where restacking was measured to help)."""
+        return self.backend.restacks(model, method)
 
     def upload(self, corpus_file: str | None, progress: gr.Progress = TRACKED) -> str:
         try:

@@ -543,3 +543,93 @@ def test_the_answer_header_names_the_method_as_the_menu_does(pipeline):
     mudaf = pipeline.with_method("mudaf").generator.method.to_dict()
     assert views.method_label(SimpleNamespace(method=mudaf)) == "mudaf"
     assert views.method_label(SimpleNamespace(method=pipeline.generator.method.to_dict())) == "baseline"
+
+
+def _answering_controls(backend: DemoBackend) -> tuple[dict, dict]:
+    """The page's answering controls over `backend`, built without a model: the Ask tab's by option (found by the
+    page's name for each, demo.controls.LABELS) and the check tab's (found by its element ids)."""
+    from midlens.demo.app import build_blocks
+    from midlens.demo.controls import LABELS
+
+    blocks = build_blocks(backend).blocks.values()
+    by_label = {b.label: b for b in blocks if getattr(b, "label", None) and getattr(b, "info", None)}
+    ask = {name: by_label[label] for name, label in LABELS.items() if label in by_label}
+    check = {
+        "top_k": by_label["Passages to retrieve (when none are pasted)"],
+        "verify": next(b for b in blocks if getattr(b, "elem_id", None) == "check-verify"),
+    }
+    return ask, check
+
+
+def test_each_answering_control_starts_at_answer_options_default_with_its_help():
+    """The page has one control per option the demo spells (rag.option_fields.spelt_by("demo"); every other option
+    says why not), each starting at AnswerOptions' default, within its bounds, showing its help: a default changed
+    there, or a control written by hand again with a value of its own, fails here. The Re-order switch shows what
+    the default `restack` ("measured") means for the model and method; the check tab's "Check citations" starts on,
+    unlike an answer's (checking is what names a sentence that needs no passage)."""
+    from dataclasses import fields
+
+    from midlens.core.names import RESTACK_MEASURED, measured_restack_for
+    from midlens.generators.methods.registry import method_config
+    from midlens.rag.option_fields import spelt_by
+    from midlens.rag.options import AnswerOptions, option_info
+
+    defaults = AnswerOptions()
+    for model, method in ((MODEL, "baseline"), (MODEL, "finetuned")):  # restacked by default: no, then yes
+        backend = DemoBackend(model=model, method=method)  # no pipeline: the page is built before any model loads
+        ask, check = _answering_controls(backend)
+        assert set(ask) == set(spelt_by("demo")), set(ask) ^ set(spelt_by("demo"))
+        for field in fields(AnswerOptions):
+            if field.name not in ask:
+                continue
+            control, info = ask[field.name], option_info(field.name)
+            assert control.info == info.help, field.name
+            if field.name == "restack":
+                assert field.default == defaults.restack == RESTACK_MEASURED
+                measured = measured_restack_for(model, method_config(method).spec())
+                assert control.value is (measured is not None), (method, measured)
+                continue
+            assert control.value == field.default == getattr(defaults, field.name), field.name
+            if info.ge is not None:
+                assert control.minimum >= info.ge and control.maximum >= control.value, field.name
+        assert check["top_k"].value == defaults.top_k and check["top_k"].info == option_info("top_k").help
+        assert check["verify"].value is True and check["verify"].info == option_info("verify").help
+    assert ask["restack"].value is True  # finetuned SmolLM2: where restacking was measured to help
+
+
+def test_the_answering_controls_follow_the_options_they_spell(monkeypatch):
+    """Other defaults and help in AnswerOptions (a subclass stands for the edited class) reach every control, the
+    Re-order switch and the handler that sets it again when the model or method changes included."""
+    from dataclasses import dataclass
+
+    from midlens.core.errors import InvalidArgumentError
+    from midlens.demo import backend as backend_module
+    from midlens.demo.handlers import Handlers
+    from midlens.rag.options import AnswerOptions, _option
+
+    @dataclass(frozen=True)
+    class Edited(AnswerOptions):
+        top_k: int = _option(7, "Edited: passages.", ge=1)
+        max_new_tokens: int = _option(33, "Edited: tokens.", ge=0)
+        restack: object = _option(None, "Edited: restack.")
+        verify: bool = _option(True, "Edited: verify.")
+        abstain: bool = _option(True, "Edited: abstain.")
+
+    monkeypatch.setattr(backend_module, "AnswerOptions", Edited)
+    backend = DemoBackend(model=MODEL, method="finetuned")  # restacked, were `restack` still "measured"
+    ask, check = _answering_controls(backend)
+    assert {name: c.value for name, c in ask.items()} == {
+        "top_k": 7,
+        "max_new_tokens": 33,
+        "restack": False,
+        "verify": True,
+        "abstain": True,
+    }
+    words = {"top_k": "passages", "max_new_tokens": "tokens", "restack": "restack", "verify": "verify"}
+    assert {name: c.info for name, c in ask.items()} == {name: f"Edited: {words.get(name, name)}." for name in ask}
+    assert (check["top_k"].value, check["top_k"].info) == (7, "Edited: passages.")
+    assert Handlers(backend).restack_default(MODEL, "finetuned") is False
+    # Given at startup (`midlens demo --top-k 3`), a value outranks the default; a bad one is refused by name.
+    assert _answering_controls(DemoBackend(model=MODEL, method="baseline", top_k=3))[0]["top_k"].value == 3
+    with pytest.raises(InvalidArgumentError, match="^top_k=0"):
+        DemoBackend(model=MODEL, top_k=0)
