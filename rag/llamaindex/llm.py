@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from midlens.generators.citations import MeasuredCitations
     from midlens.generators.generator import GenerationStream, Generator
     from midlens.generators.prompt import StackedPrompt
-    from midlens.generators.restack import Restacker
+    from midlens.rag.answering import Answering
     from midlens.rag.llamaindex.remote import Served
     from midlens.rag.pipeline import AnswerStream, Pipeline
     from midlens.rag.remote import MidlensClient
@@ -225,30 +225,32 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
 
     def _prepare_chat(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
-    ) -> tuple[Generator | Restacker, StackedPrompt, dict[str, Any], str]:
-        """What answers the chat, its prompt, options and the form of its reply ("text"; "marked": with [N] markers,
-        as LlamaIndex's citation template asks; "blocks": CitationBlocks for CitableBlocks): a chat's CitableBlocks,
-        or a QA template's passages, the way `complete` answers them (restacked as the LLM's `restack` says), any
-        other conversation in the model's chat template."""
+    ) -> tuple[Answering, StackedPrompt, AnswerOptions, str]:
+        """The answer path the chat goes through (rag.answering, as `complete`'s Pipeline), its prompt, options and
+        the form of its reply ("text"; "marked": with [N] markers, as LlamaIndex's citation template asks;
+        "blocks": CitationBlocks for CitableBlocks): a chat's CitableBlocks, or a QA template's passages, stacked as
+        `complete` stacks them (restacked as the LLM's `restack` says), any other conversation in the model's chat
+        template."""
         passages, options = self._options(kwargs)
         if passages:
             raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
         citable = citable_request(messages)
         if citable is not None:
             pipeline = self._pipeline(options)
-            return pipeline.answerer, pipeline.prompt(*citable), options.decoding(self.generator.tokenizer), "blocks"
+            return pipeline.answering, pipeline.prompt(*citable), options, "blocks"
         stock = self._stock_chat(messages) if messages else None
         if stock is not None:
             pipeline = self._pipeline(options)
             prompt = pipeline.prompt(stock.question, stock.passages)
-            decoding = options.decoding(self.generator.tokenizer)
-            return pipeline.answerer, prompt, decoding, "marked" if stock.cites_in_text else "text"
+            return pipeline.answering, prompt, options, "marked" if stock.cites_in_text else "text"
         from midlens.generators.prompt import chat_prompt
 
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
         window = self.generator.context_window - options.max_new_tokens
-        decoding = {**options.decoding(self.generator.tokenizer), "calibrate": False}
-        return self.generator, chat_prompt(self.generator.tokenizer, turns, window), decoding, "text"
+        # A conversation has no passages: none to restack, to calibrate the evidence against, or whose support an
+        # answer could be withheld for.
+        plain = options.replace(calibrate=False, restack=None, restack_rounds=1, abstain=False, abstain_below=None)
+        return self._pipeline(plain).answering, chat_prompt(self.generator.tokenizer, turns, window), plain, "text"
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         question, passages, options, marked = self._request(prompt, formatted, kwargs)
@@ -263,8 +265,8 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
     # this class as Settings.llm send whole conversations (system turns included).
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        answerer, stacked, options, form = self._prepare_chat(messages, kwargs)
-        answer = answerer.generate(stacked, **options)
+        answering, prompt, options, form = self._prepare_chat(messages, kwargs)
+        (answer,) = answering.answer([prompt], options)
         response = _as_chat(_completion(answer, marked=form == "marked"))
         if form == "blocks":
             response.message = ChatMessage(role=MessageRole.ASSISTANT, blocks=answer_blocks(answer))
@@ -272,15 +274,16 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        answerer, stacked, options, form = self._prepare_chat(messages, kwargs)
+        answering, prompt, options, form = self._prepare_chat(messages, kwargs)
+        stream = answering.stream(prompt, options)
         if form == "blocks":  # each sentence's CitationBlocks as the next sentence begins, as the Python API streams
-            passages = stacked.passages
+            passages = prompt.passages
             return (
                 _citation_chunk(chunk, passages) if "citation" in chunk.additional_kwargs else _as_chat(chunk)
-                for chunk in _chunks(answerer.stream(stacked, **options))
+                for chunk in _chunks(stream)
             )
         # A generator, not a map: LlamaIndex's callback tells a stream from a response by that type.
-        return (_as_chat(chunk) for chunk in _chunks(answerer.stream(stacked, **options)))
+        return (_as_chat(chunk) for chunk in _chunks(stream))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
