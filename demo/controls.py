@@ -1,8 +1,9 @@
 """The demo page's answering controls, spelt from AnswerOptions (rag/options.py) as the command line's flags are
 (rag/option_fields.py): each option the demo spells (`spelt_by("demo")`) is a control that starts at the demo's
-options (AnswerOptions' defaults, unless the demo was started with others), keeps within the option's bounds and
-shows the option's help. A changed default, bound or help text reaches the page as it reaches `midlens ask --help`;
-what the page keeps is its own name for each control. Imported only while a page is built (it imports gradio)."""
+options (AnswerOptions' defaults, unless the demo was started with others) and keeps within the option's bounds. A
+changed default or bound reaches the page as it reaches `midlens ask --help`; what the page keeps is its own words
+for each control (LABELS): the options' help is written for a command line and an API ("a method spec, or None"),
+which a visitor of the page should not have to read under a tick-box. Imported only while a page is built (it imports gradio)."""
 
 from __future__ import annotations
 
@@ -46,11 +47,11 @@ def control(
     elem_id: str | None = None,
 ) -> gr.Checkbox | gr.Slider | gr.Dropdown:
     """The control for the option `name`, starting at `value` (the demo's options' value, or for `restack` whether
-    they restack), with the option's help under it: a switch for yes or no, a menu for a word from a list, a
+    they restack): a switch for yes or no, a menu for a word from a list, a
     whole-number slider within the option's bounds and the page's (PAGE_RANGES). `label`: the page's name for it
     (LABELS unless given, e.g. the check tab's own words)."""
     info = _info(options, name)
-    shown = {"label": label or LABELS[name], "info": info.help, "elem_id": elem_id}
+    shown = {"label": label or LABELS[name], "elem_id": elem_id}
     if isinstance(value, bool):
         return gr.Checkbox(value=value, **shown)
     if info.choices:
