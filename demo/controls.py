@@ -3,7 +3,8 @@
 options (AnswerOptions' defaults, unless the demo was started with others) and keeps within the option's bounds. A
 changed default or bound reaches the page as it reaches `midlens ask --help`; what the page keeps is its own words
 for each control (LABELS): the options' help is written for a command line and an API ("a method spec, or None"),
-which a visitor of the page should not have to read under a tick-box. Imported only while a page is built (it imports gradio)."""
+which a visitor of the page should not have to read under a tick-box. Imported only while a page is built (it
+imports gradio)."""
 
 from __future__ import annotations
 

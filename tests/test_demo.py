@@ -563,11 +563,11 @@ def _answering_controls(backend: DemoBackend) -> tuple[dict, dict]:
 
 def test_each_answering_control_starts_at_answer_options_default():
     """The page has one control per option the demo spells (rag.option_fields.spelt_by("demo"); every other option
-    says why not), each starting at AnswerOptions' default, within its bounds, in the page's words (not the API's help text,
-    written for a command line): a default changed
-    there, or a control written by hand again with a value of its own, fails here. The Re-order switch shows what
-    the default `restack` ("measured") means for the model and method; the check tab's "Check citations" starts on,
-    unlike an answer's (checking is what names a sentence that needs no passage)."""
+    says why not), each starting at AnswerOptions' default, within its bounds, in the page's words (not the API's
+    help text, written for a command line): a default changed there, or a control written by hand again with a value
+    of its own, fails here. The Re-order switch shows what the default `restack` ("measured") means for the model and
+    method; the check tab's "Check citations" starts on, unlike an answer's (checking is what names a sentence that
+    needs no passage)."""
     from dataclasses import fields
 
     from midlens.core.names import RESTACK_MEASURED, measured_restack_for

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from midlens.cli.options import add_cite_evidence_arg, add_model_args, check_cite_evidence
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TOP_K
 from midlens.demo.backend import DEFAULT_MAX_UPLOAD_MB, HOST, MAX_NEW_TOKENS, MAX_TOP_K
 
 EXAMPLES = """examples:
@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
         "demo", help="Gradio demo on 127.0.0.1: ask, see per-passage evidence, compare methods", epilog=EXAMPLES
     )
     demo.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
-    demo.add_argument("--top-k", type=int, help="passages retrieved for a question (default: the answering options')")
+    demo.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="passages retrieved for a question")
     demo.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     demo.add_argument("--port", type=int, help="default: the first free port from 7860")
     demo.add_argument(
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     model = chosen_model(args, method_spec(args))  # refuse a bad method spec or device before starting a server
     check_device(args)
     check_cite_evidence(args)
-    if args.top_k is not None and not 1 <= args.top_k <= MAX_TOP_K:
+    if not 1 <= args.top_k <= MAX_TOP_K:
         raise MidlensError(f"--top-k {args.top_k}: the demo offers 1 to {MAX_TOP_K} passages.")
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
         raise MidlensError(f"--max-new-tokens {args.max_new_tokens}: the demo allows 1 to {MAX_NEW_TOKENS}.")
