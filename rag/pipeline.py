@@ -304,8 +304,14 @@ def marked_answer(answer: Answer, unverified: Literal["mark", "drop"] = "mark") 
     """The answer with a marker (`citation_marker`) after each cited sentence: "... at the Brea Mall in Brea,
     California [1]." The marker numbers are the passages' positions in the prompt, as `PassageEvidence.position`
     and the prompt's "Document [n]" lines number them."""
-    text, out, spans, shift, pos = answer.text, [], [], 0, 0
-    for citation in answer.citations:
+    return marked_text(answer.text, answer.citations, unverified)
+
+
+def marked_text(text: str, citations: list[Citation], unverified: Literal["mark", "drop"] = "mark") -> MarkedAnswer:
+    """`marked_answer` of a text and its sentences' citations: a streamed answer's so far, the sentences cited by
+    then (the marked text up to the last one's `spans` end is then the finished answer's)."""
+    out, spans, shift, pos = [], [], 0, 0
+    for citation in citations:
         start, end = citation.span
         marker = citation_marker(citation, unverified)
         at = end

@@ -804,6 +804,51 @@ def test_stock_context_chat_engines_cite_the_passages_they_were_given(llm, faiss
     assert [m.content for m in engine.chat_history[1::2]] == replies  # the engine keeps the marked replies
 
 
+@pytest.mark.parametrize("mode", ["context", "condense_plus_context"])
+def test_a_streamed_context_chat_reply_carries_the_markers_of_the_unstreamed_one(llm, mode):
+    """Defect: a stock context chat engine's streamed reply (`stream_chat`) came without the [n] markers its
+    non-streamed reply to the same question over the same nodes carries. Now each sentence streams with its markers
+    as soon as the next sentence has begun (the first one here before the second's text is out): the joined deltas,
+    the streamed response and the reply the engine keeps in its history equal the non-streamed reply."""
+    from llama_index.core.chat_engine import CondensePlusContextChatEngine, ContextChatEngine
+    from llama_index.core.retrievers import BaseRetriever
+
+    nodes = short_nodes(4, gold_at=3, chars=400)  # as planted_passages cut them: a reply of two sentences
+
+    class Fixed(BaseRetriever):
+        def _retrieve(self, query_bundle):
+            return list(nodes)
+
+    stock = {"context": ContextChatEngine, "condense_plus_context": CondensePlusContextChatEngine}[mode]
+    long = MidlensLLM.from_generator(llm.generator, max_new_tokens=32)
+    question = "Tell me about the Zorbland expedition. Then tell me its code word."
+    plain = stock.from_defaults(retriever=Fixed(), llm=long).chat(question)
+    engine = stock.from_defaults(retriever=Fixed(), llm=long)
+    streamed = engine.stream_chat(question)
+    deltas = list(streamed.response_gen)  # written to the engine's history by the end
+    markers = re.findall(r"\[(\d+)\]", plain.response)
+    assert markers and set(markers) <= {"1", "2", "3", "4"}, plain.response
+    assert "".join(deltas) == streamed.response == plain.response
+    assert engine.chat_history[-1].content == plain.response
+    assert len(deltas) >= 2 and re.search(r"\[\d+\]", deltas[0]), deltas  # the first sentence came, marked, first
+
+
+def test_a_citation_template_sent_as_chat_streams_the_markers_chat_gives(llm):
+    """CitationQueryEngine's template as a chat's user turn (what a chat-model wrapper sends) is read back into its
+    sources; chat() marks the reply with [n], and stream_chat() sends the same marked text, delta by delta."""
+    from llama_index.core.query_engine.citation_query_engine import CITATION_QA_TEMPLATE
+
+    nodes = short_nodes(3, gold_at=2, chars=120)
+    context = "\n".join(f"Source {i}:\n{n.node.get_content()}\n" for i, n in enumerate(nodes, 1))
+    messages = [ChatMessage(role="user", content=CITATION_QA_TEMPLATE.format(context_str=context, query_str=QUESTION))]
+    chat = llm.chat(messages)
+    answer = chat.additional_kwargs["answer"]
+    assert [pe.passage.text for pe in answer.passages] == [n.node.get_content().strip() for n in nodes]
+    assert re.search(r"\[[123]\]", chat.message.content), chat.message.content
+    chunks = list(llm.stream_chat(messages))
+    assert "".join(c.delta for c in chunks) == chat.message.content == chunks[-1].message.content
+
+
 def test_citable_blocks_in_chat_come_back_as_citation_blocks_streamed_or_not(llm):
     """LlamaIndex's CitableBlock / CitationBlock: passages given as citable blocks, the answer's citations returned as
     citation blocks whose offsets index the answer and the block's text; streaming yields the same blocks."""

@@ -72,6 +72,34 @@ def _chunks(stream: GenerationStream | AnswerStream) -> CompletionResponseGen:
     yield _completion(answer, delta=answer.text[len(shown) :] if answer.text.startswith(shown) else "")
 
 
+def _marked(chunks: CompletionResponseGen) -> CompletionResponseGen:
+    """`_chunks` for a prompt that asks for "[N]" citations in the text (what `_completion(..., marked=True)` answers
+    it with), the markers in the text: ''.join(deltas) is the non-streamed reply. A marker goes before its sentence's
+    closing punctuation and is known once the next sentence has begun (its citation), so each sentence's text is
+    held until then and goes out with its marker, in one chunk before its citation's; the last with the final chunk.
+    A chunk's `text` is the marked text so far; a citation's span still indexes the answer's own text."""
+    from midlens.rag.pipeline import marked_text
+
+    cited, shown = [], ""
+    for chunk in chunks:
+        if "answer" in chunk.additional_kwargs:
+            final = _completion(chunk.additional_kwargs["answer"], marked=True)
+            if not final.text.startswith(shown):  # the streamed citations are the final ones: not expected
+                logger.warning("MidlensLLM: the streamed citation markers differ from the finished answer's")
+            final.delta = final.text[len(shown) :] if final.text.startswith(shown) else ""
+            yield final
+            return
+        if "citation" not in chunk.additional_kwargs:
+            continue  # held: where its sentence's marker goes is not known yet
+        cited.append(chunk.additional_kwargs["citation"])
+        marked = marked_text(chunk.text, cited)
+        upto = marked.text[: marked.spans[-1][1]]
+        if len(upto) > len(shown):
+            yield CompletionResponse(text=upto, delta=upto[len(shown) :])
+        shown = upto
+        yield CompletionResponse(text=shown, delta="", additional_kwargs=chunk.additional_kwargs)
+
+
 # MidlensLLM's fields that are AnswerOptions' (same names, defaults, bounds and help: rag/option_fields.py writes
 # them), and what one call may change besides: a call's restacking may take several rounds, the field's takes one.
 LLM_OPTIONS = spelt_by("llm")
@@ -95,6 +123,12 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
     passes); the evidence rows stay in the order the nodes were given. Without a `restack` in the call the LLM's
     `restack` field decides: "measured" (the default) restacks where that was measured to help its model and
     method (core.names.MEASURED_RESTACKS: SmolLM2's default), None never does.
+
+    A prompt that asks for "[N]" citations in the answer's text (LlamaIndex's CitationQueryEngine and its context
+    chat engines' templates) gets the attention citations as markers there, streamed or not. A marker goes before
+    its sentence's closing punctuation and is known once the next sentence has begun, so a stream of such a reply
+    sends each sentence whole, with its markers, then (the last one at the end): its deltas join into the
+    non-streamed reply.
     """
 
     base_url: str | None = Field(
@@ -258,8 +292,9 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         # Prompt errors (empty question, too long) raise here, at call time, not on the first next().
-        question, passages, options, _ = self._request(prompt, formatted, kwargs)
-        return _chunks(self._pipeline(options).answer_stream(question, passages))
+        question, passages, options, marked = self._request(prompt, formatted, kwargs)
+        chunks = _chunks(self._pipeline(options).answer_stream(question, passages))
+        return _marked(chunks) if marked else chunks
 
     # Chat goes through the model's own chat template, not the RAG prompt: chat engines and agents that use
     # this class as Settings.llm send whole conversations (system turns included).
@@ -282,8 +317,9 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
                 _citation_chunk(chunk, passages) if "citation" in chunk.additional_kwargs else _as_chat(chunk)
                 for chunk in _chunks(stream)
             )
+        chunks = _marked(_chunks(stream)) if form == "marked" else _chunks(stream)
         # A generator, not a map: LlamaIndex's callback tells a stream from a response by that type.
-        return (_as_chat(chunk) for chunk in _chunks(stream))
+        return (_as_chat(chunk) for chunk in chunks)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
