@@ -84,9 +84,10 @@ def _marked(chunks: CompletionResponseGen) -> CompletionResponseGen:
     for chunk in chunks:
         if "answer" in chunk.additional_kwargs:
             final = _completion(chunk.additional_kwargs["answer"], marked=True)
-            if not final.text.startswith(shown):  # the streamed citations are the final ones: not expected
+            follows = final.text.startswith(shown)
+            if not follows:  # the streamed citations are the final ones (SentenceCiter): not expected
                 logger.warning("MidlensLLM: the streamed citation markers differ from the finished answer's")
-            final.delta = final.text[len(shown) :] if final.text.startswith(shown) else ""
+            final.delta = final.text[len(shown) :] if follows else ""
             yield final
             return
         if "citation" not in chunk.additional_kwargs:
