@@ -24,7 +24,7 @@ from pathlib import Path
 
 from midlens.core.errors import ArtefactError, InvalidArgumentError
 from midlens.generators.answer import Answer
-from midlens.generators.artefacts import SHIPPED
+from midlens.generators.artefacts import SHIPPED, Artefact
 from midlens.generators.citations import Citation
 from midlens.generators.support import (
     LIKELY_FLOOR,
@@ -245,27 +245,23 @@ class CheckedSupportModel(SupportModel):
         return replace(model, threshold=choose_threshold(weakest, right, target_precision))
 
     @classmethod
-    def load_checked(cls, folder: str | Path, base_model_sha256: str) -> CheckedSupportModel:
-        count = len(CHECKED_FEATURES)
-        shapes = {"mean": (count,), "scale": (count,), "coef": (count,), "intercept": (1,)}
-        section, artefact = cls.open(folder, METHOD_CHECKED, base_model_sha256, shapes)
+    def from_config(cls, section: dict, artefact: Artefact) -> CheckedSupportModel:
+        """The model its "support" section describes, its coefficients zero until `with_tensors` gives the saved
+        ones: CHECKED_FEATURES in this midlens's order, or refused."""
         if tuple(section["features"]) != CHECKED_FEATURES:
             raise ArtefactError(
                 f"checked support model {artefact.meta_file}: features {section['features']} are not this midlens's "
                 f"{list(CHECKED_FEATURES)}; refit it (docs/results/check/support.py fit)."
             )
-        t = artefact.tensors
-        return cls(
-            CHECKED_FEATURES,
-            tuple(t["mean"].tolist()),
-            tuple(t["scale"].tolist()),
-            tuple(t["coef"].tolist()),
-            float(t["intercept"][0]),
-            section["threshold"],
-            section["target_precision"],
-            section["label"],
-            Path(folder).name,
-        )
+        zeros = (0.0,) * len(CHECKED_FEATURES)
+        label, threshold, precision = section["label"], section["threshold"], section["target_precision"]
+        return cls(CHECKED_FEATURES, zeros, zeros, zeros, 0.0, threshold, precision, label, artefact.path.name)
+
+    @classmethod
+    def load_checked(cls, folder: str | Path, base_model_sha256: str) -> CheckedSupportModel:
+        """The checked support model saved in `folder`, through the one load every saved part has."""
+        # SupportModel.load picks the plain or verified method; a checked model has its own, so the load above it.
+        return super(SupportModel, cls).load(folder, METHOD_CHECKED, base_model_sha256)[0]
 
 
 def shipped_checked_folder(model: str) -> Path:

@@ -2,6 +2,7 @@
 language model: per-sentence features, fitting, saving and loading, and the wrong and planted answers made to check."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -88,6 +89,11 @@ def test_the_fitted_model_scores_the_false_sentence_lowest_and_round_trips_as_an
     assert loaded.threshold == model.threshold and loaded.name == "m"
     with pytest.raises(ArtefactError, match="not on the model loaded now"):
         CheckedSupportModel.load_checked(tmp_path / "m", "def")
+    # A model saved over other features (an older midlens's) is refused by name, not read into the wrong slots.
+    other = replace(model, features=(*model.features[:-1], "renamed"))
+    other.save(tmp_path / "other", {**meta, "training": {}, "data": {}})
+    with pytest.raises(ArtefactError, match="features .* are not this midlens's"):
+        CheckedSupportModel.load_checked(tmp_path / "other", "abc")
 
 
 def test_a_fit_on_one_label_is_refused():
