@@ -19,7 +19,8 @@ EVAL_MODEL = "smollm2-135m"
 # 1/5/10, short-answer instruction, below it at no position). On both packaged models the fine-tuning control passes:
 # the default model EM +15.7 [+10.8, +20.5] HotpotQA, +14.2 [+9.3, +18.7] SQuAD, F1 +18.0 / +19.4
 # (docs/results/qwen2.5-coder-0.5b/short-answer/); SmolLM2 EM +13.2 [+8.3, +18.2] / +11.2 [+6.2, +15.8], F1 +19.4 /
-# +17.4 (docs/results/smollm2-135m/short-answer/); each above its baseline at every position.
+# +17.4 (docs/results/smollm2-135m/short-answer/); each above its baseline at every position. On gemma3-270m no
+# method passes (n = 200, docs/results/gemma3-270m/n200/): it answers with the fallback.
 ANSWER_METHODS = {"qwen2.5-coder-0.5b": "finetuned", "smollm2-135m": "finetuned"}
 FALLBACK_ANSWER_METHOD = "baseline"
 # Reranking (AttentionReranker): the method whose evidence ranks, and which score (raw "evidence" or "calibrated"),
