@@ -9,7 +9,7 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 # Names that were used before and still work, with a deprecation note: old name -> current name.
 MODEL_ALIASES = {"qwen2.5-0.5b": "qwen2.5-coder-0.5b"}
 # The model the research commands default to (eval, bench, training): 4x faster on a CPU and the one most
-# documented measurements ran on. Trained artefacts (MuDAF delta, MoICE routers) ship for both packaged models.
+# documented measurements ran on. Trained artefacts (MuDAF delta, MoICE routers) ship for all three packaged models.
 EVAL_MODEL = "smollm2-135m"
 
 # What a model does where the user names no method, chosen by measurement for each packaged model; any other model

@@ -15,8 +15,11 @@ pytestmark = pytest.mark.model
 # Each trained method shipped for Gemma 3 270M and how `midlens methods` lists it.
 SHIPPED = {
     "finetuned": "finetuned          runs (mudaf(alpha=0), its shipped artefact)",
+    "mudaf": "mudaf              runs",
+    "moice": "moice              runs",
     "pos2distill": "pos2distill        runs",
 }
+LORA = {"finetuned", "mudaf", "pos2distill"}  # a LoRA delta; moice's routers steer the frozen model instead
 PASSAGES = [Passage(text="The secret code word is pelican.", title="code"), Passage(text="Paris is in France.")]
 
 
@@ -33,8 +36,9 @@ def test_midlens_methods_lists_every_shipped_gemma3_artefact_as_running(capsys):
 def test_each_shipped_gemma3_artefact_answers_and_is_not_the_stock_model(method):
     loaded = load_model("gemma3-270m", "cpu", "float32")
     tuned = Generator(loaded, method=method)
-    weights = [p for name, p in tuned.parts.delta.named_parameters() if name.endswith("_B")]
-    assert weights and max(float(w.abs().max()) for w in weights) > 0  # trained: B left zero would be the baseline
+    if method in LORA:
+        weights = [p for name, p in tuned.parts.delta.named_parameters() if name.endswith("_B")]
+        assert weights and max(float(w.abs().max()) for w in weights) > 0  # B left zero would be the baseline
     prompt = tuned.prompt("What is the secret code word?", PASSAGES)
     plain = Generator(loaded, method="baseline").generate(prompt, max_new_tokens=4, reference="pelican")
     answer = tuned.generate(prompt, max_new_tokens=4, reference="pelican")
