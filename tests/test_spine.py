@@ -308,9 +308,10 @@ def test_shipped_metas_of_one_format_version_have_one_schema():
     # Where a method ships for one packaged model only (Pos2Distill's default-model run needs a GPU), or also for any
     # model (the model-agnostic support models).
     everywhere = {"smollm2-135m", "qwen2.5-coder-0.5b", "any"}
-    # Gemma 3 270M's first artefacts: the `finetuned` delta (mudaf(alpha=0)) and the channel search, CPU runs.
+    # Gemma 3 270M's artefacts are short CPU runs (docs/results/gemma3-270m/trained/).
     shipped_for = {
-        "pos2distill": {"smollm2-135m"},
+        "pos2distill": {"smollm2-135m", "gemma3-270m"},
+        "moice": {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"},
         "mudaf": {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"},
         "channel-scaling": {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"},
         "support": everywhere,
