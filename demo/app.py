@@ -203,19 +203,19 @@ def _controls(backend: DemoBackend) -> Controls:
             # was started with others), so a default changed there is the page's too; the Re-order switch is set
             # again when the model or method changes (what re-ordering gains, per model: docs/results/restack/).
             options = backend.options
-            check = controls.control(options, "verify", options.verify, elem_id="check-citations")
+            check = controls.control(options, "verify", elem_id="check-citations")
             restack = controls.control(
                 options, "restack", backend.restacks(backend.model, backend.method), elem_id="restack"
             )
-            abstain = controls.control(options, "abstain", options.abstain, elem_id="abstain")
-            top_k = controls.control(options, "top_k", options.top_k, elem_id="top-k")
+            abstain = controls.control(options, "abstain", elem_id="abstain")
+            top_k = controls.control(options, "top_k", elem_id="top-k")
             with gr.Accordion("Corpus and answer length", open=False):
                 corpus = gr.File(
                     label=f"Your own corpus (.txt, .md or .jsonl, up to {_size(backend.max_upload_bytes)})",
                     file_types=list(UPLOAD_SUFFIXES),
                     type="filepath",
                 )
-                max_new = controls.control(options, "max_new_tokens", options.max_new_tokens, elem_id="max-new-tokens")
+                max_new = controls.control(options, "max_new_tokens", elem_id="max-new-tokens")
     return Controls(question, ask, model, method, compare, top_k, corpus, max_new, check, restack, abstain)
 
 
@@ -262,15 +262,13 @@ def _check_tab(backend: DemoBackend) -> CheckTab:
         with gr.Column(scale=2):
             model = gr.Dropdown(backend.models, value=backend.model, label="Model that reads it", elem_id="check-model")
             options = backend.options
-            top_k = controls.control(
-                options, "top_k", options.top_k, label="Passages to retrieve (when none are pasted)"
-            )
+            top_k = controls.control(options, "top_k", label="Passages to retrieve (when none are pasted)")
             # On, unlike an answer's default: checking is what says which sentences need no passage (one reading
             # per citation).
             verify = controls.control(
                 options,
                 "verify",
-                True,
+                value=True,
                 label="Check citations: read the answer again without each cited passage (slower)",
                 elem_id="check-verify",
             )

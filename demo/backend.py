@@ -175,7 +175,7 @@ class DemoBackend:
 
     def measured_restack(self, model: str, method: str) -> str | None:
         """The scorer `model` answering with `method` restacks by by default (core.names.MEASURED_RESTACKS), or
-        None where restacking was not measured to help it: what the page's "Re-order" switch starts at."""
+        None where restacking was not measured to help it."""
         from midlens.generators.methods.registry import method_config
 
         config = self.startup_method if method == self.method else method

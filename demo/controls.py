@@ -8,13 +8,12 @@ imports gradio)."""
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 import gradio as gr
 
 from midlens.demo.backend import MAX_NEW_TOKENS, MAX_TOP_K
-from midlens.rag.options import AnswerOptions, OptionInfo
+from midlens.rag.options import AnswerOptions, option_info
 
 # The page's name for each option it spells: a visitor reads what the control does, not `top_k`. The page's other
 # words (the citation legend's 'tick "Check citations"') and docs/guide.md name the controls by these.
@@ -31,27 +30,19 @@ LABELS = {
 PAGE_RANGES: dict[str, tuple[int | None, int]] = {"top_k": (None, MAX_TOP_K), "max_new_tokens": (1, MAX_NEW_TOKENS)}
 
 
-def _info(options: AnswerOptions, name: str) -> OptionInfo:
-    """The OptionInfo of the field `name` of `options`' class (read from the value: a subclass states its own)."""
-    found = [f.metadata["option"] for f in fields(options) if f.name == name]
-    if not found:
-        names = ", ".join(f.name for f in fields(options))
-        raise ValueError(f"{name!r} is no answering option; AnswerOptions has {names}.")
-    return found[0]
-
-
 def control(
     options: AnswerOptions,
     name: str,
-    value: Any,
+    value: Any = None,
     label: str | None = None,
     elem_id: str | None = None,
 ) -> gr.Checkbox | gr.Slider | gr.Dropdown:
-    """The control for the option `name`, starting at `value` (the demo's options' value, or for `restack` whether
-    they restack): a switch for yes or no, a menu for a word from a list, a
-    whole-number slider within the option's bounds and the page's (PAGE_RANGES). `label`: the page's name for it
+    """The control for the option `name`, starting at `value` (None: the demo's options' own; for `restack`, whether
+    they restack): a switch for yes or no, a menu for a word from a list, a whole-number slider within the option's
+    bounds and the page's (PAGE_RANGES). `label`: the page's name for it
     (LABELS unless given, e.g. the check tab's own words)."""
-    info = _info(options, name)
+    info = option_info(name, type(options))
+    value = getattr(options, name) if value is None else value
     shown = {"label": label or LABELS[name], "elem_id": elem_id}
     if isinstance(value, bool):
         return gr.Checkbox(value=value, **shown)

@@ -374,9 +374,14 @@ class ResolvedOptions:
 FIELDS = frozenset(f.name for f in fields(AnswerOptions))
 
 
-def option_info(name: str) -> OptionInfo:
-    """How the shells spell the field `name` (its OptionInfo)."""
-    return next(f.metadata["option"] for f in fields(AnswerOptions) if f.name == name)
+def option_info(name: str, options: type[AnswerOptions] = AnswerOptions) -> OptionInfo:
+    """How the shells spell the field `name` (its OptionInfo) of `options` (AnswerOptions, or a subclass stating
+    its own)."""
+    found = [f.metadata["option"] for f in fields(options) if f.name == name]
+    if not found:
+        known = ", ".join(f.name for f in fields(options))
+        raise ValueError(f"{name!r} is no answering option; AnswerOptions has {known}.")
+    return found[0]
 
 
 def _number(value: object) -> bool:
