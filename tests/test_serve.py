@@ -207,6 +207,30 @@ def test_midlens_llm_with_a_base_url_answers_as_in_process(server, loaded):
     ]
 
 
+def test_a_served_llm_marks_the_citations_a_template_asks_for_as_in_process(server, loaded):
+    """Defect: a server-backed MidlensLLM read LlamaIndex's "Source N:" citation template back into passages but
+    dropped the "[n]" markers it asks for (a local MidlensLLM writes them): the stock CitationQueryEngine showed no
+    citations through a server. Now the same markers as in process, streamed or not (the deltas join into it)."""
+    import re
+
+    from llama_index.core import get_response_synthesizer
+    from llama_index.core.query_engine import CitationQueryEngine
+    from llama_index.core.query_engine.citation_query_engine import CITATION_QA_TEMPLATE, CITATION_REFINE_TEMPLATE
+
+    from midlens.rag.llamaindex import MidlensLLM
+
+    remote = MidlensLLM.from_server(server, max_new_tokens=MAX_NEW)
+    local = MidlensLLM(loaded, method="baseline", max_new_tokens=MAX_NEW)
+    served, mine = (CitationQueryEngine(_fixed_retriever(), llm=llm).query(QUESTIONS[0]) for llm in (remote, local))
+    assert re.search(r"\[\d\]", mine.response), mine.response  # a question whose answer cites: markers to carry
+    assert served.response == mine.response
+    synthesizer = get_response_synthesizer(
+        llm=remote, text_qa_template=CITATION_QA_TEMPLATE, refine_template=CITATION_REFINE_TEMPLATE, streaming=True
+    )
+    streamed = CitationQueryEngine(_fixed_retriever(), llm=remote, response_synthesizer=synthesizer)
+    assert "".join(streamed.query(QUESTIONS[0]).response_gen) == mine.response
+
+
 def test_restacked_requests_are_answered_as_restacked_in_process(server, client, loaded, generator):
     from midlens.generators.restack import Restack, Restacker
     from midlens.rag.llamaindex import MidlensLLM, MidlensQueryEngine

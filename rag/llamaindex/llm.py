@@ -411,14 +411,17 @@ class RemoteMidlensLLM(MidlensLLM):
             model_name=f"{self.model}/{self.method}",
         )
 
+    # A template that asks for "[N]" in the text gets the markers here, from the server's citations, as a local
+    # model's answer does: the server answers the question and passages read back from it, not the template.
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        question, passages, options, _ = self._request(prompt, formatted, kwargs)
-        return self._served.complete(self.method, question, passages, options)
+        question, passages, options, marked = self._request(prompt, formatted, kwargs)
+        return self._served.complete(self.method, question, passages, options, marked=marked)
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        question, passages, options, _ = self._request(prompt, formatted, kwargs)
+        question, passages, options, marked = self._request(prompt, formatted, kwargs)
         messages = [{"role": "user", "content": question}]
-        return self._served.stream(self.method, messages, passages, options, question)
+        chunks = self._served.stream(self.method, messages, passages, options, question)
+        return _marked(chunks) if marked else chunks
 
     def _chat_request(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]

@@ -110,11 +110,12 @@ class Served:
         }
 
     def complete(
-        self, method: str, question: str, passages: list[Passage], options: AnswerOptions
+        self, method: str, question: str, passages: list[Passage], options: AnswerOptions, marked: bool = False
     ) -> CompletionResponse:
+        """`marked`: the text with "[n]" after each cited sentence, as `_completion(..., marked=True)` writes it."""
         fields = request_fields(options, AnswerRequest)
         out = self.client.answer(question, [passage_json(p) for p in passages], method=method, **fields)
-        return _completion(answer_of(out, out.question, out.text, passages))
+        return _completion(answer_of(out, out.question, out.text, passages), marked=marked)
 
     def stream(
         self,
