@@ -132,9 +132,7 @@ class SentenceCiter:
         return self._evidence[b]
 
 
-def scored_evidence(
-    scorer: CitingRunner, prompts: list[StackedPrompt], calibrate: bool
-) -> list[list[PassageEvidence]]:
+def scored_evidence(scorer: CitingRunner, prompts: list[StackedPrompt], calibrate: bool) -> list[list[PassageEvidence]]:
     """Each prompt's passage evidence as `scorer`'s method reads it: the prompts prefilled in batches (one per RoPE
     regime), calibrated against the content-free question when `calibrate`. What `scorer.score_batch` returns as
     `Answer.passages`, without assembling Answers or entering a decode loop."""

@@ -234,7 +234,7 @@ class Support:
 
     @property
     def band(self) -> str:
-        """"likely", "uncertain" (from UNLIKELY_BELOW up to the likely threshold) or "unlikely"."""
+        """ "likely", "uncertain" (from UNLIKELY_BELOW up to the likely threshold) or "unlikely"."""
         if self.likely:
             return "likely"
         return "uncertain" if self.probability >= UNLIKELY_BELOW else "unlikely"

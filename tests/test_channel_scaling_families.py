@@ -123,7 +123,6 @@ def test_nope_layers_are_left_as_they_are(tmp_path):
     assert torch.isfinite(logits).all()
 
 
-
 @pytest.mark.parametrize("name", ["olmo2", "smollm3"])  # no input norm before attention; a NoPE layer
 def test_midlens_methods_channel_scaling_reads_the_attention_input_and_names_nope_layers(name, tmp_path):
     from midlens.core.passage import Passage

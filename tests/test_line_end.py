@@ -40,9 +40,12 @@ def test_a_base_model_answers_one_line_by_default_and_on_when_asked_to_go_on(gem
     llm = MidlensLLM.from_generator(gemma, max_new_tokens=32)
     response = llm.complete(QUESTION, passages=planted_passages(5, 2))
     assert response.text == answer.text
-    assert "\n" in MidlensLLM.from_generator(gemma, max_new_tokens=32, stop_at_line_end=False).complete(
-        QUESTION, passages=planted_passages(5, 2)
-    ).text
+    assert (
+        "\n"
+        in MidlensLLM.from_generator(gemma, max_new_tokens=32, stop_at_line_end=False)
+        .complete(QUESTION, passages=planted_passages(5, 2))
+        .text
+    )
 
 
 def test_a_chat_model_keeps_going_past_a_line_end_by_default(generator):

@@ -230,8 +230,12 @@ def test_the_support_words_never_contradict_the_number_or_the_withholding():
     def answered(p: float) -> SimpleNamespace:
         return SimpleNamespace(support=Support.at(p, 0.5, False, "any"), withheld=None, text="Red Bull", citations=[])
 
-    for p, below, withheld, band in ((0.7, 0.8, True, "uncertain"), (0.4, 0.3, False, "uncertain"),
-                                     (0.85, 0.8, False, "likely"), (0.45, None, True, "uncertain")):
+    for p, below, withheld, band in (
+        (0.7, 0.8, True, "uncertain"),
+        (0.4, 0.3, False, "uncertain"),
+        (0.85, 0.8, False, "likely"),
+        (0.45, None, True, "uncertain"),
+    ):
         answer = answered(p)
         assert abstain(answer, below) is withheld and (answer.text == ABSTAIN_TEXT) is withheld
         assert answer.support.band == band and answer.support.threshold == (0.5 if below is None else below)

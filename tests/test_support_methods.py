@@ -119,8 +119,20 @@ def test_eval_support_records_the_method_it_answered_with(tmp_path):
     from midlens.eval.support import SupportRunOptions, plan
 
     args = build_parser().parse_args(
-        ["eval", "support", "--model", "smollm2-135m", "--method", "ms-poe", "--dataset", "kv", "--n", "2",
-         "--out", str(tmp_path)]
+        [
+            "eval",
+            "support",
+            "--model",
+            "smollm2-135m",
+            "--method",
+            "ms-poe",
+            "--dataset",
+            "kv",
+            "--n",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
     )
     assert args.method == "ms-poe"
     config, units, _ = plan(SupportRunOptions(out=tmp_path, dataset="kv", n=2, model="smollm2-135m", method="ms-poe"))
@@ -149,8 +161,9 @@ def test_the_shipped_support_models_are_what_their_committed_train_rows_fit(tmp_
             folder = shipped_support_folder(model, verified)
             meta = json.loads((folder / "meta.json").read_text())
             shipped = SupportModel.load(folder, verified, meta["base_model_sha256"])
-            refit = SupportModel.load(tmp_path / model / ("verified" if verified else "plain"), verified,
-                                      meta["base_model_sha256"])
+            refit = SupportModel.load(
+                tmp_path / model / ("verified" if verified else "plain"), verified, meta["base_model_sha256"]
+            )
             assert shipped.features == refit.features and shipped.methods == refit.methods
             assert shipped.coef == pytest.approx(refit.coef, abs=1e-6)
             assert shipped.threshold == pytest.approx(refit.threshold)

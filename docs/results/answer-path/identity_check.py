@@ -30,22 +30,46 @@ TOP_K = 4
 MAX_NEW = 8
 
 CORPUS = [
-    ("Wings of Desire", "Wings of Desire is a 1987 romantic fantasy film directed by Wim Wenders. The film is about "
-     "invisible, immortal angels who populate Berlin and listen to the thoughts of its human inhabitants."),
-    ("Wim Wenders", "Wim Wenders is a German filmmaker, playwright, author and photographer, born in Dusseldorf in "
-     "1945. He was a major figure in New German Cinema."),
-    ("Brea Mall", "Brea Mall is a shopping mall in Brea, California, opened in 1977. It is owned by Simon Property "
-     "Group and has about 170 stores."),
-    ("Flash Gordon (soundtrack)", "Flash Gordon is the ninth studio album by the British rock band Queen, released "
-     "on 8 December 1980 by EMI Records. It is the soundtrack to the science fiction film Flash Gordon."),
-    ("Queen (band)", "Queen are a British rock band formed in London in 1970 by Freddie Mercury, Brian May and Roger "
-     "Taylor; John Deacon joined in 1971."),
-    ("Berlin", "Berlin is the capital and largest city of Germany, with about 3.8 million inhabitants. It lies on "
-     "the banks of the Spree."),
-    ("Simon Property Group", "Simon Property Group is an American real estate investment trust that invests in "
-     "shopping malls, outlet centers and community centers; it is based in Indianapolis, Indiana."),
-    ("Dusseldorf", "Dusseldorf is the capital city of North Rhine-Westphalia, the most populous state of Germany, "
-     "known for its fashion industry and art scene."),
+    (
+        "Wings of Desire",
+        "Wings of Desire is a 1987 romantic fantasy film directed by Wim Wenders. The film is about "
+        "invisible, immortal angels who populate Berlin and listen to the thoughts of its human inhabitants.",
+    ),
+    (
+        "Wim Wenders",
+        "Wim Wenders is a German filmmaker, playwright, author and photographer, born in Dusseldorf in "
+        "1945. He was a major figure in New German Cinema.",
+    ),
+    (
+        "Brea Mall",
+        "Brea Mall is a shopping mall in Brea, California, opened in 1977. It is owned by Simon Property "
+        "Group and has about 170 stores.",
+    ),
+    (
+        "Flash Gordon (soundtrack)",
+        "Flash Gordon is the ninth studio album by the British rock band Queen, released "
+        "on 8 December 1980 by EMI Records. It is the soundtrack to the science fiction film Flash Gordon.",
+    ),
+    (
+        "Queen (band)",
+        "Queen are a British rock band formed in London in 1970 by Freddie Mercury, Brian May and Roger "
+        "Taylor; John Deacon joined in 1971.",
+    ),
+    (
+        "Berlin",
+        "Berlin is the capital and largest city of Germany, with about 3.8 million inhabitants. It lies on "
+        "the banks of the Spree.",
+    ),
+    (
+        "Simon Property Group",
+        "Simon Property Group is an American real estate investment trust that invests in "
+        "shopping malls, outlet centers and community centers; it is based in Indianapolis, Indiana.",
+    ),
+    (
+        "Dusseldorf",
+        "Dusseldorf is the capital city of North Rhine-Westphalia, the most populous state of Germany, "
+        "known for its fashion industry and art scene.",
+    ),
 ]
 QUESTIONS = [
     ("q1", "Who directed Wings of Desire?", ["Wim Wenders"]),
@@ -80,9 +104,7 @@ def record(answer) -> dict:
 def files(tmp: Path) -> tuple[Path, Path]:
     corpus, questions = tmp / "corpus.jsonl", tmp / "questions.jsonl"
     corpus.write_text("".join(json.dumps({"id": t, "title": t, "text": x}) + "\n" for t, x in CORPUS))
-    questions.write_text(
-        "".join(json.dumps({"id": i, "question": q, "answers": a}) + "\n" for i, q, a in QUESTIONS)
-    )
+    questions.write_text("".join(json.dumps({"id": i, "question": q, "answers": a}) + "\n" for i, q, a in QUESTIONS))
     return corpus, questions
 
 
@@ -234,8 +256,11 @@ def compare(new: dict, base: dict) -> int:
                 if _text(a[name].get(qid)) == _text(b[name].get(qid)):
                     same += 1
                 else:
-                    keys = sorted(k for k in set(a[name].get(qid, {})) | set(b[name].get(qid, {}))
-                                  if _text(a[name].get(qid, {}).get(k)) != _text(b[name].get(qid, {}).get(k)))
+                    keys = sorted(
+                        k
+                        for k in set(a[name].get(qid, {})) | set(b[name].get(qid, {}))
+                        if _text(a[name].get(qid, {}).get(k)) != _text(b[name].get(qid, {}).get(k))
+                    )
                     differ.append(f"{interface}/{name}/{qid}: {keys}")
     print(f"identical answers: {same}; differing: {len(differ)}")
     for line in differ + only:

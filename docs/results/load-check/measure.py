@@ -33,6 +33,8 @@ HERE = Path(__file__).parent
 ROWS = HERE / "rows.jsonl"
 DTYPES = ("float32", "bfloat16")
 PACKAGED = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+
+
 def done() -> set[tuple[str, str, str]]:
     if not ROWS.is_file():
         return set()

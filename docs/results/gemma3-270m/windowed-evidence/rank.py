@@ -85,7 +85,7 @@ def paired(rows: list[dict], rule: str, base: str = "upper (before)") -> dict:
 def main(paths: list[str], out: str | None) -> None:
     results = {}
     for path in paths:
-        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
             rows = [json.loads(line) for line in f if line.strip()]
         # Only questions scored at every slot (a run stopped for time may end inside one).
         slots: dict[str, set[int]] = {}
@@ -97,13 +97,19 @@ def main(paths: list[str], out: str | None) -> None:
         print(f"{'rule':48s} {'slot 1':>7s} {'slot 5':>7s} {'slot 10':>7s} {'mean':>6s} {'MRR':>6s}")
         for name, t in results[path].items():
             s = t["slots"]
-            print(f"{name:48s} {s[1]['mean_rank']:7.2f} {s[5]['mean_rank']:7.2f} {s[10]['mean_rank']:7.2f} "
-                  f"{t['mean_rank']:6.2f} {t['mrr']:6.3f}")
+            print(
+                f"{name:48s} {s[1]['mean_rank']:7.2f} {s[5]['mean_rank']:7.2f} {s[10]['mean_rank']:7.2f} "
+                f"{t['mean_rank']:6.2f} {t['mrr']:6.3f}"
+            )
         chosen = paired(rows, CHOSEN)
         results[path]["chosen_minus_before"] = {str(k): v for k, v in chosen.items()}
-        print(f"{CHOSEN} minus upper, paired per prompt, mean [95 % CI]: " + ", ".join(
-            f"{'slot ' + str(k) if k != 'all' else 'all'} {v['difference']:+.2f} [{v['ci'][0]:+.2f}, {v['ci'][1]:+.2f}]"
-            for k, v in chosen.items()))
+        print(
+            f"{CHOSEN} minus upper, paired per prompt, mean [95 % CI]: "
+            + ", ".join(
+                f"{'slot ' + str(k) if k != 'all' else 'all'} {v['difference']:+.2f} [{v['ci'][0]:+.2f}, {v['ci'][1]:+.2f}]"
+                for k, v in chosen.items()
+            )
+        )
     if out:
         with open(out, "w") as f:
             json.dump(results, f, indent=1)
