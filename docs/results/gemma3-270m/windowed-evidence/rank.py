@@ -106,7 +106,8 @@ def main(paths: list[str], out: str | None) -> None:
         print(
             f"{CHOSEN} minus upper, paired per prompt, mean [95 % CI]: "
             + ", ".join(
-                f"{'slot ' + str(k) if k != 'all' else 'all'} {v['difference']:+.2f} [{v['ci'][0]:+.2f}, {v['ci'][1]:+.2f}]"
+                f"{'slot ' + str(k) if k != 'all' else 'all'} {v['difference']:+.2f} "
+                f"[{v['ci'][0]:+.2f}, {v['ci'][1]:+.2f}]"
                 for k, v in chosen.items()
             )
         )
