@@ -78,6 +78,12 @@ MEASURED_RESTACKS = {("smollm2-135m", "mudaf(alpha=0)"): "mudaf"}
 RESTACK_MEASURED = "measured"
 
 
+def is_measured_restack(restack: object) -> bool:
+    """Whether a restack option (None, "measured", a method spec, a Restack or a MethodConfig) is the "measured"
+    word: a Restack or MethodConfig never equals it, whatever its own `==` makes of a string."""
+    return isinstance(restack, str) and restack == RESTACK_MEASURED
+
+
 def measured_restack_for(model: str, method_spec: str) -> str | None:
     """The scorer `model` (a registry name, an old alias, or a folder) restacks by when answering with
     `method_spec` (canonical) and no restack is named; None: it answers the passages in the order given."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from midlens.core.errors import CorpusError, MidlensError, Remedies
-from midlens.core.names import DEFAULT_RESTACK_SCORER, RESTACK_MEASURED, measured_restack_for
+from midlens.core.names import DEFAULT_RESTACK_SCORER, is_measured_restack, measured_restack_for
 from midlens.rag.options import AnswerOptions
 
 if TYPE_CHECKING:  # torch loads slowly: only the requests themselves import it
@@ -190,7 +190,7 @@ class DemoBackend:
         restacking was measured to help them): what the page's "Re-order" switch starts at, and is set to again
         when the model or the method changes."""
         restack = self.options.restack
-        if isinstance(restack, str) and restack == RESTACK_MEASURED:
+        if is_measured_restack(restack):
             return self.measured_restack(model, method) is not None
         return restack is not None
 

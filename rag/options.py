@@ -34,6 +34,7 @@ from midlens.core.names import (
     PromptStyle,
     Truncate,
     answer_method_for,
+    is_measured_restack,
     measured_restack_for,
 )
 
@@ -273,7 +274,7 @@ class AnswerOptions:
 
     def _check_restack(self) -> None:
         check_restack_rounds(self.restack_rounds)
-        if self.restack is None or (isinstance(self.restack, str) and self.restack == RESTACK_MEASURED):
+        if self.restack is None or is_measured_restack(self.restack):
             if self.restack_rounds != 1:
                 why = "the measured default restacks once, or not at all" if self.restack else "nothing is restacked"
                 raise InvalidArgumentError(
@@ -354,7 +355,7 @@ class AnswerOptions:
 
         method = method_config(self.method if self.method is not None else running or answer_method_for(model))
         restack = self.restack
-        if isinstance(restack, str) and restack == RESTACK_MEASURED:
+        if is_measured_restack(restack):
             scorer = measured_restack_for(model, method.spec())
             restack = None if scorer is None else Restack(scorer)
         elif restack is not None and not isinstance(restack, Restack):

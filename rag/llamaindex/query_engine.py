@@ -23,7 +23,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from midlens.core.checks import check_top_k
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_TOP_K, RESTACK_MEASURED
+from midlens.core.names import DEFAULT_TOP_K, is_measured_restack
 from midlens.generators.answer import Answer
 from midlens.generators.evidence import EvidenceConfig, PassageEvidence
 from midlens.generators.loading import LoadedModel
@@ -179,7 +179,7 @@ class MidlensQueryEngine(EngineOptions, CustomQueryEngine):
 
     def _restack(self) -> dict[str, Any]:
         """The LLM call's restack option: none for "measured", so that the LLM's own `restack` field decides."""
-        if isinstance(self.restack, str) and self.restack == RESTACK_MEASURED:
+        if is_measured_restack(self.restack):
             return {}
         if self.restack is None:
             return {"restack": None}
