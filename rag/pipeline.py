@@ -11,7 +11,8 @@ cited passage removed, the answer re-scored) before the Answer is returned.
 `restack="mudaf"` (generators.restack) scores the passages with that method's evidence, places the strongest in the
 slots the model reads best and answers with the pipeline's method; answers stay numbered as retrieved. By default
 (`restack="measured"`) a pipeline restacks where that was measured to help its model and method
-(core.names.MEASURED_RESTACKS: SmolLM2's default); `restack=None` answers the passages in the order retrieved.
+(core.names.MEASURED_RESTACKS; none passes out of domain today); `restack=None` answers the passages in the order
+retrieved.
 """
 
 from __future__ import annotations

@@ -69,6 +69,17 @@ def pipeline(default_retriever, generator):
     return Pipeline(default_retriever, generator, top_k=5, max_new_tokens=24)
 
 
+@pytest.fixture
+def measured_restack(monkeypatch) -> tuple[str, str, str]:
+    """A model and method restacked where nobody says (core.names.MEASURED_RESTACKS), for the tests of that
+    mechanism: no entry passes the out-of-domain rule today, so the one SmolLM2's default held until then is patched
+    in. (model, method spec, scorer)."""
+    from midlens.core import names
+
+    monkeypatch.setitem(names.MEASURED_RESTACKS, ("smollm2-135m", "mudaf(alpha=0)"), "mudaf")
+    return "smollm2-135m", "mudaf(alpha=0)", "mudaf"
+
+
 PLANTED_FACT = "The secret code word of the Zorbland expedition is 'pelican'."
 
 

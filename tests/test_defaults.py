@@ -74,6 +74,7 @@ def test_the_reranker_ranks_by_the_best_ranker_measured_for_its_model(loaded):
 # The committed n = 200 sweeps each packaged model's default is chosen on: the short-answer sweeps of every method,
 # and the sweeps of its answering default restacked where they were run.
 RESULTS = Path(__file__).resolve().parent.parent / "docs/results"
+# SmolLM2's restacked default passed on both corpora pooled, not out of domain: measured, and not the default.
 RESTACKED_RUNS = {"smollm2-135m": RESULTS / "restack/eval-smollm2-finetuned/runs"}
 # Each packaged model's committed n = 200 short-answer sweeps, HotpotQA's and SQuAD's run folders.
 SWEEPS = {
@@ -100,13 +101,13 @@ def test_each_packaged_models_answering_default_is_what_its_committed_sweeps_sup
     method = method_config(names.answer_method_for(model)).spec()
     scorer = names.measured_restack_for(model, method)
     assert chosen(judge(rows)) == (method if scorer is None else f"{method}{RESTACK_MARK}{scorer})")
-    assert (scorer is not None) == (model in RESTACKED_RUNS)
+    assert scorer is None or model in RESTACKED_RUNS  # a default restacks only where that was measured
 
 
-def test_every_answering_interface_restacks_where_it_was_measured_to_help(loaded, monkeypatch, tmp_path):
-    """Where restacking was measured to help a model's default (SmolLM2's), Pipeline, `ask`, the LlamaIndex LLM and
-    engine, the demo's switch and the server restack its answers unless told not to; other methods do not, and
-    None (--no-restack, `restack: null`) turns it off everywhere."""
+def test_every_answering_interface_restacks_where_it_was_measured_to_help(loaded, measured_restack, tmp_path):
+    """Where restacking was measured to help a model's default (none today: the entry is patched in), Pipeline,
+    `ask`, the LlamaIndex LLM and engine, the demo's switch and the server restack its answers unless told not to;
+    other methods do not, and None (--no-restack, `restack: null`) turns it off everywhere."""
     from midlens.cli import build_parser
     from midlens.demo.backend import DemoBackend
     from midlens.rag.llamaindex import MidlensLLM, MidlensQueryEngine

@@ -470,9 +470,10 @@ def test_check_citations_verifies_against_the_prompt_answered_from(pipeline):
     assert TRUST.search(views.trust(checked, "calibrated").text)
 
 
-def test_the_restack_switch_starts_where_restacking_was_measured_to_help(pipeline):
-    """The "Re-order" switch is on for a model and method restacking was measured to help (SmolLM2's default,
-    core.names.MEASURED_RESTACKS), off otherwise, and both the model and the method menus set it again."""
+def test_the_restack_switch_starts_where_restacking_was_measured_to_help(pipeline, measured_restack):
+    """The "Re-order" switch is on for a model and method restacking was measured to help (core.names.
+    MEASURED_RESTACKS: none today, SmolLM2's default patched in), off otherwise, and both the model and the method
+    menus set it again."""
     from midlens.demo.app import build_blocks
 
     for backend, on in ((DemoBackend(pipeline), False), (DemoBackend(pipeline.with_method("finetuned")), True)):
@@ -561,7 +562,7 @@ def _answering_controls(backend: DemoBackend) -> tuple[dict, dict]:
     return ask, check
 
 
-def test_each_answering_control_starts_at_answer_options_default():
+def test_each_answering_control_starts_at_answer_options_default(measured_restack):
     """The page has one control per option the demo spells (rag.option_fields.spelt_by("demo"); every other option
     says why not), each starting at AnswerOptions' default, within its bounds, in the page's words (not the API's
     help text, written for a command line): a default changed there, or a control written by hand again with a value
@@ -595,7 +596,7 @@ def test_each_answering_control_starts_at_answer_options_default():
                 assert control.minimum >= info.ge and control.maximum >= control.value, field.name
         assert check["top_k"].value == defaults.top_k
         assert check["verify"].value is True
-    assert ask["restack"].value is True  # finetuned SmolLM2: where restacking was measured to help
+    assert ask["restack"].value is True  # finetuned SmolLM2: where restacking was measured to help (patched in)
 
 
 def test_the_answering_controls_follow_the_options_they_spell(monkeypatch):

@@ -873,3 +873,37 @@ def test_the_default_rule_needs_both_corpora_both_metrics_and_no_worse_position(
     best = {p: [1.0] * n for p in (1, 5, 10)}
     gains = [r for ds in ("hotpotqa", "squad") for r in rows_for(ds, "good+restack(mudaf)", best, 0.3)]
     assert chosen(judge(rows + gains)) == "good+restack(mudaf)"
+
+
+def test_the_default_rule_judges_a_trained_method_outside_its_training_data():
+    """A corpus a method's artefact was trained on is in-domain: shown beside the decision, not in it. A method
+    trained on HotpotQA passes on SQuAD alone, whatever it does on HotpotQA (or without HotpotQA rows); a
+    training-free method still needs both corpora; one trained on every corpus measured cannot pass."""
+    from midlens.eval.report.default_rule import chosen, judge, trained_on
+
+    def rows_for(dataset: str, method: str, em: float) -> list[dict]:
+        return [
+            {"key": f"{dataset}{i}|{method}|{p}", "kind": "sweep", "dataset": dataset, "k": 10, "method": method,
+             "position": p, "example_id": f"{dataset}{i}", "prediction": "x",
+             "em": float(i % 4 == 0 or (em > 0.3 and i % 4 == 1)), "f1": min(1.0, em + 0.01 * (i % 3)),
+             "gold_rank": 1, "gold_share": 0.5, "logprob": -1.0, "seconds": 1.0}
+            for p in (1, 5, 10) for i in range(20)
+        ]  # fmt: skip
+
+    trained = {"in-domain-only": {"hotpotqa"}, "squad-only": {"hotpotqa"}, "everywhere": {"hotpotqa", "squad"}}
+    rows = [r for ds in ("hotpotqa", "squad") for r in rows_for(ds, "baseline", 0.25)]
+    rows += rows_for("hotpotqa", "in-domain-only", 0.1) + rows_for("squad", "in-domain-only", 0.5)  # worse in-domain
+    rows += rows_for("squad", "squad-only", 0.5) + rows_for("squad", "free", 0.5)
+    rows += [r for ds in ("hotpotqa", "squad") for r in rows_for(ds, "everywhere", 0.5)]
+    verdicts = {v.method: v for v in judge(rows, trained=lambda m, model: frozenset(trained.get(m, ())))}
+    assert verdicts["in-domain-only"].passes and verdicts["in-domain-only"].in_domain == ["hotpotqa"]
+    assert verdicts["squad-only"].passes
+    assert not verdicts["free"].passes and verdicts["free"].reasons == ["hotpotqa not run"]
+    everywhere = verdicts["everywhere"]
+    assert not everywhere.passes and "no corpus outside its training data" in everywhere.reasons[0]
+    assert chosen(judge(rows, trained=lambda m, model: frozenset())) == "everywhere"  # judged in-domain: it wins
+    # Read from the shipped artefacts' metadata (all trained on HotpotQA's train split); a restack's scorer counts.
+    assert trained_on("mudaf", "gemma3-270m") == trained_on("mudaf(alpha=0)", "smollm2-135m") == {"hotpotqa"}
+    assert trained_on("baseline+restack(mudaf)", "smollm2-135m") == {"hotpotqa"}
+    assert trained_on("channel-scaling", "qwen2.5-coder-0.5b") == {"hotpotqa"}
+    assert trained_on("ms-poe", "gemma3-270m") == trained_on("mudaf", None) == trained_on("lcr", "gemma3-270m") == set()

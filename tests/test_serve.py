@@ -271,11 +271,13 @@ def test_restacked_requests_are_answered_as_restacked_in_process(server, client,
     chat = {"messages": [{"role": "user", "content": "hi"}], "midlens": {"restack": "baseline"}}
     bad = _post(server, "/v1/chat/completions", json.dumps(chat))
     assert bad.status_code == 400 and "this conversation has none" in bad.text
-    # By default a request restacks where that was measured to help the model and method: SmolLM2's default
-    # (`finetuned`), not this server's baseline; `restack: null` answers in the order given, also from LlamaIndex.
+    # By default a request restacks where that was measured to help the model and method (core.names.
+    # MEASURED_RESTACKS: none passes out of domain today, SmolLM2's `finetuned` included); a named scorer restacks
+    # in the answering method's own measured slots; `restack: null` answers in the order given, also from LlamaIndex.
     plain = client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW)
     assert plain.restack is None and plain.method["name"] == "baseline"
-    tuned = client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW, method="finetuned")
+    assert client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW, method="finetuned").restack is None
+    tuned = client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW, method="finetuned", restack="mudaf")
     assert tuned.restack["scorer"] == "mudaf" and tuned.restack["slot_order"] == "smollm2-135m.finetuned.json"
     as_given = client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW, method="finetuned", restack=None)
     assert as_given.restack is None

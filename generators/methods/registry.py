@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from midlens.core.errors import MethodConfigError, StepSpelling, plain_step
 from midlens.core.method_spec import (
@@ -74,13 +75,22 @@ def _shipped_name(method: Method, model: str, options: dict) -> str:
 def shipped_models(config: MethodConfig) -> list[str] | None:
     """The packaged models a trained artefact ships for, for this method and options; None when the method reads
     no shipped artefact (it trains nothing, or an artefact folder was given)."""
-    from midlens.generators.artefacts import shipped_artefact
     from midlens.generators.packaged_models import REGISTRY as MODELS
+
+    if "artefact" not in REGISTRY[config.name].defaults or config.options.get("artefact") is not None:
+        return None
+    return [m for m in MODELS if shipped_artefact_of(config, m) is not None]
+
+
+def shipped_artefact_of(config: MethodConfig, model: str) -> Path | None:
+    """The shipped artefact folder `config` reads on `model` (a registry name); None when it reads none: it trains
+    nothing, was given a folder, or nothing ships for that model."""
+    from midlens.generators.artefacts import shipped_artefact
 
     method = REGISTRY[config.name]
     if "artefact" not in method.defaults or config.options.get("artefact") is not None:
         return None
-    return [m for m in MODELS if shipped_artefact(config.name, _shipped_name(method, m, config.options)) is not None]
+    return shipped_artefact(config.name, _shipped_name(method, model, config.options))
 
 
 def model_for(config: MethodConfig, model: str | None, default: str) -> str:

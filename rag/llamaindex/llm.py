@@ -123,7 +123,7 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
     generators.restack.Restack) restacks them by that method's evidence first (what MidlensQueryEngine's `restack`
     passes); the evidence rows stay in the order the nodes were given. Without a `restack` in the call the LLM's
     `restack` field decides: "measured" (the default) restacks where that was measured to help its model and
-    method (core.names.MEASURED_RESTACKS: SmolLM2's default), None never does.
+    method (core.names.MEASURED_RESTACKS; none passes out of domain today), None never does.
 
     A prompt that asks for "[N]" citations in the answer's text (LlamaIndex's CitationQueryEngine and its context
     chat engines' templates) gets the attention citations as markers there, streamed or not. A marker goes before

@@ -1,9 +1,12 @@
-"""The answering-default rule (eval/report/default_rule.py) re-read with a trained method judged only on corpora
-outside its training data: every shipped delta trained on HotpotQA's train split, so its HotpotQA rows are
-in-domain and printed beside the decision, not in it. Training-free methods keep both corpora.
+"""The answering-default rule (eval/report/default_rule.py) on each packaged model's committed n = 200 sweeps, with
+each method's paired numbers per corpus. The rule judges a trained method only on corpora outside its training data
+(read from its shipped artefacts' metadata: every one was trained on HotpotQA's train split), so those rows are
+printed beside the decision, not in it.
 
-    python docs/results/out-of-domain/rule.py docs/results/smollm2-135m/short-answer/runs \
-        docs/results/qwen2.5-coder-0.5b/short-answer/runs
+    python docs/results/out-of-domain/rule.py docs/results/smollm2-135m/short-answer/runs,docs/results/restack/...
+
+Each argument is one model's folders, comma-separated; a folder holds one folder per corpus (hotpotqa, squad), each
+a run folder or a folder of run folders (one per group of methods).
 """
 
 from __future__ import annotations
@@ -11,46 +14,33 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from midlens.eval.report.default_rule import CORPORA, chosen, judge
+from midlens.eval.report.load import load_runs
 from midlens.eval.report.summarise import sweep_summary
-from midlens.eval.runner import read_rows
-
-# Their shipped artefacts trained on HotpotQA's train split; channel-scaling's searched choice was ranked on
-# HotpotQA train-split prompts (and synthetic KV), so HotpotQA is in-domain for it too. `finetuned` is mudaf(alpha=0).
-TRAINED = ("mudaf", "moice", "pos2distill", "finetuned", "channel-scaling")
-IN_DOMAIN = {"hotpotqa"}
 
 
-def main(folders: list[str]) -> None:
-    for folder in folders:
-        # A corpus folder holds one run's rows, or one run folder per method (runs that each finish whole).
-        files = [f for c in ("hotpotqa", "squad") for f in sorted((Path(folder) / c).rglob("results.jsonl*"))]
-        rows = [r for f in files for r in read_rows(f)]
-        tables = {label.split(" ")[0].split("-")[0]: t for label, t in sweep_summary(rows, "baseline").items()}
-        print(f"## {folder}")
-        for method in sorted({m for t in tables.values() for m in t["paired"]}):
-            trained = method.split("(")[0] in TRAINED
-            reasons = []
-            for corpus in ("hotpotqa", "squad"):
-                aside = trained and corpus in IN_DOMAIN
-                t = tables.get(corpus)
-                if t is None or method not in t["paired"]:  # a rule needs its corpus measured, not assumed
-                    print(f"  {method} {corpus}: no rows")
-                    reasons += [] if aside else [f"{corpus} not run"]
+def main(models: list[str]) -> None:
+    for folders in models:
+        runs = sorted({f.parent for d in folders.split(",") for c in CORPORA for f in Path(d, c).rglob("config.json")})
+        _configs, rows = load_runs(runs)
+        verdicts = judge(rows)
+        tables = {c: t for label, t in sweep_summary(rows).items() for c in CORPORA if label.startswith(c)}
+        print(f"## {folders}")
+        for v in sorted(verdicts or [], key=lambda v: v.method):
+            for corpus, t in tables.items():
+                if v.method not in t["paired"]:
+                    print(f"  {v.method} {corpus}: no rows")
                     continue
-                em, (em_low, em_high) = t["paired"][method]["em"]
-                f1, (f1_low, f1_high) = t["paired"][method]["f1"]
-                below = [p for p in t["positions"] if t["methods"][method]["positions"][p]["em"]
+                em, (em_low, em_high) = t["paired"][v.method]["em"]
+                f1, (f1_low, f1_high) = t["paired"][v.method]["f1"]
+                below = [p for p in t["positions"] if t["methods"][v.method]["positions"][p]["em"]
                          < t["methods"]["baseline"]["positions"][p]["em"]]  # fmt: skip
-                where = f"{corpus}, n = {t['n']}{' (in-domain, beside the decision)' if aside else ''}"
-                print(f"  {method} {where}: EM {100 * em:+.1f} [{100 * em_low:+.1f}, {100 * em_high:+.1f}], "
-                      f"F1 {100 * f1:+.1f} [{100 * f1_low:+.1f}, {100 * f1_high:+.1f}], "
+                aside = " (in-domain, beside the decision)" if corpus in v.in_domain else ""
+                print(f"  {v.method} {corpus}, n = {t['n']}{aside}: EM {100 * em:+.1f} [{100 * em_low:+.1f}, "
+                      f"{100 * em_high:+.1f}], F1 {100 * f1:+.1f} [{100 * f1_low:+.1f}, {100 * f1_high:+.1f}], "
                       f"below baseline at gold@{below or 'none'}")  # fmt: skip
-                if aside:
-                    continue
-                reasons += [f"{corpus} EM" for low in (em_low,) if not low > 0]
-                reasons += [f"{corpus} F1" for low in (f1_low,) if not low > 0]
-                reasons += [f"{corpus} gold@{p}" for p in below]
-            print(f"  -> {method}: {'passes' if not reasons else 'fails: ' + ', '.join(reasons)}")
+            print(f"  -> {v.method}: {'passes' if v.passes else 'fails: ' + '; '.join(v.reasons)}")
+        print(f"  default supported: {chosen(verdicts) if verdicts else 'baseline (no verdict: a corpus is missing)'}")
 
 
 if __name__ == "__main__":
