@@ -51,6 +51,19 @@ def _rows_parsed_once(monkeypatch):
     monkeypatch.setattr(midlens.training.data, "load_rows", lambda split: list(_rows(split)))
 
 
+def test_the_channel_search_refuses_a_model_too_shallow_for_it_by_its_layer_count(tmp_path, capsys):
+    """Four layers leave one layer to read (2 .. L-2) where a candidate must be monotonic in two: the search says so
+    before reading any string (it said "no channel ... try more or longer strings", which could never help)."""
+    from midlens.cli import main
+
+    folder = save_tiny("llama", tmp_path / "llama")  # tests/tiny.py's 4 layers
+    extra = COMMANDS["channel-scaling"]
+    assert main(["train", "channel-scaling", "--model", str(folder), *extra, *TINY, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "has 4 layers: the channel search reads layers 2 to 2" in err and "5 layers or more" in err, err
+    assert "Traceback" not in err and "hidden states of random strings" not in err
+
+
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_training_command_runs_on_the_family_and_its_artefact_answers(name, tmp_path, capsys):
     from midlens.cli import main

@@ -140,6 +140,13 @@ def find_candidates(
     loaded: LoadedModel, strings: int, length: int, count: int, seed: int, progress: bool = True
 ) -> tuple[list[dict], list[list[int]]]:
     """Step 1 alone: the candidate channels of `loaded` (with their statistics) and the token ids they came from."""
+    layers = loaded.model.config.num_hidden_layers
+    if layers - 3 <= layers // 4:  # layers 2 .. L-2 are read; a candidate needs more than L/4 of them
+        raise MidlensError(
+            f"{loaded.name} has {layers} layers: the channel search reads layers 2 to {layers - 2} and keeps a channel "
+            f"monotonic in more than a quarter of the layers ({layers // 4 + 1}), which {max(layers - 3, 0)} read "
+            "layer(s) cannot give. It needs a model of 5 layers or more."
+        )
     sequences = random_strings(loaded.tokenizer, strings, length, seed)
     candidates = positional_candidates(mean_hidden_states(loaded, sequences, progress), count)
     if not candidates:
