@@ -278,6 +278,17 @@ def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loade
     with pytest.raises(RunError, match="not the first 1 of these 2"):
         _run_cli(_sweep_args(tampered))
 
+    # A run as it ships (rows gzipped, docs/results/) resumes as it is: only its missing units run.
+    shipped = tmp_path / "shipped"
+    assert main(_sweep_args(shipped, "--limit", "2")) == 0
+    data = (shipped / "results.jsonl").read_bytes()
+    packed = gzip.compress(data, mtime=0)
+    (shipped / "results.jsonl.gz").write_bytes(packed)
+    (shipped / "results.jsonl").unlink()
+    assert main(_sweep_args(shipped)) == 0
+    assert _stable(read_rows(shipped / "results.jsonl")) == _stable(full)
+    assert (shipped / "results.jsonl.gz").read_bytes() == packed  # the archive untouched
+
     # Resuming with other options is refused, naming what differs.
     assert main(_sweep_args(part, "--seed", "1")) == 2
     with pytest.raises(RunError, match="seed"):
