@@ -231,6 +231,29 @@ def test_a_served_llm_marks_the_citations_a_template_asks_for_as_in_process(serv
     assert "".join(streamed.query(QUESTIONS[0]).response_gen) == mine.response
 
 
+def test_a_served_llm_reads_a_stock_chat_qa_template_as_in_process(server, loaded):
+    """Defect: through a server, LlamaIndex's chat QA template (its system turn, then the context and query) went
+    whole to the server's chat template: no passages, no evidence (in process it is read back into one passage per
+    context chunk). Now the same answer and passages as in process, streamed or not."""
+    from llama_index.core.prompts.chat_prompts import CHAT_TEXT_QA_PROMPT
+
+    from midlens.rag.llamaindex import MidlensLLM
+
+    remote = MidlensLLM.from_server(server, max_new_tokens=MAX_NEW)
+    local = MidlensLLM(loaded, method="baseline", max_new_tokens=MAX_NEW)
+    context = "\n\n".join(f"title: {p['title']}\n\n{p['text']}" for p in PASSAGES)
+    messages = CHAT_TEXT_QA_PROMPT.format_messages(context_str=context, query_str=QUESTIONS[0])
+    served, mine = (llm.chat(messages) for llm in (remote, local))
+    theirs, ours = (r.additional_kwargs["answer"] for r in (served, mine))
+    assert len(ours.passages) == len(PASSAGES) and ours.question == QUESTIONS[0]
+    assert served.message.content == mine.message.content and theirs.question == ours.question
+    assert [pe.passage.text for pe in theirs.passages] == [pe.passage.text for pe in ours.passages]
+    assert [pe.calibrated for pe in theirs.passages] == pytest.approx([pe.calibrated for pe in ours.passages], abs=1e-4)
+    streamed = list(remote.stream_chat(messages))
+    assert "".join(c.delta or "" for c in streamed) == mine.message.content
+    assert len(streamed[-1].additional_kwargs["answer"].passages) == len(PASSAGES)
+
+
 def test_restacked_requests_are_answered_as_restacked_in_process(server, client, loaded, generator):
     from midlens.generators.restack import Restack, Restacker
     from midlens.rag.llamaindex import MidlensLLM, MidlensQueryEngine

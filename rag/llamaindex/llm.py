@@ -431,13 +431,28 @@ class RemoteMidlensLLM(MidlensLLM):
             raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
         return [{"role": m.role.value, "content": m.content or ""} for m in messages], options.replace(calibrate=False)
 
+    # A stock QA chat template (LlamaIndex's context chat engines) is read back into its question and passages and
+    # answered as `complete` answers them, markers included, as a local MidlensLLM's chat does; any other
+    # conversation goes to the server's chat template.
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        stock = self._stock_chat(messages) if messages else None
+        if stock is not None:
+            _, options = self._options(kwargs)
+            return _as_chat(
+                self._served.complete(self.method, stock.question, stock.passages, options, stock.cites_in_text)
+            )
         turns, options = self._chat_request(messages, kwargs)
         return self._served.chat(self.method, turns, options)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        stock = self._stock_chat(messages) if messages else None
+        if stock is not None:
+            _, options = self._options(kwargs)
+            turn = [{"role": "user", "content": stock.question}]
+            chunks = self._served.stream(self.method, turn, stock.passages, options, stock.question)
+            return (_as_chat(c) for c in (_marked(chunks) if stock.cites_in_text else chunks))
         turns, options = self._chat_request(messages, kwargs)
         return self._served.stream_chat(self.method, turns, options)
 
