@@ -80,8 +80,9 @@ RESTACKED_RUNS = {"smollm2-135m": RESULTS / "restack/eval-smollm2-finetuned/runs
 SWEEPS = {
     "qwen2.5-coder-0.5b": [RESULTS / "qwen2.5-coder-0.5b/short-answer/runs" / c for c in ("hotpotqa", "squad")],
     "smollm2-135m": [RESULTS / "smollm2-135m/short-answer/runs" / c for c in ("hotpotqa", "squad")],
-    # No method passes on Gemma 3 (docs/results/out-of-domain/): its default is the fallback, the baseline.
-    "gemma3-270m": [RESULTS / "gemma3-270m/n200" / c / "a" for c in ("hotpotqa", "squad")],
+    # Gemma 3: groups a (baseline, attn-calibration, ms-poe, finetuned) and c (the trained methods shipped since,
+    # rope-scaling). No method passes (docs/results/out-of-domain/): its default is the fallback, the baseline.
+    "gemma3-270m": [RESULTS / "gemma3-270m/n200" / c / g for c in ("hotpotqa", "squad") for g in ("a", "c")],
 }
 
 
