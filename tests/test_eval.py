@@ -286,7 +286,9 @@ def test_resume_after_interruption_and_shard_merge_equal_one_run(tmp_path, loade
     (shipped / "results.jsonl.gz").write_bytes(packed)
     (shipped / "results.jsonl").unlink()
     assert main(_sweep_args(shipped)) == 0
-    assert _stable(read_rows(shipped / "results.jsonl")) == _stable(full)
+    resumed = read_rows(shipped / "results.jsonl")
+    assert _stable(resumed) == _stable(full)
+    assert resumed[:2] == [json.loads(line) for line in data.decode().splitlines()]  # kept, timings too: not rerun
     assert (shipped / "results.jsonl.gz").read_bytes() == packed  # the archive untouched
 
     # Resuming with other options is refused, naming what differs.
