@@ -49,19 +49,13 @@ def available(model: str | None = None) -> list[str]:
     A method with an `artefact` option runs on weights trained for one model (a MuDAF delta, MoICE routers): it
     is listed for `model` only when an artefact ships for that model, so a menu never offers a certain error.
     """
-    from midlens.generators.artefacts import shipped_artefact
     from midlens.generators.packaged_models import canonical_name
 
     model = None if model is None else canonical_name(model)
 
     def runs(name: str, options: dict) -> bool:
-        method = REGISTRY[name]
-        options = {**method.defaults, **options}
-        return (
-            model is None
-            or "artefact" not in options
-            or shipped_artefact(name, _shipped_name(method, model, options)) is not None
-        )
+        options = {**REGISTRY[name].defaults, **options}
+        return model is None or not _reads_shipped(name, options) or _shipped_folder(name, model, options) is not None
 
     named = [name for name in REGISTRY if runs(name, {})]
     # Then the shorthands (core.names.METHOD_SHORTHANDS), on the same terms as the spec each stands for.
@@ -72,25 +66,34 @@ def _shipped_name(method: Method, model: str, options: dict) -> str:
     return model if method.shipped_name is None else method.shipped_name(model, options)
 
 
+def _reads_shipped(name: str, options: dict) -> bool:
+    """Whether method `name` run with `options` reads a shipped artefact: it trains one and no folder was given."""
+    return "artefact" in REGISTRY[name].defaults and options.get("artefact") is None
+
+
+def _shipped_folder(name: str, model: str, options: dict) -> Path | None:
+    """The artefact folder shipped for method `name` with `options` on `model`, or None where none ships."""
+    from midlens.generators.artefacts import shipped_artefact
+
+    return shipped_artefact(name, _shipped_name(REGISTRY[name], model, options))
+
+
 def shipped_models(config: MethodConfig) -> list[str] | None:
     """The packaged models a trained artefact ships for, for this method and options; None when the method reads
     no shipped artefact (it trains nothing, or an artefact folder was given)."""
     from midlens.generators.packaged_models import REGISTRY as MODELS
 
-    if "artefact" not in REGISTRY[config.name].defaults or config.options.get("artefact") is not None:
+    if not _reads_shipped(config.name, config.options):
         return None
-    return [m for m in MODELS if shipped_artefact_of(config, m) is not None]
+    return [m for m in MODELS if _shipped_folder(config.name, m, config.options) is not None]
 
 
 def shipped_artefact_of(config: MethodConfig, model: str) -> Path | None:
     """The shipped artefact folder `config` reads on `model` (a registry name); None when it reads none: it trains
     nothing, was given a folder, or nothing ships for that model."""
-    from midlens.generators.artefacts import shipped_artefact
-
-    method = REGISTRY[config.name]
-    if "artefact" not in method.defaults or config.options.get("artefact") is not None:
+    if not _reads_shipped(config.name, config.options):
         return None
-    return shipped_artefact(config.name, _shipped_name(method, model, config.options))
+    return _shipped_folder(config.name, model, config.options)
 
 
 def model_for(config: MethodConfig, model: str | None, default: str) -> str:
@@ -170,16 +173,15 @@ def support_on(loaded, steps: StepSpelling = plain_step) -> dict[str, str | None
     """Every registered method -> None when it runs on `loaded` as it comes, else why it does not: what the model's
     layers do that it does not handle, or the trained artefact it lacks for this model (with the step that trains
     one, worded by `steps`: an interface's own)."""
-    from midlens.generators.artefacts import shipped_artefact, train_step
+    from midlens.generators.artefacts import train_step
 
     out: dict[str, str | None] = {}
     for name, method in REGISTRY.items():
         reason = unsupported_reason(name, loaded.model)
-        trained = "artefact" in method.defaults and method.defaults["artefact"] is None
         if (
             reason is None
-            and trained
-            and shipped_artefact(name, _shipped_name(method, loaded.name, method.defaults)) is None
+            and _reads_shipped(name, method.defaults)
+            and _shipped_folder(name, loaded.name, method.defaults) is None
         ):
             how = steps(train_step(name, loaded.name)) if method.trainer else "pass a trained one as artefact=FOLDER"
             reason = f"needs an artefact trained for this model ({how})"

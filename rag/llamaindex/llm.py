@@ -418,18 +418,26 @@ class RemoteMidlensLLM(MidlensLLM):
         return self._served.complete(self.method, question, passages, options, marked=marked)
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        question, passages, options, marked = self._request(prompt, formatted, kwargs)
-        messages = [{"role": "user", "content": question}]
-        chunks = self._served.stream(self.method, messages, passages, options, question)
+        return self._served_stream(*self._request(prompt, formatted, kwargs))
+
+    def _served_stream(
+        self, question: str, passages: list[Passage], options: AnswerOptions, marked: bool
+    ) -> CompletionResponseGen:
+        """The server's stream of the answer to `question` over `passages`, with "[N]" markers when `marked`."""
+        chunks = self._served.stream(self.method, [{"role": "user", "content": question}], passages, options, question)
         return _marked(chunks) if marked else chunks
+
+    def _chat_options(self, kwargs: dict[str, Any]) -> AnswerOptions:
+        passages, options = self._options(kwargs)
+        if passages:
+            raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
+        return options
 
     def _chat_request(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
     ) -> tuple[list[dict], AnswerOptions]:
-        passages, options = self._options(kwargs)
-        if passages:
-            raise TypeError("chat() takes no passages: use complete(question, passages=[...]) or MidlensQueryEngine.")
-        return [{"role": m.role.value, "content": m.content or ""} for m in messages], options.replace(calibrate=False)
+        turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
+        return turns, self._chat_options(kwargs).replace(calibrate=False)
 
     # A stock QA chat template (LlamaIndex's context chat engines) is read back into its question and passages and
     # answered as `complete` answers them, markers included, as a local MidlensLLM's chat does; any other
@@ -438,7 +446,7 @@ class RemoteMidlensLLM(MidlensLLM):
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         stock = self._stock_chat(messages) if messages else None
         if stock is not None:
-            _, options = self._options(kwargs)
+            options = self._chat_options(kwargs)
             return _as_chat(
                 self._served.complete(self.method, stock.question, stock.passages, options, stock.cites_in_text)
             )
@@ -449,10 +457,9 @@ class RemoteMidlensLLM(MidlensLLM):
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         stock = self._stock_chat(messages) if messages else None
         if stock is not None:
-            _, options = self._options(kwargs)
-            turn = [{"role": "user", "content": stock.question}]
-            chunks = self._served.stream(self.method, turn, stock.passages, options, stock.question)
-            return (_as_chat(c) for c in (_marked(chunks) if stock.cites_in_text else chunks))
+            options = self._chat_options(kwargs)
+            chunks = self._served_stream(stock.question, stock.passages, options, stock.cites_in_text)
+            return (_as_chat(c) for c in chunks)
         turns, options = self._chat_request(messages, kwargs)
         return self._served.stream_chat(self.method, turns, options)
 
