@@ -127,6 +127,8 @@ def check_cite_evidence(spec: str | None) -> str | None:
 RESTACK_MARK = "+restack("  # what a restacked system's label adds to its method's
 
 
-def restacked_label(method: str, scorer: str, rounds: int) -> str:
-    """What a restacked system is called in runs and reports: `baseline+restack(mudaf)`, with `, rounds=N` past 1."""
-    return f"{method}{RESTACK_MARK}{scorer}{'' if rounds == 1 else f', rounds={rounds}'})"
+def restacked_label(method: str, scorer: str, rounds: int, slots: str = "measured") -> str:
+    """What a restacked system is called in runs and reports: `baseline+restack(mudaf)`, with `, rounds=N` past 1
+    and `, slots=first` for a slot policy other than the measured order."""
+    extra = ("" if rounds == 1 else f", rounds={rounds}") + ("" if slots == "measured" else f", slots={slots}")
+    return f"{method}{RESTACK_MARK}{scorer}{extra})"

@@ -76,6 +76,14 @@ MEASURED_RESTACKS: dict[tuple[str, str], str] = {}
 # answering" (the default everywhere a user answers: ask, Pipeline, the demo, the LlamaIndex classes, the server).
 # None (--no-restack, `restack: null`) answers in the order given; a method spec restacks by that method's evidence.
 RESTACK_MEASURED = "measured"
+# Where restacked passages go, strongest first into the slots a model reads best: "measured" reads the slot order a
+# position sweep measured for the packaged model (generators/trained/slot-orders/; a folder has none), "first" puts
+# the strongest passage in slot 1, the next in slot 2, ..., which needs no sweep and so runs on any model folder.
+# Why first: the instruct models read slot 1 best of the slots measured (Qwen's measured order starts 1, 2;
+# Liu et al. find primacy in every instruct model they test), and evidence ranks the gold passage first in most
+# prompts, so a one-gold question puts its passage where reading is best without knowing the model.
+SlotPolicy = Literal["measured", "first"]
+SLOT_POLICIES: tuple[str, ...] = get_args(SlotPolicy)
 
 
 def is_measured_restack(restack: object) -> bool:

@@ -42,6 +42,7 @@ class RunOptions:
     orderings: tuple[str, ...] = ()
     restack: str | None = None
     restack_rounds: tuple[int, ...] = (1,)
+    restack_slots: str = "measured"  # core.names.SLOT_POLICIES
     model: str = EVAL_MODEL
     device: str = "auto"
     dtype: str = "auto"
@@ -103,7 +104,7 @@ class RunOptions:
         if self.restack is not None:
             from midlens.generators.restack import Restack
 
-            Restack(self.restack)  # the scorer's options, checked before any model loads
+            Restack(self.restack, slots=self.restack_slots)  # the scorer's options, before any model loads
         configs.update({label: configs[method] for label, (method, _, _) in self.restacked.items()})
         configs.update({name: method_config("baseline") for name in self.orderings})
         return configs
@@ -114,7 +115,7 @@ class RunOptions:
         if self.restack is None:
             return {}
         return {
-            restacked_label(method, self.restack, rounds): (method, self.restack, rounds)
+            restacked_label(method, self.restack, rounds, self.restack_slots): (method, self.restack, rounds)
             for method in self.methods
             for rounds in self.restack_rounds
         }
@@ -129,7 +130,13 @@ def _check_restack(options: RunOptions) -> None:
     """--restack's scorer and rounds, before anything heavy loads."""
     from midlens.core.checks import check_restack_rounds
     from midlens.core.method_spec import parse_scorer_spec
+    from midlens.core.names import SLOT_POLICIES
 
+    if options.restack_slots not in SLOT_POLICIES:
+        raise MidlensError(
+            f"unknown slot policy; expected one of {', '.join(SLOT_POLICIES)}.",
+            about=Remedy("restack_slots", options.restack_slots),
+        )
     if options.restack is None:
         if tuple(options.restack_rounds) != (1,):
             rounds = Remedy("restack_rounds", options.restack_rounds)

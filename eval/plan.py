@@ -97,7 +97,7 @@ def plan_run(options: RunOptions) -> Plan:
         "model_sha256": content_sha256(model),
         "device": str(device),
         "dtype": dtype_name(resolve_dtype(options.dtype, device)),
-        "methods": {m: _system(m, c, orderings, restacked) for m, c in configs.items()},
+        "methods": {m: _system(m, c, orderings, restacked, options.restack_slots) for m, c in configs.items()},
         "evidence": asdict(options.evidence or EvidenceConfig()),
         "seed": options.seed,
         "n": options.n,
@@ -134,13 +134,16 @@ def plan_run(options: RunOptions) -> Plan:
     return Plan(config, units, data, device.type, units_per_group(options.batch_size, device.type))
 
 
-def _system(label: str, config, orderings: set[str], restacked: dict[str, tuple[str, str, int]]) -> dict:
+def _system(
+    label: str, config, orderings: set[str], restacked: dict[str, tuple[str, str, int]], slots: str = "measured"
+) -> dict:
     """What a row label runs, as the run's config records it; a restacked system also records its scorer and rounds
-    (only then: the records of runs made before restacking, and their hashes, stay as they were)."""
+    (only then: the records of runs made before restacking, and their hashes, stay as they were), and its slot
+    policy where it is not the measured order (likewise)."""
     system = {**config.to_dict(), "ordering": label if label in orderings else None}
     if label in restacked:
         _, scorer, rounds = restacked[label]
-        system["restack"] = {"scorer": scorer, "rounds": rounds}
+        system["restack"] = {"scorer": scorer, "rounds": rounds} | ({} if slots == "measured" else {"slots": slots})
     return system
 
 
@@ -220,7 +223,9 @@ def build_run(options: RunOptions) -> Run:
         if m not in restacked
     }
     # Every system by its row label: its method's generator, and the restack a restacked system answers with.
-    restacks = {label: Restack(scorer, rounds) for label, (_, scorer, rounds) in restacked.items()}
+    restacks = {
+        label: Restack(scorer, rounds, slots=options.restack_slots) for label, (_, scorer, rounds) in restacked.items()
+    }
     systems = {**gens, **{label: gens[m] for label, (m, _, _) in restacked.items()}}
     style, data = options.prompt_style, plan.data
     if options.mode == "e2e":

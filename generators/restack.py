@@ -54,6 +54,7 @@ from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.prompt import StackedPrompt, render
 
 SHIPPED = Path(__file__).parent / "trained" / "slot-orders"
+STRONGEST_FIRST = "first"  # core.names.SLOT_POLICIES: the slot policy that needs no measured order
 _MAP_FIELDS = ("last", "question", "answer", "null_last", "null_question")
 
 
@@ -61,7 +62,8 @@ _MAP_FIELDS = ("last", "question", "answer", "null_last", "null_question")
 class Restack:
     """How to restack: `scorer`, the method whose evidence scores the passages (a spec, e.g. "mudaf" or
     "baseline"); `rounds`, scoring passes before answering (interfaces call it `restack_rounds`); `slots`, the prompt
-    positions best first (1-based, one per passage), a slot-order JSON file, or None for the answering model's
+    positions best first (1-based, one per passage), a slot-order JSON file, "first" (strongest first: slot 1, 2,
+    ...; needs no measurement, so any model folder restacks), or None / "measured" for the answering model's
     measured order."""
 
     scorer: str | MethodConfig = DEFAULT_RESTACK_SCORER
@@ -89,6 +91,15 @@ class Restack:
                     about=Remedy("slots", self.slots),
                 )
             object.__setattr__(self, "slots", slots)
+        elif self.slots == "measured":
+            object.__setattr__(self, "slots", None)
+
+    @property
+    def slot_policy(self) -> str:
+        """What a run records and a label shows: "measured", "first", or "given" (slots or a file passed)."""
+        if self.slots is None:
+            return "measured"
+        return "first" if self.slots == STRONGEST_FIRST else "given"
 
     @property
     def scorer_spec(self) -> str:
@@ -97,7 +108,8 @@ class Restack:
     @property
     def label(self) -> str:
         """`restack(mudaf)`, `restack(mudaf, rounds=2)`: what a restacked system's label appends."""
-        return f"restack({self.scorer_spec}{'' if self.rounds == 1 else f', rounds={self.rounds}'})"
+        extra = "" if self.rounds == 1 else f", rounds={self.rounds}"
+        return f"restack({self.scorer_spec}{extra}{'' if self.slots != STRONGEST_FIRST else ', slots=first'})"
 
 
 def as_restack(restack: str | MethodConfig | Restack | None, rounds: int = 1) -> Restack | None:
@@ -191,6 +203,8 @@ def slot_order(generator: Generator, slots: tuple[int, ...] | str | Path | None 
     with its method (else with the base model, `baseline`)."""
     if isinstance(slots, tuple):  # checked by Restack
         return SlotOrder(slots, "given")
+    if slots == STRONGEST_FIRST:  # any n reads the identity: every slot's relative depth keeps its rank
+        return SlotOrder(tuple(range(1, 11)), "strongest-first")
     if slots is not None:
         return read_slot_order(str(slots))
     loaded = generator.loaded

@@ -51,7 +51,12 @@ def method_label(key: str, recorded: dict) -> str:
         from midlens.core.method_spec import RESTACK_MARK, restacked_label
 
         base = {k: v for k, v in recorded.items() if k != "restack"}
-        return restacked_label(method_label(key.split(RESTACK_MARK, 1)[0], base), restack["scorer"], restack["rounds"])
+        return restacked_label(
+            method_label(key.split(RESTACK_MARK, 1)[0], base),
+            restack["scorer"],
+            restack["rounds"],
+            restack.get("slots", "measured"),
+        )
     name = recorded.get("name", key)
     options = {k: v for k, v in recorded.items() if k not in ("name", "ordering")}
     if not options:  # nothing to compare with the defaults (the baseline): the registry, and torch, stay unloaded

@@ -24,6 +24,7 @@ from midlens.core.names import (
     ORDERINGS,
     PROMPT_STYLES,
     RETRIEVALS,
+    SLOT_POLICIES,
 )
 
 EXAMPLES = {
@@ -189,6 +190,13 @@ def _restack_args(p: argparse.ArgumentParser) -> None:
         default=(1,),
         help="scoring passes before each restacked answer; several (1,2) run one system each",
     )
+    p.add_argument(
+        "--restack-slots",
+        choices=SLOT_POLICIES,
+        default="measured",
+        help="where the strongest passages go: the slot order measured for the packaged model, or first (slot 1, "
+        "2, ...: no measurement needed, any model)",
+    )
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -218,6 +226,7 @@ def run_options(args: argparse.Namespace):
         orderings=tuple(split_top_level(getattr(args, "orderings", ""))),
         restack=getattr(args, "restack", None),
         restack_rounds=getattr(args, "restack_rounds", (1,)),
+        restack_slots=getattr(args, "restack_slots", "measured"),
         model=args.model,
         device=args.device,
         dtype=args.dtype,
