@@ -43,6 +43,7 @@ class RunOptions:
     restack: str | None = None
     restack_rounds: tuple[int, ...] = (1,)
     restack_slots: str = "measured"  # core.names.SLOT_POLICIES
+    restack_methods: tuple[str, ...] = ()  # the methods that also answer restacked (empty: every one of `methods`)
     model: str = EVAL_MODEL
     device: str = "auto"
     dtype: str = "auto"
@@ -116,7 +117,7 @@ class RunOptions:
             return {}
         return {
             restacked_label(method, self.restack, rounds, self.restack_slots): (method, self.restack, rounds)
-            for method in self.methods
+            for method in self.restack_methods or self.methods
             for rounds in self.restack_rounds
         }
 
@@ -137,8 +138,15 @@ def _check_restack(options: RunOptions) -> None:
             f"unknown slot policy; expected one of {', '.join(SLOT_POLICIES)}.",
             about=Remedy("restack_slots", options.restack_slots),
         )
+    stray = [m for m in options.restack_methods if m not in options.methods]
+    if stray:
+        raise MidlensError(
+            f"{', '.join(stray)} not among the methods run ({', '.join(options.methods)}): a restacked system is "
+            "compared with its method alone, so name it in the methods too.",
+            about=Remedy("restack_methods", ",".join(options.restack_methods)),
+        )
     if options.restack is None:
-        if tuple(options.restack_rounds) != (1,):
+        if tuple(options.restack_rounds) != (1,) or options.restack_methods:
             rounds = Remedy("restack_rounds", options.restack_rounds)
             raise MidlensError(
                 "these count the scoring passes of restacked systems, and none is asked for.",

@@ -197,6 +197,11 @@ def _restack_args(p: argparse.ArgumentParser) -> None:
         help="where the strongest passages go: the slot order measured for the packaged model, or first (slot 1, "
         "2, ...: no measurement needed, any model)",
     )
+    p.add_argument(
+        "--restack-methods",
+        default="",
+        help="comma-separated methods (of --methods) that also answer restacked (default: every one)",
+    )
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -227,6 +232,7 @@ def run_options(args: argparse.Namespace):
         restack=getattr(args, "restack", None),
         restack_rounds=getattr(args, "restack_rounds", (1,)),
         restack_slots=getattr(args, "restack_slots", "measured"),
+        restack_methods=tuple(split_top_level(getattr(args, "restack_methods", ""))),
         model=args.model,
         device=args.device,
         dtype=args.dtype,

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Whole answering configurations as every interface ships them, judged by the default rule on three corpora.
+# Each system answers under the instruction, token budget and stop rule the interfaces use (litm, 48 new tokens;
+# the metrics read the first line, so --stop-at-line-end only stops decoding where the scores stop reading), 10
+# passages of <= 100 words, gold at 1/5/10, n = 200, the CPU's default dtype, one thread a process.
+#   systems: baseline; the current default (finetuned; gemma3-270m: the baseline already);
+#            baseline restacked by its own evidence, strongest first (training-free, no measured order), 1 and 2 rounds
+#   corpora: nq-open (the third corpus: built by eval/build_nq_mdqa.py, nothing here was trained or measured on it),
+#            squad, hotpotqa
+# Usage: bash docs/results/as-shipped/sweep.sh MODEL CORPUS SHARD (e.g. qwen2.5-coder-0.5b nq-open 0/2); run the
+# two shards of a pair side by side, one per core, then `midlens eval merge OUT/..-s0 OUT/..-s1 --out OUT/..`.
+# Rerunning the same command resumes it (a folder as it ships here, rows gzipped, resumes too).
+set -u
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+HERE=$(dirname "$0")
+OUT=${OUT:-runs/as-shipped}
+MODEL=$1 CORPUS=$2 SHARD=$3
+case $CORPUS in
+  nq-open) DATA=$HERE/nq-open/nq-open-mdqa-10.jsonl.gz ;;
+  *) DATA=$CORPUS ;;
+esac
+case $MODEL in
+  gemma3-270m) METHODS=baseline ;;
+  *) METHODS=baseline,finetuned ;;
+esac
+python -m midlens eval sweep --dataset "$DATA" --model "$MODEL" --n 200 --k 10 --positions 1,5,10 \
+  --prompt-style litm --max-new-tokens 48 --stop-at-line-end --no-logprob --max-words 100 --methods "$METHODS" \
+  --restack baseline --restack-slots first --restack-methods baseline --restack-rounds "${ROUNDS:-1}" \
+  --no-progress --shard "$SHARD" --out "$OUT/$MODEL/$CORPUS-s${SHARD%/*}" ${EXTRA:-}
