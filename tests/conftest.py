@@ -73,9 +73,11 @@ def pipeline(default_retriever, generator):
 def measured_restack(monkeypatch) -> tuple[str, str, str]:
     """A model and method restacked where nobody says (core.names.MEASURED_RESTACKS), for the tests of that
     mechanism: no entry passes the out-of-domain rule today, so the one SmolLM2's default held until then is patched
-    in. (model, method spec, scorer)."""
+    in, with the default method it restacked (no model answers with the fine-tune by default today either).
+    (model, method spec, scorer)."""
     from midlens.core import names
 
+    monkeypatch.setitem(names.ANSWER_METHODS, "smollm2-135m", "finetuned")
     monkeypatch.setitem(names.MEASURED_RESTACKS, ("smollm2-135m", "mudaf(alpha=0)"), "mudaf")
     return "smollm2-135m", "mudaf(alpha=0)", "mudaf"
 

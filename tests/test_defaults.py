@@ -12,7 +12,6 @@ import pytest
 
 from midlens.core import names
 from midlens.core.errors import InvalidArgumentError, MethodConfigError
-from midlens.core.method_spec import RESTACK_MARK
 from midlens.generators import Generator
 from midlens.generators.methods.registry import method_config
 from midlens.generators.prompt import build_prompt
@@ -71,38 +70,35 @@ def test_the_reranker_ranks_by_the_best_ranker_measured_for_its_model(loaded):
     assert [n.score for n in ranked] == pytest.approx([pe.evidence for pe in expected], abs=1e-5)
 
 
-# The committed n = 200 sweeps each packaged model's default is chosen on: the short-answer sweeps of every method,
-# and the sweeps of its answering default restacked where they were run.
-RESULTS = Path(__file__).resolve().parent.parent / "docs/results"
-# SmolLM2's restacked default passed on both corpora pooled, not out of domain: measured, and not the default.
-RESTACKED_RUNS = {"smollm2-135m": RESULTS / "restack/eval-smollm2-finetuned/runs"}
-# Each packaged model's committed n = 200 short-answer sweeps, HotpotQA's and SQuAD's run folders.
-SWEEPS = {
-    "qwen2.5-coder-0.5b": [RESULTS / "qwen2.5-coder-0.5b/short-answer/runs" / c for c in ("hotpotqa", "squad")],
-    "smollm2-135m": [RESULTS / "smollm2-135m/short-answer/runs" / c for c in ("hotpotqa", "squad")],
-    # Gemma 3: groups a (baseline, attn-calibration, ms-poe, finetuned) and c (the trained methods shipped since,
-    # rope-scaling). No method passes (docs/results/out-of-domain/): its default is the fallback, the baseline.
-    "gemma3-270m": [RESULTS / "gemma3-270m/n200" / c / g for c in ("hotpotqa", "squad") for g in ("a", "c")],
-}
+# The committed as-shipped sweeps (docs/results/as-shipped/sweep.sh): each packaged model's candidates answering as
+# every interface does (litm, 48 new tokens, first line), n = 200 on HotpotQA, SQuAD and NQ-open.
+AS_SHIPPED = Path(__file__).resolve().parent.parent / "docs/results/as-shipped"
+PACKAGED = ("qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m")
 
 
-@pytest.mark.parametrize("model", sorted(SWEEPS))
-def test_each_packaged_models_answering_default_is_what_its_committed_sweeps_support(model):
-    """The tables follow the measurement: the default rule, applied to the committed n = 200 short-answer sweeps of
-    each packaged model (restacked ones included), supports the method core.names names for it and whether it
-    restacks (a model whose default was never measured restacked does not restack)."""
-    from midlens.eval.report.default_rule import chosen, judge
-    from midlens.eval.report.load import load_runs
+@pytest.mark.parametrize("model", PACKAGED)
+def test_each_packaged_models_shipped_default_is_what_the_rule_decides_on_runs_as_shipped(model):
+    """The default every interface runs (method, instruction, token budget, restack) is the one the default rule
+    supports on the committed sweeps run in exactly that configuration: the runs' conditions are the shipped
+    options', and the rule's winner is the shipped candidate (the baseline where nothing passes, or nothing is
+    complete yet). A default chosen under another instruction or budget than the interfaces use fails here."""
+    from midlens.eval.report.default_rule import REFERENCE_STYLE, chosen, judge_runs, shipped_candidate
+    from midlens.rag.options import AnswerOptions
 
-    folders = list(SWEEPS[model])
-    if model in RESTACKED_RUNS:
-        folders += [RESTACKED_RUNS[model] / corpus for corpus in ("hotpotqa", "squad")]
-    configs, rows = load_runs(folders)
-    assert all(c["model"] == model and c["examples"] == 200 and c["prompt_style"] == "short" for c in configs)
-    method = method_config(names.answer_method_for(model)).spec()
-    scorer = names.measured_restack_for(model, method)
-    assert chosen(judge(rows)) == (method if scorer is None else f"{method}{RESTACK_MARK}{scorer})")
-    assert scorer is None or model in RESTACKED_RUNS  # a default restacks only where that was measured
+    options = AnswerOptions()
+    assert (options.prompt_style, options.max_new_tokens) == (names.DEFAULT_PROMPT_STYLE, names.DEFAULT_MAX_NEW_TOKENS)
+    assert names.is_measured_restack(options.restack) and options.restack_rounds == 1
+    folders = sorted(
+        {p.parent for p in (AS_SHIPPED / model).rglob("config.json")} if (AS_SHIPPED / model).is_dir() else set()
+    )
+    verdicts = None
+    if folders:
+        shared, verdicts = judge_runs(folders, complete=200)
+        assert shared["model"] == model and shared["max_new_tokens"] == options.max_new_tokens
+        assert shared["examples"] == 200
+    decided = chosen(verdicts) if verdicts else "baseline"
+    assert decided == shipped_candidate(model)
+    assert REFERENCE_STYLE == names.DEFAULT_PROMPT_STYLE or " @" in decided  # the instruction ships with its winner
 
 
 def test_every_answering_interface_restacks_where_it_was_measured_to_help(loaded, measured_restack, tmp_path):

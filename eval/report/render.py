@@ -101,7 +101,7 @@ def markdown(configs: list[dict], rows: list[dict], against: str = "baseline") -
             )
             cells += [_pct(pp[p]["gold_share"]) for p in pos]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += default_lines(rows, against)
+    lines += default_lines(rows, against, [c for c in configs if c.get("kind") == "sweep"])
     for (ds, method), s in rerank_summary(rows).items():
         lines += ["", f"## Evidence as a reranker: {ds}, evidence from {method}, n = {s['n']}", ""]
         lines += ["| ranker | " + " | ".join(RANK_METRICS) + " |", "|" + "---|" * (len(RANK_METRICS) + 1)]

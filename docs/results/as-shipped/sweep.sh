@@ -23,7 +23,7 @@ case $MODEL in
   gemma3-270m) METHODS=baseline ;;
   *) METHODS=baseline,finetuned ;;
 esac
-python -m midlens eval sweep --dataset "$DATA" --model "$MODEL" --n 200 --k 10 --positions 1,5,10 \
+${PY:-python} -m midlens eval sweep --dataset "$DATA" --model "$MODEL" --n 200 --k 10 --positions 1,5,10 \
   --prompt-style litm --max-new-tokens 48 --stop-at-line-end --no-logprob --max-words 100 --methods "$METHODS" \
   --restack baseline --restack-slots first --restack-methods baseline --restack-rounds "${ROUNDS:-1}" \
   --no-progress --shard "$SHARD" --out "$OUT/$MODEL/$CORPUS-s${SHARD%/*}" ${EXTRA:-}
