@@ -55,6 +55,7 @@ from midlens.generators.prompt import StackedPrompt, render
 
 SHIPPED = Path(__file__).parent / "trained" / "slot-orders"
 STRONGEST_FIRST = "first"  # core.names.SLOT_POLICIES: the slot policy that needs no measured order
+STRONGEST_FIRST_SOURCE = "strongest-first"  # what its SlotOrder (and Answer.restack["slot_order"]) says
 _MAP_FIELDS = ("last", "question", "answer", "null_last", "null_question")
 
 
@@ -147,7 +148,7 @@ class SlotOrder:
         relative depth (first to first, last to last), ties to the slot nearer that depth, then the earlier."""
         if n == self.k:
             return list(self.order)
-        if n <= 1:
+        if n <= 1 or self.source == STRONGEST_FIRST_SOURCE:  # strongest first is the identity at every count
             return list(range(1, n + 1))
         rank = {slot: r for r, slot in enumerate(self.order)}
 
@@ -204,7 +205,7 @@ def slot_order(generator: Generator, slots: tuple[int, ...] | str | Path | None 
     if isinstance(slots, tuple):  # checked by Restack
         return SlotOrder(slots, "given")
     if slots == STRONGEST_FIRST:  # any n reads the identity: every slot's relative depth keeps its rank
-        return SlotOrder(tuple(range(1, 11)), "strongest-first")
+        return SlotOrder(tuple(range(1, 11)), STRONGEST_FIRST_SOURCE)
     if slots is not None:
         return read_slot_order(str(slots))
     loaded = generator.loaded

@@ -306,3 +306,42 @@ def test_ask_restacks_and_shows_what_the_prompt_held(generator, restacker, defau
     out = capsys.readouterr().out
     assert "restacked by baseline evidence (1 round): the prompt held passages " in out
     assert "(pos = position as retrieved, ret = retrieval cosine)" in out
+
+
+def test_strongest_first_needs_no_measured_order_and_runs_on_a_model_without_one(tmp_path, loaded):
+    """slots="first" puts the passage the scorer ranks first in slot 1, the next in slot 2, ... for any passage
+    count and any model: a tiny random folder (no slot order measured) restacks with it, where the measured policy
+    is refused; a sweep restacks only the methods named and records the policy in the label and the config."""
+    from midlens.cli import main
+    from midlens.eval.runner import read_rows
+    from midlens.generators.generator import Generator
+    from midlens.generators.loading import load_model
+    from midlens.generators.restack import Restack, Restacker, slot_order
+    from tests.tiny import save_tiny
+
+    first = Restack("baseline", slots="first")
+    assert first.label == "restack(baseline, slots=first)" and first.slot_policy == "first"
+    assert (
+        Restack("baseline", slots="measured") == Restack("baseline") and Restack("baseline").slot_policy == "measured"
+    )
+    order = slot_order(Generator(loaded), "first")
+    assert [order.for_count(n) for n in (1, 3, 10, 13)] == [list(range(1, n + 1)) for n in (1, 3, 10, 13)]
+    tiny = load_model(str(save_tiny("llama", tmp_path / "llama", max_position_embeddings=4096)), "cpu", "float32")
+    gen = Generator(tiny)
+    with pytest.raises(Exception, match="no measured slot order"):
+        Restacker(gen, Restack("baseline"))
+    answer = Restacker(gen, first).generate(_prompt(gen), max_new_tokens=2)
+    scores, placed = answer.restack["scores"][-1], answer.restack["order"]
+    assert placed[0] == 1 + max(range(len(scores)), key=lambda i: (scores[i], -i))  # the strongest in slot 1
+    assert answer.restack["slot_order"] == "strongest-first"
+
+    out = tmp_path / "run"
+    args = ["eval", "sweep", "--dataset", "kv", "--k", "3", "--n", "1", "--positions", "2", "--max-new-tokens", "2"]
+    args += ["--methods", "baseline,ms-poe", "--restack", "baseline", "--restack-slots", "first"]
+    assert main([*args, "--restack-methods", "baseline", "--no-progress", "--out", str(out)]) == 0
+    labels = {r["method"] for r in read_rows(out / "results.jsonl")}
+    assert labels == {"baseline", "ms-poe", "baseline+restack(baseline, slots=first)"}
+    config = json.loads((out / "config.json").read_text())
+    restack = config["methods"]["baseline+restack(baseline, slots=first)"]["restack"]
+    assert restack == {"scorer": "baseline", "rounds": 1, "slots": "first"}
+    assert main([*args, "--restack-methods", "moice", "--out", str(tmp_path / "bad")]) == 2  # not among the methods
