@@ -107,7 +107,9 @@ INTRO = (
     "# What did the model read, and can you trust its answer?\n"
     "Ask a question about the corpus. midlens finds the passages that match it, gives them all to a small "
     "language model in one prompt, and shows which passages the model actually read while answering: the darker "
-    "the shading, the more it read. Each answer says whether the passage read most contains the answer. "
+    "the shading, the more it read. Each answer opens with whether to trust it: how often answers scored like it "
+    "are right, and the passage it rests on. Its [n] markers name the passages each sentence rests on; point at a "
+    "sentence to mark them. "
     "Small models tend to overlook passages in the middle of a long prompt; **side by side** compares a method "
     "built against this with the plain model (baseline) on the very same passages."
 )

@@ -12,6 +12,7 @@ import pandas as pd
 from midlens.demo import views
 from midlens.generators.answer import Answer
 from midlens.generators.checking import NO_SUPPORT_MODEL, CheckedSupport, sentence_support, unsupported, verified
+from midlens.generators.support import UNLIKELY_BELOW, shown
 
 # The check tab's sentence ids ("c-<position>-<start>") stay apart from the Ask tab's ("m-", "b-"): one document
 # holds both tabs, and pointing at a sentence marks only its own tab's passages.
@@ -87,10 +88,17 @@ def checked_markdown(answer: Answer) -> str:
 
 
 def _needed(verified_: bool | None, drop: float | None) -> str:
+    """Whether the sentence needs the passage, and how much less likely it becomes without it, in words a reader
+    without log-probabilities follows (the number is in `midlens check`'s output and the JSON)."""
     if verified_ is None:
         return "not checked"
-    change = "" if drop is None else f" (log-probability {-drop:+.2f} without it)"
-    return ("yes" if verified_ else "no") + change
+    if drop is None:
+        return "yes" if verified_ else "no"
+    if verified_:
+        how = "becomes much less likely" if drop >= views.MUCH_LESS_LIKELY else "becomes less likely"
+        return f"yes: the sentence {how} without this passage"
+    how = "is barely less likely" if drop > 0 else "is as likely or more"
+    return f"no: the sentence {how} without this passage"
 
 
 def sentence_table(answer: Answer) -> pd.DataFrame:
@@ -99,13 +107,14 @@ def sentence_table(answer: Answer) -> pd.DataFrame:
     by_position = {p.position: p.passage for p in answer.passages}
     rows = []
     support = sentence_support(answer) or [None] * len(answer.citations)  # None: no per-sentence support model
+    edges = (UNLIKELY_BELOW,) if answer.support is None else (UNLIKELY_BELOW, answer.support.likely_from)
     for i, (citation, p) in enumerate(zip(answer.citations, support, strict=True), start=1):
-        said, shown = answer.text[citation.span[0] : citation.span[1]], "" if p is None else f"{p:.2f}"
+        said, score = answer.text[citation.span[0] : citation.span[1]], "" if p is None else shown(p, *edges)
         if not citation.sources:
-            rows.append([i, said, shown, "none", "", ""])
+            rows.append([i, said, score, "none", "", ""])
         for source in sorted(citation.sources, key=lambda s: s.position):
             passage = by_position[source.position]
             cited = "" if source.sentence is None else passage.text[source.sentence[0] : source.sentence[1]]
             name = f"[{source.position}] {passage.title or '(untitled)'}"
-            rows.append([i, said, shown, name, _needed(source.verified, source.logprob_drop), cited])
+            rows.append([i, said, score, name, _needed(source.verified, source.logprob_drop), cited])
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)

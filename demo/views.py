@@ -22,6 +22,7 @@ from midlens.core.sentences import sentence_spans
 from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation, CitedSource
 from midlens.generators.evidence import PassageEvidence
+from midlens.generators.support import BAND_WORDS
 from midlens.retrievers.corpus import default_questions_path
 
 ScoreView = Literal["calibrated", "raw"]
@@ -432,11 +433,16 @@ def trust(answer: Answer, view: ScoreView) -> Trust:
     return verdict
 
 
+# The verdict's opening per band of the support score; what follows is the band's own words (BAND_WORDS).
+SUPPORT_HEADS = {"likely": "✓ **Likely supported:**", "uncertain": "⚠ **Uncertain:**", "unlikely": CHECK}
+
+
 def _support_verdict(answer: Answer) -> Trust:
-    """The support score in words: how often answers scored like this one were right (the score is calibrated, so
-    that is what it means), and the passage the answer rests on."""
+    """The support score in words (`Support.plain`): how often answers scored like this one were right, where the
+    support model was fitted on the method's answers (the score is calibrated, so that is what it means), or that
+    this is not known for the method; then the passage the answer rests on."""
     support = answer.support
-    share = f"about {round(100 * support.probability)} in 100 answers scored like this one are right"
+    said = support.plain(method_label(answer))
     cited = [s for c in (answer.withheld or {}).get("citations", answer.citations) for s in c.sources]
     rests = ""
     if cited:
@@ -444,13 +450,13 @@ def _support_verdict(answer: Answer) -> Trust:
         passage = next(p for p in answer.passages if p.position == top.position)
         rests = f" It rests on {_named(passage)}."
     if answer.withheld is not None:
-        said = html.escape(answer.withheld["text"])
-        return Trust(False, f"{CHECK} the passages do not seem to support an answer ({share}); withheld: *{said}*.")
-    if support.band == "likely":
-        return Trust(True, f"✓ **Likely supported:** {share}.{rests}")
-    if support.band == "uncertain":
-        return Trust(False, f"⚠ **Uncertain:** check it against the passages; {share}.{rests}")
-    return Trust(False, f"{CHECK} the passages may not support it; {share}.{rests}")
+        withheld = html.escape(answer.withheld["text"])
+        return Trust(False, f"{CHECK} the passages do not seem to support an answer: {said}; withheld: *{withheld}*.")
+    if support.band not in SUPPORT_HEADS:  # given no passage: nothing to rest on
+        return Trust(False, f"{CHECK} {said}.")
+    # The band's words after its name ("uncertain: check it against the passages"), as the shells print them.
+    rest = BAND_WORDS[support.band].partition(": ")[2]
+    return Trust(support.band == "likely", f"{SUPPORT_HEADS[support.band]} {rest + '; ' if rest else ''}{said}.{rests}")
 
 
 # A drop of ln(10) nats: the answer became at least ten times less likely without the passage.
@@ -547,6 +553,8 @@ def details_markdown(answers: list[Answer]) -> str:
             f"**{method_label(a)}** ({a.model}): {a.prompt_tokens} prompt tokens, {a.generated_tokens} generated; "
             f"{timing}; {looked}."
         )
+        if a.support is not None:  # as `midlens ask` prints it: the probability, its threshold, its calibration
+            lines.append(f"support: {html.escape(a.support.words)}")
         lines += _citation_details(a)
     return "\n\n".join(lines)
 

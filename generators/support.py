@@ -20,6 +20,10 @@ train rows for a stated precision, says which answers are "likely supported" and
 The words follow the number (`Support.band`): "likely supported" needs the threshold in force (the model's, or the
 caller's `abstain_below`) and a probability of at least LIKELY_FLOOR; "uncertain" is the middle band down to
 UNLIKELY_BELOW; below that, "check this". A withheld answer is below the threshold in force, so never "likely".
+`Support.words` (the shells, the JSON, the server) and `Support.plain` (the demo's first screen) are the one place
+the support is put in words: each names where "likely" starts and who set it, and prints the probability with as
+many decimals as keep it on its band's side of each edge (0.196 is "0.196" in the band below 0.2, never "0.20").
+An answer to no passages says so instead of a band: nothing could support it.
 """
 
 from __future__ import annotations
@@ -81,8 +85,27 @@ LIKELY_FLOOR = 0.5
 # with the baseline's and ms-poe's train answers; 52 / 42 / 5 % before).
 UNLIKELY_BELOW = 0.2
 BANDS = ("likely", "uncertain", "unlikely")
+# The band of an answer given no passage: no band of the support model applies, as nothing could support it.
+NO_PASSAGES = "none"
+# Who set a Support's threshold in force: the support model (its 80 %-precision threshold, never below
+# LIKELY_FLOOR), or the caller's `abstain_below`.
+BY_MODEL, BY_CALLER = "model", "abstain_below"
 C = 1.0  # scikit-learn's default regularisation; not tuned (a few hundred rows, a dozen features)
 MIN_COVERAGE = 0.1
+
+
+def decimals(p: float, *edges: float) -> int:
+    """The fewest decimals, at least 2, at which `p` printed stays on its side of each of `edges` printed alike:
+    0.196 and a 0.2 edge need 3 ("0.196", not "0.20"); 0.656 against a 0.6562 threshold needs 4."""
+    for digits in range(2, 18):
+        if all((p >= e) == (float(f"{p:.{digits}f}") >= float(f"{e:.{digits}f}")) for e in edges):
+            return digits
+    return 17  # two distinct floats in [0, 1] differ by the 17th decimal
+
+
+def shown(p: float, *edges: float) -> str:
+    """`p` printed with `decimals(p, *edges)` decimals."""
+    return f"{p:.{decimals(p, *edges)}f}"
 
 
 def choose_threshold(probabilities: list[float], labels: list[int], target: float) -> float:
@@ -193,18 +216,21 @@ def support_features(inputs: dict, verified: bool = False) -> dict[str, float]:
 @dataclass(frozen=True)
 class Support:
     """How far one answer can be trusted: `probability` that it is right (calibrated on the train split);
-    `threshold`, the one in force (the support model's, never below LIKELY_FLOOR, or the caller's `abstain_below`);
-    `likely` when the probability reaches it and LIKELY_FLOOR and the support model was fitted on the answering
-    method's answers; `verified` when the ablation drops were read; `methods`, the answering methods (specs) whose
-    train answers the support model was fitted on, and `method`, the one that answered (None: not recorded)."""
+    `threshold`, the one in force (the support model's, never below LIKELY_FLOOR, or the caller's `abstain_below`:
+    `threshold_by` says which); `likely` when the probability reaches it and LIKELY_FLOOR and the support model was
+    fitted on the answering method's answers; `verified` when the ablation drops were read; `methods`, the answering
+    methods (specs) whose train answers the support model was fitted on, and `method`, the one that answered (None:
+    not recorded); `passages_given`, whether any passage was given (without one, nothing could support the answer)."""
 
     probability: float
     likely: bool
     threshold: float
     verified: bool
-    model: str  # the support model's folder name: the answering model's, or "any"
+    model: str  # the support model's folder name: the answering model's, or GENERIC
     methods: tuple[str, ...] = field(default=(), kw_only=True)
     method: str | None = field(default=None, kw_only=True)
+    threshold_by: str = field(default=BY_MODEL, kw_only=True)
+    passages_given: bool = field(default=True, kw_only=True)
 
     @classmethod
     def at(
@@ -215,15 +241,37 @@ class Support:
         model: str,
         methods: tuple[str, ...] = (),
         method: str | None = None,
+        *,
+        threshold_by: str = BY_MODEL,
+        passages_given: bool = True,
     ) -> Support:
         """The support of `probability` under the threshold in force, for an answer of `method`."""
         calibrated = method is None or method in methods
-        likely = calibrated and probability >= max(threshold, LIKELY_FLOOR)
-        return cls(probability, likely, threshold, verified, model, methods=tuple(methods), method=method)
+        likely = passages_given and calibrated and probability >= max(threshold, LIKELY_FLOOR)
+        return cls(
+            probability,
+            likely,
+            threshold,
+            verified,
+            model,
+            methods=tuple(methods),
+            method=method,
+            threshold_by=threshold_by,
+            passages_given=passages_given,
+        )
 
     def under(self, threshold: float) -> Support:
         """The same probability under another threshold in force (a caller's `abstain_below`)."""
-        return Support.at(self.probability, threshold, self.verified, self.model, self.methods, self.method)
+        return Support.at(
+            self.probability,
+            threshold,
+            self.verified,
+            self.model,
+            self.methods,
+            self.method,
+            threshold_by=BY_CALLER,
+            passages_given=self.passages_given,
+        )
 
     @property
     def calibrated(self) -> bool:
@@ -234,19 +282,71 @@ class Support:
 
     @property
     def band(self) -> str:
-        """ "likely", "uncertain" (from UNLIKELY_BELOW up to the likely threshold) or "unlikely"."""
+        """ "likely", "uncertain" (from UNLIKELY_BELOW up to the likely threshold) or "unlikely"; NO_PASSAGES for an
+        answer given none."""
+        if not self.passages_given:
+            return NO_PASSAGES
         if self.likely:
             return "likely"
         return "uncertain" if self.probability >= UNLIKELY_BELOW else "unlikely"
 
     @property
+    def likely_from(self) -> float:
+        """The probability "likely supported" starts at: the threshold in force, never below LIKELY_FLOOR."""
+        return max(self.threshold, LIKELY_FLOOR)
+
+    @property
+    def support_model(self) -> str:
+        """The support model by name, as the words say it."""
+        return "the model-agnostic support model" if self.model == GENERIC else f"{self.model}'s support model"
+
+    def _edges(self) -> tuple[float, ...]:
+        # The edges the words print the probability against: "likely" is one only where the words name it.
+        return (UNLIKELY_BELOW, self.likely_from) if self.calibrated else (UNLIKELY_BELOW,)
+
+    def _edge_decimals(self) -> int:
+        # Those that keep the probability on its side of where "likely" starts: where it needs more for the 0.2
+        # edge, it lies far below this one, so the two printed alike at fewer decimals still read in order.
+        return decimals(self.probability, self.likely_from)
+
+    def _set_by(self) -> str:
+        if self.threshold_by != BY_CALLER:
+            return "the support model's threshold"
+        if self.threshold >= LIKELY_FLOOR:
+            return "set by abstain_below"
+        return f"abstain_below {self.threshold:g} raised to the {LIKELY_FLOOR:g} floor"
+
+    @property
     def words(self) -> str:
+        """The support as the shells print it and the JSON carries it: the band's words, the probability, and where
+        "likely" starts and who set it (or, for a method the support model was not fitted on, that it was not)."""
+        if not self.passages_given:
+            return BAND_WORDS[NO_PASSAGES]
+        p = shown(self.probability, *self._edges())
         if self.calibrated:
-            return f"{BAND_WORDS[self.band]} ({self.probability:.2f})"
+            edge = f"{self.likely_from:.{self._edge_decimals()}f}"
+            return f"{BAND_WORDS[self.band]} ({p}; likely from {edge}, {self._set_by()})"
         return (
-            f"{BAND_WORDS[self.band]} ({self.probability:.2f}, not calibrated for {self.method}: the support model "
-            f"{self.model} was fitted on answers of {', '.join(self.methods) or 'no recorded method'})"
+            f"{BAND_WORDS[self.band]} ({p}, not calibrated for {self.method}: {self.support_model} was fitted on "
+            f"answers of {', '.join(self.methods) or 'no recorded method'})"
         )
+
+    def plain(self, method: str | None = None) -> str:
+        """The support for a reader who reads no probabilities (the demo's first screen): how often answers scored
+        like this one are right, out of 100, and from how many "likely supported" starts; for a method the support
+        model was not fitted on (`method`: its name as the reader knows it, else the spec), that this is not known;
+        for an answer given no passage, that nothing could support it."""
+        if not self.passages_given:
+            return "no passages were given, so nothing could support it"
+        if not self.calibrated:
+            return (
+                f"how often answers like this one are right is not known for {method or self.method}: the support "
+                "model was not fitted on its answers"
+            )
+        share = f"{100 * self.probability:.{decimals(self.probability, *self._edges()) - 2}f}"
+        edge = f"{100 * self.likely_from:.{self._edge_decimals() - 2}f}"
+        by = ", as abstain_below sets it" if self.threshold_by == BY_CALLER and self.threshold >= LIKELY_FLOOR else ""
+        return f"about {share} in 100 answers scored like this one are right (likely supported from {edge} in 100{by})"
 
     def to_dict(self) -> dict:
         return {**asdict(self), "band": self.band, "words": self.words, "calibrated": self.calibrated}
@@ -264,6 +364,7 @@ BAND_WORDS = {
     "likely": "likely supported",
     "uncertain": "uncertain: check it against the passages",
     "unlikely": "check this: the passages may not support it",
+    NO_PASSAGES: "no passages were given: nothing could support it",
 }
 
 
@@ -315,7 +416,9 @@ class SupportModel(SavedPart):
     def support(self, inputs: dict, method: str | None = None) -> Support:
         """The support of one answer (`support_inputs`) of `method` (its spec; None: not recorded)."""
         p = self.probability_of(inputs, method)
-        return Support.at(p, max(self.threshold, LIKELY_FLOOR), self.verified, self.name, self.methods, method)
+        threshold = max(self.threshold, LIKELY_FLOOR)
+        given = bool(inputs["evidence"])  # one evidence score per passage given
+        return Support.at(p, threshold, self.verified, self.name, self.methods, method, passages_given=given)
 
     @classmethod
     def fit(

@@ -135,9 +135,11 @@ class MidlensResult(BaseModel):
     support: dict[str, Any] | None = Field(
         default=None,
         description="Whether to trust the answer: `probability` it is right (calibrated on the train split), `likely` "
-        "(at or above the model's `threshold`), `words` (as `midlens ask` prints it), `model` (the support model that "
-        "answered), `methods` (the answering methods it was fitted on), `method` (the one that answered) and "
-        "`calibrated` (whether it is among them; if not, never `likely`); null with nothing generated.",
+        "(at or above the `threshold` in force and 0.5), `threshold_by` (who set it: `model` or `abstain_below`), "
+        "`band` and `words` (as `midlens ask` prints it), `model` (the support model that answered), `methods` (the "
+        "answering methods it was fitted on), `method` (the one that answered), `calibrated` (whether it is among "
+        "them; if not, never `likely`) and `passages_given` (false: no passage was given, band `none`); null with "
+        "nothing generated.",
     )
     withheld: str | None = Field(
         default=None, description="With `abstain`: the answer withheld for too little support (the text says so)."

@@ -357,6 +357,45 @@ def test_trust_line_says_in_plain_words_whether_a_passage_backs_the_answer(text,
     assert got.backed == verdict.startswith("✓")
 
 
+def test_the_verdict_gives_no_frequency_for_a_method_the_support_model_was_not_fitted_on():
+    """Issue 83 B: for an ms-poe answer the CLI said "(0.29, not calibrated for ms-poe)" while the demo said "about
+    29 in 100 answers scored like this one are right", a frequency the support model does not back for that method.
+    The first screen now says, in plain words, that how often is not known for it; Details carry the CLI's words."""
+    from midlens.demo import views
+    from midlens.generators.support import Support
+
+    texts = ["It opened in Torrance.", "The first store opened in Brea, California.", "Gr."]
+    answer = fake_answer("Brea", texts, [0.02, 0.06, 0.02])
+    answer.method = {"name": "ms-poe"}
+    answer.support = Support.at(0.29, 0.6562, False, MODEL, ("baseline", "mudaf(alpha=0)"), "ms-poe")
+    verdict = views.trust(answer, "calibrated")
+    assert TRUST.search(verdict.text) and not verdict.backed
+    assert "in 100" not in verdict.text and "29" not in verdict.text
+    assert "how often answers like this one are right is not known for ms-poe" in verdict.text
+    md = views.answer_markdown(answer, "calibrated")
+    assert not any(word in md.lower() for word in JARGON)
+    assert "not calibrated for ms-poe" in views.details_markdown([answer])
+
+    # A method it was fitted on: the frequency, where "likely" starts, and no frequency across the band's edge
+    # (0.196 is below 0.2: "about 19.6 in 100", never "about 20").
+    answer.method, answer.support = (
+        {"name": "baseline"},
+        Support.at(0.196, 0.6562, False, MODEL, ("baseline",), "baseline"),
+    )
+    verdict = views.trust(answer, "calibrated").text
+    assert verdict.startswith("⚠ **Check this answer:** the passages may not support it; about 19.6 in 100 answers")
+    assert "(likely supported from 66 in 100)" in verdict and "It rests on" not in verdict
+
+
+def test_the_intro_says_what_each_answer_shows():
+    """Issue 83 F: the intro still said each answer tells whether the passage read most contains the answer; each
+    answer now opens with the support score's verdict and cites its passages."""
+    from midlens.demo.app import INTRO
+
+    assert "read most contains the answer" not in INTRO
+    assert "whether to trust it" in INTRO and "[n]" in INTRO
+
+
 def test_shading_and_legend_follow_the_scores_shown():
     from midlens.demo import views
 

@@ -21,8 +21,11 @@ NOT_RUN = {
 }
 SUPPORT_WORDS = (
     r" \| (likely supported|uncertain: check it against the passages|check this: the passages may not support it) "
-    # A method outside the support model's fitted set says so after the number (generators/support.py).
-    r"\(0\.\d\d(, not calibrated for [\w()=.-]+: the support model [\w.-]+ was fitted on answers of .+)?\)$"
+    # The number, then where "likely" starts and who set it, or, for a method outside the support model's fitted
+    # set, that it is not calibrated for it (generators/support.py).
+    r"\(0\.\d\d+(; likely from 0\.\d\d+, (the support model's threshold|set by abstain_below|abstain_below "
+    r"[\d.]+ raised to the 0\.5 floor)|, not calibrated for [\w()=.-]+: (the model-agnostic support model|"
+    r"[\w.-]+'s support model) was fitted on answers of .+)\)$"
 )
 EXAMPLE = re.compile(r"(?:<!-- example-not-run: ([\w-]+)[^\n]*-->\n)?```python\n(.*?)```", re.S)
 

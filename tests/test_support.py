@@ -217,9 +217,11 @@ def test_the_support_words_never_contradict_the_number_or_the_withholding():
     from midlens.generators.support import ABSTAIN_TEXT, Support, SupportModel, abstain
 
     issue = Support.at(0.486, 0.4508, False, "qwen2.5-coder-0.5b")
-    assert not issue.likely and issue.band == "uncertain" and "likely" not in issue.words
-    assert issue.words == "uncertain: check it against the passages (0.49)"
-    assert Support.at(0.12, 0.5, False, "any").words == "check this: the passages may not support it (0.12)"
+    assert not issue.likely and issue.band == "uncertain" and not issue.words.startswith("likely")
+    assert issue.words == (
+        "uncertain: check it against the passages (0.49; likely from 0.50, the support model's threshold)"
+    )
+    assert Support.at(0.12, 0.5, False, "any").words.startswith("check this: the passages may not support it (0.12;")
     assert Support.at(0.93, 0.5, False, "any").to_dict()["band"] == "likely"
 
     fitted = SupportModel.fit(_rows(), verified=False, name="synthetic")
@@ -241,6 +243,105 @@ def test_the_support_words_never_contradict_the_number_or_the_withholding():
         assert abstain(answer, below) is withheld and (answer.text == ABSTAIN_TEXT) is withheld
         assert answer.support.band == band and answer.support.threshold == (0.5 if below is None else below)
         assert not (withheld and answer.support.likely)  # never "likely" on a withheld answer
+
+
+def _printed(words: str) -> tuple[float, float | None]:
+    """The probability and where "likely" starts, as the words print them."""
+    import re
+
+    m = re.search(r"\((\d\.\d+)(?:; likely from (\d\.\d+),)?", words)
+    return float(m.group(1)), None if m.group(2) is None else float(m.group(2))
+
+
+def test_the_printed_probability_stays_in_its_band_and_the_words_name_the_threshold_in_force():
+    """Issue 83 D: 0.196 printed "check this ... (0.20)" in the band below 0.2; a right answer read "uncertain (0.50)"
+    under a threshold of 0.51 nobody saw; `abstain_below 0.3` turned "uncertain (0.51)" into "likely supported
+    (0.51)" with nothing saying why. The number keeps the decimals its side of each edge needs, and the words say
+    where "likely" starts and who set it."""
+    from midlens.generators.checking import CheckedSupport
+    from midlens.generators.support import UNLIKELY_BELOW, Support, shown
+
+    low = Support.at(0.196, 0.5, False, "smollm2-135m")
+    assert low.band == "unlikely" and "(0.196; likely from 0.50," in low.words and "0.20" not in low.words
+    checked = CheckedSupport(0.5049, False, 0.5098802133852476, False, "qwen2.5-coder-0.5b", (0.5049,))
+    assert checked.words == (
+        "uncertain: check it against the passages (0.50; likely from 0.51, the support model's threshold)"
+    )
+    close = Support.at(0.5096, 0.5098802133852476, False, "qwen2.5-coder-0.5b")
+    assert "(0.5096; likely from 0.5099, the support model's threshold)" in close.words
+    model = Support.at(0.51, 0.6562429139562045, False, "smollm2-135m")
+    assert model.words.endswith("(0.51; likely from 0.66, the support model's threshold)")
+    caller = model.under(0.3)
+    assert caller.band == "likely" and caller.threshold_by == "abstain_below"
+    assert caller.words == "likely supported (0.51; likely from 0.50, abstain_below 0.3 raised to the 0.5 floor)"
+    assert model.under(0.8).words.endswith("(0.51; likely from 0.80, set by abstain_below)")
+    assert checked.under(0.8).threshold_by == "abstain_below" and "set by abstain_below" in checked.under(0.8).words
+    assert Support.from_dict(caller.to_dict()) == caller
+
+    # Every probability on a grid, under thresholds that are and are not 2-decimal numbers: what is printed is on
+    # the band's side of 0.2 and of where "likely" starts, as printed.
+    for threshold in (0.5, 0.5098802133852476, 0.6562429139562045, 0.73):
+        for i in range(1001):
+            p = i / 1000 + (threshold - 0.5) / 7  # off the 2-decimal grid
+            support = Support.at(p, threshold, False, "smollm2-135m")
+            printed, likely_from = _printed(support.words)
+            assert (printed >= UNLIKELY_BELOW) == (support.band != "unlikely"), support.words
+            assert (printed >= likely_from) == (support.band == "likely"), support.words
+            assert float(shown(p, UNLIKELY_BELOW)) >= UNLIKELY_BELOW or support.band == "unlikely"
+
+
+def test_a_checked_sentence_below_the_edge_is_not_printed_at_it():
+    """Issue 83 D, per sentence: "support 0.20, below 0.20" flagged a sentence at 0.196."""
+    from midlens.generators.checking import CheckedSupport, flagged, support_lines
+    from midlens.generators.citations import Citation, CitedSource
+    from tests.test_demo import fake_answer
+
+    answer = fake_answer("Brea. It grew.", ["The first store opened in Brea.", "It grew."], [0.06, 0.02])
+    source = CitedSource(1, "0", 0.9, (0, 31), None, None)
+    answer.citations = [Citation((0, 5), (0, 2), [source]), Citation((6, 14), (2, 5), [source])]
+    answer.support = CheckedSupport(0.196, False, 0.5576, False, "smollm2-135m", (0.7, 0.196))
+    assert [why for _, why in flagged(answer)] == ["support 0.196, below 0.20"]
+    assert support_lines(answer)[1] == "sentence support: 1. 0.70; 2. 0.196"
+
+
+def test_an_answer_given_no_passages_says_so_instead_of_a_band():
+    """Issue 83 E: an answer to a request with no passages (from the model's memory) read "check this: the
+    passages may not support it (0.04)": nothing could support it, which the words now say, in a band of its own."""
+    from midlens.generators.support import NO_PASSAGES, Support, SupportModel
+
+    fitted = SupportModel.fit(_rows(), verified=False, name="smollm2-135m")
+    alone = fitted.support(inputs(text="Los Angeles", sources=[], evidence=()))
+    assert alone.band == NO_PASSAGES and not alone.likely and not alone.passages_given
+    assert alone.words == "no passages were given: nothing could support it"
+    assert "no passages were given" in alone.plain() and "in 100" not in alone.plain()
+    assert alone.under(0.0).words == alone.words and not alone.under(0.0).likely
+    assert Support.from_dict(alone.to_dict()) == alone and alone.to_dict()["band"] == NO_PASSAGES
+    assert fitted.support(inputs()).passages_given  # with passages, a band as before
+
+
+def test_a_generated_answer_to_no_passages_says_none_were_given(loaded):
+    """Issue 83 E with the real SmolLM2 and its shipped support model: a prompt without passages."""
+    from midlens.generators.generator import Generator
+    from midlens.generators.support import NO_PASSAGES
+
+    generator = Generator(loaded, method="baseline")
+    answer = generator.generate(generator.prompt("What city is Hollywood in?", []), max_new_tokens=4)
+    assert answer.text.strip() and not answer.passages and answer.support is not None
+    assert answer.support.band == NO_PASSAGES and answer.support.words.startswith("no passages were given")
+
+
+def test_the_words_name_the_model_agnostic_support_model_by_what_it_is():
+    """Issue 83 N: "the support model any was fitted on ..." named the generic support model by its folder."""
+    from midlens.generators.support import GENERIC, Support
+
+    methods = ("baseline", "mudaf(alpha=0)")
+    generic = Support.at(0.29, 0.6, False, GENERIC, methods, "ms-poe")
+    assert generic.words == (
+        "uncertain: check it against the passages (0.29, not calibrated for ms-poe: the model-agnostic support "
+        "model was fitted on answers of baseline, mudaf(alpha=0))"
+    )
+    own = Support.at(0.29, 0.6, False, "smollm2-135m", methods, "ms-poe")
+    assert "smollm2-135m's support model was fitted on answers of" in own.words
 
 
 def test_the_bands_held_out_precision_is_what_the_committed_rows_give():

@@ -59,7 +59,8 @@ def test_a_method_outside_the_fitted_set_is_never_likely_and_round_trips_through
     fitted = ("mudaf(alpha=0)", "baseline")
     inside = Support.at(0.9, 0.55, False, "smollm2-135m", fitted, "baseline")
     outside = Support.at(0.9, 0.55, False, "smollm2-135m", fitted, "moice")
-    assert inside.likely and inside.calibrated and inside.words == "likely supported (0.90)"
+    assert inside.likely and inside.calibrated
+    assert inside.words == "likely supported (0.90; likely from 0.55, the support model's threshold)"
     assert not outside.likely and not outside.calibrated and outside.band == "uncertain"
     assert outside.under(0.1).likely is False  # no threshold a caller picks makes it calibrated
     for support in (inside, outside):

@@ -9,11 +9,12 @@
 #            squad, hotpotqa
 # Usage: bash docs/results/as-shipped/sweep.sh MODEL CORPUS SHARD (e.g. qwen2.5-coder-0.5b nq-open 0/2); run the
 # two shards of a pair side by side, one per core, then `midlens eval merge OUT/..-s0 OUT/..-s1 --out OUT/..`.
-# Rerunning the same command resumes it (a folder as it ships here, rows gzipped, resumes too).
+# Rerunning the same command resumes it (a folder as it ships here, rows gzipped, resumes too). Rows land beside
+# this script, DATA relative to the repository root: run it from there.
 set -u
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 HERE=$(dirname "$0")
-OUT=${OUT:-runs/as-shipped}
+OUT=${OUT:-$HERE}  # the committed folders: a run resumes where the last commit left it
 MODEL=$1 CORPUS=$2 SHARD=$3
 case $CORPUS in
   nq-open) DATA=$HERE/nq-open/nq-open-mdqa-10.jsonl.gz ;;
