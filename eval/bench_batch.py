@@ -81,12 +81,14 @@ def _measure(
     import torch
     from transformers import AutoModelForCausalLM
 
+    from midlens.core.progress import quiet_weight_loading
     from midlens.generators import Generator, load_model
 
     loaded = load_model(source, device, dtype)
     gen = Generator(loaded, method="baseline")  # the stock weights, as transformers' `generate` below runs them
     prompts = batch_prompts(gen, prompts_count)
-    stock = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=loaded.dtype, attn_implementation="sdpa")
+    with quiet_weight_loading():
+        stock = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=loaded.dtype, attn_implementation="sdpa")
     stock = stock.to(loaded.device).eval()
 
     def midlens_run(size: int) -> int:

@@ -75,15 +75,15 @@ def _stock_prefill(variant: str, loaded, prompt: StackedPrompt) -> Callable[[], 
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = (
-        AutoModelForCausalLM.from_pretrained(
+    from midlens.core.progress import quiet_weight_loading
+
+    with quiet_weight_loading():
+        model = AutoModelForCausalLM.from_pretrained(
             loaded.folder,
             dtype=loaded.dtype,
             attn_implementation="sdpa" if variant == "plain" else "eager",
         )
-        .to(loaded.device)
-        .eval()
-    )
+    model = model.to(loaded.device).eval()
     ids = torch.tensor([prompt.input_ids], device=loaded.device)
 
     def prefill() -> None:

@@ -5,8 +5,9 @@ holds (`q_proj`/`k_proj`/`v_proj`, or Phi-3's fused `qkv_proj`), where it normal
 and Gemma 3, over the whole projection as OLMo 2), whether it rotates at all (SmolLM3's NoPE layers), how its
 module's `apply_rotary_pos_emb` pairs channels (half-split as Llama, interleaved as GLM, over a prefix as Phi-4's
 partial rotary), its scale (Granite's attention multiplier, Gemma's query_pre_attn_scalar), its logit soft-cap
-(Gemma 2) and its sliding window. `PositionalAttention` runs what is read here; a module doing something this
-file does not know is refused with what it is (`UnsupportedAttention`), before any weight is read.
+(what Gemma 2's forward passes to the attention function; Gemma 3's holds the field and passes none) and its
+sliding window. `PositionalAttention` runs what is read here; a module doing something this file does not know is
+refused with what it is (`UnsupportedAttention`), before any weight is read.
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def _read_anatomy(attn: nn.Module, rotary_emb: nn.Module | None) -> LayerAnatomy
         interleaved, interleaved_table = _rotary_layout(attn, rotary_dim, head_dim)
     if after_rope and interleaved:
         raise UnsupportedAttention(f"{kind} normalises q and k after an interleaved RoPE: not implemented")
-    softcap = getattr(attn, "attn_logit_softcapping", None)
+    softcap = _softcap(attn, trace)
     return LayerAnatomy(
         fused_qkv=fused,
         qk_norm=qk_norm,
@@ -222,6 +223,15 @@ def _read_anatomy(attn: nn.Module, rotary_emb: nn.Module | None) -> LayerAnatomy
         norm_names=names,
         interleaved_table=interleaved_table,
     )
+
+
+def _softcap(attn: nn.Module, trace: AttentionTrace) -> float | None:
+    """The logit soft-cap the forward passes to transformers' attention function: Gemma 3's config carries
+    attn_logit_softcapping (and its module copies it) but its forward never passes it, while Gemma 2's does. Only
+    a forward that computes attention itself, without such a function, is read from the attribute it holds."""
+    if trace.attention_kwargs is not None:
+        return trace.attention_kwargs.get("softcap")
+    return getattr(attn, "attn_logit_softcapping", None)
 
 
 def _layer_type(attn: nn.Module) -> str:

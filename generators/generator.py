@@ -24,9 +24,10 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
+from midlens.core.answer_text import restates_question
 from midlens.core.device import id_tensor
 from midlens.core.errors import InvalidArgumentError, MethodConfigError, Remedy
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, Truncate
+from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, MODEL_ALIASES, Truncate
 from midlens.core.passage import Passage
 from midlens.generators.anatomy import model_anatomy
 from midlens.generators.answer import Answer
@@ -37,7 +38,7 @@ from midlens.generators.context import MethodParts, method_context
 from midlens.generators.decoding import ATTRIBUTED, DecodeOptions, GenerationStream, answer_steps, drain
 from midlens.generators.evidence import EvidenceConfig, for_windows
 from midlens.generators.loading import LoadedModel, load_model
-from midlens.generators.methods.registry import MethodConfig, build_parts, method_config
+from midlens.generators.methods.registry import MethodConfig, build_parts, check_artefact, method_config
 from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
 from midlens.generators.probe import PassageProbe
 from midlens.generators.prompt import (
@@ -69,6 +70,8 @@ class Generator:
         if method is None:
             method = default_method(model)
         self.method: MethodConfig = method_config(method, method_options)  # before loading: fail fast
+        if isinstance(model, str):  # an old name as the one it stands for (load_model notes the change)
+            check_artefact(self.method, MODEL_ALIASES.get(model, model))
         self.loaded = load_model(model, device, dtype) if isinstance(model, str) else model
         self.windows = [layer.window for layer in model_anatomy(self.loaded.model)]  # per layer, None: sees all
         self.evidence_config = resolve_evidence(for_windows(evidence or EvidenceConfig(), self.windows), self.loaded)
@@ -312,7 +315,14 @@ class Generator:
     def support_of(self, answer: Answer, verified: bool = False) -> Support | None:
         """How far `answer` can be trusted (generators.support): the support model shipped for this model (the
         model-agnostic one for any other), plain or, once its citations were verified, reading the ablation drops.
-        None with citations off (the features read them) or for a pass that generated nothing."""
+        None with citations off (the features read them) or for a pass that generated nothing. An answer that
+        restates the question is not rated (`Support.no_answer`): the features would score the question's words."""
+        support = self._rated(answer, verified)
+        if support is not None and restates_question(answer.text, answer.question):
+            return support.no_answer()
+        return support
+
+    def _rated(self, answer: Answer, verified: bool) -> Support | None:
         if self.citations is None or not answer.answer_ids:
             return None
         if answer.checked:

@@ -23,7 +23,10 @@ Tolerances (docs/results/load-check/README.md measures them):
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
+import importlib.util
 import json
 import sys
 import time
@@ -39,7 +42,6 @@ from torch import nn
 from midlens.core.device import dtype_name
 from midlens.core.errors import ModelError, Remedy
 from midlens.core.files import load_checks_dir, read_manifest, sha256_json, sha256_of, write_atomic
-from midlens.generators import anatomy, attention, rope, scores
 from midlens.generators.anatomy import decoder_of, model_anatomy
 from midlens.generators.attention import PositionalAttention, install_positional_attention, new_cache
 
@@ -52,9 +54,9 @@ SPREAD_FLOOR = 1e-3
 # or (lower precisions) the same multiple of transformers' own spread at that layer as the logits' rule.
 FP32_LAYER_TOLERANCE = 1e-5
 SEED = 0
-
-# The code whose behaviour the check vouches for: an edit to any of these runs it again for every model.
-_CHECKED_CODE = (attention, anatomy, rope, scores)
+# The code whose behaviour the check vouches for is this module and every module of this package it imports,
+# directly or not (`checked_modules`): an edit to any of them runs it again for every model.
+_CHECKED_PACKAGE = __name__.rpartition(".")[0]
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,14 @@ def check_model(model: nn.Module, name: str, folder: Path, vocab_size: int, reru
             if not result.passed:
                 raise result.error()
             return result
+    if not rerun:  # the one line a first load shows: the check takes a few forward passes, later loads none
+        arch = (getattr(model.config, "architectures", None) or [type(model).__name__])[0]
+        print(
+            f"note: {_where(name, arch, dtype_name(dtype), folder)}: checking midlens' attention against "
+            f"transformers' forward (once per weights, config and dtype on {device.type})",
+            file=sys.stderr,
+            flush=True,
+        )
     result = measure(model, name, folder, vocab_size)
     if result.judged:
         write_atomic(record, json.dumps({"key": _key_fields(folder, dtype, device), "check": asdict(result)}, indent=2))
@@ -359,10 +369,48 @@ def _key_fields(folder: Path, dtype: torch.dtype, device: torch.device) -> dict:
     }
 
 
+@functools.cache
+def checked_modules() -> dict[str, Path]:
+    """Module name -> source file of the code the checked forward runs: this module and, transitively, every module
+    of its package it imports (attention, anatomy, layer_trace, masks, rope, scores...). Read from the import
+    statements, so a module a later edit imports is covered without a list here to keep."""
+    found: dict[str, Path] = {}
+    todo = [__name__]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found[name] = _source_of(name)
+        for node in ast.walk(ast.parse(found[name].read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                named = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            else:
+                continue
+            todo += [n for n in named if n.startswith(_CHECKED_PACKAGE + ".") and _is_module(n)]
+    return dict(sorted(found.items()))
+
+
+def _source_of(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"no source file for module {name}")
+    return Path(spec.origin)
+
+
+def _is_module(name: str) -> bool:
+    """Whether `name` is a module (`from package import module`) rather than a name defined in one."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a name inside a module: its parent has no __path__ to search
+        return False
+
+
 def _code_digest() -> str:
     digest = hashlib.sha256()
-    for path in (*(m.__file__ for m in _CHECKED_CODE), __file__):
-        digest.update(Path(path).read_bytes())
+    for path in checked_modules().values():
+        digest.update(path.read_bytes())
     return digest.hexdigest()
 
 

@@ -6,6 +6,7 @@ against MANIFEST.json, so the error names a damaged file instead of surfacing as
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 from midlens.core.device import dtype_name, resolve_device, resolve_dtype
 from midlens.core.errors import ModelError, Remedy
 from midlens.core.files import read_manifest
+from midlens.core.progress import quiet_weight_loading
 from midlens.generators.anatomy import UnsupportedAttention, model_anatomy
 from midlens.generators.load_check import LoadCheck, check_model
 from midlens.generators.model_cache import check_model_folder, content_sha256, rebuild, resolve_model_dir
@@ -74,15 +76,16 @@ def load_model(
         try:
             config = AutoConfig.from_pretrained(model_dir)
         except Exception as err:
-            raise _load_failure(name_or_path, model_dir, err) from err
+            raise _load_failure(name_or_path, model_dir, err, config_read=False) from err
         implementation = check_attention(name_or_path, model_dir, config)
         window = int(config.max_position_embeddings)
         _check_tokenizer_files(name_or_path, model_dir)
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
-            model = AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=torch_dtype, attn_implementation=implementation
-            )
+            with quiet_weight_loading():
+                model = AutoModelForCausalLM.from_pretrained(
+                    model_dir, dtype=torch_dtype, attn_implementation=implementation
+                )
         except torch.OutOfMemoryError:
             raise
         except Exception as err:  # e.g. SafetensorError "invalid JSON in header": find out whether a file is bad
@@ -114,13 +117,16 @@ def check_attention(name: str, folder: Path, config) -> str:
 
     arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
     where = f"model '{name}' ({arch}, {folder / 'config.json'})"
+    problem = _family_problem(config)
+    if problem is not None:
+        raise ModelError(f"{where}: {problem}.")
     try:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config)
     except Exception as err:
         raise ModelError(
-            f"{where}: transformers cannot build a causal language model from this config ({type(err).__name__}: "
-            f"{err}). midlens answers with decoder-only causal LMs; check the config's model_type and architectures."
+            f"{where}: transformers cannot build a causal language model from this config ({one_line(err)}). "
+            f"{DECODERS_ONLY}; check the config's model_type and architectures."
         ) from None
     try:
         model_anatomy(skeleton)
@@ -134,8 +140,9 @@ def check_attention(name: str, folder: Path, config) -> str:
 
 def refuse_unrunnable(name_or_path: str) -> None:
     """`check_attention` for a model folder from its config alone (no weights read, nothing converted), for callers
-    that do slower work before loading (a corpus's index): a family the module cannot run is refused first. A
-    packaged name, or a folder whose config does not read, is left to `load_model` and its messages."""
+    that do slower work before loading (a corpus's index): a family the module cannot run, or a config transformers
+    cannot read, is refused first. A packaged name, or a folder with a manifest (whose unreadable config may be a
+    damaged file, which the hashes name), is left to `load_model` and its messages."""
     from transformers import AutoConfig
 
     name = canonical_name(name_or_path)
@@ -144,9 +151,77 @@ def refuse_unrunnable(name_or_path: str) -> None:
         return
     try:
         config = AutoConfig.from_pretrained(folder)
-    except Exception:  # load_model reports an unreadable config with what is wrong with the folder
+    except Exception as err:
+        try:
+            manifest = read_manifest(folder)
+        except ValueError:
+            return
+        if manifest is None:
+            raise _config_refusal(name, folder, err) from None
         return
     check_attention(name, folder, config)
+
+
+# What every refusal of a model family ends with: what midlens does run.
+DECODERS_ONLY = "midlens runs decoder-only RoPE models"
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """`Type: first line of the message`, cut to `limit` characters: transformers' errors run to several lines
+    (an upgrade how-to, every config class it knows), which would bury the reason a refusal gives."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "\u2026"
+
+
+def config_problem(folder: Path) -> str | None:
+    """Why `folder`'s config.json names no model transformers knows, in one clause; None when it names one. Read
+    as plain JSON, so the reason is the file's (not valid JSON, no model_type, a model_type transformers lacks)
+    rather than transformers' text about it."""
+    from transformers import __version__ as transformers_version
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = folder / "config.json"
+    try:
+        fields = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        return f"config.json could not be read ({one_line(err)})"
+    except ValueError as err:
+        return f"config.json is not valid JSON ({err})"
+    if not isinstance(fields, dict):
+        return f"config.json holds a JSON {type(fields).__name__}, not the object of a model's fields"
+    model_type = fields.get("model_type")
+    if not model_type:
+        return "config.json names no model_type, the field transformers reads a model's family from"
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        own_code = " its own code (auto_map) is not run, and" if "auto_map" in fields else ""
+        return (
+            f"unknown model_type {model_type!r} (transformers {transformers_version} does not know it;{own_code} "
+            f"{DECODERS_ONLY} that transformers implements)"
+        )
+    return None
+
+
+def _family_problem(config) -> str | None:
+    """Why a config transformers reads is no decoder-only causal LM, from the config alone; None when it may be one
+    (its layers are read next)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    model_type = getattr(config, "model_type", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return f"model_type {model_type!r} is an encoder-decoder; {DECODERS_ONLY}"
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:  # classes registered at run time included
+        return (
+            f"model_type {model_type!r} has no causal language model in transformers (an encoder, or not a text "
+            f"model); {DECODERS_ONLY}"
+        )
+    return None
+
+
+def _config_refusal(name: str, folder: Path, err: Exception) -> ModelError:
+    """The one-line refusal of a folder whose config.json transformers could not read."""
+    problem = config_problem(folder) or f"transformers could not read its config ({one_line(err)})"
+    return ModelError(f"model '{name}' ({folder / 'config.json'}): {problem}.")
 
 
 # The files a Hugging Face tokenizer is read from: one of these sets must be in the folder. Without any, transformers
@@ -165,13 +240,17 @@ def _check_tokenizer_files(name: str, folder: Path) -> None:
     )
 
 
-def _load_failure(name: str, folder: Path, err: Exception) -> ModelError:
-    """The error for a folder transformers could not read: a damaged file when the hashes say so."""
-    cause = f" (loading failed with {type(err).__name__}: {err})"
+def _load_failure(name: str, folder: Path, err: Exception, config_read: bool = True) -> ModelError:
+    """The error for a folder transformers could not read: a damaged file when the hashes say so, else what is
+    wrong with its config (`config_read` False: the config itself did not read) or the first line of the error."""
+    cause = f" (loading failed with {one_line(err)})"
     try:
         check_model_folder(name, folder, hashes=True, cause=cause)
     except ModelError as damaged:
         return damaged
+    problem = None if config_read else config_problem(folder)
+    if problem is not None:
+        return ModelError(f"model '{name}' ({folder / 'config.json'}): {problem}.")
     if "mismatched_sizes" in str(err) or "size mismatch" in str(err):
         return ModelError(
             f"model '{name}': the shapes {folder / 'config.json'} describes (layers, heads, head_dim, hidden size) do "

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm  # noqa: E402
 from midlens.core import names  # noqa: E402
 from midlens.core.errors import ModelError  # noqa: E402
 from midlens.core.files import make_temp_dir, remove_tree, sha256_of, write_manifest  # noqa: E402
+from midlens.core.progress import quiet_weight_loading  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,8 @@ def convert_gguf(name: str, source: GGUFSource, target: Path) -> None:
         # A note, not output: stdout holds only what the command was asked for (`ask --json > answer.json`).
         print(f"converting {name} from GGUF (once; cached under {target.parent})", file=sys.stderr, flush=True)
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
+        with quiet_weight_loading():  # the note above is this step's progress
+            model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
         # The GGUF loader leaves a quantizer attached that refuses save_pretrained; the weights are
         # already dequantised to fp32, so dropping it is safe.
         model.hf_quantizer = None

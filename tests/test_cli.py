@@ -24,6 +24,29 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+# What a run started by `run_cli_noting_loads` prints on stderr whenever transformers reads a model's weights: the
+# mark of a refusal that came after a load, now that the weights' own progress bars are hidden (core/progress.py).
+WEIGHTS_READ = "test probe: weights read"
+LOAD_PROBE = f"""
+import sys
+from transformers import modeling_utils
+read = modeling_utils.PreTrainedModel.from_pretrained.__func__
+def noted(cls, *args, **kwargs):
+    print({WEIGHTS_READ!r}, file=sys.stderr, flush=True)
+    return read(cls, *args, **kwargs)
+modeling_utils.PreTrainedModel.from_pretrained = classmethod(noted)
+from midlens.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_cli_noting_loads(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", LOAD_PROBE, *args], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+
+
 def test_ask_json_on_the_embedded_corpus(tmp_path):
     out = run_cli("ask", QUESTION, "--json", "--top-k", "4", "--max-new-tokens", "12", *SMOL)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -51,18 +74,18 @@ def test_ask_prints_ranked_bars_and_refuses_unknown_methods_before_loading():
     # The default retrieval follows links: after the dense top 2 (Wings of Desire, After Love), the third passage is
     # the actress's own paragraph, stacked because the Wings of Desire paragraph names her; the listing says so.
     assert "Solveig Dommartin  (named by Wings of Desire)" in out.stdout, out.stdout
-    bad = run_cli("ask", QUESTION, "--method", "ms-poe(ratio_max=1.5, ratio_mni=1.0)", *SMOL)
+    bad = run_cli_noting_loads("ask", QUESTION, "--method", "ms-poe(ratio_max=1.5, ratio_mni=1.0)", *SMOL)
     assert bad.returncode == 2
     assert "unknown ms-poe option(s) ['ratio_mni']; valid options: ratio_min" in bad.stderr
-    assert "Loading weights" not in bad.stderr  # refused before the model loads
+    assert WEIGHTS_READ not in bad.stderr  # refused before the model loads
     assert "Traceback" not in bad.stderr
 
 
 def test_missing_corpus_is_a_clear_error():
-    out = run_cli("ask", "q?", "--corpus", "/nonexistent/folder")
+    out = run_cli_noting_loads("ask", "q?", "--corpus", "/nonexistent/folder")
     assert out.returncode == 2
     assert "corpus not found: /nonexistent/folder does not exist" in out.stderr
-    assert "Traceback" not in out.stderr and "Loading weights" not in out.stderr  # before the model loads
+    assert "Traceback" not in out.stderr and WEIGHTS_READ not in out.stderr  # before the model loads
 
 
 HEAVY = ("torch", "transformers", "gradio", "faiss", "sentence_transformers", "llama_index")
@@ -139,10 +162,10 @@ def test_a_misspelt_method_is_refused_before_torch_is_imported():
 
 
 def test_empty_question_is_refused_before_the_model_loads():
-    out = run_cli("ask", "  ")
+    out = run_cli_noting_loads("ask", "  ")
     assert out.returncode == 2
     assert "midlens: error: the question is empty" in out.stderr
-    assert "Loading weights" not in out.stderr and "Traceback" not in out.stderr
+    assert WEIGHTS_READ not in out.stderr and "Traceback" not in out.stderr
     assert heavy_imports_after("from midlens.cli import main\nassert main(['ask', '  ']) == 2") == []
 
 
@@ -270,9 +293,9 @@ def test_a_trained_method_runs_on_the_default_model_and_is_refused_early_where_n
         args = argparse.Namespace(model=str(folder), method="mudaf(alpha=0)")
         chosen_model(args, method_spec(args))
 
-    out = run_cli("ask", "q?", "--model", str(folder), "--method", "moice")
+    out = run_cli_noting_loads("ask", "q?", "--model", str(folder), "--method", "moice")
     assert out.returncode == 2 and f"no trained moice artefact ships for model '{folder}'" in out.stderr
-    assert "Loading weights" not in out.stderr and "Traceback" not in out.stderr  # before the model loads
+    assert WEIGHTS_READ not in out.stderr and "Traceback" not in out.stderr  # before the model loads
     assert main(["demo", "--model", str(folder), "--method", "moice"]) == 2  # before a server starts
     assert "no trained moice artefact ships" in capsys.readouterr().err
     assert main(["ask", "q?", "--model", str(folder), "--method", "mudaf(alpha=0)"]) == 2
@@ -379,14 +402,14 @@ def test_ask_marks_cited_sentences_and_quotes_what_they_rest_on():
 
 
 def test_verify_without_an_answer_is_refused_before_the_model_loads():
-    out = run_cli("ask", CITED_QUESTION, "--verify", "--max-new-tokens", "0", *SMOL)
+    out = run_cli_noting_loads("ask", CITED_QUESTION, "--verify", "--max-new-tokens", "0", *SMOL)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert (
         "--max-new-tokens 0: nothing is generated (the passages are only scored), so there are no citations to "
         in out.stderr
     )
     assert "leave out --verify" in out.stderr
-    assert "Loading weights" not in out.stderr
+    assert WEIGHTS_READ not in out.stderr
 
 
 def test_ask_cites_with_another_methods_evidence_and_refuses_a_misspelt_one(capsys):
@@ -439,7 +462,10 @@ def test_abstain_below_decides_the_words_as_well_as_the_withholding(loaded, caps
     support = result["support"]
     assert result["text"] == ABSTAIN_TEXT and "Qushji" in result["withheld"]["text"]
     assert 0.5 < support["probability"] < 0.8 and support["threshold"] == 0.8
-    assert support["likely"] is False and support["band"] == "uncertain" and "likely" not in support["words"]
+    assert support["likely"] is False and support["band"] == "uncertain" and support["threshold_by"] == "abstain_below"
+    assert support["words"].startswith("uncertain") and support["words"].endswith(
+        "; likely from 0.80, set by abstain_below)"
+    )
     assert main(["ask", RIGHT, "--abstain-below", "0.8", *SMOL]) == 0
     printed = capsys.readouterr().out
     assert ABSTAIN_TEXT in printed and "support: uncertain: check it against the passages (0." in printed

@@ -181,3 +181,62 @@ def test_an_error_in_cached_decoding_alone_names_the_decode_step(runs, tmp_path,
     monkeypatch.setattr(PositionalAttention, "forward", off_in_decode)
     with pytest.raises(ModelError, match=r"\(tolerance 1.00e-04\) at decode step 1; first at layer 3\."):
         load_model(str(folder), "cpu", "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_softcap_field_the_forward_never_applies_is_not_read_as_one(runs, tmp_path, dtype):
+    """Gemma 3's config may carry attn_logit_softcapping and its attention module copies it, but its forward never
+    passes it on: read as an attribute, the field made midlens soft-cap logits transformers leaves alone, and the
+    load check refused the model. Gemma 2's forward does pass it, and is still read as capped."""
+    from midlens.generators.anatomy import model_anatomy
+
+    folder = save_tiny("gemma3", tmp_path / "gemma3", attn_logit_softcapping=50.0)
+    loaded = load_model(str(folder), "cpu", dtype)
+    assert loaded.verified.passed and loaded.verified.judged
+    assert all(a.softcap is None for a in model_anatomy(loaded.model))
+    capped = load_model(str(save_tiny("gemma2", tmp_path / "gemma2")), "cpu", dtype)
+    assert capped.verified.passed and {a.softcap for a in model_anatomy(capped.model)} == {50.0}
+
+
+def test_the_code_hash_covers_every_module_the_checked_forward_runs(tmp_path):
+    """Every midlens file with code that ran during a check is hashed into its record's key: an edit to any of them
+    (masks.py, layer_trace.py were left out before) must not reuse a record made by the old code."""
+    import sys
+    from pathlib import Path
+
+    package = Path(load_check.__file__).parent
+    folder = save_tiny("gemma3", tmp_path / "gemma3")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()  # no layer read yet
+    ran: set[Path] = set()
+
+    def profile(frame, event, arg):
+        path = Path(frame.f_code.co_filename)
+        if event == "call" and path.parent == package:
+            ran.add(path)
+
+    sys.setprofile(profile)
+    try:
+        assert load_check.measure(model, str(folder), folder, model.config.vocab_size).passed
+    finally:
+        sys.setprofile(None)
+    hashed = set(load_check.checked_modules().values())
+    assert {package / "masks.py", package / "layer_trace.py", package / "attention.py"} <= ran
+    assert ran <= hashed, sorted(p.name for p in ran - hashed)
+
+
+@pytest.mark.parametrize("module", ["masks.py", "layer_trace.py"])
+def test_an_edit_to_a_checked_module_runs_the_check_again(runs, tmp_path, monkeypatch, module):
+    from pathlib import Path
+
+    folder = save_tiny("llama", tmp_path / "llama")
+    release_model(load_model(str(folder), "cpu", "float32"))
+    before = load_check._code_digest()
+    read = Path.read_bytes
+
+    def edited(path: Path) -> bytes:
+        data = read(path)
+        return data + b"\n# an edit\n" if path.name == module and path.parent.name == "generators" else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    assert load_check._code_digest() != before
+    assert load_model(str(folder), "cpu", "float32").verified.passed and len(runs) == 2

@@ -124,3 +124,63 @@ def test_reading_a_layer_never_raises_from_inside_torch_or_transformers():
         attn = Broken(config, 0)
     with pytest.raises(UnsupportedAttention, match=r"Broken could not be read \(IndexError: list index out of range\)"):
         read_anatomy(attn, None)
+
+
+def _config_json(model_type: str, **fields) -> str:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **fields).to_json_string()
+
+
+# Folders transformers' own text refused in several lines (783 bytes for an unknown model_type; 3,470 listing every
+# config class for T5): folder kind -> (its config.json, what the one-line refusal must say).
+UNREADABLE = {
+    "unknown-model-type": (
+        '{"model_type": "xyz", "hidden_size": 64}',
+        "unknown model_type 'xyz' (transformers ",
+    ),
+    "encoder-decoder": (
+        lambda: _config_json("t5", d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16, vocab_size=512),
+        "model_type 't5' is an encoder-decoder; midlens runs decoder-only RoPE models",
+    ),
+    "encoder-only": (
+        lambda: _config_json("distilbert", dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=512),
+        "model_type 'distilbert' has no causal language model in transformers",
+    ),
+    "no-model-type": ('{"hidden_size": 64}', "config.json names no model_type"),
+    "not-json": ('{"model_type": "llama",', "config.json is not valid JSON"),
+    "not-an-object": ("[64, 128]", "config.json holds a JSON list"),
+}
+
+
+def config_json_folder(kind: str, root: Path) -> Path:
+    """A folder holding nothing but its config.json: every refusal here comes before a tokenizer or weight is read."""
+    text = UNREADABLE[kind][0]
+    folder = root / kind
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(text() if callable(text) else text, encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("kind", sorted(UNREADABLE))
+def test_a_folder_of_no_decoder_transformers_runs_is_refused_in_one_line_naming_it(kind, tmp_path):
+    folder = config_json_folder(kind, tmp_path)
+    with pytest.raises(ModelError) as err:
+        load_model(str(folder), "cpu", "float32")
+    message = str(err.value)
+    assert "\n" not in message and len(message) < 400, message
+    assert str(folder) in message and UNREADABLE[kind][1] in message
+
+
+@pytest.mark.parametrize("kind", ["unknown-model-type", "encoder-decoder", "encoder-only"])
+def test_the_cli_refuses_a_folder_transformers_cannot_run_in_one_line_before_the_corpus(kind, tmp_path, capsys):
+    from midlens.cli import main
+
+    folder = config_json_folder(kind, tmp_path)
+    missing = str(tmp_path / "no-corpus")  # refused before the corpus is read (or indexed, which takes seconds)
+    assert main(["ask", "who directed the film?", "--corpus", missing, "--model", str(folder), "--device", "cpu"]) == 2
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("midlens: error: ")
+    assert str(folder) in lines[0] and UNREADABLE[kind][1] in lines[0]
+    assert "Traceback" not in captured.err + captured.out

@@ -345,11 +345,19 @@ def check_fits(choice: ChannelChoice, hidden_size: int, num_layers: int) -> None
         )
 
 
+CHOICE = ("channel", "layers", "scale")
+
+
+def reads_artefact(opts: dict) -> bool:
+    """Whether these options read an artefact: unless one was given, only when the choice is not all given."""
+    return opts["artefact"] is not None or any(opts[k] is None for k in CHOICE)
+
+
 def resolve_choice(loaded, opts: dict) -> tuple[ChannelChoice, str]:
     """The choice for `loaded`: the options given, the rest from the artefact (the shipped one by default); and
     where it came from. All three given and no artefact: nothing is read."""
-    given = {k: opts[k] for k in ("channel", "layers", "scale")}
-    if opts["artefact"] is None and all(v is not None for v in given.values()):
+    given = {k: opts[k] for k in CHOICE}
+    if not reads_artefact(opts):
         return ChannelChoice(given["channel"], tuple(given["layers"]), float(given["scale"])), "options"
     path = resolve_artefact(opts["artefact"], NAME, loaded.name)
     stored, _ = ChannelChoice.load(path, NAME, loaded.sha256)
@@ -418,6 +426,8 @@ METHOD = Method(
     unsupported=channel_problem,
     defaults=DEFAULTS,
     check=check_options,
+    reads_artefact=reads_artefact,
+    artefact_free="channel, layers and scale all given",
     bench_variants=BENCH_VARIANTS,
     inspect=inspect_choice,
     trainer=TRAINER,

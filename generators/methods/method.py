@@ -39,6 +39,11 @@ class Method:
     # Methods with an `artefact` option: the folder under generators/trained/<name>/ that (model name, options)
     # reads when no artefact is given. None: the model's name (MuDAF keeps one folder per alpha).
     shipped_name: Callable[[str, Options], str] | None = None
+    # Methods with an `artefact` option that some options make unnecessary (channel-scaling given its channel,
+    # layers and scale): whether these options, with no artefact given, still read one, and which options spare
+    # it (for messages). None: options without an artefact always read the shipped one.
+    reads_artefact: Callable[[Options], bool] | None = None
+    artefact_free: str | None = None
     # `midlens bench NAME`: the specs timed against the baseline, and the default prompt sizes (tokens).
     bench_variants: tuple[str, ...] = ()
     bench_tokens: tuple[int, ...] = (2048,)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from midlens.core.errors import MethodConfigError, StepSpelling, plain_step
+from midlens.core.errors import ArtefactError, MethodConfigError, Remedy, StepSpelling, plain_step
 from midlens.core.method_spec import (
     PLUGIN_GROUP,
     entry_points,
@@ -67,8 +67,12 @@ def _shipped_name(method: Method, model: str, options: dict) -> str:
 
 
 def _reads_shipped(name: str, options: dict) -> bool:
-    """Whether method `name` run with `options` reads a shipped artefact: it trains one and no folder was given."""
-    return "artefact" in REGISTRY[name].defaults and options.get("artefact") is None
+    """Whether method `name` run with `options` reads a shipped artefact: it trains one, no folder was given, and
+    its other options do not make one unnecessary (channel-scaling given its whole choice reads none)."""
+    method = REGISTRY[name]
+    if "artefact" not in method.defaults or options.get("artefact") is not None:
+        return False
+    return method.reads_artefact is None or method.reads_artefact({**method.defaults, **options})
 
 
 def _shipped_folder(name: str, model: str, options: dict) -> Path | None:
@@ -100,7 +104,6 @@ def model_for(config: MethodConfig, model: str | None, default: str) -> str:
     """The model to run `config` on: `model` when one was chosen, else `default`, or, for a trained method that
     ships nothing for `default`, the packaged model its artefact was trained for (`midlens ask --method mudaf`
     works on a fresh checkout). A chosen model the method has nothing for is refused here, before it loads."""
-    from midlens.core.errors import ArtefactError, Remedy
     from midlens.generators.packaged_models import canonical_name
 
     # An old model name is compared as the name it stands for, or its artefacts would not be found.
@@ -110,13 +113,38 @@ def model_for(config: MethodConfig, model: str | None, default: str) -> str:
         return model or default
     if model is None and ships:
         return ships[0]
-    chosen = model or default
-    where = f"; one ships for {', '.join(ships)}" if ships else ""
+    raise missing_artefact(config, model or default, ships)
+
+
+def check_artefact(config: MethodConfig, model: str) -> None:
+    """Refuse `config` on `model` (a registry name, or a folder as the user gave it) when it reads a shipped
+    artefact and none ships for that model: from names alone, so before the model loads. The method's own lookup
+    would name the folder it looks for under the shipped ones ('<model>-alpha0' for finetuned), which is no model
+    anyone asked for."""
+    ships = shipped_models(config)
+    if ships is not None and shipped_artefact_of(config, model) is None:
+        raise missing_artefact(config, model, ships)
+
+
+def missing_artefact(config: MethodConfig, model: str, ships: list[str]) -> ArtefactError:
+    """The refusal of `config` on `model` (a registry name or the folder as the user gave it), for which none of
+    the artefacts it reads ships (`ships`: the packaged models one ships for)."""
+    shorthand = next((short for short, spec in METHOD_SHORTHANDS.items() if method_config(spec) == config), None)
     remedies = [Remedy("model", m, "(its shipped artefact)") for m in ships]
     # PATH bare: a spec takes an unquoted folder, and every interface can quote the whole spec its own way.
     trained = MethodConfig(config.name, {**config.options, "artefact": "PATH"}).spec().replace("'PATH'", "PATH")
-    remedies.append(Remedy("method", trained, f"with PATH a {config.name} artefact trained for {chosen}"))
-    raise ArtefactError(f"no trained {config.name} artefact ships for model {chosen!r}{where}.", remedies)
+    remedies.append(Remedy("method", trained, f"with PATH a {config.name} artefact trained for {model}"))
+    spared = REGISTRY[config.name].artefact_free
+    where = (f"; one ships for {', '.join(ships)}" if ships else "") + (
+        f"; {config.name} runs without one with {spared}" if spared else ""
+    )
+    if shorthand is not None:
+        return ArtefactError(
+            f"method {shorthand!r} ({config.spec()}) reads a trained artefact, which ships only for the packaged "
+            f"models: model {model!r} has none{where}.",
+            remedies,
+        )
+    return ArtefactError(f"no trained {config.name} artefact ships for model {model!r}{where}.", remedies)
 
 
 @dataclass(frozen=True)
@@ -185,6 +213,8 @@ def support_on(loaded, steps: StepSpelling = plain_step) -> dict[str, str | None
         ):
             how = steps(train_step(name, loaded.name)) if method.trainer else "pass a trained one as artefact=FOLDER"
             reason = f"needs an artefact trained for this model ({how})"
+            if method.artefact_free:
+                reason += f", or {method.artefact_free}"
         out[name] = reason
     return out
 
@@ -194,6 +224,7 @@ def build_parts(config: MethodConfig, loaded) -> MethodParts:
     reason = unsupported_reason(config.name, loaded.model)
     if reason is not None:
         raise MethodConfigError(f"method {config.name!r} cannot run on model {loaded.name!r}: {reason}.")
+    check_artefact(config, loaded.name)
     parts = REGISTRY[config.name].build(loaded, dict(config.options))
     device = loaded.device
     for scheme in parts.schemes:
