@@ -54,11 +54,13 @@ CSS = """
 }
 .asent { cursor: pointer; border-radius: 3px; text-underline-offset: 4px; text-decoration-thickness: 2px; }
 .asent.cite-ok { text-decoration: underline solid #15803d; }
+.asent.cite-shapes { text-decoration: underline double #b45309; }
 .asent.cite-unchecked { text-decoration: underline dashed #6b7280; }
 .asent.cite-failed { text-decoration: underline dotted #b91c1c; }
 .asent:hover, .asent:focus-visible, .asent.cite-selected { background: rgba(250, 204, 21, 0.45); outline: none; }
 sup.cite { font-size: 0.8em; margin-left: 2px; padding: 0 1px; font-weight: 600; }
 sup.cite.cite-ok { color: #15803d; border-bottom: 2px solid #15803d; }
+sup.cite.cite-shapes { color: #b45309; border-bottom: 3px double #b45309; }
 sup.cite.cite-unchecked { color: #4b5563; border-bottom: 2px dashed #9ca3af; }
 sup.cite.cite-failed { color: #b91c1c; border-bottom: 2px dotted #b91c1c; }
 .cite-legend {

@@ -11,7 +11,15 @@ import pandas as pd
 
 from midlens.demo import views
 from midlens.generators.answer import Answer
-from midlens.generators.checking import NO_SUPPORT_MODEL, CheckedSupport, sentence_support, unsupported, verified
+from midlens.generators.checking import (
+    NO_SUPPORT_MODEL,
+    CheckedSupport,
+    doubted,
+    sentence_support,
+    unsupported,
+    verified,
+)
+from midlens.generators.citations import marker_order
 from midlens.generators.support import UNLIKELY_BELOW, shown
 
 # The check tab's sentence ids ("c-<position>-<start>") stay apart from the Ask tab's ("m-", "b-"): one document
@@ -87,15 +95,19 @@ def checked_markdown(answer: Answer) -> str:
     return "\n\n".join(lines)
 
 
-def _needed(verified_: bool | None, drop: float | None) -> str:
+def _needed(verified_: bool | None, drop: float | None, doubted: bool = False) -> str:
     """Whether the sentence needs the passage, and how much less likely it becomes without it, in words a reader
-    without log-probabilities follows (the number is in `midlens check`'s output and the JSON)."""
+    without log-probabilities follows (the number is in `midlens check`'s output and the JSON). A flagged
+    (`doubted`) sentence that needs it needs it for its wording: never a plain "yes" beside "may not rest on the
+    passages"."""
     if verified_ is None:
         return "not checked"
     if drop is None:
-        return "yes" if verified_ else "no"
+        return ("for its wording only" if doubted else "yes") if verified_ else "no"
     if verified_:
         how = "becomes much less likely" if drop >= views.MUCH_LESS_LIKELY else "becomes less likely"
+        if doubted:
+            return f"for its wording only: the sentence {how} without this passage, but may not rest on it"
         return f"yes: the sentence {how} without this passage"
     how = "is barely less likely" if drop > 0 else "is as likely or more"
     return f"no: the sentence {how} without this passage"
@@ -108,13 +120,14 @@ def sentence_table(answer: Answer) -> pd.DataFrame:
     rows = []
     support = sentence_support(answer) or [None] * len(answer.citations)  # None: no per-sentence support model
     edges = (UNLIKELY_BELOW,) if answer.support is None else (UNLIKELY_BELOW, answer.support.likely_from)
-    for i, (citation, p) in enumerate(zip(answer.citations, support, strict=True), start=1):
+    sentences = zip(answer.citations, support, doubted(answer), strict=True)
+    for i, (citation, p, doubt) in enumerate(sentences, start=1):
         said, score = answer.text[citation.span[0] : citation.span[1]], "" if p is None else shown(p, *edges)
         if not citation.sources:
             rows.append([i, said, score, "none", "", ""])
-        for source in sorted(citation.sources, key=lambda s: s.position):
+        for source in marker_order(citation.sources):
             passage = by_position[source.position]
             cited = "" if source.sentence is None else passage.text[source.sentence[0] : source.sentence[1]]
             name = f"[{source.position}] {passage.title or '(untitled)'}"
-            rows.append([i, said, score, name, _needed(source.verified, source.logprob_drop), cited])
+            rows.append([i, said, score, name, _needed(source.verified, source.logprob_drop, doubt), cited])
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)

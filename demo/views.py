@@ -17,10 +17,12 @@ from typing import Literal
 
 import pandas as pd
 
+from midlens.core.answer_text import STOPWORDS
 from midlens.core.passage import Passage
 from midlens.core.sentences import sentence_spans
 from midlens.generators.answer import Answer
-from midlens.generators.citations import Citation, CitedSource
+from midlens.generators.checking import FAILED, SHAPES, UNCHECKED, VERIFIED, citation_check, doubted
+from midlens.generators.citations import Citation, CitedSource, marker_order
 from midlens.generators.evidence import PassageEvidence
 from midlens.generators.support import BAND_WORDS
 from midlens.retrievers.corpus import default_questions_path
@@ -215,11 +217,15 @@ def attribution_shares(answer: Answer) -> list[float] | None:
 
 # -- citations: which passage sentences each answer sentence rests on ------------------------------------
 
-# A citation's look follows its check (Generator.verify): one class per outcome, the legend's words for each.
-CITE_CLASSES = {True: "cite-ok", None: "cite-unchecked", False: "cite-failed"}
-CITE_MARKS = {True: "✓", None: "", False: "✗"}
+# A citation's look follows its check (Generator.verify) read with its sentence's support
+# (generators.checking.citation_check): one class per outcome, the legend's words for each. A passage a flagged
+# sentence needs shapes its wording, not its claim: no green check, the warning mark the flagged list carries.
+CITE_CLASSES = {VERIFIED: "cite-ok", SHAPES: "cite-shapes", UNCHECKED: "cite-unchecked", FAILED: "cite-failed"}
+CITE_MARKS = {VERIFIED: "✓", SHAPES: "⚠", UNCHECKED: "", FAILED: "✗"}
 CITE_LEGEND = {
     "cite-ok": "checked: removing this passage changes the answer",
+    "cite-shapes": "checked, for its wording only: removing this passage changes the sentence, which may still not "
+    "rest on it",
     "cite-unchecked": "not checked",
     "cite-failed": "failed the check",
 }
@@ -231,19 +237,22 @@ def sentence_id(prefix: str, position: int, start: int) -> str:
     return f"{prefix}-{position}-{start}"
 
 
-def _sentence_class(citation: Citation) -> str:
-    """An answer sentence is as good as its best source: checked when one passed, failed when all failed."""
-    outcomes = {s.verified for s in citation.sources}
+def _sentence_class(citation: Citation, doubted_: bool) -> str:
+    """An answer sentence is as good as its best source: checked when one passed (shaped only, when the sentence
+    is flagged), failed when all failed."""
+    outcomes = {citation_check(s, doubted_) for s in citation.sources}
     if not outcomes:
         return "cite-none"
-    if True in outcomes:
-        return CITE_CLASSES[True]
-    return CITE_CLASSES[False] if outcomes == {False} else CITE_CLASSES[None]
+    for best in (VERIFIED, SHAPES):
+        if best in outcomes:
+            return CITE_CLASSES[best]
+    return CITE_CLASSES[FAILED] if outcomes == {FAILED} else CITE_CLASSES[UNCHECKED]
 
 
-def _cite_mark(source: CitedSource) -> str:
-    kind = CITE_CLASSES[source.verified]
-    mark = f"[{source.position}{CITE_MARKS[source.verified]}]"
+def _cite_mark(source: CitedSource, doubted_: bool) -> str:
+    check = citation_check(source, doubted_)
+    kind = CITE_CLASSES[check]
+    mark = f"[{source.position}{CITE_MARKS[check]}]"
     return f'<sup class="cite {kind}" title="{CITE_LEGEND[kind]}">{mark}</sup>'
 
 
@@ -260,15 +269,15 @@ def cited_answer_html(answer: Answer, prefix: str = "m") -> str:
         return "(no answer)"
     lead = len(answer.text) - len(answer.text.lstrip())  # spans count from Answer.text
     out, at = [], 0
-    for citation in answer.citations:
+    for citation, doubt in zip(answer.citations, doubted(answer), strict=True):
         a, b = citation.span[0] - lead, citation.span[1] - lead
         if a < at or b > len(text):  # a span that does not fit the text shown is not drawn
             continue
         cites = " ".join(sentence_id(prefix, s.position, s.sentence[0]) for s in citation.sources if s.sentence)
         out.append(_md_text(text[at:a]))
         out.append(
-            f'<span class="asent {_sentence_class(citation)}" tabindex="0" data-cites="{cites}">'
-            f"{_md_text(text[a:b])}</span>" + "".join(_cite_mark(s) for s in citation.sources)
+            f'<span class="asent {_sentence_class(citation, doubt)}" tabindex="0" data-cites="{cites}">'
+            f"{_md_text(text[a:b])}</span>" + "".join(_cite_mark(s, doubt) for s in marker_order(citation.sources))
         )
         at = b
     out.append(_md_text(text[at:]))
@@ -338,11 +347,6 @@ def passages_html(
 
 # -- can this answer be trusted? -------------------------------------------------------------------------
 
-# Words that carry no answer: an answer made only of these (or of the question's own words) backs nothing.
-STOPWORDS = frozenset(
-    "a an and are as at be been but by did do does for from had has have he her his in is it its of on or she "
-    "that the their them they this to was were which who whom with".split()
-)
 YES_NO = frozenset({"yes", "no"})
 FLAT_GAP = 0.2  # see is_flat()
 
@@ -449,9 +453,11 @@ def _support_verdict(answer: Answer) -> Trust:
         top = max(cited, key=lambda s: s.score)
         passage = next(p for p in answer.passages if p.position == top.position)
         rests = f" It rests on {_named(passage)}."
-    if answer.withheld is not None:
-        withheld = html.escape(answer.withheld["text"])
-        return Trust(False, f"{CHECK} the passages do not seem to support an answer: {said}; withheld: *{withheld}*.")
+    withheld = "" if answer.withheld is None else f"; withheld: *{html.escape(answer.withheld['text'])}*"
+    if not support.answered:  # the question again: no answer, whatever it cites
+        return Trust(False, f"⚠ **No answer:** {said}{withheld}.")
+    if withheld:
+        return Trust(False, f"{CHECK} the passages do not seem to support an answer: {said}{withheld}.")
     if support.band not in SUPPORT_HEADS:  # given no passage: nothing to rest on
         return Trust(False, f"{CHECK} {said}.")
     # The band's words after its name ("uncertain: check it against the passages"), as the shells print them.
@@ -563,10 +569,10 @@ def _citation_details(answer: Answer) -> list[str]:
     """Per answer sentence: each cited passage's share of the sentence's attention to passages, and, once
     checked, the log-probability the sentence lost without it (the check passes at CitationConfig.margin)."""
     lines = []
-    for i, citation in enumerate(answer.citations, start=1):
+    for i, (citation, doubt) in enumerate(zip(answer.citations, doubted(answer), strict=True), start=1):
         cited = []
-        for s in citation.sources:
-            outcome = CITE_LEGEND[CITE_CLASSES[s.verified]]
+        for s in marker_order(citation.sources):
+            outcome = CITE_LEGEND[CITE_CLASSES[citation_check(s, doubt)]]
             check = "" if s.logprob_drop is None else f", log-probability {-s.logprob_drop:+.2f} without it ({outcome})"
             cited.append(f"[{s.position}] {s.score:.0%} of its attention to passages{check}")
         lines.append(f"citations of sentence {i}: " + ("; ".join(cited) or "none"))

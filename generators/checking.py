@@ -25,8 +25,9 @@ from pathlib import Path
 from midlens.core.errors import ArtefactError, InvalidArgumentError
 from midlens.generators.answer import Answer
 from midlens.generators.artefacts import SHIPPED, Artefact
-from midlens.generators.citations import Citation
+from midlens.generators.citations import Citation, CitedSource
 from midlens.generators.support import (
+    BY_CALLER,
     LIKELY_FLOOR,
     MARGIN_CLIP,
     TARGET_PRECISION,
@@ -35,6 +36,7 @@ from midlens.generators.support import (
     SupportModel,
     _word_set,
     choose_threshold,
+    shown,
     support_inputs,
 )
 
@@ -80,10 +82,54 @@ def flagged(answer: Answer) -> list[tuple[Citation, str]]:
         elif check and not any(s.verified for s in citation.sources):
             why.append("needs none of the passages it cites (verified)")
         if p is not None and p < floor:
-            why.append(f"support {p:.2f}, below {floor:.2f}")
+            why.append(f"support {shown(p, floor)}, below {floor:.2f}")
         if why:
             out.append((citation, "; ".join(why)))
     return out
+
+
+# What a citation's check says (`citation_check`). A verified passage is one the sentence's tokens need; that backs the
+# sentence only where nothing else flags it: a sentence the checked support model scores in the "check this" band
+# can need a passage for its wording ("The founder named the chain after her cat." loses 2.4 nats without the
+# sentence "Torrid is an American women's retail chain ...", which says nothing of a founder or a cat).
+VERIFIED, SHAPES, FAILED, UNCHECKED = "verified", "shapes", "failed", "unchecked"
+
+
+def doubted(answer: Answer) -> list[bool]:
+    """Per sentence (`Answer.citations`), whether it may not rest on the passages: flagged (`flagged`), or, in an
+    answer with one support for all its sentences (a generated one), every sentence once that support is in the
+    "check this" band; in an answer that restates the question (`Support.answered` False), every sentence."""
+    flagged_ = {id(c) for c, _ in flagged(answer)}
+    support = answer.support
+    whole = support is not None and (
+        not support.answered or (not isinstance(support, CheckedSupport) and support.band == "unlikely")
+    )
+    return [whole or id(c) in flagged_ for c in answer.citations]
+
+
+def citation_check(source: CitedSource, doubted_: bool) -> str:
+    """What one source's check says, its sentence `doubted_` or not (`doubted`): VERIFIED (the sentence needs the
+    passage and nothing flags it), SHAPES (it needs the passage, but the sentence may not rest on the passages),
+    FAILED (it does not need it) or UNCHECKED."""
+    if source.verified is None:
+        return UNCHECKED
+    if not source.verified:
+        return FAILED
+    return SHAPES if doubted_ else VERIFIED
+
+
+def check_words(kind: str, drop: float | None, sentences: list[int]) -> str:
+    """A citation's check as the shells print it, in nats: `sentences`, the answer sentences (1-based) it is shown
+    for. Empty for UNCHECKED."""
+    if kind == UNCHECKED:
+        return ""
+    lost = "" if drop is None else f": log-prob drop {drop:+.2f} nats without it"
+    if kind != SHAPES:
+        return ("verified" if kind == VERIFIED else "NOT verified") + lost
+    which = f"sentence{'s' if len(sentences) > 1 else ''} {', '.join(map(str, sentences))}"
+    they = "those sentences" if len(sentences) > 1 else "that sentence"
+    costs = "" if drop is None else f" (log-prob drop {drop:+.2f} nats without it)"
+    return f"shapes the wording of {which}{costs}, but {they} may not rest on it"
 
 
 def unsupported(answer: Answer) -> list[Citation]:
@@ -106,7 +152,9 @@ def support_lines(answer: Answer) -> list[str]:
     lines = [f"support: {support.words}, its weakest sentence's (checked-answer support model of {support.model})"]
     probabilities = sentence_support(answer) or []
     if len(probabilities) > 1:
-        lines.append("sentence support: " + "; ".join(f"{i}. {p:.2f}" for i, p in enumerate(probabilities, 1)))
+        edges = (UNLIKELY_BELOW, support.likely_from)
+        shown_ = (shown(p, *edges) for p in probabilities)
+        lines.append("sentence support: " + "; ".join(f"{i}. {p}" for i, p in enumerate(shown_, 1)))
     return lines
 
 
@@ -169,14 +217,8 @@ class CheckedSupport(Support):
     sentences: tuple[float, ...] = ()
 
     def under(self, threshold: float) -> CheckedSupport:
-        return CheckedSupport(
-            self.probability,
-            self.probability >= max(threshold, LIKELY_FLOOR),
-            threshold,
-            self.verified,
-            self.model,
-            self.sentences,
-        )
+        likely = self.answered and self.passages_given and self.probability >= max(threshold, LIKELY_FLOOR)
+        return replace(self, likely=likely, threshold=threshold, threshold_by=BY_CALLER)
 
     def to_dict(self) -> dict:
         return {
@@ -209,7 +251,10 @@ class CheckedSupportModel(SupportModel):
         if not probabilities:
             return None
         p, threshold = min(probabilities), max(self.threshold, LIKELY_FLOOR)
-        return CheckedSupport(p, p >= threshold, threshold, False, self.name, tuple(probabilities))
+        given = bool(inputs["evidence"])  # one evidence score per passage given
+        return CheckedSupport(
+            p, given and p >= threshold, threshold, False, self.name, tuple(probabilities), passages_given=given
+        )
 
     @classmethod
     def fit_checked(

@@ -211,6 +211,14 @@ class Citation:
     sources: list[CitedSource] = field(default_factory=list)
 
 
+def marker_order(sources: list[CitedSource]) -> list[CitedSource]:
+    """A sentence's sources in the order every reader is shown them (the shells' "[3][4]", the demo's markers and
+    tables): by the number each is marked with, its `position`. `Citation.sources` keeps the rule's ranking, which the
+    support features read (the first source is the top one); shown in that order, the same answer read "[4][3]" in
+    the demo and "[3][4]" in the shell."""
+    return sorted(sources, key=lambda s: s.position)
+
+
 def token_ends(tokenizer, ids: list[int]) -> list[int]:
     """Character end of each answer token in the decoded answer (special tokens end where the previous did)."""
     ends: list[int] = []

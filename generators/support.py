@@ -23,7 +23,8 @@ UNLIKELY_BELOW; below that, "check this". A withheld answer is below the thresho
 `Support.words` (the shells, the JSON, the server) and `Support.plain` (the demo's first screen) are the one place
 the support is put in words: each names where "likely" starts and who set it, and prints the probability with as
 many decimals as keep it on its band's side of each edge (0.196 is "0.196" in the band below 0.2, never "0.20").
-An answer to no passages says so instead of a band: nothing could support it.
+An answer to no passages says so instead of a band: nothing could support it; nor is an answer that restates the
+question (core.answer_text.restates_question) rated: it is no answer (`Support.no_answer`, the band NO_ANSWER).
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ UNLIKELY_BELOW = 0.2
 BANDS = ("likely", "uncertain", "unlikely")
 # The band of an answer given no passage: no band of the support model applies, as nothing could support it.
 NO_PASSAGES = "none"
+# The band of an answer that restates the question: there is no answer to rate, whatever the features say.
+NO_ANSWER = "no-answer"
 # Who set a Support's threshold in force: the support model (its 80 %-precision threshold, never below
 # LIKELY_FLOOR), or the caller's `abstain_below`.
 BY_MODEL, BY_CALLER = "model", "abstain_below"
@@ -220,7 +223,9 @@ class Support:
     `threshold_by` says which); `likely` when the probability reaches it and LIKELY_FLOOR and the support model was
     fitted on the answering method's answers; `verified` when the ablation drops were read; `methods`, the answering
     methods (specs) whose train answers the support model was fitted on, and `method`, the one that answered (None:
-    not recorded); `passages_given`, whether any passage was given (without one, nothing could support the answer)."""
+    not recorded); `passages_given`, whether any passage was given (without one, nothing could support the answer);
+    `answered`, False where the answer restates the question (`no_answer`): the probability is kept as the model gave
+    it, but nothing is rated, never "likely", and `abstain` withholds it."""
 
     probability: float
     likely: bool
@@ -231,6 +236,7 @@ class Support:
     method: str | None = field(default=None, kw_only=True)
     threshold_by: str = field(default=BY_MODEL, kw_only=True)
     passages_given: bool = field(default=True, kw_only=True)
+    answered: bool = field(default=True, kw_only=True)
 
     @classmethod
     def at(
@@ -244,10 +250,11 @@ class Support:
         *,
         threshold_by: str = BY_MODEL,
         passages_given: bool = True,
+        answered: bool = True,
     ) -> Support:
         """The support of `probability` under the threshold in force, for an answer of `method`."""
         calibrated = method is None or method in methods
-        likely = passages_given and calibrated and probability >= max(threshold, LIKELY_FLOOR)
+        likely = answered and passages_given and calibrated and probability >= max(threshold, LIKELY_FLOOR)
         return cls(
             probability,
             likely,
@@ -258,6 +265,7 @@ class Support:
             method=method,
             threshold_by=threshold_by,
             passages_given=passages_given,
+            answered=answered,
         )
 
     def under(self, threshold: float) -> Support:
@@ -271,7 +279,12 @@ class Support:
             self.method,
             threshold_by=BY_CALLER,
             passages_given=self.passages_given,
+            answered=self.answered,
         )
+
+    def no_answer(self) -> Support:
+        """The same support of an answer that restates the question: unrated, and never "likely"."""
+        return replace(self, likely=False, answered=False)
 
     @property
     def calibrated(self) -> bool:
@@ -282,8 +295,10 @@ class Support:
 
     @property
     def band(self) -> str:
-        """ "likely", "uncertain" (from UNLIKELY_BELOW up to the likely threshold) or "unlikely"; NO_PASSAGES for an
-        answer given none."""
+        """ "likely", "uncertain" (from UNLIKELY_BELOW up to the likely threshold) or "unlikely"; NO_ANSWER for an
+        answer that restates the question, NO_PASSAGES for one given no passage."""
+        if not self.answered:
+            return NO_ANSWER
         if not self.passages_given:
             return NO_PASSAGES
         if self.likely:
@@ -320,8 +335,8 @@ class Support:
     def words(self) -> str:
         """The support as the shells print it and the JSON carries it: the band's words, the probability, and where
         "likely" starts and who set it (or, for a method the support model was not fitted on, that it was not)."""
-        if not self.passages_given:
-            return BAND_WORDS[NO_PASSAGES]
+        if self.band in (NO_ANSWER, NO_PASSAGES):
+            return BAND_WORDS[self.band]
         p = shown(self.probability, *self._edges())
         if self.calibrated:
             edge = f"{self.likely_from:.{self._edge_decimals()}f}"
@@ -335,7 +350,10 @@ class Support:
         """The support for a reader who reads no probabilities (the demo's first screen): how often answers scored
         like this one are right, out of 100, and from how many "likely supported" starts; for a method the support
         model was not fitted on (`method`: its name as the reader knows it, else the spec), that this is not known;
-        for an answer given no passage, that nothing could support it."""
+        for an answer that restates the question, that it is no answer; for an answer given no passage, that nothing
+        could support it."""
+        if not self.answered:
+            return "the model restated the question instead of answering it, so there is no answer to rate"
         if not self.passages_given:
             return "no passages were given, so nothing could support it"
         if not self.calibrated:
@@ -365,6 +383,7 @@ BAND_WORDS = {
     "uncertain": "uncertain: check it against the passages",
     "unlikely": "check this: the passages may not support it",
     NO_PASSAGES: "no passages were given: nothing could support it",
+    NO_ANSWER: "no answer: it restates the question, so there is nothing to rate",
 }
 
 
@@ -563,13 +582,14 @@ def _shipped_support(model: str, model_sha256: Callable[[], str], verified: bool
 def abstain(answer, below: float | None = None) -> bool:
     """Withhold `answer` (generators.answer.Answer) when its support is below `below` (None: its model's threshold):
     its text becomes ABSTAIN_TEXT, and the answer and citations that were withheld move to `answer.withheld`. Returns
-    whether it did. An answer without a support score (citations off) is kept: nothing says it is unsupported.
-    `below` becomes the support's threshold in force, so its label and the withholding agree."""
+    whether it did. An answer without a support score (citations off) is kept: nothing says it is unsupported. An
+    answer that restates the question (`Support.answered` False) is withheld whatever its probability. `below`
+    becomes the support's threshold in force, so its label and the withholding agree."""
     if answer.support is None or answer.withheld is not None:
         return False
     if below is not None:
         answer.support = answer.support.under(below)
-    if answer.support.probability >= answer.support.threshold:
+    if answer.support.answered and answer.support.probability >= answer.support.threshold:
         return False
     answer.withheld = {"text": answer.text, "citations": answer.citations}
     answer.text, answer.citations = ABSTAIN_TEXT, []

@@ -126,6 +126,56 @@ def test_the_check_command_prints_the_marked_answer_support_first_and_the_unsupp
     assert "the answer to check is empty" in capsys.readouterr().err
 
 
+def test_a_flagged_sentences_needed_passage_is_not_printed_as_verified(tmp_path, capsys):
+    """Issue 83 A in the shell: a sentence flagged as possibly unsupported printed its citations "verified: log-prob
+    drop +4.37". The demo's example passages and a made-up second sentence that borrows its wording from one of them
+    (measured with SmolLM2, baseline, fp32: sentence support 0.08; 2.46 nats lost without the paragraph's
+    "Torrid is an American women's retail chain ...")."""
+    import json
+
+    from midlens.cli import main
+    from midlens.demo.check_views import EXAMPLE_TITLES, example
+    from midlens.retrievers.corpus import default_corpus_path, read_documents
+
+    docs = {d["title"]: d for d in read_documents(default_corpus_path())}
+    rows = [{"title": t, "text": docs[t]["text"], "id": docs[t]["id"]} for t in EXAMPLE_TITLES]
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    made_up = "The founder named the chain after her cat."
+    text = f"The first Torrid store opened in the Brea Mall in Brea, California. {made_up}"
+    model = ["--model", "smollm2-135m", "--method", "baseline", "--device", "cpu", "--dtype", "float32"]
+    passages = ["--passages", str(tmp_path / "p.jsonl")]
+    assert main(["check", example()[0], "--answer", text, *passages, "--verify", *model]) == 0
+    out = capsys.readouterr().out
+    assert f"     - {made_up}  (support 0.0" in out  # flagged by the checked support model
+    lines = out.splitlines()
+    # Each cited passage's line, "  [2]   Torrid ... (share ..., verified: ...)", and the quote printed under it.
+    notes = {line: after for line, after in zip(lines, lines[1:], strict=False) if line.startswith("  [")}
+    shaped = [line for line, quote in notes.items() if "Torrid is an American women's retail chain" in quote]
+    assert shaped and all("shapes the wording of sentence 2 (log-prob drop +" in line for line in shaped), shaped
+    assert all(", verified:" not in line for line in shaped) and "✓" not in out
+    # The first sentence still needs the paragraph that says where the first store opened: verified as before.
+    held = [line for line, quote in notes.items() if "opened in the Brea Mall in Brea, California" in quote]
+    assert held and all(", verified: log-prob drop +" in line for line in held), held
+
+
+def test_the_shell_says_a_needed_passage_shapes_a_generated_answer_in_the_check_this_band(capsys):
+    """Issue 83 A for `midlens ask`: a generated answer has one support; in the "check this" band a passage it needs
+    shapes its wording, and the shell says so instead of "verified"; likely supported, it is verified."""
+    from midlens.cli.ask import print_citations
+    from midlens.generators.support import Support
+    from tests.test_demo import MODEL, cited_answer
+
+    answer = cited_answer((True, False), (4.37, 0.1))
+    answer.support = Support.at(0.04, 0.56, True, MODEL)
+    print_citations(answer)
+    out = capsys.readouterr().out
+    assert "(share 0.60, shapes the wording of sentence 1 (log-prob drop +4.37 nats without it), but that " in out
+    assert ", verified:" not in out and "[1?]" in out
+    answer.support = Support.at(0.9, 0.56, True, MODEL)
+    print_citations(answer)
+    assert "(share 0.60, verified: log-prob drop +4.37 nats without it)" in capsys.readouterr().out
+
+
 def test_the_llamaindex_evaluator_passes_a_grounded_response_and_names_an_unsupported_sentence(generator):
     from llama_index.core.base.response.schema import Response
     from llama_index.core.evaluation import BaseEvaluator

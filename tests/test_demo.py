@@ -490,7 +490,58 @@ def test_checked_citations_look_different_and_back_the_trust_line():
     assert verdict.backed and verdict.text.startswith("✓ **Backed by a passage:**")  # the words rule still holds
     assert verdict.text.endswith("barely changes the answer: it may come from the model's memory.")
     details = views.details_markdown([failed])
-    assert "citations of sentence 1: [2] 60% of its attention to passages, log-probability -0.20 without it" in details
+    assert (
+        "citations of sentence 1: [1] 40% of its attention to passages, log-probability +0.10 without it (failed the "
+        "check); [2] 60% of its attention to passages, log-probability -0.20 without it" in details
+    )
+
+
+MARKERS = re.compile(r'<sup class="cite ([\w-]+)" title="[^"]*">\[(\d+)([^\]]*)\]</sup>')
+
+
+def test_a_needed_passage_of_a_flagged_sentence_is_no_green_check():
+    """Issue 83 A: "[1✓]" in green ("removing this passage changes the answer") marked the sentence the same screen
+    lists under "may not rest on the passages" (0.05). A passage the sentence's words need does not make its claim
+    supported: no check mark, no "yes", a look and words of its own."""
+    from midlens.demo import check_views, views
+    from midlens.generators.checking import CheckedSupport
+    from midlens.generators.support import Support
+
+    checked = cited_answer((True, True), (4.37, 3.11))
+    checked.checked = True
+    # Sentence 1 needs both passages it cites, yet the checked support model puts it in the "check this" band.
+    checked.support = CheckedSupport(0.05, False, 0.56, False, MODEL, (0.05, 0.9))
+    md = check_views.checked_markdown(checked)
+    assert "may not rest on the passages:** check them:\n- Brea, \\*California\\*." in md
+    sentences = re.findall(r'<span class="asent ([\w-]+)"', md)
+    assert sentences[0] == "cite-shapes" and "cite-ok" not in sentences
+    assert MARKERS.findall(md) == [("cite-shapes", "1", "⚠"), ("cite-shapes", "2", "⚠")]
+    assert views.CITE_LEGEND["cite-shapes"] in md and "changes the answer" not in md.split("cite-legend")[0]
+    needed = check_views.sentence_table(checked)["needed"].tolist()[:2]
+    assert all(n.startswith("for its wording only: the sentence becomes") for n in needed), needed
+    assert "(" + views.CITE_LEGEND["cite-shapes"] + ")" in views.details_markdown([checked])
+
+    # A generated answer has one support: in the "check this" band, its needed passages shape it; likely, they back it.
+    generated = cited_answer((True, True), (4.37, 3.11))
+    generated.support = Support.at(0.05, 0.56, True, MODEL)
+    assert {kind for kind, _, _ in MARKERS.findall(views.answer_markdown(generated))} == {"cite-shapes"}
+    generated.support = Support.at(0.9, 0.56, True, MODEL)
+    assert MARKERS.findall(views.answer_markdown(generated)) == [("cite-ok", "1", "✓"), ("cite-ok", "2", "✓")]
+
+
+def test_the_demo_and_the_shell_mark_a_sentences_passages_in_one_order():
+    """Issue 83 F: the same answer was marked "[4][3]" in the demo (the rule's ranking) and "[3][4]" in the shell
+    (prompt order). Every view lists a sentence's passages by their number (generators.citations.marker_order)."""
+    from midlens.demo import check_views, views
+    from midlens.rag.pipeline import marked_answer
+
+    answer = cited_answer()
+    assert [s.position for s in answer.citations[0].sources] == [2, 1]  # ranked: passage 2 first
+    demo = [n for _, n, _ in MARKERS.findall(views.cited_answer_html(answer))]
+    shell = re.findall(r"\[(\d+)\??\]", marked_answer(answer).text)
+    assert demo == shell == ["1", "2"]
+    assert check_views.sentence_table(answer)["rests on passage"].tolist()[:2] == ["[1] P1", "[2] P2"]
+    assert "citations of sentence 1: [1] 40%" in views.details_markdown([answer])
 
 
 def test_check_citations_verifies_against_the_prompt_answered_from(pipeline):

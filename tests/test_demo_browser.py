@@ -319,7 +319,7 @@ CITE_STYLES = """
 const look = (e) => { const s = getComputedStyle(e);
   return [s.borderBottomStyle, s.borderBottomColor, s.color, s.textDecorationStyle].join(' '); };
 const out = {};
-for (const kind of ['cite-ok', 'cite-unchecked', 'cite-failed']) {
+for (const kind of ['cite-ok', 'cite-shapes', 'cite-unchecked', 'cite-failed']) {
   const marker = document.querySelector('#answer sup.cite.' + kind);
   out[kind] = marker ? look(marker) : null;
 }
@@ -386,10 +386,12 @@ def test_citations_point_at_passage_sentences(browser, pipeline, tmp_path):
 
         _ask_example(browser, wait, check=True)
         styles = browser.execute_script(CITE_STYLES)
-        assert styles["markers"] and set(styles["markers"]) <= {"cite cite-ok", "cite cite-failed"}, styles
-        kinds = [styles[k] for k in ("cite-ok", "cite-unchecked", "cite-failed")]
-        assert None not in kinds and len(set(kinds)) == 3, kinds  # the legend draws each kind as the answer does
-        assert [k.split()[0] for k in kinds] == ["solid", "dashed", "dotted"]
+        checked_kinds = {"cite cite-ok", "cite cite-shapes", "cite cite-failed"}
+        assert styles["markers"] and set(styles["markers"]) <= checked_kinds, styles
+        kinds = [styles[k] for k in ("cite-ok", "cite-shapes", "cite-unchecked", "cite-failed")]
+        assert None not in kinds and len(set(kinds)) == 4, kinds  # the legend draws each kind as the answer does
+        # A passage a flagged sentence needs is drawn apart from a check that backs it (issue 83 A): not green.
+        assert [k.split()[0] for k in kinds] == ["solid", "double", "dashed", "dotted"]
         answer = browser.find_element(By.ID, "answer").text
         assert "checked: removing this passage changes the answer" in answer and "not checked" in answer
         assert re.search(VERDICT, answer), answer

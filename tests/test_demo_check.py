@@ -83,6 +83,24 @@ def test_the_pages_example_links_its_first_sentence_to_the_middle_paragraph_and_
     assert "**1 of 2 sentences may not rest on the passages:**" in answer_md and "Walt Disney" in answer_md
 
 
+def test_a_flagged_sentence_is_not_marked_as_resting_on_the_passage_it_needs(client):
+    """Issue 83 A: the tab marked "The founder named the chain after her cat." [1✓] in green ("removing this passage
+    changes the answer") and listed it under "may not rest on the passages" (0.05). The real SmolLM2 over the
+    example's paragraphs needs Torrid's for that sentence's wording (measured 2.4 nats) and scores it in the "check
+    this" band: a passage it needs is marked as shaping its wording, in a look of its own, never with a check mark or
+    a "yes"."""
+    question, _, pasted = example()
+    made_up = "The founder named the chain after her cat."
+    answer_md, _, table = check(client, question, f"The first Torrid store opened in the Brea Mall. {made_up}", pasted)
+    assert f"may not rest on the passages:** check them:\n- {made_up}" in answer_md
+    spans = re.findall(r'<span class="asent ([\w-]+)"[^>]*>(.*?)</span>((?:<sup[^>]*>[^<]*</sup>)*)', answer_md)
+    founder = next((kind, marks) for kind, text, marks in spans if text.startswith("The founder"))
+    assert founder[0] == "cite-shapes" and "✓" not in founder[1] and "cite-shapes" in founder[1], founder
+    needed = [r["needed"] for r in rows_of(table, 2)]
+    assert any(n.startswith("for its wording only:") for n in needed) and not any(n.startswith("yes") for n in needed)
+    assert "[2✓]" in answer_md  # the first sentence rests on the paragraph that says where the store opened
+
+
 def test_without_pasted_passages_the_answer_is_read_over_the_corpus(client, pipeline):
     question, written, _ = example()
     answer_md, passages_html, table = check(client, question, written, "", top_k=3, verify=False)

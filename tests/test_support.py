@@ -344,6 +344,77 @@ def test_the_words_name_the_model_agnostic_support_model_by_what_it_is():
     assert "smollm2-135m's support model was fitted on answers of" in own.words
 
 
+ECHOED = "Which canal was built first, the Erie or the Suez?"
+
+
+@pytest.mark.parametrize(
+    ("answer", "restates"),
+    [
+        ("Question: Which canal was built first?", True),  # Gemma 3 270M's: the prompt's next question
+        ("question: anything at all", True),
+        ("Question:", True),
+        ("Answer:", True),  # a bare cue line
+        (" Answer: Question: Which canal was built first?", True),
+        (ECHOED, True),
+        (f"{ECHOED} Answer:", True),
+        (f"The question is: {ECHOED.lower()}", True),
+        # An answer drawn from the question's words is an answer: the question's text is not all there.
+        ("The Erie.", False),
+        ("The Erie canal was built first.", False),
+        ("Erie or Suez", False),
+        ("Answer: the Erie.", False),
+        ("", False),  # says nothing: the empty answer's own words say so
+    ],
+)
+def test_an_answer_that_restates_the_question_is_told_apart_from_one_drawn_from_its_words(answer, restates):
+    """Issue 83 R: Gemma 3 270M answered "Question: Which canal was built ...?" and support rated it."""
+    from midlens.core.answer_text import restates_question
+
+    assert restates_question(answer, ECHOED) is restates
+
+
+def test_an_answer_that_restates_the_question_is_not_rated():
+    """Issue 83 R: no probability, no band of the support model, never likely, withheld when abstaining."""
+    from midlens.generators.checking import CheckedSupport
+    from midlens.generators.support import BAND_WORDS, NO_ANSWER, Support, SupportModel
+
+    fitted = SupportModel.fit(_rows(), verified=False, name="smollm2-135m")
+    echo = fitted.support(inputs()).no_answer()
+    assert echo.band == NO_ANSWER and not echo.likely and not echo.answered
+    assert echo.words == BAND_WORDS[NO_ANSWER] == "no answer: it restates the question, so there is nothing to rate"
+    assert "restated the question" in echo.plain() and "in 100" not in echo.plain()
+    assert echo.under(0.0).band == NO_ANSWER and not echo.under(0.0).likely
+    assert Support.from_dict(echo.to_dict()) == echo and echo.to_dict()["band"] == NO_ANSWER
+    checked = CheckedSupport(0.9, True, 0.5, False, "smollm2-135m", (0.9,)).no_answer()
+    assert isinstance(checked, CheckedSupport) and checked.band == NO_ANSWER and not checked.under(0.0).likely
+
+
+def test_a_restated_question_is_no_answer_end_to_end(generator, planted_answer, capsys):
+    """Issue 83 R with the real SmolLM2 and its shipped support models: a checked answer that is the prompt's next
+    question, and a generated one whose text is the question, are not rated; the shell and the demo say there is
+    no answer, and abstaining withholds it."""
+    import copy
+
+    from midlens.cli.ask import print_answer
+    from midlens.demo import views
+    from midlens.generators.support import NO_ANSWER, abstain
+
+    prompt, answer = planted_answer
+    assert answer.support is not None and answer.support.answered  # a real answer is rated as before
+    checked = generator.attribute(prompt, f"Question: {prompt.question}")
+    assert checked.support is not None and checked.support.band == NO_ANSWER and not checked.support.likely
+
+    echo = copy.copy(answer)
+    echo.text, echo.citations = prompt.question, []  # the question in place of what the model wrote
+    echo.support = generator.support_of(echo)
+    assert echo.support.band == NO_ANSWER and not echo.support.likely
+    print_answer(echo)
+    line = next(li for li in capsys.readouterr().out.splitlines() if li.strip().startswith("support:"))
+    assert line.strip() == "support: no answer: it restates the question, so there is nothing to rate"
+    assert views.trust(echo, "calibrated").text.startswith("⚠ **No answer:** the model restated the question")
+    assert abstain(echo) and echo.withheld["text"] == prompt.question
+
+
 def test_the_bands_held_out_precision_is_what_the_committed_rows_give():
     """docs/results/support/bands.json (what README and the guide quote) recomputed from the committed rows, and
     the bands ordered as their words say on held-out answers: likely above uncertain above check this."""

@@ -115,28 +115,36 @@ def _numbered(answer) -> str:
 def print_citations(answer) -> None:
     """Under the answer: each cited passage (its marker = its prompt position) with the sentence it is cited for,
     its share of the citing sentence's attention and, once verified, the log-probability the sentence loses
-    without it."""
-    cited: dict[tuple[int, tuple[int, int] | None], list] = {}
-    for citation in answer.citations:
+    without it; a passage a flagged sentence needs (`generators.checking.citation_check`: SHAPES) is listed apart,
+    as shaping that sentence's wording, not as verifying it."""
+    from midlens.generators.checking import FAILED, SHAPES, VERIFIED, check_words, citation_check, doubted
+    from midlens.generators.citations import CitedSource
+
+    # (position, passage sentence, shaping a flagged sentence) -> (answer sentence, source, check) of each citing
+    cited: dict[tuple[int, tuple[int, int] | None, bool], list[tuple[int, CitedSource, str]]] = {}
+    for n, (citation, doubt) in enumerate(zip(answer.citations, doubted(answer), strict=True), start=1):
         for source in citation.sources:
-            cited.setdefault((source.position, source.sentence), []).append(source)
+            kind = citation_check(source, doubt)
+            cited.setdefault((source.position, source.sentence, kind == SHAPES), []).append((n, source, kind))
     if not cited:
         return
     print(f"cited (n = {_numbered(answer)}; share of the sentence's attention to passages):")
-    for (position, sentence), sources in sorted(cited.items(), key=lambda item: item[0][0]):
+    for (position, sentence, _), entries in sorted(cited.items(), key=lambda item: (item[0][0], item[0][2])):
         passage = answer.passages[position - 1].passage
+        sources = [source for _, source, _ in entries]
+        kinds = {kind for _, _, kind in entries}
         best = max(sources, key=lambda s: s.score)
         checks = [s for s in sources if s.verified is not None]
         note = f"share {best.score:.2f}"
         if checks:
             drop = max(s.logprob_drop for s in checks)
-            verdict = "verified" if any(s.verified for s in checks) else "NOT verified"
-            note += f", {verdict}: log-prob drop {drop:+.2f} nats without it"
+            kind = SHAPES if SHAPES in kinds else VERIFIED if VERIFIED in kinds else FAILED
+            note += ", " + check_words(kind, drop, sorted({n for n, _, k in entries if k == SHAPES}))
         marker = f"[{position}{'?' if checks and not any(s.verified for s in checks) else ''}]"
         said = passage.text[sentence[0] : sentence[1]] if sentence is not None else passage.title
         print(f"  {marker:<5} {passage.title[:60]}  ({note})")
         print(f'        "{quote(said)}"')
-    checked = [s for sources in cited.values() for s in sources if s.verified is not None]
+    checked = [s for entries in cited.values() for _, s, _ in entries if s.verified is not None]
     if checked and not any(s.verified for s in checked):
         # Measured (docs/results/cite, sections 14-15): the default model's such answers were right 16 % of the time
         # against 55 % for fully verified ones (40 eval questions).
