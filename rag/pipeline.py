@@ -28,7 +28,8 @@ from midlens.core.errors import InvalidArgumentError
 from midlens.core.names import DEFAULT_RETRIEVAL
 from midlens.core.passage import Passage
 from midlens.generators.answer import Answer
-from midlens.generators.citations import Citation
+from midlens.generators.check_limits import answer_tokens
+from midlens.generators.citations import Citation, marker_order
 from midlens.generators.evidence import EvidenceConfig
 from midlens.generators.generator import Generator
 from midlens.generators.loading import LoadedModel, refuse_unrunnable
@@ -212,7 +213,9 @@ class Pipeline:
         """Check an answer midlens did not write (`Generator.attribute`): its sentences' citations over `passages`
         (retrieved for `question` when None), in one teacher-forced pass; `verify` checks each citation by
         ablation. The passages are stacked in the order given (never restacked: the answer was written over them
-        as they are); `support` is None (no support model is fitted for answers this model did not write)."""
+        as they are); `support` is the checked-answer support model's (generators.checking: each sentence's
+        probability of being right, the answer's its weakest sentence's), shipped for SmolLM2-135M and
+        Qwen2.5-Coder-0.5B (generators/trained/support-checked/); None for any other model."""
         check_question(question)
         if not isinstance(answer, str) or not answer.strip():
             raise InvalidArgumentError(
@@ -224,21 +227,16 @@ class Pipeline:
                 "(or build the pipeline over a corpus)."
             )
         o = self._call(options, changes).options
+        # The answer's own length as the room the prompt leaves: passages are truncated (or refused) as they
+        # would be for an answer that long. Measured first: an answer over the window is refused before retrieval.
+        generator = self.generator
+        room = answer_tokens(generator.tokenizer, answer, generator.context_window, generator.loaded.name)
         retrieved, t0 = passages is None, time.perf_counter()
         if retrieved:
             passages = self.retrieve(question, o.top_k)
         retrieve_s = time.perf_counter() - t0
         if not passages:
             raise InvalidArgumentError("no passages to check the answer against: pass at least one passage.")
-        # The answer's own length as the room the prompt leaves: passages are truncated (or refused) as they
-        # would be for an answer that long.
-        room = len(self.generator.tokenizer(answer, add_special_tokens=False)["input_ids"])
-        if room >= self.generator.context_window:
-            raise InvalidArgumentError(
-                f"the answer ({room} tokens) does not fit {self.generator.loaded.name}'s "
-                f"{self.generator.context_window}-token context window: check a shorter answer, a sentence or a "
-                "paragraph at a time."
-            )
         prompt = self.generator.prompt(question, passages, room, o.truncate, o.prompt_style)
         checked = self.generator.attribute(prompt, answer)
         if o.verify:
@@ -293,12 +291,11 @@ def citation_marker(citation: Citation, unverified: Literal["mark", "drop"] = "m
     """The marker of one answer sentence, "[1][3]": the prompt positions of the passages it cites, in prompt
     order. A source verification rejected reads "[1?]" (`unverified="mark"`) or is left out (`"drop"`); an
     unchecked source reads as cited."""
-    positions = sorted(
-        (s.position, s.verified is False)
-        for s in citation.sources
+    return "".join(
+        f"[{s.position}{'?' if s.verified is False else ''}]"
+        for s in marker_order(citation.sources)
         if not (unverified == "drop" and s.verified is False)
     )
-    return "".join(f"[{p}{'?' if rejected else ''}]" for p, rejected in positions)
 
 
 def marked_answer(answer: Answer, unverified: Literal["mark", "drop"] = "mark") -> MarkedAnswer:

@@ -138,8 +138,8 @@ class MidlensResult(BaseModel):
         "(at or above the `threshold` in force and 0.5), `threshold_by` (who set it: `model` or `abstain_below`), "
         "`band` and `words` (as `midlens ask` prints it), `model` (the support model that answered), `methods` (the "
         "answering methods it was fitted on), `method` (the one that answered), `calibrated` (whether it is among "
-        "them; if not, never `likely`) and `passages_given` (false: no passage was given, band `none`); null with "
-        "nothing generated.",
+        "them; if not, never `likely`), `passages_given` (false: no passage was given, band `none`) and `answered` "
+        "(false: the answer restates the question, band `no-answer`, nothing rated); null with nothing generated.",
     )
     withheld: str | None = Field(
         default=None, description="With `abstain`: the answer withheld for too little support (the text says so)."

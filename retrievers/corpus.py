@@ -29,19 +29,21 @@ def default_questions_path() -> Path:
     return Path(str(resources.files("midlens.retrievers") / "data" / "hotpotqa_questions.jsonl"))
 
 
-def _read_utf8(path: Path) -> str:
+def _read_utf8(path: Path, folder: Path | None = None) -> str:
+    """`folder`: the folder given whose file `path` is; None when the file itself was given."""
     data = path.read_bytes()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
+        fix = "Convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
         raise CorpusError(
             f"{path}: not UTF-8 text (invalid byte 0x{data[err.start]:02x} at byte offset {err.start}). "
-            "Convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or remove it from the corpus."
+            + (f"{fix}." if folder is None else f"{fix} or remove it from {folder}.")
         ) from None
 
 
-def _jsonl_documents(path: Path) -> Iterator[dict]:
-    for lineno, line in enumerate(_read_utf8(path).splitlines(), start=1):
+def _jsonl_documents(path: Path, folder: Path | None = None) -> Iterator[dict]:
+    for lineno, line in enumerate(_read_utf8(path, folder).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -59,29 +61,31 @@ def _jsonl_documents(path: Path) -> Iterator[dict]:
         }
 
 
-def read_documents(path: str | Path) -> list[dict]:
-    """A folder (recursively, .txt/.md), one .txt/.md file, or a .jsonl file -> [{id, title, text}]."""
+def read_documents(path: str | Path, name: str = "corpus") -> list[dict]:
+    """A folder (recursively, .txt/.md), one .txt/.md file, or a .jsonl file -> [{id, title, text}]. `name`: what
+    the errors call the input, as its user gave it (the corpus, or a command's option such as "--passages")."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise CorpusError(f"corpus not found: {path} does not exist.")
+        raise CorpusError(f"{name} not found: {path} does not exist.")
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + (".jsonl",))
         if not files:
-            raise CorpusError(f"corpus folder {path} has no .txt, .md or .jsonl files.")
+            raise CorpusError(f"{name} folder {path} has no .txt, .md or .jsonl files.")
     else:
         if path.suffix.lower() not in TEXT_SUFFIXES + (".jsonl",):
-            raise CorpusError(f"{path}: unsupported corpus file type '{path.suffix}'; use .txt, .md or .jsonl.")
+            raise CorpusError(f"{path}: unsupported {name} file type '{path.suffix}'; use .txt, .md or .jsonl.")
         files = [path]
+    folder = path if path.is_dir() else None
     docs: list[dict] = []
     for f in files:
         if f.suffix.lower() == ".jsonl":
-            docs.extend(_jsonl_documents(f))
+            docs.extend(_jsonl_documents(f, folder))
         else:
             rel = f.relative_to(path) if path.is_dir() else Path(f.name)
-            docs.append({"id": str(rel), "title": f.stem.replace("_", " "), "text": _read_utf8(f)})
+            docs.append({"id": str(rel), "title": f.stem.replace("_", " "), "text": _read_utf8(f, folder)})
     docs = [d for d in docs if d["text"].strip()]
     if not docs:
-        raise CorpusError(f"corpus {path} is empty: no document has any text.")
+        raise CorpusError(f"{name} {path} is empty: no document has any text.")
     return docs
 
 

@@ -162,12 +162,19 @@ class Limits:
         if prompt.num_tokens > self.max_prompt_tokens:
             raise TooMuchWork(
                 f"the prompt is {prompt.num_tokens} tokens, over this server's limit of {self.max_prompt_tokens} "
-                "(midlens serve --max-prompt-tokens): send fewer or shorter passages, or truncate='drop_last'."
+                "(midlens serve --max-prompt-tokens): send fewer or shorter passages, or truncate='drop_last'.",
+                code="context_length_exceeded",
             )
 
 
 class TooMuchWork(MidlensError):
-    """A request asks for more work than the server's limits allow."""
+    """A request asks for more work than the server's limits allow. `code`: its error code on the wire (a prompt
+    over the server's limit is too long for this server, as one over the window is: OpenAI clients that shorten a
+    prompt on `context_length_exceeded` shorten it for this one too)."""
+
+    def __init__(self, problem: str, code: str = "limit_exceeded") -> None:
+        self.code = code
+        super().__init__(problem)
 
 
 @dataclass

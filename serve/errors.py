@@ -1,9 +1,11 @@
 """Errors as HTTP answers: a status, OpenAI's error shape, and the library's own message (never a traceback).
 
 A request the library refuses (an empty question, an unknown method, a prompt over the window) is a 400 with the
-message the library gives in-process; a prompt over the window is worded for this API by
-`PromptTooLongError.describe(HTTP_REMEDIES)`, as the CLI words it for its options. A step the library advises (clear
-a cached model, train an artefact) is not the client's to run: it reads as one for the server's operator.
+message the library gives in-process and a `code` of CODES, which clients branch on: a code names the case, so it
+stays when the class that raised it is renamed or subclassed (as a Python class name would not). A prompt over
+the window is worded for this API by `PromptTooLongError.describe(HTTP_REMEDIES)`, as the CLI words it for its
+options. A step the library advises (clear a cached model, train an artefact) is not the client's to run: it reads
+as one for the server's operator.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from midlens.core.errors import MidlensError, PromptTooLongError, Step
+from midlens.core.errors import MethodConfigError, MidlensError, PromptTooLongError, Step
 from midlens.rag.remote import ErrorDetail, ErrorResponse
-from midlens.serve.engine import HTTP_REMEDIES, ModelNotServed
+from midlens.serve.engine import HTTP_REMEDIES, ArtefactRefused, Cancelled, ModelNotServed, TooMuchWork
 
 logger = logging.getLogger("midlens.serve")
 
@@ -40,7 +42,39 @@ def operator_step(step: Step) -> str:
     return f"ask the server's operator to {step.what}"
 
 
-def describe(err: BaseException) -> tuple[int, str, str, str | None]:
+# Every `code` this server answers with, and the case it names: OpenAI's code where OpenAI has one for the case. A
+# code names the case, not the class that raised it: one code for all the library's other refusals of a request.
+CODES = {
+    "context_length_exceeded": "a prompt over the model's window or the server's --max-prompt-tokens",
+    "model_not_found": "a model this server does not run",
+    "invalid_method": "an unknown method, or options it does not take",
+    "artefact_not_allowed": "a method naming an artefact folder",
+    "limit_exceeded": "more work than one of the server's limits allows (passages, answer tokens, restack "
+    "rounds, a method's cost)",
+    "invalid_request": "any other refusal of the request (an empty question, a bad value)",
+    "invalid_body": "a body that is not a JSON object",
+    "json_invalid": "a body that is not valid JSON",
+    "invalid_api_key": "a missing or wrong API key (401)",
+    "not_found": "no such route",
+    "method_not_allowed": "an HTTP method the route does not take",
+    "body_too_large": "a body over --max-body-bytes",
+    "request_timeout": "a request past --request-timeout",
+    "request_cancelled": "a request stopped before its answer was done",
+    "server_error": "an error of the server's own",
+}
+
+
+def _refusal_code(err: MidlensError) -> str:
+    if isinstance(err, TooMuchWork):
+        return err.code
+    if isinstance(err, MethodConfigError):
+        return "invalid_method"
+    if isinstance(err, ArtefactRefused):
+        return "artefact_not_allowed"
+    return "invalid_request"
+
+
+def describe(err: BaseException) -> tuple[int, str, str, str]:
     """(status, message, OpenAI error type, code) for an exception raised while answering a request."""
     if isinstance(err, PromptTooLongError):
         return 400, err.describe(HTTP_REMEDIES), "invalid_request_error", "context_length_exceeded"
@@ -48,14 +82,16 @@ def describe(err: BaseException) -> tuple[int, str, str, str | None]:
         return 404, str(err), "invalid_request_error", "model_not_found"
     if isinstance(err, RequestTimeout):
         return 504, str(err), "timeout", "request_timeout"
+    if isinstance(err, Cancelled):
+        return 504, str(err), "timeout", "request_cancelled"
     if isinstance(err, BodyTooLarge):
         return 413, str(err), "invalid_request_error", "body_too_large"
     if isinstance(err, MidlensError):
-        return 400, err.render(steps=operator_step), "invalid_request_error", type(err).__name__
+        return 400, err.render(steps=operator_step), "invalid_request_error", _refusal_code(err)
     if isinstance(err, ValueError | TypeError):
-        return 400, str(err), "invalid_request_error", type(err).__name__
+        return 400, str(err), "invalid_request_error", "invalid_request"
     logger.exception("internal error", exc_info=err)
-    return 500, f"internal error: {type(err).__name__}: {err}", "server_error", None
+    return 500, f"internal error: {type(err).__name__}: {err}", "server_error", "server_error"
 
 
 async def on_error(request: Request, err: Exception) -> JSONResponse:
@@ -75,7 +111,9 @@ async def on_http_error(request: Request, err: StarletteHTTPException) -> JSONRe
     if err.status_code == 405:
         message = f"{request.method} is not accepted on {request.url.path}."
         return error_response(405, message, "invalid_request_error", "method_not_allowed")
-    return error_response(err.status_code, str(err.detail), "invalid_request_error", None)
+    if err.status_code >= 500:
+        return error_response(err.status_code, str(err.detail), "server_error", "server_error")
+    return error_response(err.status_code, str(err.detail), "invalid_request_error", "invalid_request")
 
 
 def _location(loc: tuple) -> str:

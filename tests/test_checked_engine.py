@@ -107,6 +107,37 @@ def test_a_stock_engines_answer_cites_the_node_that_holds_the_fact(index, checke
     assert all(node_id in response.metadata for node_id in ids)
 
 
+def test_the_evaluator_and_the_checked_engine_give_the_same_response_and_nodes_one_verdict(index, checker):
+    """Defect (issue 83 C): MidlensEvaluator titled the passages "Context 1", "Context 2", ... while
+    CheckedQueryEngine named them as their nodes are named; a title is part of the checked prompt, so the same
+    response over the same nodes got two supports ("check this (0.18)" against "uncertain (0.22)"). Both now build
+    the passages with one helper: the same passages, the same probability, the same words."""
+    from midlens.rag.llamaindex import MidlensEvaluator
+
+    checks = []
+    check = checker.check
+
+    def recorded(*args, **kwargs):
+        checks.append(check(*args, **kwargs))
+        return checks[-1]
+
+    checker.check = recorded  # the instance's, for this test only
+    try:
+        stock = index.as_query_engine(llm=WrittenAnswer(text=WRITTEN, prompts=[]), similarity_top_k=TOP_K)
+        response = stock.query(QUESTION)
+        checked = CheckedQueryEngine(stock, checker).check_response(QUESTION, response)
+        evaluated = MidlensEvaluator(checker).evaluate_response(query=QUESTION, response=response)
+    finally:
+        del checker.check
+    engine, evaluator = checks
+    titles = [n.node.metadata["title"] for n in response.source_nodes]
+    for answer in (engine, evaluator):
+        assert [pe.passage.title for pe in sorted(answer.passages, key=lambda pe: pe.position)] == titles
+    assert evaluator.support.probability == engine.support.probability
+    assert checked.metadata["midlens"]["support"]["words"] in evaluated.feedback
+    assert evaluated.contexts == [n.node.get_content() for n in response.source_nodes]
+
+
 def test_streaming_and_async_engines_are_checked_once_their_answer_is_whole(index, checker):
     stream = index.as_query_engine(llm=WrittenAnswer(text=WRITTEN, prompts=[]), similarity_top_k=TOP_K, streaming=True)
     response = CheckedQueryEngine(stream, checker, verify=False).query(QUESTION)

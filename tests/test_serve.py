@@ -252,6 +252,27 @@ def test_a_served_llm_reads_a_stock_chat_qa_template_as_in_process(server, loade
     streamed = list(remote.stream_chat(messages))
     assert "".join(c.delta or "" for c in streamed) == mine.message.content
     assert len(streamed[-1].additional_kwargs["answer"].passages) == len(PASSAGES)
+    # The message LlamaIndex keeps carries the support, from a server as in process (issue 83 H).
+    for message in (served.message, streamed[-1].message):
+        support = message.additional_kwargs["support"]["probability"]
+        assert support == pytest.approx(mine.message.additional_kwargs["support"]["probability"], abs=1e-4)
+
+
+def test_a_served_llm_completes_a_condense_prompt_as_a_rewrite_as_in_process(server, loaded):
+    """A chat engine's condense prompt sent to a server is completed as in process (issue 83 G): in the model's
+    chat template, by the plain model whatever method answers, no passages; streamed or not."""
+    from llama_index.core.chat_engine.condense_plus_context import DEFAULT_CONDENSE_PROMPT_TEMPLATE
+
+    from midlens.rag.llamaindex import MidlensLLM
+
+    remote = MidlensLLM.from_server(server, method="finetuned", max_new_tokens=MAX_NEW)
+    local = MidlensLLM(loaded, method="baseline", max_new_tokens=MAX_NEW)
+    history = "user: Who designed the Kessler Bridge?\nassistant: Oskar Lindqvist [1]."
+    prompt = DEFAULT_CONDENSE_PROMPT_TEMPLATE.format(chat_history=history, question="When did it open?")
+    served, mine = remote.complete(prompt), local.complete(prompt)
+    assert served.text == mine.text and served.additional_kwargs["answer"].passages == []
+    assert mine.additional_kwargs["answer"].method["name"] == "baseline"
+    assert "".join(c.delta or "" for c in remote.stream_complete(prompt)) == mine.text
 
 
 def test_restacked_requests_are_answered_as_restacked_in_process(server, client, loaded, generator):
@@ -438,6 +459,45 @@ def _post(server: str, path: str, content: bytes | str) -> httpx.Response:
     return httpx.post(server + path, content=content, headers={"content-type": "application/json"}, timeout=60)
 
 
+def code_of(response: httpx.Response) -> str:
+    return response.json()["error"]["code"]
+
+
+def test_each_error_has_a_stable_openai_style_code_and_type():
+    """Defect (issue 83 O): an error's `code` was the Python class that raised it ("ValueError", "TooMuchWork"),
+    which changes with the code base and means nothing to an OpenAI client. Each case has a code of its own now,
+    OpenAI's where it has one, and its type."""
+    from midlens.core.errors import MethodConfigError, RetrievalIndexError
+    from midlens.serve.engine import ArtefactRefused, Cancelled, ModelNotServed, TooMuchWork
+    from midlens.serve.errors import CODES, BodyTooLarge, RequestTimeout, describe
+
+    cases = [
+        (PromptTooLongError(9000, 8000), 400, "invalid_request_error", "context_length_exceeded"),
+        (
+            TooMuchWork("the prompt is over", code="context_length_exceeded"),
+            400,
+            "invalid_request_error",
+            "context_length_exceeded",
+        ),
+        (TooMuchWork("65 passages"), 400, "invalid_request_error", "limit_exceeded"),
+        (ModelNotServed("gpt-4"), 404, "invalid_request_error", "model_not_found"),
+        (MethodConfigError("no-such-method"), 400, "invalid_request_error", "invalid_method"),
+        (ArtefactRefused("a folder"), 400, "invalid_request_error", "artefact_not_allowed"),
+        (InvalidArgumentError("empty"), 400, "invalid_request_error", "invalid_request"),
+        (RetrievalIndexError("damaged"), 400, "invalid_request_error", "invalid_request"),
+        (ValueError("bad"), 400, "invalid_request_error", "invalid_request"),
+        (TypeError("bad"), 400, "invalid_request_error", "invalid_request"),
+        (BodyTooLarge("big"), 413, "invalid_request_error", "body_too_large"),
+        (RequestTimeout("slow"), 504, "timeout", "request_timeout"),
+        (Cancelled("stopped"), 504, "timeout", "request_cancelled"),
+        (RuntimeError("boom"), 500, "server_error", "server_error"),
+    ]
+    for err, status, kind, code in cases:
+        got_status, _, got_kind, got_code = describe(err)
+        assert (got_status, got_kind, got_code) == (status, kind, code), err
+        assert code in CODES and code != type(err).__name__
+
+
 def test_bad_requests_are_4xx_with_the_library_s_message(server, generator):
     from midlens.generators.methods.registry import method_config
     from midlens.serve.engine import HTTP_REMEDIES
@@ -449,26 +509,28 @@ def test_bad_requests_are_4xx_with_the_library_s_message(server, generator):
 
     chat = "/v1/chat/completions"
     assert "not valid JSON" in refused(_post(server, chat, '{"messages": ['), 400)
-    assert refused(_post(server, chat, '{"messages": []}'), 400) == (
-        "the conversation is empty: pass at least one message with text."
-    )
+    empty = _post(server, chat, '{"messages": []}')
+    assert refused(empty, 400) == "the conversation is empty: pass at least one message with text."
+    assert code_of(empty) == "invalid_request"  # OpenAI-style codes, never a Python class name ("ValueError")
     with pytest.raises(MidlensError) as unknown:
         method_config("no-such-method")
     body = {"messages": [{"role": "user", "content": "hi"}], "model": "smollm2-135m/no-such-method"}
-    assert refused(_post(server, chat, json.dumps(body)), 400) == str(unknown.value)
+    response = _post(server, chat, json.dumps(body))
+    assert refused(response, 400) == str(unknown.value) and code_of(response) == "invalid_method"
     body = {"question": "hi", "passages": [], "method": "no-such-method"}
     assert refused(_post(server, "/v1/midlens/answer", json.dumps(body)), 400) == str(unknown.value)
-    assert "not served here" in refused(
-        _post(server, chat, json.dumps({**body, "model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]})),
-        404,
+    response = _post(
+        server, chat, json.dumps({**body, "model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]})
     )
+    assert "not served here" in refused(response, 404) and code_of(response) == "model_not_found"
 
     # A request never reaches the disk: any artefact path, existing or not, folder or not, gets the same words.
     from midlens.serve.engine import ARTEFACT_REFUSED
 
     for path in ("/root", "/nonexistent", str(Path(__file__).parent)):
         body = {"question": "hi", "passages": [], "method": f"mudaf(artefact='{path}')"}
-        assert refused(_post(server, "/v1/midlens/answer", json.dumps(body)), 400) == ARTEFACT_REFUSED
+        response = _post(server, "/v1/midlens/answer", json.dumps(body))
+        assert refused(response, 400) == ARTEFACT_REFUSED and code_of(response) == "artefact_not_allowed"
         chat_body = {"messages": [{"role": "user", "content": "hi"}], "model": f"smollm2-135m/{body['method']}"}
         assert refused(_post(server, chat, json.dumps(chat_body)), 400) == ARTEFACT_REFUSED
 
@@ -480,7 +542,8 @@ def test_bad_requests_are_4xx_with_the_library_s_message(server, generator):
     assert response.json()["error"]["code"] == "context_length_exceeded"
 
     huge = json.dumps({"question": "hi", "passages": [{"id": "x", "text": "a" * (MAX_BODY + 1)}]})
-    assert f"limit of {MAX_BODY} bytes" in refused(_post(server, "/v1/midlens/answer", huge), 413)
+    response = _post(server, "/v1/midlens/answer", huge)
+    assert f"limit of {MAX_BODY} bytes" in refused(response, 413) and code_of(response) == "body_too_large"
     assert "question" in refused(_post(server, "/v1/midlens/answer", "{}"), 400)
     with pytest.raises(MidlensError) as empty:
         generator.prompt(" ", [], MAX_NEW)
@@ -495,10 +558,8 @@ def test_requests_over_the_limits_and_out_of_openai_s_ranges_are_refused_before_
     before = client.stats().requests
     answer = "/v1/midlens/answer"
     many = [{"id": str(i), "text": "a passage"} for i in range(65)]
-    assert (
-        "takes at most 64"
-        in refused(_post(server, answer, json.dumps({"question": "q", "passages": many})), 400)["message"]
-    )
+    over = refused(_post(server, answer, json.dumps({"question": "q", "passages": many})), 400)
+    assert "takes at most 64" in over["message"] and over["code"] == "limit_exceeded"
     body = {"question": "q", "passages": [], "max_new_tokens": MAX_ANSWER + 1}
     assert f"limit of {MAX_ANSWER}" in refused(_post(server, answer, json.dumps(body)), 400)["message"]
     bases = [10000.0 * (1 + i / 10) for i in range(20)]
@@ -507,8 +568,9 @@ def test_requests_over_the_limits_and_out_of_openai_s_ranges_are_refused_before_
     body = {"question": "q", "passages": [{"id": "a", "text": "x"}], "restack": "mudaf", "restack_rounds": 4}
     assert "limit of 3" in refused(_post(server, answer, json.dumps(body)), 400)["message"]
     long = [{"id": "l", "text": "lorem ipsum dolor " * 640}]  # ~4.5k tokens: under the window, over the limit
-    message = refused(_post(server, answer, json.dumps({"question": "q", "passages": long})), 400)["message"]
-    assert f"limit of {MAX_PROMPT}" in message and "--max-prompt-tokens" in message
+    error = refused(_post(server, answer, json.dumps({"question": "q", "passages": long})), 400)
+    assert f"limit of {MAX_PROMPT}" in error["message"] and "--max-prompt-tokens" in error["message"]
+    assert error["code"] == "context_length_exceeded"  # too long for this server, as a prompt over the window is
 
     chat = "/v1/chat/completions"
     hi = [{"role": "user", "content": "hi"}]

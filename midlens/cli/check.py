@@ -19,6 +19,34 @@ EXAMPLES = """examples:
 """
 
 
+def fits(args: argparse.Namespace, passages: list | None) -> None:
+    """Pipeline.check's limit (the answer within the model's context window) and, over --passages, the prompt's,
+    applied with the tokenizer alone before the model loads; a long check says so before it starts."""
+    from midlens.generators.check_limits import LONG_CHECK_TOKENS, answer_tokens, tokenizer_and_window
+    from midlens.generators.loading import refuse_unrunnable
+
+    refuse_unrunnable(args.model)  # a folder of a family midlens cannot run: its own refusal, not a tokenizer's
+    read = tokenizer_and_window(args.model)
+    if read is None:
+        return
+    tokenizer, window = read
+    tokens = answer_tokens(tokenizer, args.answer, window, args.model)
+    over = "the retrieved passages"
+    if passages is not None:
+        from midlens.generators.prompt import build_prompt
+
+        prompt = build_prompt(tokenizer, passages, args.question, window - tokens, args.truncate, args.prompt_style)
+        over = f"a {prompt.num_tokens}-token prompt"
+    if tokens >= LONG_CHECK_TOKENS:
+        verify = ", then one more per passage a sentence cites (--verify)" if args.verify else ""
+        print(
+            f"checking a {tokens}-token answer: one pass over it after {over}{verify}; on a CPU a check this long "
+            "takes minutes or more.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def add_parser(sub) -> None:
     check = sub.add_parser(
         "check", help="cite and check an answer written elsewhere against the passages", epilog=EXAMPLES
@@ -50,6 +78,13 @@ def run(args: argparse.Namespace) -> int:
     check_question(args.question)  # before torch and the model load
     if not args.answer.strip():
         raise InvalidArgumentError('the answer to check is empty: pass its text with --answer "...".')
+    passages = None
+    if args.passages is not None:  # the file the user gave, named as they gave it, before seconds of imports
+        from midlens.core.passage import Passage
+        from midlens.retrievers.corpus import read_documents
+
+        docs = read_documents(args.passages, name="--passages")
+        passages = [Passage(text=d["text"], title=d["title"], id=d["id"]) for d in docs]
     from midlens.cli.options import check_device, chosen_model, evidence_config, method_spec
     from midlens.rag.options import AnswerOptions
 
@@ -59,16 +94,11 @@ def run(args: argparse.Namespace) -> int:
     method = method_spec(args)
     args.model = chosen_model(args, method)
     check_device(args)
-    from midlens.core.passage import Passage
+    fits(args, passages)
     from midlens.generators.checking import NO_SUPPORT_MODEL, flagged, sentence_support, support_lines
     from midlens.rag.pipeline import Pipeline, marked_answer
 
-    passages = None
-    if args.passages is not None:
-        from midlens.retrievers.corpus import read_documents
-
-        docs = read_documents(args.passages)  # a missing or malformed file is named before the model loads
-        passages = [Passage(text=d["text"], title=d["title"], id=d["id"]) for d in docs]
+    if passages is not None:
         from midlens.generators import Generator
 
         generator = Generator(

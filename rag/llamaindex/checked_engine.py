@@ -125,9 +125,9 @@ class CheckedQueryEngine(BaseQueryEngine):
                 source_nodes=list(response.source_nodes),
                 metadata={**(response.metadata or {}), "midlens": {"checked": False, "reason": reason}},
             )
-        from midlens.rag.llamaindex.common import to_passage
+        from midlens.rag.llamaindex.common import node_passages
 
-        passages = [to_passage(node) for node in response.source_nodes]
+        passages = node_passages(response.source_nodes)
         answer = self.pipeline.check(query, text, passages, verify=self.verify)
         run = checked_metadata(answer)
         return Response(

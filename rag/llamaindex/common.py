@@ -4,10 +4,11 @@ answers as LlamaIndex responses (from a local model or a server), and streaming 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -198,6 +199,13 @@ def to_passage(item: PassageLike) -> Passage:
     )
 
 
+def node_passages(nodes: Sequence[PassageLike]) -> list[Passage]:
+    """The passages a response is checked over, from its source nodes (or contexts given as text), in their order:
+    what CheckedQueryEngine and MidlensEvaluator both stack. A passage's title is part of the prompt, so a verdict
+    is the same for the same response and nodes only when both name them alike (`to_passage`)."""
+    return [to_passage(node) for node in nodes]
+
+
 def evidence_rows(answer: Answer) -> list[dict]:
     """Per-passage breakdown, JSON-ready, in prompt order."""
     return [
@@ -241,12 +249,27 @@ def _completion(answer: Answer, delta: str | None = None, marked: bool = False) 
     return CompletionResponse(text=text, delta=delta, additional_kwargs=_response_kwargs(answer), raw=answer.to_dict())
 
 
+# What a chat reply's message carries of its answer, the support first. The message is what LlamaIndex keeps of a
+# reply (SimpleChatEngine's history, an agent's memory); the response's own additional_kwargs, which hold the Answer
+# itself, are dropped with it.
+MESSAGE_KEYS = ("support", "withheld", "evidence", "model", "method")
+
+
 def _as_chat(completion: CompletionResponse) -> ChatResponse:
+    done = "answer" in completion.additional_kwargs  # the last chunk of a stream, or a whole reply
+    # As JSON gives them back: a chat memory stores its messages as JSON, and a message must read the same after.
+    kept = json.loads(json.dumps({key: completion.additional_kwargs[key] for key in MESSAGE_KEYS})) if done else {}
     return ChatResponse(
-        message=ChatMessage(role=MessageRole.ASSISTANT, content=completion.text),
+        message=ChatMessage(role=MessageRole.ASSISTANT, content=completion.text, additional_kwargs=kept),
         delta=completion.delta,
         additional_kwargs=completion.additional_kwargs,
         raw=completion.raw,
+    )
+
+
+def _as_completion(chat: ChatResponse) -> CompletionResponse:
+    return CompletionResponse(
+        text=chat.message.content or "", delta=chat.delta, additional_kwargs=chat.additional_kwargs, raw=chat.raw
     )
 
 

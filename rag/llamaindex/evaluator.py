@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from llama_index.core.base.response.schema import Response
 from llama_index.core.evaluation import BaseEvaluator, EvaluationResult
 from llama_index.core.prompts.mixin import PromptDictType
 
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.passage import Passage
 from midlens.generators.checking import flagged, support_lines, supported_share
+from midlens.rag.llamaindex.common import PassageLike, node_passages
 from midlens.rag.pipeline import Pipeline, marked_answer
 
 
@@ -26,7 +27,11 @@ class MidlensEvaluator(BaseEvaluator):
     """`passing`: every sentence rests on a context it needs; `score`: the share of sentences that do (a count, not a
     calibrated probability: no support model is fitted for answers this model did not write); `feedback`: the
     marked response and the sentences that may not be supported. `verify=False` cites without ablation, and then
-    only a sentence citing nothing fails (attention always lands on some context)."""
+    only a sentence citing nothing fails (attention always lands on some context).
+
+    `evaluate_response` reads the response's source nodes as CheckedQueryEngine does (`node_passages`: each named
+    by its title or file), so both give the same response and nodes the same verdict; `evaluate` gets the contexts'
+    texts alone, read as nodes without a name."""
 
     def __init__(self, pipeline: Pipeline, verify: bool = True) -> None:
         if pipeline.generator is None or pipeline.generator.citations is None:
@@ -53,12 +58,26 @@ class MidlensEvaluator(BaseEvaluator):
     ) -> EvaluationResult:
         # The work is one synchronous forward on the local model: no event loop to start for it.
         del kwargs
-        if query is None or response is None or not contexts:
+        return self._evaluate(query, response, contexts)
+
+    def evaluate_response(
+        self, query: str | None = None, response: Response | None = None, **kwargs: Any
+    ) -> EvaluationResult:
+        # Not BaseEvaluator's, which hands `evaluate` the nodes' texts: their names are part of the checked prompt.
+        del kwargs
+        if response is None:
+            return self._evaluate(query, None, None)
+        return self._evaluate(query, response.response, response.source_nodes)
+
+    def _evaluate(
+        self, query: str | None, response: str | None, sources: Sequence[PassageLike] | None
+    ) -> EvaluationResult:
+        if query is None or response is None or not sources:
             raise InvalidArgumentError(
                 "MidlensEvaluator needs the query, the response and its contexts (the source nodes' texts): pass all "
                 "three, or call evaluate_response(query, response) with a Response that has source_nodes."
             )
-        passages = [Passage(text=text, title=f"Context {i}", id=str(i)) for i, text in enumerate(contexts, 1)]
+        passages = node_passages(sources)
         answer = self.pipeline.check(query, response, passages, verify=self.verify)
         doubts = flagged(answer)
         lines = [marked_answer(answer).text, *(f"{line}." for line in support_lines(answer))]
@@ -70,7 +89,7 @@ class MidlensEvaluator(BaseEvaluator):
         return EvaluationResult(
             query=query,
             response=response,
-            contexts=list(contexts),
+            contexts=[p.text for p in passages],
             passing=not doubts,
             score=supported_share(answer),
             feedback="\n".join(lines),
@@ -90,3 +109,8 @@ class MidlensEvaluator(BaseEvaluator):
         **kwargs: Any,
     ) -> EvaluationResult:
         return self.evaluate(query, response, contexts, **kwargs)
+
+    async def aevaluate_response(
+        self, query: str | None = None, response: Response | None = None, **kwargs: Any
+    ) -> EvaluationResult:
+        return self.evaluate_response(query, response, **kwargs)

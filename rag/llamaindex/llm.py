@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -30,13 +30,19 @@ from midlens.rag.llamaindex.citation_blocks import answer_blocks, citable_reques
 from midlens.rag.llamaindex.common import (
     GeneratorBacked,
     _as_chat,
+    _as_completion,
     _completion,
     _drain_in_thread,
     logger,
     note_llm_model,
     to_passage,
 )
-from midlens.rag.llamaindex.stock_prompts import STOCK_SYSTEM_PROMPTS, StockRequest, read_stock_prompt
+from midlens.rag.llamaindex.stock_prompts import (
+    STOCK_SYSTEM_PROMPTS,
+    StockRequest,
+    read_condense_prompt,
+    read_stock_prompt,
+)
 from midlens.rag.option_fields import option_model, spelt_by
 from midlens.rag.options import AnswerOptions
 
@@ -101,6 +107,22 @@ def _marked(chunks: CompletionResponseGen) -> CompletionResponseGen:
         yield CompletionResponse(text=shown, delta="", additional_kwargs=chunk.additional_kwargs)
 
 
+class Request(NamedTuple):
+    """What a completion call asks: the question, the passages, the generation options, whether the template asks
+    for "[N]" citations in the answer's text (LlamaIndex's CitationQueryEngine), and whether it is a chat engine's
+    condense prompt, whose text (`question`) the model completes as it is: a rewrite, no passages, no markers."""
+
+    question: str
+    passages: list[Passage]
+    options: AnswerOptions
+    marked: bool = False
+    rewrite: bool = False
+
+
+# What completes a condense prompt (`MidlensLLM._rewrite`): the model without an answering method.
+PLAIN_METHOD = "baseline"
+
+
 # MidlensLLM's fields that are AnswerOptions' (same names, defaults, bounds and help: rag/option_fields.py writes
 # them), and what one call may change besides: a call's restacking may take several rounds, the field's takes one.
 LLM_OPTIONS = spelt_by("llm")
@@ -124,6 +146,16 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
     passes); the evidence rows stay in the order the nodes were given. Without a `restack` in the call the LLM's
     `restack` field decides: "measured" (the default) restacks where that was measured to help its model and
     method (core.names.MEASURED_RESTACKS; none passes out of domain today), None never does.
+
+    A chat engine's condense prompt (condense_plus_context's, condense_question's: the history and a follow-up to
+    restate as a standalone question) is completed as written, in the model's chat template, by the model without
+    its answering method, the history's "[N]" markers left out: its reply is the engine's retrieval query, so it
+    gets no passages and no markers.
+
+    Every chat reply's message carries the answer's support (and evidence, model, method, anything withheld) in its
+    `additional_kwargs`, JSON-ready: LlamaIndex keeps the message (SimpleChatEngine's history, an agent's memory)
+    and drops the response around it. The stock context chat engines build their reply from its text alone; there
+    the support is on the LLM's completion (`additional_kwargs["support"]`, in LlamaIndex's LLM events).
 
     A prompt that asks for "[N]" citations in the answer's text (LlamaIndex's CitationQueryEngine and its context
     chat engines' templates) gets the attention citations as markers there, streamed or not. A marker goes before
@@ -228,17 +260,19 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
             )
         return passages, self.answer_options.replace(**kwargs)
 
-    def _request(
-        self, prompt: str, formatted: bool, kwargs: dict[str, Any]
-    ) -> tuple[str, list[Passage], AnswerOptions, bool]:
-        """The question, the passages and the generation options of a completion call, and whether its template
-        asks for "[N]" citations in the answer's text (LlamaIndex's CitationQueryEngine)."""
+    def _request(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> Request:
+        """What a completion call asks (`Request`)."""
         passages, options = self._options(kwargs)
         question = prompt if formatted else self.completion_to_prompt(prompt)
+        if passages is None and self.read_stock_prompts:
+            condense = read_condense_prompt(question)
+            if condense is not None:
+                logger.debug("MidlensLLM: LlamaIndex %s prompt completed as a rewrite", condense.template)
+                return Request(condense.prompt, [], options, rewrite=True)
         stock = self._stock(question) if passages is None else None
         if stock is not None:
-            return stock.question, stock.passages, options, stock.cites_in_text
-        return question, [to_passage(p) for p in passages or []], options, False
+            return Request(stock.question, stock.passages, options, stock.cites_in_text)
+        return Request(question, [to_passage(p) for p in passages or []], options)
 
     def _stock(self, prompt: str) -> StockRequest | None:
         if not self.read_stock_prompts:
@@ -278,24 +312,51 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
             pipeline = self._pipeline(options)
             prompt = pipeline.prompt(stock.question, stock.passages)
             return pipeline.answering, prompt, options, "marked" if stock.cites_in_text else "text"
-        from midlens.generators.prompt import chat_prompt
-
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
-        window = self.generator.context_window - options.max_new_tokens
+        return (*self._conversation(turns, options), "text")
+
+    def _conversation(
+        self, turns: list[dict[str, str]], options: AnswerOptions, generator: Generator | None = None
+    ) -> tuple[Answering, StackedPrompt, AnswerOptions]:
+        """A conversation in the model's chat template, the answer path (`generator`'s, else the LLM's) and the
+        options it is answered with."""
+        from midlens.generators.prompt import chat_prompt
+        from midlens.rag.pipeline import Pipeline
+
+        generator = generator or self.generator
+        window = generator.context_window - options.max_new_tokens
         # A conversation has no passages: none to restack, to calibrate the evidence against, or whose support an
         # answer could be withheld for.
         plain = options.replace(calibrate=False, restack=None, restack_rounds=1, abstain=False, abstain_below=None)
-        return self._pipeline(plain).answering, chat_prompt(self.generator.tokenizer, turns, window), plain, "text"
+        answering = Pipeline(None, generator, plain).answering
+        return answering, chat_prompt(generator.tokenizer, turns, window), plain
+
+    def _rewrite(self, request: Request) -> tuple[Answering, StackedPrompt, AnswerOptions]:
+        """A condense prompt as the user turn of a conversation with the plain model: an answering method is
+        chosen (or trained, as the fine-tune's short answers are) to answer over passages, and a rewrite is none.
+        Run by the fine-tune, "When did it open?" became "1998", the retrieval query."""
+        from midlens.generators.methods.registry import method_config
+
+        plain = self.generator.scorer(method_config(PLAIN_METHOD))
+        return self._conversation([{"role": "user", "content": request.question}], request.options, plain)
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        question, passages, options, marked = self._request(prompt, formatted, kwargs)
-        return _completion(self._pipeline(options).answer(question, passages), marked=marked)
+        request = self._request(prompt, formatted, kwargs)
+        if request.rewrite:
+            answering, stacked, plain = self._rewrite(request)
+            (answer,) = answering.answer([stacked], plain)
+            return _completion(answer)
+        answer = self._pipeline(request.options).answer(request.question, request.passages)
+        return _completion(answer, marked=request.marked)
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         # Prompt errors (empty question, too long) raise here, at call time, not on the first next().
-        question, passages, options, marked = self._request(prompt, formatted, kwargs)
-        chunks = _chunks(self._pipeline(options).answer_stream(question, passages))
-        return _marked(chunks) if marked else chunks
+        request = self._request(prompt, formatted, kwargs)
+        if request.rewrite:
+            answering, stacked, plain = self._rewrite(request)
+            return _chunks(answering.stream(stacked, plain))
+        chunks = _chunks(self._pipeline(request.options).answer_stream(request.question, request.passages))
+        return _marked(chunks) if request.marked else chunks
 
     # Chat goes through the model's own chat template, not the RAG prompt: chat engines and agents that use
     # this class as Settings.llm send whole conversations (system turns included).
@@ -305,7 +366,10 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
         (answer,) = answering.answer([prompt], options)
         response = _as_chat(_completion(answer, marked=form == "marked"))
         if form == "blocks":
-            response.message = ChatMessage(role=MessageRole.ASSISTANT, blocks=answer_blocks(answer))
+            kept = response.message.additional_kwargs
+            response.message = ChatMessage(
+                role=MessageRole.ASSISTANT, blocks=answer_blocks(answer), additional_kwargs=kept
+            )
         return response
 
     @llm_chat_callback()
@@ -414,11 +478,21 @@ class RemoteMidlensLLM(MidlensLLM):
     # A template that asks for "[N]" in the text gets the markers here, from the server's citations, as a local
     # model's answer does: the server answers the question and passages read back from it, not the template.
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        question, passages, options, marked = self._request(prompt, formatted, kwargs)
-        return self._served.complete(self.method, question, passages, options, marked=marked)
+        request = self._request(prompt, formatted, kwargs)
+        if request.rewrite:  # the served model's chat template and no answering method, as a local model's rewrite
+            turns = [{"role": "user", "content": request.question}]
+            return _as_completion(self._served.chat(PLAIN_METHOD, turns, request.options.replace(calibrate=False)))
+        return self._served.complete(
+            self.method, request.question, request.passages, request.options, marked=request.marked
+        )
 
     def _stream(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        return self._served_stream(*self._request(prompt, formatted, kwargs))
+        request = self._request(prompt, formatted, kwargs)
+        if request.rewrite:
+            turns = [{"role": "user", "content": request.question}]
+            options = request.options.replace(calibrate=False)
+            return self._served.stream(PLAIN_METHOD, turns, None, options, request.question)
+        return self._served_stream(request.question, request.passages, request.options, request.marked)
 
     def _served_stream(
         self, question: str, passages: list[Passage], options: AnswerOptions, marked: bool

@@ -15,6 +15,11 @@ retrieved context in the system turn and the user's message in the last user tur
 conversation as `messages_to_prompt`'s "role: content" transcript. Read back, the context becomes the passages and
 the last user turn the question (the earlier turns are not part of the midlens prompt: the engine's retriever, too,
 reads the latest message alone, and condense_plus_context rewrites a follow-up into a standalone question first).
+
+That rewrite is a prompt of its own (`read_condense_prompt`: condense_plus_context's and condense_question's
+templates): the chat history and the follow-up, to be restated as a question. It holds no context and asks for no
+answer, so it is not read into passages: the LLM completes it as it is, and what it writes becomes the engine's
+retrieval query.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from llama_index.core.chat_engine.condense_plus_context import (
+    DEFAULT_CONDENSE_PROMPT_TEMPLATE,
     DEFAULT_CONTEXT_PROMPT_TEMPLATE,
     DEFAULT_CONTEXT_REFINE_PROMPT_TEMPLATE,
 )
+from llama_index.core.chat_engine.condense_question import DEFAULT_TEMPLATE as CONDENSE_QUESTION_TEMPLATE
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE, DEFAULT_REFINE_TEMPLATE
 from llama_index.core.prompts.chat_prompts import (
     CHAT_REFINE_PROMPT_TMPL_MSGS,
@@ -210,6 +217,47 @@ def read_context_chat(prompt: str) -> StockRequest | None:
             # After the context's chunks, so that chunk N stays passage N and its marker "[N]".
             passages.append(Passage(text=values["existing_answer"].strip(), title=EARLIER_ANSWER_TITLE))
         return StockRequest(name, question, passages)
+    return None
+
+
+# The chat engines' prompts that rewrite a follow-up into a standalone question (condense_plus_context's, and
+# condense_question's, which `as_chat_engine(chat_mode="condense_question")` sends).
+_CONDENSE_TEMPLATES = [
+    (name, _pattern(template))
+    for name, template in (
+        ("condense_plus_context", DEFAULT_CONDENSE_PROMPT_TEMPLATE),
+        ("condense_question", CONDENSE_QUESTION_TEMPLATE),
+    )
+]
+
+
+# "[n]" citation markers ("[1][3]", "[2?]") with the space before them.
+_MARKERS = re.compile(r" ?(?:\[\d+\??\])+")
+
+
+@dataclass(frozen=True)
+class CondenseRequest:
+    """A stock condense prompt: the template's name and the prompt to complete."""
+
+    template: str
+    prompt: str
+
+
+def read_condense_prompt(prompt: str) -> CondenseRequest | None:
+    """A prompt formatted from a stock condense template, the citation markers of its chat history left out; None
+    for any other prompt.
+
+    Answered over passages, as a question, a condense prompt's reply was an answer ("1931", "2023 [1]"), and that
+    answer became the engine's retrieval query; the engine expects the follow-up restated as a question. The
+    history's markers number the passages of earlier turns, which the rewrite does not see: a model that copies
+    them would put them in the query."""
+    for name, pattern in _CONDENSE_TEMPLATES:
+        found = pattern.search(prompt)
+        if found is None or not found.group("question").strip():
+            continue
+        start, end = found.span("chat_history")
+        history = _MARKERS.sub("", prompt[start:end])
+        return CondenseRequest(name, (prompt[:start] + history + prompt[end:]).strip())
     return None
 
 
