@@ -85,7 +85,7 @@ def test_resolve_makes_the_measured_settings_concrete(measured_restack):
     smol = AnswerOptions().resolve("smollm2-135m")
     assert smol.method.spec() == "mudaf(alpha=0)" and smol.restack.scorer_spec == "mudaf" and smol.restack.rounds == 1
     qwen = AnswerOptions().resolve("qwen2.5-coder-0.5b")
-    assert qwen.method.spec() == "mudaf(alpha=0)" and qwen.restack is None
+    assert qwen.method.spec() == "baseline" and qwen.restack is None  # no measured default: the fallback
     assert AnswerOptions(restack=None).resolve("smollm2-135m").restack is None
     named = AnswerOptions(method="baseline", restack="baseline", restack_rounds=2).resolve("smollm2-135m")
     assert named.method.spec() == "baseline" and (named.restack.scorer_spec, named.restack.rounds) == ("baseline", 2)

@@ -185,20 +185,17 @@ def test_a_generator_cites_by_the_rule_measured_for_its_model_and_method(loaded,
 
     # The shipped entry: chosen on the default model's train rows for MuDAF (docs/results/cite/README.md, 5).
     assert CitationConfig.measured("qwen2.5-coder-0.5b", "mudaf") == CitationConfig(2, 0.0, 0.75)
-    # The default model's answering default has its own (section 9), found under the spec its shorthand stands for.
-    from midlens.core.names import DEFAULT_MODEL, answer_method_for
-    from midlens.generators.methods.registry import method_config
+    # The fine-tune (`finetuned`, the answering default when these were measured) has its own (section 9), found
+    # under the spec its shorthand stands for.
+    from midlens.core.names import DEFAULT_MODEL
 
-    def default_spec_of(model: str) -> str:
-        return method_config(answer_method_for(model)).spec()
-
-    default_spec = default_spec_of(DEFAULT_MODEL)
+    default_spec = "mudaf(alpha=0)"
     assert CitationConfig.measured(DEFAULT_MODEL, default_spec) == CitationConfig(2, 0.3, 0.25, raw_evidence_weight=0.5)
-    # SmolLM2's answering default has its own too (section 10) and verifies at the margin chosen for it (section 15),
-    # also with another method's evidence; its baseline, nothing measured apart: the default rule.
-    assert Generator(loaded).citations == CitationConfig(3, 0.7, 0.75, margin=0.75)
-    assert CitationConfig.measured(loaded.name, default_spec_of(loaded.name), "mudaf").margin == 0.75
-    assert Generator(loaded, method="baseline").citations == CitationConfig()
+    # SmolLM2's fine-tune has its own too (section 10) and verifies at the margin chosen for it (section 15), also
+    # with another method's evidence; its baseline (the default now), nothing measured apart: the default rule.
+    assert Generator(loaded, method="finetuned").citations == CitationConfig(3, 0.7, 0.75, margin=0.75)
+    assert CitationConfig.measured(loaded.name, default_spec, "mudaf").margin == 0.75
+    assert Generator(loaded, method="baseline").citations == CitationConfig() == Generator(loaded).citations
     monkeypatch.setitem(MEASURED_RULES, (loaded.name, "mudaf"), {"max_sources": 1, "min_share": 0.2})
     assert Generator(loaded, method="mudaf").citations == CitationConfig(max_sources=1, min_share=0.2)
     assert Generator(loaded, method="attn-calibration").citations == CitationConfig()  # another method spec

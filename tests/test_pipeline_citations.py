@@ -177,7 +177,11 @@ def test_ask_warns_under_the_sources_when_no_citation_verified(capsys):
         sources = [
             CitedSource(p, str(p), 0.5, (0, 6), v, 0.1 if v is not None else None) for p, v in enumerate(verified, 1)
         ]
-        print_citations(SimpleNamespace(citations=[Citation((0, 5), (0, 2), sources)], passages=passages, restack=None))
+        print_citations(
+            SimpleNamespace(
+                citations=[Citation((0, 5), (0, 2), sources)], passages=passages, restack=None, support=None
+            )
+        )
         return capsys.readouterr().out
 
     assert "none verified:" in printed(False, False) and "[1?]" in printed(False, False)

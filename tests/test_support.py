@@ -188,12 +188,12 @@ WRONG = 'The song "Judgment Night" was a collaboration between Onyx and the heav
 
 
 def test_the_default_flags_a_wrong_answer_and_not_a_right_one(loaded):
-    """SmolLM2's answering default as `midlens ask` runs it (dense+links retrieval, top 5, in the order retrieved
-    since restacking no longer passes the out-of-domain rule, its shipped support model, fitted on its default's, the
-    baseline's and ms-poe's train answers) on two embedded questions: the right answer is not flagged (uncertain), the
-    wrong one is flagged and, asked to abstain, withheld. fp32 here: 0.598 (0.623 restacked) and 0.021 against a
-    threshold of 0.656 (the 0.02 tolerance is bf16-vs-fp32 rounding and refits of the same rows; the right answer
-    sits 0.40 above the "check this" edge, the wrong one 0.18 below it)."""
+    """SmolLM2's answering default as `midlens ask` runs it (the baseline since the default rule judges systems as
+    they ship; dense+links retrieval, top 5, in the order retrieved; its shipped support model, fitted on the
+    baseline's, the fine-tune's and ms-poe's train answers) on two embedded questions: the right answer is not flagged
+    (uncertain), the wrong one is flagged and, asked to abstain, withheld. fp32 here: 0.274 and 0.183 against a
+    threshold of 0.656 (the fine-tune's short answers scored 0.598 and 0.021: the baseline's sentences sit nearer the
+    0.2 edge, 0.07 above and 0.017 below it; the tolerances are bf16-vs-fp32 rounding and refits of the same rows)."""
     from midlens.eval.metrics import best_subspan_em
     from midlens.generators.support import ABSTAIN_TEXT, UNLIKELY_BELOW
     from midlens.rag.pipeline import Pipeline
@@ -201,11 +201,11 @@ def test_the_default_flags_a_wrong_answer_and_not_a_right_one(loaded):
     pipe = Pipeline.from_corpus(model=loaded)
     right, wrong = pipe.ask(RIGHT), pipe.ask(WRONG, abstain=True)
     assert best_subspan_em(right.text, ["Ali Qushji"]) == 1.0 and right.support.band == "uncertain"
-    assert right.support.probability == pytest.approx(0.598, abs=0.02) and right.support.model == "smollm2-135m"
+    assert right.support.probability == pytest.approx(0.274, abs=0.02) and right.support.model == "smollm2-135m"
     assert right.support.calibrated and right.support.threshold == pytest.approx(0.656, abs=0.001)
-    assert wrong.support.band == "unlikely" and wrong.support.probability == pytest.approx(0.019, abs=0.02)
+    assert wrong.support.band == "unlikely" and wrong.support.probability == pytest.approx(0.183, abs=0.01)
     assert wrong.support.probability < UNLIKELY_BELOW < right.support.probability
-    assert wrong.text == ABSTAIN_TEXT and wrong.withheld["text"] == "London"
+    assert wrong.text == ABSTAIN_TEXT and "Ashwood" in wrong.withheld["text"]  # a made-up city
 
 
 def test_the_support_words_never_contradict_the_number_or_the_withholding():

@@ -28,7 +28,7 @@ def _two_method_rows() -> list[dict]:
 
 
 def test_the_support_json_names_its_model_and_methods_and_flags_a_method_outside_them(loaded):
-    """SmolLM2 (real weights, fp32) on a planted question: its default method's and the baseline's answers are read
+    """SmolLM2 (real weights, fp32) on a planted question: its fine-tune's and the baseline's answers are read
     by the shipped SmolLM2 support model, fitted on both (calibrated); attention-buckets' answers by the same model,
     which was not fitted on them: labelled so in the JSON and the words, and never "likely" (before, the JSON named
     neither the methods nor whether the answer's was among them, and the words claimed a calibration)."""
@@ -37,13 +37,13 @@ def test_the_support_json_names_its_model_and_methods_and_flags_a_method_outside
     from midlens.rag.pipeline import Pipeline
 
     seen = {}
-    for method in (None, "baseline", "attention-buckets"):
+    for method in ("finetuned", "baseline", "attention-buckets"):
         pipe = Pipeline(None, Generator(loaded, method=method), max_new_tokens=12)
         record = pipe.answer(QUESTION, planted_passages(5, 2)).to_dict()["support"]
         seen[method] = record
         assert record["model"] == "smollm2-135m" and "mudaf(alpha=0)" in record["methods"]
         assert "baseline" in record["methods"] and "attention-buckets" not in record["methods"]
-    assert seen[None]["method"] == "mudaf(alpha=0)" and seen[None]["calibrated"] is True
+    assert seen["finetuned"]["method"] == "mudaf(alpha=0)" and seen["finetuned"]["calibrated"] is True
     assert seen["baseline"]["method"] == "baseline" and seen["baseline"]["calibrated"] is True
     other = seen["attention-buckets"]
     assert other["method"] == "attention-buckets" and other["calibrated"] is False
@@ -139,7 +139,7 @@ def test_eval_support_records_the_method_it_answered_with(tmp_path):
     config, units, _ = plan(SupportRunOptions(out=tmp_path, dataset="kv", n=2, model="smollm2-135m", method="ms-poe"))
     assert config["method"]["name"] == "ms-poe" and len(units) == 6
     default, _, _ = plan(SupportRunOptions(out=tmp_path, dataset="kv", n=2, model="smollm2-135m"))
-    assert default["method"] == {"name": "mudaf", "alpha": 0, "artefact": None}
+    assert default["method"] == {"name": "baseline"}  # the model's answering default
     with pytest.raises(MethodConfigError, match="unknown method 'ms-poo'"):
         plan(SupportRunOptions(out=tmp_path, dataset="kv", n=2, model="smollm2-135m", method="ms-poo"))
 
