@@ -45,8 +45,14 @@ from midlens.core.files import load_checks_dir, read_manifest, sha256_json, sha2
 from midlens.generators.anatomy import decoder_of, model_anatomy
 from midlens.generators.attention import PositionalAttention, install_positional_attention, new_cache
 
-PROMPT_TOKENS = 64
-DECODE_STEPS = 4
+# Every forward of the check reads all the weights, and a first load pays each prompt token and decode step 2 times
+# (float32) or 4 (low precision): on SmolLM2 (one CPU thread, float32) a decode step costs 0.06 s, a 24-token prefill
+# 0.14 s, a 64-token one 0.28 s (docs/results/load-check/README.md, "Cost of the check"). 24 positions still turn
+# RoPE through many angles and mask across positions, and outrun tests/tiny.py's 16-key windows; no affordable prompt
+# outruns a real model's window (512+), which tests/test_families.py covers. Two decode steps: the second reads keys
+# the first appended, where a slot or position bug of one-token cache updates shows.
+PROMPT_TOKENS = 24
+DECODE_STEPS = 2
 FP32_TOLERANCE = 1e-4
 SPREAD_MULTIPLE = 5.0
 SPREAD_FLOOR = 1e-3
@@ -351,6 +357,11 @@ def _float32_parameters(model: nn.Module) -> Iterator[None]:
 
 def checks_dir() -> Path:
     return load_checks_dir()
+
+
+def is_recorded(folder: Path, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a load of `folder` in `dtype` on `device` reads a recorded check instead of running it."""
+    return _record_path(folder, dtype, device).is_file()
 
 
 def _record_path(folder: Path, dtype: torch.dtype, device: torch.device) -> Path:

@@ -17,13 +17,18 @@ on one worker thread, so the event loop keeps streaming tokens and answering hea
 import asyncio
 import dataclasses
 import json
+import logging
 import os
+import signal
+import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -67,6 +72,7 @@ from midlens.serve.schemas import ChatCompletionRequest, ModelList
 APP_NAME = "midlens"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: hundreds of passages; anything larger is far over any window here
+DEFAULT_START_TIMEOUT_S = 180.0
 
 
 @dataclass
@@ -101,6 +107,8 @@ class ServeOptions:
     max_answer_tokens: int = Limits.max_answer_tokens
     max_restack_rounds: int = Limits.max_restack_rounds
     max_method_cost: float = Limits.max_method_cost
+    # The cluster, the HTTP proxy and the replicas' load together; past it `start` fails naming the stage it was in.
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
 
 
 class BodyLimit:
@@ -591,45 +599,172 @@ def _busy_cores() -> str:
     return f"load average {load:.1f} on {os.cpu_count()} cores"
 
 
+class _StageTimeout(Exception):
+    """A stage of `start` still running at the start's deadline."""
+
+
+# Ray starts a cluster's processes with PR_SET_PDEATHSIG, which ties them to the thread that started them, not the
+# process: a cluster started from a thread that ends is killed with it (GCS gone a minute later). So the thread that
+# runs ray.init waits on this until `stop`.
+_cluster_hold: threading.Event | None = None
+
+
+def _within(deadline: float, call: Callable[[], Any], hold: threading.Event | None = None) -> Any:
+    """`call()`'s result, or _StageTimeout once time.monotonic() passes `deadline`. Ray's calls that start a cluster,
+    the proxy or an application take no timeout, so the call runs in a daemon thread, left behind on a timeout (the
+    caller stops the service, and the process exits without waiting for it). With `hold` the thread outlives the
+    call until `hold` is set."""
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as err:  # noqa: BLE001 (raised again in the caller's thread)
+            outcome["error"] = err
+        finally:
+            done.set()
+        if hold is not None:
+            hold.wait()
+
+    threading.Thread(target=run, name="midlens-serve-start", daemon=True).start()
+    if not done.wait(max(deadline - time.monotonic(), 0.0)):
+        raise _StageTimeout
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+class _NotMainThreadWarning(logging.Filter):
+    """ray.init warns that it sets no SIGTERM handler off the main thread; `start` sets the same one itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("SIGTERM handler is not set")
+
+
+@contextmanager
+def _init_off_main_thread() -> Iterator[None]:
+    if threading.current_thread() is threading.main_thread():
+        # ray.init's own handler: SIGTERM exits through atexit, where Ray stops the processes it started.
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(signum))
+    quiet = _NotMainThreadWarning()
+    logger = logging.getLogger("ray._private.worker")
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def _replica_state(deadline_s: float = 10.0) -> str:
+    """What Ray Serve says of the deployment (e.g. replicas not yet scheduled, or still initializing), or ''."""
+    try:
+        status = _within(time.monotonic() + deadline_s, serve.status)
+        application = status.applications[APP_NAME]
+        deployments = list(application.deployments.values())
+        message = next((d.message for d in deployments if d.message), "") or application.message
+    except Exception:  # noqa: BLE001 (a hint for the message only: a controller that does not answer gives none)
+        return ""
+    return f" Ray Serve says: {message.strip()}" if message and message.strip() else ""
+
+
+def _runs_load_check(options: ServeOptions) -> bool:
+    """Whether the replicas' load of a model already on this machine runs its one-time load check
+    (generators/load_check.py: a few forwards, several times a plain load on busy CPUs). Nothing is converted or
+    loaded to find out; False when it cannot tell (a cluster elsewhere, a model not converted yet)."""
+    if options.address:
+        return False
+    try:
+        import torch
+
+        from midlens.core.device import resolve_device, resolve_dtype
+        from midlens.core.files import models_dir
+        from midlens.generators.load_check import is_recorded
+        from midlens.generators.packaged_models import REGISTRY, canonical_name
+
+        name = canonical_name(options.model)
+        folder = models_dir() / name if name in REGISTRY else Path(name)
+        if not (folder / "config.json").is_file():
+            return False
+        # A replica without GPUs sees none (Ray hides them), whatever this process sees.
+        no_gpu = options.num_gpus == 0 and options.device == "auto"
+        device = torch.device("cpu") if no_gpu else resolve_device(options.device)
+        return not is_recorded(folder, resolve_dtype(options.dtype, device), device)
+    except Exception:  # noqa: BLE001 (a hint for the message only)
+        return False
+
+
 def start(options: ServeOptions, progress: Callable[[str], None] | None = None) -> str:
     """Deploy on the cluster at `options.address`, else on a one-node cluster started here, every port of which
     listens on 127.0.0.1 but the HTTP proxy's, which listens on `options.host`; returns the base URL. Returns once
     every replica has loaded the model. `progress` hears what each stage waits for; a part of Ray that dies while
-    starting raises ServeStartError naming it and the machine's load."""
+    starting, or a stage still running `options.start_timeout_s` after the start began, raises ServeStartError
+    naming it and the machine's load (what had started is stopped first)."""
     import ray
 
     say = progress or (lambda _message: None)
-    if not ray.is_initialized():
-        if options.address:
-            say(f"connecting to the Ray cluster at {options.address}")
-            ray.init(address=options.address, log_to_driver=False)
-        else:
-            reap_orphans()  # a cluster an earlier `midlens serve` left when it was killed
-            os.environ[OWNER_ENV] = _owner_tag(os.getpid())
-            for name, value in PROXY_CHECK_LIMITS.items():
-                os.environ.setdefault(name, value)  # a value the caller set wins
-            say("starting a one-node Ray cluster on 127.0.0.1")
-            with _single_node_on_loopback():
-                ray.init(
-                    num_cpus=max(options.replicas * options.num_cpus, 1) + 1,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    object_store_memory=256 * 2**20,
-                    _node_ip_address="127.0.0.1",
-                )
-    ready_s = os.environ.get("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "5")
-    say(f"starting Ray Serve's HTTP proxy on {options.host}:{options.port} (it has {ready_s} s to report ready)")
+    total = options.start_timeout_s
+    deadline = time.monotonic() + total
+    finished: list[str] = []  # "the Ray cluster 12 s", one per stage done
+    stage, began, checking = "", time.monotonic(), False
+
+    def enter(name: str) -> None:
+        nonlocal stage, began
+        if stage:
+            finished.append(f"{stage} {_seconds(time.monotonic() - began)}")
+        stage, began = name, time.monotonic()
+
+    global _cluster_hold
     try:
-        serve.start(
-            http_options={
-                "host": options.host,
-                "port": options.port,
-                # The proxy's own limit is a backstop past the replica's, which answers with its own message first.
-                "request_timeout_s": options.request_timeout_s + 30,
-            }
-        )
-        say(f"loading {options.model} in {options.replicas} replica(s); ready once every one has loaded it")
-        serve.run(application(options), name=APP_NAME, route_prefix="/", blocking=False)
+        if not ray.is_initialized():
+            _cluster_hold = hold = threading.Event()
+            if options.address:
+                say(f"connecting to the Ray cluster at {options.address}")
+                enter("the Ray cluster")
+                with _init_off_main_thread():
+                    _within(deadline, lambda: ray.init(address=options.address, log_to_driver=False), hold)
+            else:
+                reap_orphans()  # a cluster an earlier `midlens serve` left when it was killed
+                os.environ[OWNER_ENV] = _owner_tag(os.getpid())
+                for name, value in PROXY_CHECK_LIMITS.items():
+                    os.environ.setdefault(name, value)  # a value the caller set wins
+                say("starting a one-node Ray cluster on 127.0.0.1")
+                enter("the Ray cluster")
+                with _single_node_on_loopback(), _init_off_main_thread():
+                    _within(
+                        deadline,
+                        lambda: ray.init(
+                            num_cpus=max(options.replicas * options.num_cpus, 1) + 1,
+                            include_dashboard=False,
+                            log_to_driver=False,
+                            object_store_memory=256 * 2**20,
+                            _node_ip_address="127.0.0.1",
+                        ),
+                        hold,
+                    )
+        ready_s = os.environ.get("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "5")
+        say(f"starting Ray Serve's HTTP proxy on {options.host}:{options.port} (it has {ready_s} s to report ready)")
+        enter("the HTTP proxy")
+        http_options = {
+            "host": options.host,
+            "port": options.port,
+            # The proxy's own limit is a backstop past the replica's, which answers with its own message first.
+            "request_timeout_s": options.request_timeout_s + 30,
+        }
+        _within(deadline, lambda: serve.start(http_options=http_options))
+        enter("the model's load")
+        checking = _runs_load_check(options)
+        check = " (its first load in this dtype here: it runs the one-time load check)" if checking else ""
+        say(f"loading {options.model} in {options.replicas} replica(s){check}; ready once every one has loaded it")
+        _within(deadline, lambda: serve.run(application(options), name=APP_NAME, route_prefix="/", blocking=False))
+    except _StageTimeout:
+        message = _timeout_message(options, stage, time.monotonic() - began, finished, checking)
+        _stop_within(30.0)
+        raise ServeStartError(message) from None
     except ray.exceptions.RayActorError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         stop()  # the half-started service and the cluster started for it
@@ -644,10 +779,55 @@ def start(options: ServeOptions, progress: Callable[[str], None] | None = None) 
     return f"http://{host}:{options.port}"
 
 
+def _timeout_message(options: ServeOptions, stage: str, spent: float, finished: list[str], checking: bool) -> str:
+    where = f"{options.host}:{options.port}"
+    what = {
+        "the Ray cluster": (
+            f"the Ray cluster at {options.address} did not answer"
+            if options.address
+            else "the one-node Ray cluster did not start"
+        ),
+        "the HTTP proxy": f"Ray Serve's HTTP proxy on {where} did not start",
+        "the model's load": (
+            f"the replica did not load {options.model}"
+            if options.replicas == 1
+            else f"the {options.replicas} replicas did not load {options.model}"
+        ),
+    }[stage]
+    text = f"{what} within {_seconds(spent)} ({_busy_cores()}): the start is given {options.start_timeout_s:g} s in all"
+    text += f" (--start-timeout), of which {', '.join(finished)} went before." if finished else " (--start-timeout)."
+    if stage == "the model's load":
+        text += _replica_state()
+        if checking:
+            text += (
+                " This first load in this dtype runs the one-time comparison with transformers' forward, which a "
+                f"later start reads from the cache: `midlens cache verify --model {options.model}` runs it beforehand."
+            )
+    return (
+        f"{text} Every stage is slower with every core busy (another job's sweep): free a core, or allow longer "
+        "with --start-timeout SECONDS."
+    )
+
+
+def _stop_within(seconds: float) -> None:
+    """`stop()`, given up on after `seconds` (a controller that does not answer); the processes of a cluster started
+    here go when this process exits, or at the next `midlens serve` (`reap_orphans`)."""
+    try:
+        _within(time.monotonic() + seconds, stop)
+    except Exception:  # noqa: BLE001 (the timeout is what is reported)
+        pass
+
+
 def stop() -> None:
     """Tear the application down and, when this process started it, the local cluster."""
     import ray
 
-    serve.shutdown()
-    ray.shutdown()
-    os.environ.pop(OWNER_ENV, None)
+    # Not before ray.init has returned (a start that timed out in it): serve.shutdown would start another cluster to
+    # look for a controller in, and the processes the first one is still starting must keep their owner tag, by
+    # which the next start ends those left (`reap_orphans`).
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
+        os.environ.pop(OWNER_ENV, None)
+    if _cluster_hold is not None:
+        _cluster_hold.set()

@@ -240,3 +240,19 @@ def test_an_edit_to_a_checked_module_runs_the_check_again(runs, tmp_path, monkey
     monkeypatch.setattr(Path, "read_bytes", edited)
     assert load_check._code_digest() != before
     assert load_model(str(folder), "cpu", "float32").verified.passed and len(runs) == 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_check_runs_no_more_tokens_than_one_64_token_prefill_per_precision(tmp_path, dtype):
+    """Each forward reads every weight and each token adds its compute, and a first load waits for all of them: per
+    precision compared (float32; and the model's own below it), both paths together get at most 3 forwards each
+    and 64 tokens, the cost of about one plain 64-token prefill (before: 5 forwards each and 136 tokens)."""
+    folder = save_tiny("llama", tmp_path / "llama")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+    tokens: list[int] = []
+    model.register_forward_pre_hook(
+        lambda _, args, kwargs: tokens.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    assert load_check.measure(model, str(folder), folder, model.config.vocab_size).passed
+    precisions = 1 if dtype == "float32" else 2
+    assert len(tokens) <= 2 * 3 * precisions and sum(tokens) <= 64 * precisions, tokens

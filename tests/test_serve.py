@@ -10,6 +10,7 @@ import ast
 import ipaddress
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -1021,15 +1022,20 @@ def test_serve_becomes_ready_with_every_core_kept_busy(tmp_path):
     log = tmp_path / "serve.log"
     cli = _serve_cli(port, env, log)
     try:
-        deadline, ready = time.monotonic() + 600, False  # 3-4 min measured on this 2-core machine, both cores busy
-        while time.monotonic() < deadline and not ready:
-            assert cli.poll() is None, log.read_text()[-3000:]
+        # Issue 83 P: ready within --start-timeout's default 180 s, or the CLI exits naming the stage that ran past it
+        # (the log shown below says which); 60 s more for that exit. 3-4 min were measured before, both cores busy.
+        deadline, ready = time.monotonic() + 240, False
+        while time.monotonic() < deadline and not ready and cli.poll() is None:
             try:
                 ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code == 200
             except httpx.TransportError:
                 time.sleep(3)
-        assert ready, log.read_text()[-3000:]
         said = log.read_text()
+        if not ready:  # the other outcome the issue allows: a clear exit naming the stage past the deadline
+            assert cli.wait(timeout=60) == 2, said[-3000:]
+            assert re.search(r"(cluster|proxy|replica)[^\n]* within [0-9.]+ s \(load average", said), said[-3000:]
+            assert "ActorDiedError" not in said  # issue 74 G's death stays fixed
+            return
         assert "starting Ray Serve's HTTP proxy" in said and "(it has 60 s to report ready)" in said
         assert "loading smollm2-135m in 1 replica(s)" in said
     finally:
@@ -1041,6 +1047,78 @@ def test_serve_becomes_ready_with_every_core_kept_busy(tmp_path):
         for proc in busy:
             proc.kill()
             proc.wait()
+
+
+def _hung_stage(monkeypatch, stage: str) -> tuple[threading.Event, list[bool]]:
+    """Ray's start with `stage` ("cluster", "proxy" or "replica") never returning and the others instant, as on
+    a machine whose cores are all busy; the event lets the hung call go at the end, the list hears `stop`."""
+    import ray
+
+    from midlens.serve import app
+
+    release, stopped = threading.Event(), []
+
+    def call(name: str):
+        return (lambda *_args, **_kwargs: release.wait(60)) if name == stage else (lambda *_args, **_kwargs: None)
+
+    for name, value in {app.OWNER_ENV: "", **app.PROXY_CHECK_LIMITS}.items():
+        monkeypatch.setenv(name, value)  # `start` sets them; put back after
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", call("cluster"))
+    monkeypatch.setattr(app.serve, "start", call("proxy"))
+    monkeypatch.setattr(app.serve, "run", call("replica"))
+    monkeypatch.setattr(app.serve, "status", lambda: None)  # no deployment to describe
+    monkeypatch.setattr(app, "reap_orphans", lambda: [])
+    monkeypatch.setattr(app, "_runs_load_check", lambda _options: True)
+    monkeypatch.setattr(app, "stop", lambda: stopped.append(True))
+    return release, stopped
+
+
+@pytest.mark.parametrize(
+    ("stage", "named", "before"),
+    [
+        ("cluster", "the one-node Ray cluster did not start within 0.5 s (load average ", ""),
+        ("proxy", "Ray Serve's HTTP proxy on 127.0.0.1:", "of which the Ray cluster "),
+        ("replica", "the replica did not load smollm2-135m within 0.5 s (load average ", "the HTTP proxy "),
+    ],
+)
+def test_a_stage_still_running_at_the_start_timeout_fails_naming_it(monkeypatch, stage, named, before):
+    """Issue 83 P: with both cores busy `/readyz` was not 200 after 185 s, and nothing said which stage was slow.
+    A stage still running when --start-timeout runs out (here 0.5 s) fails the start at once, naming that stage,
+    the load, what went before and how to allow longer, and the half-started service is stopped."""
+    from midlens.serve import app
+
+    release, stopped = _hung_stage(monkeypatch, stage)
+    try:
+        began = time.monotonic()
+        with pytest.raises(app.ServeStartError) as caught:
+            app.start(app.ServeOptions(model="smollm2-135m", port=_free_port(), start_timeout_s=0.5))
+        assert time.monotonic() - began < 10
+    finally:
+        release.set()
+    message = str(caught.value)
+    assert message.startswith(named), message
+    assert "the start is given 0.5 s in all (--start-timeout)" in message and before in message
+    assert "allow longer with --start-timeout SECONDS" in message and stopped == [True]
+    if stage == "replica":  # its load ran the one-time check: said, with how to run it beforehand
+        assert "`midlens cache verify --model smollm2-135m` runs it beforehand" in message
+
+
+def test_the_cli_fails_quickly_with_the_stage_past_its_start_timeout(monkeypatch, capsys):
+    from midlens.cli import main
+
+    release, _stopped = _hung_stage(monkeypatch, "replica")
+    try:
+        began = time.monotonic()
+        argv = ["serve", "--model", "smollm2-135m", "--method", "baseline", "--port", str(_free_port())]
+        assert main([*argv, "--start-timeout", "0.5"]) != 0
+        assert time.monotonic() - began < 10
+    finally:
+        release.set()
+    err = capsys.readouterr().err
+    assert "midlens: error: the replica did not load smollm2-135m within 0.5 s (load average " in err, err
+    assert main([*argv, "--start-timeout", "0"]) == 2
+    assert "--start-timeout 0: give the start some seconds (> 0)." in capsys.readouterr().err
 
 
 def test_a_part_of_ray_that_dies_while_starting_is_named_with_the_cause(monkeypatch):

@@ -47,6 +47,14 @@ def add_parser(sub) -> None:
         "docs/results/serve/batch-wait/)",
     )
     serve.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is answered 504")
+    serve.add_argument(
+        "--start-timeout",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="seconds the Ray cluster, the HTTP proxy and the model's load may take together; past them the start "
+        "fails naming the stage it was in (default 180)",
+    )
     serve.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="larger bodies are answered 413")
     # What one request may ask for: over any of these it is answered 400 before anything is computed.
     serve.add_argument("--max-passages", type=positive_int, default=64, help="most passages in one request")
@@ -80,6 +88,8 @@ def options_of(args: argparse.Namespace):
 
     if args.batch_wait_timeout < 0 or args.request_timeout <= 0:
         raise InvalidArgumentError("--batch-wait-timeout must be >= 0 and --request-timeout > 0 (seconds).")
+    if not args.start_timeout > 0:
+        raise InvalidArgumentError(f"--start-timeout {args.start_timeout:g}: give the start some seconds (> 0).")
     if not 0 < args.port < 65536:
         raise InvalidArgumentError(f"--port {args.port}: use 1 to 65535.")
     if not args.api_key and not is_loopback(args.host):
@@ -113,6 +123,7 @@ def options_of(args: argparse.Namespace):
         max_batch_size=args.max_batch_size,
         batch_wait_timeout_s=args.batch_wait_timeout,
         request_timeout_s=args.request_timeout,
+        start_timeout_s=args.start_timeout,
         max_body_bytes=args.max_body_bytes,
         host=args.host,
         port=args.port,

@@ -33,6 +33,7 @@ HERE = Path(__file__).parent
 ROWS = HERE / "rows.jsonl"
 DTYPES = ("float32", "bfloat16")
 PACKAGED = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+UNIT_TOKENS = 64
 
 
 def done() -> set[tuple[str, str, str]]:
@@ -55,7 +56,7 @@ def measure_folder(label: str, folder: Path, injected: str = "") -> None:
         loaded_s = time.perf_counter() - start
         # The unit the check's cost is read in: one plain 64-token prefill of the same model, timed just before
         # (a shared machine's load moves both alike).
-        ids = load_check._prompt_ids(model, vocab)[:, : load_check.PROMPT_TOKENS]
+        ids = unit_ids(model, vocab)
         with torch.inference_mode():
             model(input_ids=ids, logits_to_keep=1)  # warm-up
             start = time.perf_counter()
@@ -75,6 +76,13 @@ def measure_folder(label: str, folder: Path, injected: str = "") -> None:
         with ROWS.open("a") as f:
             f.write(json.dumps(row) + "\n")
         del model
+
+
+def unit_ids(model, vocab: int) -> torch.Tensor:
+    """The ids of the prefill the check's cost is read in: 64 fixed in-vocabulary ids, whatever the check's own
+    prompt length (rows measured before it was shortened used the same unit)."""
+    high = min(vocab, model.get_input_embeddings().weight.shape[0])
+    return torch.randint(3, high, (1, UNIT_TOKENS), generator=torch.Generator().manual_seed(load_check.SEED))
 
 
 def kernel_ratio(model, vocab: int) -> float | None:
