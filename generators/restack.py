@@ -45,7 +45,7 @@ import torch
 
 from midlens.core.checks import check_restack_rounds
 from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError, Remedy, Step
-from midlens.core.method_spec import parse_scorer_spec
+from midlens.core.method_spec import parse_scorer_spec, restacked_label
 from midlens.core.names import DEFAULT_RESTACK_SCORER
 from midlens.generators.answer import Answer
 from midlens.generators.citations import Citation
@@ -109,8 +109,8 @@ class Restack:
     @property
     def label(self) -> str:
         """`restack(mudaf)`, `restack(mudaf, rounds=2)`: what a restacked system's label appends."""
-        extra = "" if self.rounds == 1 else f", rounds={self.rounds}"
-        return f"restack({self.scorer_spec}{extra}{'' if self.slots != STRONGEST_FIRST else ', slots=first'})"
+        slots = STRONGEST_FIRST if self.slots == STRONGEST_FIRST else "measured"  # a given order is not labelled
+        return restacked_label("", self.scorer_spec, self.rounds, slots).removeprefix("+")
 
 
 def as_restack(restack: str | MethodConfig | Restack | None, rounds: int = 1) -> Restack | None:
