@@ -1,4 +1,5 @@
-"""Batch sizes as every shell takes them: `N` or `auto` (resolved by generators.scheduling), read without torch."""
+"""Batch sizes as every shell takes them: `N` or `auto` (resolved by generators.answering.scheduling), read without
+torch."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The citation rule: which passages an answer sentence cites, from its attention shares and the prompt's evidence.
 
-One module for the library (generators.citations) and the `eval cite` report (eval.report.cite): the report
+One module for the library (generators.answering.citations) and the `eval cite` report (eval.report.cite): the report
 re-applies a rule to stored rows without the model, so the rule it measures must be the one the library applies,
 not a copy that can drift. No torch here: the report and the command-line parser import it.
 """

@@ -7,8 +7,8 @@ import ast
 import re
 from importlib import metadata
 
+from midlens.core.defaults import METHOD_SHORTHANDS, METHODS
 from midlens.core.errors import MethodConfigError, Remedy
-from midlens.core.names import METHOD_SHORTHANDS, METHODS
 
 # Where other packages declare their methods: `[project.entry-points."midlens.methods"] NAME = "module:METHOD"`.
 PLUGIN_GROUP = "midlens.methods"
@@ -25,7 +25,7 @@ def parse_method_spec(spec: str) -> tuple[str, dict]:
 
     Values are Python literals (numbers, lists, None); anything else is taken as a bare string
     (`head_order=sequential`). Names are checked by method_config. A shorthand (`finetuned`,
-    core.names.METHOD_SHORTHANDS) comes back as the spec it stands for, its own options on top.
+    core.defaults.METHOD_SHORTHANDS) comes back as the spec it stands for, its own options on top.
     """
     match = _SPEC.match(spec or "")
     if not match:

@@ -11,14 +11,14 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from midlens.core.defaults import DEFAULT_RESTACK_SCORER, is_measured_restack, measured_restack_for
 from midlens.core.errors import CorpusError, MidlensError, Remedies
-from midlens.core.names import DEFAULT_RESTACK_SCORER, is_measured_restack, measured_restack_for
 from midlens.rag.options import AnswerOptions
 
 if TYPE_CHECKING:  # torch loads slowly: only the requests themselves import it
     from midlens.core.passage import Passage
-    from midlens.generators.answer import Answer
-    from midlens.generators.evidence import EvidenceConfig
+    from midlens.generators.answering.answer import Answer
+    from midlens.generators.attention.evidence import EvidenceConfig
     from midlens.rag.pipeline import Pipeline
     from midlens.retrievers.base import Retriever
 
@@ -81,10 +81,10 @@ class DemoBackend:
         `pipeline`: its options). `cite_evidence`: every method's citations choose their passages with this method's
         evidence of the prompt (`MeasuredCitations(evidence_from=...)`; one more prefill per answer); a given
         `pipeline` cites as it does."""
-        from midlens.core.names import METHOD_SHORTHANDS
-        from midlens.generators.citations import MeasuredCitations
+        from midlens.core.defaults import METHOD_SHORTHANDS
+        from midlens.generators.answering.citations import MeasuredCitations
         from midlens.generators.methods.registry import method_config
-        from midlens.generators.packaged_models import DEFAULT_MODEL, REGISTRY, default_method
+        from midlens.generators.models.packaged_models import DEFAULT_MODEL, REGISTRY, default_method
 
         self._lock = threading.RLock()
         self._bases: dict[str, Pipeline] = {}  # model name -> baseline-or-given pipeline on the startup corpus
@@ -169,12 +169,12 @@ class DemoBackend:
 
     def default_method_of(self, model: str) -> str:
         """The method a model answers with until the user picks another: its measured default."""
-        from midlens.generators.packaged_models import default_method
+        from midlens.generators.models.packaged_models import default_method
 
         return default_method(model)
 
     def measured_restack(self, model: str, method: str) -> str | None:
-        """The scorer `model` answering with `method` restacks by by default (core.names.MEASURED_RESTACKS), or
+        """The scorer `model` answering with `method` restacks by by default (core.defaults.MEASURED_RESTACKS), or
         None where restacking was not measured to help it."""
         from midlens.generators.methods.registry import method_config
 
@@ -205,9 +205,9 @@ class DemoBackend:
     ) -> Pipeline:
         """A pipeline for (model, method) on the chosen corpus; methods share the model's weights. `restack`: the
         passages re-stacked before each answer by the evidence of the scorer measured for (model, method), else of
-        the default scorer (core.names.DEFAULT_RESTACK_SCORER)."""
-        from midlens.generators.generator import Generator
-        from midlens.generators.loading import load_model
+        the default scorer (core.defaults.DEFAULT_RESTACK_SCORER)."""
+        from midlens.generators.answering.generator import Generator
+        from midlens.generators.models.loading import load_model
         from midlens.rag.pipeline import Pipeline
 
         if model not in self.models:
@@ -257,7 +257,8 @@ class DemoBackend:
         `check_citations`: verify each answer's citations (Generator.verify: one more prefill per cited passage).
         `restack`: `method`'s answer reads the passages re-stacked by MuDAF's evidence (one more prefill); the
         side-by-side baseline reads them as retrieved, so the comparison is with the plain model as it is.
-        `abstain`: an answer whose support is below its model's threshold is withheld (generators.support.abstain)."""
+        `abstain`: an answer whose support is below its model's threshold is withheld
+        (generators.answering.support.abstain)."""
         from midlens.core.errors import PromptTooLongError
         from midlens.demo.views import gold_titles, known_answers
 

@@ -10,8 +10,8 @@ from functools import lru_cache
 import pandas as pd
 
 from midlens.demo import views
-from midlens.generators.answer import Answer
-from midlens.generators.checking import (
+from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.check import (
     NO_SUPPORT_MODEL,
     CheckedSupport,
     doubted,
@@ -19,8 +19,8 @@ from midlens.generators.checking import (
     unsupported,
     verified,
 )
-from midlens.generators.citations import marker_order
-from midlens.generators.support import UNLIKELY_BELOW, shown
+from midlens.generators.answering.citations import marker_order
+from midlens.generators.answering.support import UNLIKELY_BELOW, shown
 
 # The check tab's sentence ids ("c-<position>-<start>") stay apart from the Ask tab's ("m-", "b-"): one document
 # holds both tabs, and pointing at a sentence marks only its own tab's passages.
@@ -59,8 +59,8 @@ def support_line(answer: Answer) -> str:
 
 
 def sentence_verdict(answer: Answer) -> str:
-    """The sentences that may not rest on the passages (`generators.checking.unsupported`: citing none, needing none
-    of those cited once checked by removing each, or scored low by a checked support model), listed; unchecked
+    """The sentences that may not rest on the passages (`generators.answering.check.unsupported`: citing none, needing
+    none of those cited once checked by removing each, or scored low by a checked support model), listed; unchecked
     citations are said to be so."""
     flagged = unsupported(answer)
     n = len(answer.citations)

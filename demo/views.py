@@ -20,11 +20,11 @@ import pandas as pd
 from midlens.core.answer_text import STOPWORDS
 from midlens.core.passage import Passage
 from midlens.core.sentences import sentence_spans
-from midlens.generators.answer import Answer
-from midlens.generators.checking import FAILED, SHAPES, UNCHECKED, VERIFIED, citation_check, doubted
-from midlens.generators.citations import Citation, CitedSource, marker_order
-from midlens.generators.evidence import PassageEvidence
-from midlens.generators.support import BAND_WORDS
+from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.check import FAILED, SHAPES, UNCHECKED, VERIFIED, citation_check, doubted
+from midlens.generators.answering.citations import Citation, CitedSource, marker_order
+from midlens.generators.answering.support import BAND_WORDS
+from midlens.generators.attention.evidence import PassageEvidence
 from midlens.retrievers.corpus import default_questions_path
 
 ScoreView = Literal["calibrated", "raw"]
@@ -97,7 +97,7 @@ def method_label(answer: Answer) -> str:
 
 @lru_cache(maxsize=1)
 def _shorthand_configs() -> dict[str, dict]:
-    from midlens.core.names import METHOD_SHORTHANDS
+    from midlens.core.defaults import METHOD_SHORTHANDS
     from midlens.generators.methods.registry import method_config
 
     return {short: method_config(short, {}).to_dict() for short in METHOD_SHORTHANDS}
@@ -218,7 +218,7 @@ def attribution_shares(answer: Answer) -> list[float] | None:
 # -- citations: which passage sentences each answer sentence rests on ------------------------------------
 
 # A citation's look follows its check (Generator.verify) read with its sentence's support
-# (generators.checking.citation_check): one class per outcome, the legend's words for each. A passage a flagged
+# (generators.answering.check.citation_check): one class per outcome, the legend's words for each. A passage a flagged
 # sentence needs shapes its wording, not its claim: no green check, the warning mark the flagged list carries.
 CITE_CLASSES = {VERIFIED: "cite-ok", SHAPES: "cite-shapes", UNCHECKED: "cite-unchecked", FAILED: "cite-failed"}
 CITE_MARKS = {VERIFIED: "✓", SHAPES: "⚠", UNCHECKED: "", FAILED: "✗"}
@@ -417,8 +417,8 @@ def trust(answer: Answer, view: ScoreView) -> Trust:
     passage made the answer less likely, which is what "backed" means; a check where every citation failed is
     said after the verdict.
 
-    An answer with a support score (`Answer.support`, generators.support: calibrated on the train split, read from
-    the answering pass and, once checked, from the citations' checks) gets the score's verdict instead: the rules
+    An answer with a support score (`Answer.support`, generators.answering.support: calibrated on the train split, read
+    from the answering pass and, once checked, from the citations' checks) gets the score's verdict instead: the rules
     above remain for answers without one (citations off).
     """
     if not answer.text.strip():

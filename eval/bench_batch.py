@@ -58,8 +58,8 @@ def run(
     # (a 135M model is 0.5 GB; one left in the temp directory per run adds up).
     import tempfile
 
-    from midlens.generators.model_cache import resolve_model_dir
-    from midlens.generators.random_models import save_random_model
+    from midlens.generators.models.model_cache import resolve_model_dir
+    from midlens.generators.models.random_models import save_random_model
 
     tokenizer_dir = resolve_model_dir(random_shape)  # the shape's own tokenizer (and so its vocabulary)
     with tempfile.TemporaryDirectory(prefix="midlens-bench-batch-") as scratch:

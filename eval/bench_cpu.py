@@ -23,7 +23,7 @@ from midlens.eval.datasets import load_hotpotqa
 from midlens.eval.metrics import best_subspan_em
 from midlens.eval.sweep import layout
 from midlens.generators import Generator
-from midlens.generators.loading import LoadedModel, load_model
+from midlens.generators.models.loading import LoadedModel, load_model
 
 PRECISIONS = ("float32", "bfloat16", "int8")
 

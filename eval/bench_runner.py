@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from midlens.generators.attention import new_cache
+from midlens.generators.attention.positional_attention import new_cache
 
 if TYPE_CHECKING:  # torch loads with the model: `midlens --help` imports the bench modules
-    from midlens.generators.prompt import StackedPrompt
+    from midlens.generators.models.prompt import StackedPrompt
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Runner:
 
 def bench_prompt(tokenizer, tokens: int) -> StackedPrompt:
     """A stacked prompt of about `tokens` tokens from the embedded corpus, and its passages."""
-    from midlens.generators.prompt import render
+    from midlens.generators.models.prompt import render
     from midlens.retrievers.corpus import default_corpus_path, read_documents, to_passages
 
     passages = to_passages(read_documents(default_corpus_path()))

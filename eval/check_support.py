@@ -12,7 +12,7 @@ answer to check, teacher-forced by `Pipeline.check` over the passages as given (
            name, the other of yes/no, another UUID for KV): a fluent, plausible, unsupported answer;
   planted  a right multi-sentence answer (up to three sentences of the gold passage, around the one holding the gold
            answer) with one entity of one sentence swapped for one of a distractor passage (HotpotQA and SQuAD).
-A row keeps the checked answer's `generators.checking.checked_inputs` and its labels (EM for model answers; for
+A row keeps the checked answer's `generators.answering.check.checked_inputs` and its labels (EM for model answers; for
 `planted`, which sentence was planted), so the checked support model is fitted and re-measured without the language
 model. Resumable, one row per unit (eval.runner).
 """
@@ -244,10 +244,10 @@ def run(options: CheckRunOptions) -> list[dict]:
 
     from midlens.eval import runner
     from midlens.eval.sweep import layout
-    from midlens.generators.checking import checked_inputs
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
-    from midlens.generators.packaged_models import default_method
+    from midlens.generators.answering.check import checked_inputs
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.models.loading import load_model
+    from midlens.generators.models.packaged_models import default_method
     from midlens.rag.pipeline import Pipeline
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -297,9 +297,9 @@ def read_check_run(folder: Path) -> tuple[dict, list[dict]]:
 def fit_and_save(runs: list[Path], out: Path | None = None) -> Path:
     """Fit the checked support model of one reader on its train-split check runs and save it as an artefact (default:
     the shipped folder, generators/trained/support-checked/<reader>/)."""
-    from midlens.generators.checking import CheckedSupportModel, shipped_checked_folder
-    from midlens.generators.model_cache import content_sha256
-    from midlens.generators.support import C
+    from midlens.generators.answering.check import CheckedSupportModel, shipped_checked_folder
+    from midlens.generators.answering.support import C
+    from midlens.generators.models.model_cache import content_sha256
 
     loaded = [read_check_run(r) for r in runs]
     held_out = [str(r) for r, (c, _) in zip(runs, loaded, strict=True) if c["split"] != "train"]

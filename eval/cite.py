@@ -38,16 +38,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from midlens.core.citation_rule import apply_rule, citation_scores
+from midlens.core.defaults import DEFAULT_PROMPT_STYLE, EVAL_MODEL
 from midlens.core.errors import MidlensError, Remedy
 from midlens.core.files import write_atomic
-from midlens.core.names import DEFAULT_PROMPT_STYLE, EVAL_MODEL
-from midlens.generators.attention import new_cache
+from midlens.generators.attention.positional_attention import new_cache
 
 if TYPE_CHECKING:  # torch loads with these, after the cheap checks
     from midlens.core.passage import Passage
     from midlens.eval.datasets import Example
-    from midlens.generators.evidence import EvidenceConfig
-    from midlens.generators.generator import Generator
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.attention.evidence import EvidenceConfig
 
 # Rankings whose top-k passages are removed to measure the answer's log-probability drop.
 DROP_RANKINGS = ("cited", "midlens", "contextcite", "lexical", "evidence", "evidence_from", "retrieval", "random")
@@ -238,7 +238,7 @@ def sentence_label(example: Example, position: int, passage: Passage, chars: tup
 def prompted_prompt_ids(tokenizer, passages: list[Passage], question: str) -> list[int]:
     """The prompt of the prompted-citation pass: the evaluation prompt's documents and question under an
     instruction that asks for [n] markers, in the model's chat template."""
-    from midlens.generators.prompt import render_document
+    from midlens.generators.models.prompt import render_document
 
     lines = "".join(render_document(i, p) + "\n" for i, p in enumerate(passages, start=1))
     content = f"{PROMPTED_INSTRUCTION}\n\n{lines}\nQuestion: {question}\nAnswer:"
@@ -290,7 +290,7 @@ class CiteEvaluator:
     ):
         """`rule`: the citation rule the run is graded by (the `cited` drop ranking applies it); `scorers`: per
         method, the generator whose evidence the rule blends in (`cite_evidence`), None for the answering pass's."""
-        from midlens.generators.citations import CitationConfig
+        from midlens.generators.answering.citations import CitationConfig
 
         self.gens, self.options, self.rule, self.scorers = gens, options, rule, scorers or {}
         for gen in gens.values():
@@ -403,7 +403,7 @@ class CiteEvaluator:
         random ablations of the ContextCite-style surrogate, scored in one batched pass list."""
         import numpy as np
 
-        from midlens.generators.scheduling import generate_all
+        from midlens.generators.answering.scheduling import generate_all
 
         o = self.options
         k = len(passages)
@@ -477,10 +477,10 @@ def plan(options: CiteOptions) -> tuple[dict, list[dict], list]:
     from midlens.core.files import sha256_json
     from midlens.core.method_spec import check_cite_evidence, parse_known_specs
     from midlens.eval.datasets import data_sha256, load_hotpotqa
-    from midlens.generators.evidence import EvidenceConfig
+    from midlens.generators.attention.evidence import EvidenceConfig
     from midlens.generators.methods.registry import method_config
-    from midlens.generators.model_cache import content_sha256
-    from midlens.generators.packaged_models import canonical_name
+    from midlens.generators.models.model_cache import content_sha256
+    from midlens.generators.models.packaged_models import canonical_name
 
     parsed = parse_known_specs(list(options.methods))
     configs = {spec: method_config(name, opts).to_dict() for spec, (name, opts) in parsed.items()}
@@ -540,10 +540,10 @@ def plan(options: CiteOptions) -> tuple[dict, list[dict], list]:
 
 def run_rule(options: CiteOptions, methods: list[str]) -> dict:
     """The rule the report applies: each value given in `options`, the others from the rule `Generator` cites by for
-    this model and the run's methods (generators.citations.MEASURED_RULES, when they all share one; DEFAULT_RULE
-    otherwise), so a run grades what the library would cite."""
-    from midlens.generators.citations import CitationConfig
-    from midlens.generators.packaged_models import canonical_name
+    this model and the run's methods (generators.answering.citations.MEASURED_RULES, when they all share one;
+    DEFAULT_RULE otherwise), so a run grades what the library would cite."""
+    from midlens.generators.answering.citations import CitationConfig
+    from midlens.generators.models.packaged_models import canonical_name
 
     model = canonical_name(options.model)
     # the lookup MeasuredCitations makes for Generator(citations=)
@@ -557,9 +557,9 @@ def run_rule(options: CiteOptions, methods: list[str]) -> dict:
 def run(options: CiteOptions) -> list[dict]:
     """Evaluate the run's units not yet in its results file (resumable: one appended line per unit)."""
     from midlens.eval import runner
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
+    from midlens.generators.answering.generator import Generator
     from midlens.generators.methods.registry import method_config
+    from midlens.generators.models.loading import load_model
 
     config, units, examples = plan(options)
     from midlens.eval.datasets import data_sha256

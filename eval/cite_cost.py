@@ -43,9 +43,9 @@ def child(
     generator blends in that method's evidence (`CitationConfig.evidence_from`: one more prefill per answer)."""
     import torch
 
-    from midlens.generators.citations import CitationConfig
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
+    from midlens.generators.answering.citations import CitationConfig
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.models.loading import load_model
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     loaded = load_model(model, "cpu", "float32")

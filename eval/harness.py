@@ -36,11 +36,11 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from midlens.core.errors import InvalidArgumentError
-from midlens.generators.detokenize import cut_at_stop
-from midlens.generators.generator import Generator
-from midlens.generators.packaged_models import DEFAULT_MODEL
-from midlens.generators.prompt import StackedPrompt, ids_prompt, read_user_content, text_prompt
-from midlens.generators.scheduling import generate_all
+from midlens.generators.answering.detokenize import cut_at_stop
+from midlens.generators.answering.generator import Generator
+from midlens.generators.answering.scheduling import generate_all
+from midlens.generators.models.packaged_models import DEFAULT_MODEL
+from midlens.generators.models.prompt import StackedPrompt, ids_prompt, read_user_content, text_prompt
 
 # The harness fills its registry with its own back-ends only when the registry is empty at the first look-up, so
 # registering midlens first would hide them (`--model hf` unknown): lm_eval.models is imported above, before the

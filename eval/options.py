@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from midlens.core.batch_size import BatchSize
+from midlens.core.defaults import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, EVAL_MODEL, ORDERINGS
 from midlens.core.errors import MidlensError, Remedy
 from midlens.core.method_spec import restacked_label
-from midlens.core.names import DEFAULT_PROMPT_STYLE, DEFAULT_RETRIEVAL, DEFAULT_TOP_K, EVAL_MODEL, ORDERINGS
 
 if TYPE_CHECKING:  # torch loads with the registry, after the cheap checks
-    from midlens.generators.evidence import EvidenceConfig
+    from midlens.generators.attention.evidence import EvidenceConfig
     from midlens.generators.methods.registry import MethodConfig
 
 Mode = Literal["sweep", "rerank", "e2e"]
@@ -42,7 +42,7 @@ class RunOptions:
     orderings: tuple[str, ...] = ()
     restack: str | None = None
     restack_rounds: tuple[int, ...] = (1,)
-    restack_slots: str = "measured"  # core.names.SLOT_POLICIES
+    restack_slots: str = "measured"  # core.defaults.SLOT_POLICIES
     restack_methods: tuple[str, ...] = ()  # the methods that also answer restacked (empty: every one of `methods`)
     model: str = EVAL_MODEL
     device: str = "auto"
@@ -103,7 +103,7 @@ class RunOptions:
 
         configs = {spec: method_config(name, options) for spec, (name, options) in self.parsed.items()}
         if self.restack is not None:
-            from midlens.generators.restack import Restack
+            from midlens.generators.answering.restack import Restack
 
             Restack(self.restack, slots=self.restack_slots)  # the scorer's options, before any model loads
         configs.update({label: configs[method] for label, (method, _, _) in self.restacked.items()})
@@ -129,9 +129,9 @@ class RunOptions:
 
 def _check_restack(options: RunOptions) -> None:
     """--restack's scorer and rounds, before anything heavy loads."""
-    from midlens.core.checks import check_restack_rounds
+    from midlens.core.defaults import SLOT_POLICIES
     from midlens.core.method_spec import parse_scorer_spec
-    from midlens.core.names import SLOT_POLICIES
+    from midlens.core.validation import check_restack_rounds
 
     if options.restack_slots not in SLOT_POLICIES:
         raise MidlensError(

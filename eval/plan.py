@@ -78,9 +78,9 @@ def plan_run(options: RunOptions) -> Plan:
     from midlens.core.batch_size import units_per_group
     from midlens.core.device import dtype_name, resolve_device, resolve_dtype
     from midlens.core.files import sha256_json
-    from midlens.generators.evidence import EvidenceConfig
-    from midlens.generators.model_cache import content_sha256
-    from midlens.generators.packaged_models import canonical_name
+    from midlens.generators.attention.evidence import EvidenceConfig
+    from midlens.generators.models.model_cache import content_sha256
+    from midlens.generators.models.packaged_models import canonical_name
 
     configs = options.configs
     device = resolve_device(options.device)
@@ -210,9 +210,9 @@ def build_run(options: RunOptions) -> Run:
     A bad option that needs the model's shape (e.g. a layer index) fails here, before any unit runs. The rerank
     branch stays inline: its evaluators differ from the others only in which generators they hold."""
     from midlens.eval import runner
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
-    from midlens.generators.restack import Restack
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.restack import Restack
+    from midlens.generators.models.loading import load_model
 
     plan = plan_run(options)
     loaded = load_model(options.model, options.device, options.dtype)

@@ -13,9 +13,9 @@ from midlens.core.batch_size import BatchSize
 from midlens.eval.datasets import Example
 from midlens.eval.metrics import ranking_metrics
 from midlens.eval.sweep import dense_scores
-from midlens.generators.generator import Generator
-from midlens.generators.prompt import DEFAULT_STYLE
-from midlens.generators.scheduling import generate_all
+from midlens.generators.answering.generator import Generator
+from midlens.generators.answering.scheduling import generate_all
+from midlens.generators.models.prompt import DEFAULT_STYLE
 from midlens.retrievers.lexical import bm25_scores
 
 

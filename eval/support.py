@@ -3,9 +3,9 @@
 Each unit is one question with its gold passage at one slot (1 / 5 / 10 of 10), answered the way `Pipeline.answer`
 answers by default (the model's answering method, or the method named, with the restack and citation rule measured
 for it, the default instruction and answer length), its citations verified. A row keeps the method's spec and
-`generators.support.support_inputs` of the answer and its EM / F1, so support models are fitted (training/support.py,
-on a train-split run) and measured (eval/support_report.py, on held-out runs) without the language model. Resumable,
-one row per unit, as every eval run.
+`generators.answering.support.support_inputs` of the answer and its EM / F1, so support models are fitted
+(training/support.py, on a train-split run) and measured (eval/support_report.py, on held-out runs) without the language
+model. Resumable, one row per unit, as every eval run.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, EVAL_MODEL
+from midlens.core.defaults import DEFAULT_MAX_NEW_TOKENS, EVAL_MODEL
 
 DATASETS = ("hotpotqa", "squad", "kv")
 
@@ -86,8 +86,8 @@ def plan(options: SupportRunOptions) -> tuple[dict, list[dict], list]:
     from midlens.core.device import dtype_name, resolve_device, resolve_dtype
     from midlens.eval.datasets import data_sha256
     from midlens.generators.methods.registry import method_config
-    from midlens.generators.model_cache import content_sha256
-    from midlens.generators.packaged_models import canonical_name, default_method
+    from midlens.generators.models.model_cache import content_sha256
+    from midlens.generators.models.packaged_models import canonical_name, default_method
 
     examples = load_examples(options)
     model = canonical_name(options.model)
@@ -135,11 +135,11 @@ def run(options: SupportRunOptions) -> list[dict]:
     from midlens.eval.datasets import data_sha256
     from midlens.eval.metrics import answer_f1, best_subspan_em
     from midlens.eval.sweep import layout
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.support import support_inputs
     from midlens.generators.methods.registry import method_config
-    from midlens.generators.packaged_models import default_method
-    from midlens.generators.support import support_inputs
+    from midlens.generators.models.loading import load_model
+    from midlens.generators.models.packaged_models import default_method
     from midlens.rag.pipeline import Pipeline
 
     config, units, examples = plan(options)

@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 
 from midlens.eval.support import read_run
-from midlens.generators.support import GENERIC, SupportModel, shipped_support_folder
+from midlens.generators.answering.support import GENERIC, SupportModel, shipped_support_folder
 
 COVERAGES = (0.25, 0.5, 0.75)
 BOOTSTRAP = 1000
@@ -104,7 +104,7 @@ def scorers(config: dict, train_rows: list[dict]) -> dict[str, SupportModel]:
     fitted on its default method's train rows alone (where other methods' rows are there too), and the shipped
     support models, its own and the model-agnostic ones."""
     from midlens.generators.methods.registry import method_config
-    from midlens.generators.packaged_models import default_method
+    from midlens.generators.models.packaged_models import default_method
 
     model, sha = config["model"], config["model_sha256"]
     out = {}
@@ -192,7 +192,7 @@ def write_report(runs: list[Path], out: Path, train: list[Path]) -> Path:
     import matplotlib.pyplot as plt
 
     from midlens.generators.methods.registry import method_config
-    from midlens.generators.packaged_models import default_method
+    from midlens.generators.models.packaged_models import default_method
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

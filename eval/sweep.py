@@ -9,8 +9,8 @@ baseline generator and only change the passages' order:
              then answer.
 Every answer comes from the library's answer path (rag.answering.Answering: the prompts a generator stacks, answered
 with AnswerOptions); the ordering baselines only change passage order. Restacked systems (`--restack SCORER`:
-generators.restack) answer with that restack in their options, which scores and places the passages itself; their
-rows name the slot the gold was answered from (`gold_prompt_position`) and its rank by the scorer's last pass
+generators.answering.restack) answer with that restack in their options, which scores and places the passages itself;
+their rows name the slot the gold was answered from (`gold_prompt_position`) and its rank by the scorer's last pass
 (`restack_gold_rank`).
 """
 
@@ -23,10 +23,10 @@ from midlens.core.errors import InvalidArgumentError, MidlensError, Remedy
 from midlens.core.passage import Passage
 from midlens.eval.datasets import Example
 from midlens.eval.metrics import answer_f1, best_subspan_em
-from midlens.generators.answer import Answer
-from midlens.generators.generator import Generator
-from midlens.generators.prompt import DEFAULT_STYLE
-from midlens.generators.restack import Restack
+from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.generator import Generator
+from midlens.generators.answering.restack import Restack
+from midlens.generators.models.prompt import DEFAULT_STYLE
 from midlens.rag.answering import Answering
 from midlens.rag.options import AnswerOptions
 
@@ -78,7 +78,7 @@ def _lcr(gen: Generator, question: str, passages: list[Passage], max_new_tokens:
     return long_context_reorder(question, passages)
 
 
-# The orderings by name (core.names.ORDERINGS spells them for `--help`); each runs on the baseline generator.
+# The orderings by name (core.defaults.ORDERINGS spells them for `--help`); each runs on the baseline generator.
 REORDER = {"lcr": _lcr, "attn-sort": attention_sort}
 
 

@@ -7,14 +7,14 @@ process; `release_model` forgets one), the method registry (`method_config`, `re
 `method_context` for code that drives the model itself (training loops, benchmarks).
 """
 
-from midlens.generators.citations import CitationConfig, MeasuredCitations
-from midlens.generators.context import MethodParts, method_context
-from midlens.generators.generator import GenerationStream, Generator
-from midlens.generators.loading import LoadedModel, load_model, release_model
+from midlens.generators.answering.citations import CitationConfig, MeasuredCitations
+from midlens.generators.answering.generator import GenerationStream, Generator
+from midlens.generators.answering.restack import Restack, Restacker
+from midlens.generators.answering.scheduling import generate_all
+from midlens.generators.methods.install import MethodParts, method_context
 from midlens.generators.methods.registry import Method, MethodConfig, available, build_parts, method_config, register
-from midlens.generators.packaged_models import DEFAULT_MODEL
-from midlens.generators.restack import Restack, Restacker
-from midlens.generators.scheduling import generate_all
+from midlens.generators.models.loading import LoadedModel, load_model, release_model
+from midlens.generators.models.packaged_models import DEFAULT_MODEL
 
 __all__ = [
     "DEFAULT_MODEL",

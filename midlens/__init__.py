@@ -16,11 +16,11 @@ __version__ = "0.2.0"
 _LAZY = {
     "Pipeline": "midlens.rag.pipeline",
     "AnswerOptions": "midlens.rag.options",
-    "Generator": "midlens.generators.generator",
-    "Answer": "midlens.generators.answer",
-    "EvidenceConfig": "midlens.generators.evidence",
+    "Generator": "midlens.generators.answering.generator",
+    "Answer": "midlens.generators.answering.answer",
+    "EvidenceConfig": "midlens.generators.attention.evidence",
     "DenseRetriever": "midlens.retrievers.dense",
-    "load_model": "midlens.generators.loading",
+    "load_model": "midlens.generators.models.loading",
 }
 __all__ = [
     "Answer",
@@ -34,10 +34,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
-    from midlens.generators.answer import Answer
-    from midlens.generators.evidence import EvidenceConfig
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
+    from midlens.generators.answering.answer import Answer
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.attention.evidence import EvidenceConfig
+    from midlens.generators.models.loading import load_model
     from midlens.rag.options import AnswerOptions
     from midlens.rag.pipeline import Pipeline
     from midlens.retrievers.dense import DenseRetriever

@@ -23,13 +23,13 @@ from typing import Any
 from midlens.core.batch_size import BatchSize, parse_batch_size, units_per_group
 from midlens.core.errors import InvalidArgumentError, Remedy
 from midlens.core.passage import Passage
-from midlens.generators.answer import Answer
-from midlens.generators.citations import Citation
-from midlens.generators.detokenize import cut_at_stop
-from midlens.generators.generator import GenerationStream, Generator
-from midlens.generators.prompt import StackedPrompt
-from midlens.generators.restack import Restack, RestackedStream, Restacker, in_prompt_order
-from midlens.generators.scheduling import generate_all
+from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.citations import Citation
+from midlens.generators.answering.detokenize import cut_at_stop
+from midlens.generators.answering.generator import GenerationStream, Generator
+from midlens.generators.answering.restack import Restack, RestackedStream, Restacker, in_prompt_order
+from midlens.generators.answering.scheduling import generate_all
+from midlens.generators.models.prompt import StackedPrompt
 from midlens.rag.options import AnswerOptions, ResolvedOptions
 
 CITATIONS_OFF = (
@@ -204,8 +204,8 @@ class AnswerStream:
 
 
 def stopped_at(answer: Answer, stop: tuple[str, ...]) -> Answer:
-    """The answer cut before its first stop string (generators.detokenize.cut_at_stop), keeping the citations of the
-    sentences that end within what is left."""
+    """The answer cut before its first stop string (generators.answering.detokenize.cut_at_stop), keeping the citations
+    of the sentences that end within what is left."""
     cut = cut_at_stop(answer.text, stop)
     if cut == answer.text:
         return answer

@@ -20,10 +20,7 @@ import numbers
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from midlens.core.checks import check_max_new_tokens, check_prompt_style, check_restack_rounds, check_top_k
-from midlens.core.errors import InvalidArgumentError, MethodConfigError, Remedy
-from midlens.core.method_spec import check_cite_evidence, parse_known_specs, parse_scorer_spec
-from midlens.core.names import (
+from midlens.core.defaults import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PROMPT_STYLE,
     DEFAULT_RESTACK_SCORER,
@@ -37,11 +34,14 @@ from midlens.core.names import (
     is_measured_restack,
     measured_restack_for,
 )
+from midlens.core.errors import InvalidArgumentError, MethodConfigError, Remedy
+from midlens.core.method_spec import check_cite_evidence, parse_known_specs, parse_scorer_spec
+from midlens.core.validation import check_max_new_tokens, check_prompt_style, check_restack_rounds, check_top_k
 
 if TYPE_CHECKING:  # torch loads with these, after the cheap checks
-    from midlens.generators.citations import MeasuredCitations
+    from midlens.generators.answering.citations import MeasuredCitations
+    from midlens.generators.answering.restack import Restack
     from midlens.generators.methods.registry import MethodConfig
-    from midlens.generators.restack import Restack
 
 
 # The shells that spell AnswerOptions (rag/option_fields.py writes each spelling from the fields' OptionInfo):
@@ -90,12 +90,12 @@ _PAGE_GREEDY = "the page answers greedily, as measured"
 
 @dataclass(frozen=True)
 class AnswerOptions:
-    """What a caller may choose about one answer. Defaults are the measured ones (core.names).
+    """What a caller may choose about one answer. Defaults are the measured ones (core.defaults).
 
-    `method`: a method spec (`"ms-poe(ratio_max=1.5)"`); None: the model's measured default (core.names.
+    `method`: a method spec (`"ms-poe(ratio_max=1.5)"`); None: the model's measured default (core.defaults.
     ANSWER_METHODS), or, given a Generator, the one it runs. `restack`: the method whose evidence re-stacks the
-    passages first (a spec, or a generators.restack.Restack), "measured" (the default: restacked where that was
-    measured to help the model and method, core.names.MEASURED_RESTACKS) or None (the order given);
+    passages first (a spec, or a generators.answering.restack.Restack), "measured" (the default: restacked where that
+    was measured to help the model and method, core.defaults.MEASURED_RESTACKS) or None (the order given);
     `restack_rounds`: its scoring passes. `cite_evidence`: the method whose evidence the citations blend in (None:
     the answering pass's own). `verify`: check each citation by ablation (`Generator.verify`). `abstain`: withhold
     an answer whose support is below `abstain_below` (None: the support model's own threshold, set at 80 % train
@@ -337,11 +337,11 @@ class AnswerOptions:
         return tokenizer is not None and not getattr(tokenizer, "chat_template", None)
 
     def withhold(self, answer: Any) -> bool:
-        """With `abstain`, withhold `answer` (generators.answer.Answer) when its support is below `abstain_below`
-        (or its model's threshold): generators.support.abstain. Returns whether it did."""
+        """With `abstain`, withhold `answer` (generators.answering.answer.Answer) when its support is below
+        `abstain_below` (or its model's threshold): generators.answering.support.abstain. Returns whether it did."""
         if not self.abstain:
             return False
-        from midlens.generators.support import abstain
+        from midlens.generators.answering.support import abstain
 
         return abstain(answer, self.abstain_below)
 
@@ -349,9 +349,9 @@ class AnswerOptions:
         """The concrete settings for `model` (a registry name or folder): the method (`running`, the canonical spec
         a Generator already runs, where `method` is None; else the model's measured default), the restack
         "measured" means for that model and method, and the citation setting. Imports the registry (torch)."""
-        from midlens.generators.citations import MeasuredCitations
+        from midlens.generators.answering.citations import MeasuredCitations
+        from midlens.generators.answering.restack import Restack
         from midlens.generators.methods.registry import method_config
-        from midlens.generators.restack import Restack
 
         method = method_config(self.method if self.method is not None else running or answer_method_for(model))
         restack = self.restack

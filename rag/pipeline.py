@@ -8,10 +8,10 @@ print(marked_answer(answer).text)                  # "... [1]." after each cited
 Every way of answering takes `verify=True`: the answer's citations are then checked by `Generator.verify` (each
 cited passage removed, the answer re-scored) before the Answer is returned.
 
-`restack="mudaf"` (generators.restack) scores the passages with that method's evidence, places the strongest in the
-slots the model reads best and answers with the pipeline's method; answers stay numbered as retrieved. By default
+`restack="mudaf"` (generators.answering.restack) scores the passages with that method's evidence, places the strongest
+in the slots the model reads best and answers with the pipeline's method; answers stay numbered as retrieved. By default
 (`restack="measured"`) a pipeline restacks where that was measured to help its model and method
-(core.names.MEASURED_RESTACKS; none passes out of domain today); `restack=None` answers the passages in the order
+(core.defaults.MEASURED_RESTACKS; none passes out of domain today); `restack=None` answers the passages in the order
 retrieved.
 """
 
@@ -23,20 +23,20 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from midlens.core.batch_size import BatchSize
-from midlens.core.checks import check_question, check_top_k
+from midlens.core.defaults import DEFAULT_RETRIEVAL
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_RETRIEVAL
 from midlens.core.passage import Passage
-from midlens.generators.answer import Answer
-from midlens.generators.check_limits import answer_tokens
-from midlens.generators.citations import Citation, marker_order
-from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.generator import Generator
-from midlens.generators.loading import LoadedModel, refuse_unrunnable
+from midlens.core.validation import check_question, check_top_k
+from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.check_limits import answer_tokens
+from midlens.generators.answering.citations import Citation, marker_order
+from midlens.generators.answering.generator import Generator
+from midlens.generators.answering.restack import Restacker, in_prompt_order
+from midlens.generators.attention.evidence import EvidenceConfig
 from midlens.generators.methods.registry import MethodConfig, method_config
-from midlens.generators.packaged_models import DEFAULT_MODEL, default_method
-from midlens.generators.prompt import StackedPrompt
-from midlens.generators.restack import Restacker, in_prompt_order
+from midlens.generators.models.loading import LoadedModel, refuse_unrunnable
+from midlens.generators.models.packaged_models import DEFAULT_MODEL, default_method
+from midlens.generators.models.prompt import StackedPrompt
 from midlens.rag.answering import CITATIONS_OFF, VERIFY_BATCH, Answering, AnswerStream, single_hooks
 from midlens.rag.options import FIELDS, AnswerOptions
 from midlens.retrievers.base import Retriever
@@ -213,7 +213,7 @@ class Pipeline:
         """Check an answer midlens did not write (`Generator.attribute`): its sentences' citations over `passages`
         (retrieved for `question` when None), in one teacher-forced pass; `verify` checks each citation by
         ablation. The passages are stacked in the order given (never restacked: the answer was written over them
-        as they are); `support` is the checked-answer support model's (generators.checking: each sentence's
+        as they are); `support` is the checked-answer support model's (generators.answering.check: each sentence's
         probability of being right, the answer's its weakest sentence's), shipped for SmolLM2-135M and
         Qwen2.5-Coder-0.5B (generators/trained/support-checked/); None for any other model."""
         check_question(question)

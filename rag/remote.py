@@ -29,8 +29,8 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from midlens.core.defaults import DEFAULT_MAX_NEW_TOKENS, Truncate
 from midlens.core.errors import MidlensError
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, Truncate
 from midlens.rag.option_fields import option_model
 
 

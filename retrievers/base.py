@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from midlens.core.names import DEFAULT_TOP_K
+from midlens.core.defaults import DEFAULT_TOP_K
 from midlens.core.passage import Passage
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from midlens.core.defaults import DEFAULT_RETRIEVAL, RETRIEVALS
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_RETRIEVAL, RETRIEVALS
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.dense import DenseRetriever, IndexType
 from midlens.retrievers.hybrid import HybridRetriever

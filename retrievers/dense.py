@@ -23,7 +23,7 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
-from midlens.core.checks import check_top_k
+from midlens.core.defaults import DEFAULT_TOP_K
 from midlens.core.errors import CorpusError, InvalidArgumentError, RetrievalIndexError, Step
 from midlens.core.files import (
     OWNER,
@@ -35,9 +35,9 @@ from midlens.core.files import (
     sweep_stale,
     write_manifest,
 )
-from midlens.core.names import DEFAULT_TOP_K
 from midlens.core.passage import Passage
 from midlens.core.progress import quiet_weight_loading
+from midlens.core.validation import check_top_k
 from midlens.retrievers.corpus import fingerprint, read_documents, to_passages
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"

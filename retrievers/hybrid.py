@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from midlens.core.names import DEFAULT_TOP_K
+from midlens.core.defaults import DEFAULT_TOP_K
 from midlens.core.passage import Passage
 from midlens.retrievers.dense import DenseRetriever, checked_top_k
 from midlens.retrievers.lexical import BM25Index

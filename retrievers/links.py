@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from midlens.core.names import DEFAULT_TOP_K
+from midlens.core.defaults import DEFAULT_TOP_K
 from midlens.core.passage import Passage
 from midlens.retrievers.base import RankingRetriever
 from midlens.retrievers.dense import checked_top_k

@@ -37,12 +37,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from midlens.core.defaults import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.errors import InvalidArgumentError, MidlensError
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS
-from midlens.generators.checking import NO_SUPPORT_MODEL, flagged, sentence_support
-from midlens.generators.citations import Citation
-from midlens.generators.packaged_models import DEFAULT_MODEL
-from midlens.generators.prompt import DEFAULT_STYLE
+from midlens.generators.answering.check import NO_SUPPORT_MODEL, flagged, sentence_support
+from midlens.generators.answering.citations import Citation
+from midlens.generators.models.packaged_models import DEFAULT_MODEL
+from midlens.generators.models.prompt import DEFAULT_STYLE
 from midlens.rag.pipeline import marked_answer
 from midlens.rag.remote import (
     AnswerRequest,
@@ -260,7 +260,7 @@ def _in_serve() -> bool:
 @serve.ingress(api)
 class MidlensServer:
     def __init__(self, options: dict[str, Any]) -> None:
-        from midlens.generators.evidence import EvidenceConfig
+        from midlens.generators.attention.evidence import EvidenceConfig
         from midlens.serve import app as this_module
 
         self.options = ServeOptions(**options)
@@ -674,8 +674,8 @@ def _replica_state(deadline_s: float = 10.0) -> str:
 
 def _runs_load_check(options: ServeOptions) -> bool:
     """Whether the replicas' load of a model already on this machine runs its one-time load check
-    (generators/load_check.py: a few forwards, several times a plain load on busy CPUs). Nothing is converted or
-    loaded to find out; False when it cannot tell (a cluster elsewhere, a model not converted yet)."""
+    (generators/models/transformers_parity.py: a few forwards, several times a plain load on busy CPUs). Nothing is
+    converted or loaded to find out; False when it cannot tell (a cluster elsewhere, a model not converted yet)."""
     if options.address:
         return False
     try:
@@ -683,8 +683,8 @@ def _runs_load_check(options: ServeOptions) -> bool:
 
         from midlens.core.device import resolve_device, resolve_dtype
         from midlens.core.files import models_dir
-        from midlens.generators.load_check import is_recorded
-        from midlens.generators.packaged_models import REGISTRY, canonical_name
+        from midlens.generators.models.packaged_models import REGISTRY, canonical_name
+        from midlens.generators.models.transformers_parity import is_recorded
 
         name = canonical_name(options.model)
         folder = models_dir() / name if name in REGISTRY else Path(name)

@@ -175,7 +175,7 @@ def run(
     import torch
 
     torch.set_num_threads(1)  # the replica runs one torch thread too
-    from midlens.generators.generator import Generator
+    from midlens.generators.answering.generator import Generator
     from midlens.rag.remote import MidlensClient
     from midlens.serve.app import ServeOptions, start, stop
 

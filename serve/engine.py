@@ -19,16 +19,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from midlens.core.defaults import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, measured_restack_for
 from midlens.core.errors import InvalidArgumentError, MidlensError, Remedies
 from midlens.core.method_spec import check_cite_evidence
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, RESTACK_MEASURED, measured_restack_for
 from midlens.core.passage import Passage
-from midlens.generators.answer import Answer
-from midlens.generators.citations import Citation, MeasuredCitations
-from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.generator import Generator
+from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.citations import Citation, MeasuredCitations
+from midlens.generators.answering.generator import Generator
+from midlens.generators.attention.evidence import EvidenceConfig
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
-from midlens.generators.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style, read_user_content
+from midlens.generators.models.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style, read_user_content
 from midlens.rag.answering import Answering
 from midlens.rag.option_fields import unstreamed
 from midlens.rag.options import FIELDS, AnswerOptions
@@ -207,7 +207,8 @@ class Engine:
     def __init__(
         self,
         model: str = "smollm2-135m",
-        method: str | None = None,  # None: the model's measured default (generators.packaged_models.default_method)
+        method: str
+        | None = None,  # None: the model's measured default (generators.models.packaged_models.default_method)
         device: str = "auto",
         dtype: str = "auto",
         evidence: EvidenceConfig | None = None,

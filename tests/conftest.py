@@ -37,7 +37,7 @@ sys.meta_path.insert(0, _OneNamespace())
 
 @pytest.fixture(scope="session")
 def loaded():
-    from midlens.generators.loading import load_model
+    from midlens.generators.models.loading import load_model
 
     # fp32, named: the exactness tests compare against stock fp32 forwards at 1e-4..1e-5, which bf16 (the CPU
     # default where it is native) cannot meet; the bf16 path is compared with fp32 in tests/test_bf16.py.
@@ -48,7 +48,7 @@ def loaded():
 def generator(loaded):
     from midlens.generators import Generator
 
-    # The stock model, named: what the packaged model answers with by default follows measurement (core.names) and
+    # The stock model, named: what the packaged model answers with by default follows measurement (core.defaults) and
     # is tested in test_defaults; the tests that take this fixture test the mechanics under one known method.
     return Generator(loaded, method="baseline")
 
@@ -71,14 +71,14 @@ def pipeline(default_retriever, generator):
 
 @pytest.fixture
 def measured_restack(monkeypatch) -> tuple[str, str, str]:
-    """A model and method restacked where nobody says (core.names.MEASURED_RESTACKS), for the tests of that
+    """A model and method restacked where nobody says (core.defaults.MEASURED_RESTACKS), for the tests of that
     mechanism: no entry passes the out-of-domain rule today, so the one SmolLM2's default held until then is patched
     in, with the default method it restacked (no model answers with the fine-tune by default today either).
     (model, method spec, scorer)."""
-    from midlens.core import names
+    from midlens.core import defaults
 
-    monkeypatch.setitem(names.ANSWER_METHODS, "smollm2-135m", "finetuned")
-    monkeypatch.setitem(names.MEASURED_RESTACKS, ("smollm2-135m", "mudaf(alpha=0)"), "mudaf")
+    monkeypatch.setitem(defaults.ANSWER_METHODS, "smollm2-135m", "finetuned")
+    monkeypatch.setitem(defaults.MEASURED_RESTACKS, ("smollm2-135m", "mudaf(alpha=0)"), "mudaf")
     return "smollm2-135m", "mudaf(alpha=0)", "mudaf"
 
 

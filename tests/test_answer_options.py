@@ -80,7 +80,7 @@ def test_replace_checks_the_change_and_names_the_fields_there_are():
 
 
 def test_resolve_makes_the_measured_settings_concrete(measured_restack):
-    # A model's default restacks by the scorer core.names.MEASURED_RESTACKS names for it (SmolLM2's, patched in);
+    # A model's default restacks by the scorer core.defaults.MEASURED_RESTACKS names for it (SmolLM2's, patched in);
     # another model's does not; a named scorer and None are taken as given.
     smol = AnswerOptions().resolve("smollm2-135m")
     assert smol.method.spec() == "mudaf(alpha=0)" and smol.restack.scorer_spec == "mudaf" and smol.restack.rounds == 1

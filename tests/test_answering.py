@@ -117,7 +117,7 @@ def test_the_server_verifies_and_abstains_through_the_answer_path(pipe, engine, 
     """`verify` on the server: each citation checked by ablation, as Pipeline checks it (same drops, same support).
     `abstain` at a threshold above any probability withholds the answer in the engine itself (no handler step),
     keeping it in `withheld`; at 0 nothing is withheld."""
-    from midlens.generators.support import ABSTAIN_TEXT
+    from midlens.generators.answering.support import ABSTAIN_TEXT
     from midlens.serve.engine import result_of
 
     verified = pipe.answer(QUESTION, passages, verify=True)

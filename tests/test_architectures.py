@@ -11,9 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from midlens.generators import Generator
-from midlens.generators.attention import new_cache
-from midlens.generators.loading import load_model
-from midlens.generators.model_cache import resolve_model_dir
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.models.loading import load_model
+from midlens.generators.models.model_cache import resolve_model_dir
 from tests.tiny import ARCHITECTURES, tiny_config
 
 LOGIT_TOL = 1e-4

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from midlens.generators.attention import new_cache
-from midlens.generators.model_cache import resolve_model_dir
-from midlens.generators.probe import PassageProbe
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.attention.probe import PassageProbe
+from midlens.generators.models.model_cache import resolve_model_dir
 from tests.conftest import planted_passages
 
 # fp32 on CPU; identical math in a different kernel order differs by ~1e-6. 1e-4 is the bound.

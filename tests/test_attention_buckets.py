@@ -10,11 +10,11 @@ import torch
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators import Generator
-from midlens.generators.attention import new_cache
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.attention.rope import RotaryScheme
 from midlens.generators.methods.attention_buckets import BucketScheme, bucket_bases, mix_logits
 from midlens.generators.methods.registry import method_config
 from midlens.generators.methods.rope_bases import rope_base
-from midlens.generators.rope import RotaryScheme
 from tests.conftest import planted_passages
 
 TOL = 1e-4

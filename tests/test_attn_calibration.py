@@ -9,7 +9,7 @@ import torch
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators import Generator
-from midlens.generators.attention import new_cache
+from midlens.generators.attention.positional_attention import new_cache
 from midlens.generators.methods.attn_calibration import dummy_prompt, passage_offsets
 from midlens.generators.methods.registry import method_config
 from tests.conftest import planted_passages
@@ -112,7 +112,7 @@ def test_bad_options_are_refused_before_loading():
 
 def test_retrieval_heads_only_bias_those_heads(loaded, prompt):
     gen = Generator(loaded, method="attn-calibration(heads='retrieval', layers='all')")
-    from midlens.generators.retrieval_heads import retrieval_heads
+    from midlens.generators.methods.retrieval_heads import retrieval_heads
 
     pairs = retrieval_heads(loaded)
     assert set(gen.parts.answering.layers) == {layer for layer, _ in pairs}

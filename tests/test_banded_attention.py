@@ -12,11 +12,12 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from midlens.generators import Generator, scores
-from midlens.generators.attention import new_cache
-from midlens.generators.loading import load_model
-from midlens.generators.masks import score_mask, window_rows
-from midlens.generators.scores import attend
+from midlens.generators import Generator
+from midlens.generators.attention import arithmetic as scores
+from midlens.generators.attention.arithmetic import attend
+from midlens.generators.attention.masks import score_mask, window_rows
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.models.loading import load_model
 from tests.tiny import VOCAB_SIZE, save_tiny
 
 
@@ -49,7 +50,9 @@ def test_left_padded_rows_under_a_window_equal_the_whole_mask():
     valid = torch.ones(2, length, dtype=torch.bool)
     valid[1, :700] = False  # the second row is 700 columns shorter
     allowed = valid[:, None, None, :] & torch.ones(length, length, dtype=torch.bool).tril()
-    allowed |= torch.eye(length, dtype=torch.bool)  # a padding query sees itself (generators.masks.padded_causal)
+    allowed |= torch.eye(
+        length, dtype=torch.bool
+    )  # a padding query sees itself (generators.attention.masks.padded_causal)
     mask = score_mask(allowed, None, length, length, q.device, 256)
     banded = scores._banded_attend(q, k, v, mask, 0.25)
     assert banded is not None and (banded - _reference(q, k, v, mask)).abs().max() < 1e-5

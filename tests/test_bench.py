@@ -59,8 +59,8 @@ def test_bench_batch_removes_its_random_weights_folder(monkeypatch, tmp_path):
     """`midlens bench batch --random-shape` writes a model folder (0.5 GB for SmolLM2's shape) into the temp
     directory; it is gone after the run, and after a run that fails."""
     import midlens.eval.bench_batch as bench_batch
-    import midlens.generators.model_cache as model_cache
-    import midlens.generators.random_models as random_models
+    import midlens.generators.models.model_cache as model_cache
+    import midlens.generators.models.random_models as random_models
 
     def fake_save(shape, folder, tokenizer_dir):
         folder.mkdir(parents=True)

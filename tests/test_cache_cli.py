@@ -6,7 +6,7 @@ import pytest
 
 from midlens.cli import main
 from midlens.core.files import indexes_dir, make_temp_dir, models_dir
-from midlens.generators.packaged_models import record_conversion
+from midlens.generators.models.packaged_models import record_conversion
 from tests.damage import age, dead_owner, overwrite
 from tests.tiny import save_tiny
 

@@ -13,11 +13,11 @@ import torch
 
 from midlens.core.errors import ArtefactError, MethodConfigError
 from midlens.generators import Generator
-from midlens.generators.artefacts import shipped_path
-from midlens.generators.attention import new_cache
-from midlens.generators.context import method_context
+from midlens.generators.attention.positional_attention import new_cache
 from midlens.generators.methods.channel_scaling import ChannelChoice, channel_parts
+from midlens.generators.methods.install import method_context
 from midlens.generators.methods.registry import build_parts, method_config
+from midlens.generators.models.shipped import shipped_path
 from midlens.training.channel_scaling import paper_layers, parse_layer_ranges, positional_candidates
 from tests.conftest import planted_passages
 from tests.damage import overwrite, tensor_offset

@@ -18,11 +18,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from midlens.generators.anatomy import model_anatomy
-from midlens.generators.attention import new_cache
-from midlens.generators.context import method_context
-from midlens.generators.loading import load_model
+from midlens.generators.attention.anatomy import model_anatomy
+from midlens.generators.attention.positional_attention import new_cache
 from midlens.generators.methods.channel_scaling import ChannelChoice, channel_parts, channel_problem
+from midlens.generators.methods.install import method_context
+from midlens.generators.models.loading import load_model
 from tests.tiny import FAMILIES, VOCAB_SIZE, save_tiny
 
 STATE_TOL = 1e-5

@@ -4,7 +4,7 @@ pass and reads its citations as a generated answer's are read (the real SmolLM2-
 import pytest
 
 from midlens.core.errors import InvalidArgumentError
-from midlens.generators.checking import CheckedSupport
+from midlens.generators.answering.check import CheckedSupport
 from tests.conftest import planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
@@ -37,7 +37,7 @@ def test_attributing_the_models_own_answer_gives_what_generating_it_gave(generat
         assert [s.score for s in b.sources] == pytest.approx([s.score for s in a.sources], abs=1e-4)
     assert [p.score for p in checked.passages] == pytest.approx([p.score for p in generated.passages], abs=1e-4)
     # The generation-time support model reads tokens this model picked; a given answer's were not: a checked answer
-    # gets the checked support model's (generators.checking), one probability per sentence.
+    # gets the checked support model's (generators.answering.check), one probability per sentence.
     assert generated.support is not None and checked.checked and checked.support.to_dict()["checked"]
     assert not isinstance(generated.support, CheckedSupport) and isinstance(checked.support, CheckedSupport)
     assert len(checked.support.sentences) == len(checked.citations)
@@ -162,7 +162,7 @@ def test_the_shell_says_a_needed_passage_shapes_a_generated_answer_in_the_check_
     """Issue 83 A for `midlens ask`: a generated answer has one support; in the "check this" band a passage it needs
     shapes its wording, and the shell says so instead of "verified"; likely supported, it is verified."""
     from midlens.cli.ask import print_citations
-    from midlens.generators.support import Support
+    from midlens.generators.answering.support import Support
     from tests.test_demo import MODEL, cited_answer
 
     answer = cited_answer((True, False), (4.37, 0.1))

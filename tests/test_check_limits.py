@@ -35,7 +35,7 @@ def passages_file(tmp_path) -> str:
 @pytest.fixture
 def no_model(monkeypatch):
     """Building a generator (what loads a model) fails the test."""
-    from midlens.generators.generator import Generator
+    from midlens.generators.answering.generator import Generator
 
     def loads(*args, **kwargs):
         raise AssertionError("a model was loaded")

@@ -100,7 +100,7 @@ def test_a_stock_engines_answer_cites_the_node_that_holds_the_fact(index, checke
     # Removing the planted fact costs the sentence many nats (the evaluator's test measured 12.6 on this pair).
     assert row["verified"] and row["logprob_drop"] > 5
     assert not any(r["verified"] for r in run["citations"] if r["sentence"] == 1)
-    # The checked support model's verdict (generators.checking): the answer's, and one probability per sentence.
+    # The checked support model's verdict (generators.answering.check): the answer's, and one probability per sentence.
     assert run["support"]["checked"] and run["support_note"] is None
     assert len(run["sentence_support"]) == 2 and run["support"]["probability"] == min(run["sentence_support"])
     # The wrapped engine's metadata (per node) stays.

@@ -1,4 +1,4 @@
-"""The checked support model (generators.checking) and the rows it is fitted on (eval.check_support), without a
+"""The checked support model (generators.answering.check) and the rows it is fitted on (eval.check_support), without a
 language model: per-sentence features, fitting, saving and loading, and the wrong and planted answers made to check."""
 
 import random
@@ -9,7 +9,7 @@ import pytest
 from midlens.core.errors import ArtefactError, InvalidArgumentError
 from midlens.core.passage import Passage
 from midlens.eval.datasets import Example
-from midlens.generators.checking import (
+from midlens.generators.answering.check import (
     CHECKED_FEATURES,
     CheckedSupportModel,
     sentence_features,

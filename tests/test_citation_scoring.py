@@ -1,4 +1,4 @@
-"""The citation scoring passes (generators.citation_scoring) against the answering loop they replaced.
+"""The citation scoring passes (generators.answering.citation_scoring) against the answering loop they replaced.
 
 `scored_evidence` (the `evidence_from` method's evidence) and `forced_logprobs` (verification's teacher-forced
 pass) each prefill a batch of their own instead of running the decode loop with nothing to decode; what they
@@ -12,10 +12,11 @@ from __future__ import annotations
 import pytest
 
 from midlens.core.passage import Passage
-from midlens.generators import Generator, decoding, load_model
-from midlens.generators.citation_scoring import forced_logprobs, scored_evidence
-from midlens.generators.citations import MeasuredCitations
-from midlens.generators.prefill import rope_groups
+from midlens.generators import Generator, load_model
+from midlens.generators.answering import decoding
+from midlens.generators.answering.citation_scoring import forced_logprobs, scored_evidence
+from midlens.generators.answering.citations import MeasuredCitations
+from midlens.generators.answering.prefill import rope_groups
 from tests.conftest import planted_passages
 from tests.tiny import save_tiny
 

@@ -9,7 +9,7 @@ from midlens.core.errors import InvalidArgumentError, MethodConfigError
 from midlens.core.passage import Passage
 from midlens.core.sentences import sentence_spans
 from midlens.generators import Generator
-from midlens.generators.citations import CitationConfig
+from midlens.generators.answering.citations import CitationConfig
 from tests.conftest import PLANTED_FACT, planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
@@ -181,13 +181,13 @@ def test_the_library_defaults_are_the_rule_eval_cite_grades():
 
 
 def test_a_generator_cites_by_the_rule_measured_for_its_model_and_method(loaded, monkeypatch):
-    from midlens.generators.citations import MEASURED_RULES
+    from midlens.generators.answering.citations import MEASURED_RULES
 
     # The shipped entry: chosen on the default model's train rows for MuDAF (docs/results/cite/README.md, 5).
     assert CitationConfig.measured("qwen2.5-coder-0.5b", "mudaf") == CitationConfig(2, 0.0, 0.75)
     # The fine-tune (`finetuned`, the answering default when these were measured) has its own (section 9), found
     # under the spec its shorthand stands for.
-    from midlens.core.names import DEFAULT_MODEL
+    from midlens.core.defaults import DEFAULT_MODEL
 
     default_spec = "mudaf(alpha=0)"
     assert CitationConfig.measured(DEFAULT_MODEL, default_spec) == CitationConfig(2, 0.3, 0.25, raw_evidence_weight=0.5)
@@ -260,7 +260,7 @@ def test_sentence_spans_trim_and_keep_abbreviations():
 
 
 def test_answer_sentences_past_the_last_token_end_belong_to_the_last_token():
-    from midlens.generators.citations import answer_sentences
+    from midlens.generators.answering.citations import answer_sentences
 
     # A random-weight model can decode text whose last characters no single-token prefix decodes to (a
     # multi-byte character completed by the whole sequence): every sentence still maps to real tokens.
@@ -271,7 +271,7 @@ def test_answer_sentences_past_the_last_token_end_belong_to_the_last_token():
 def test_token_ends_split_multibyte_characters_where_they_complete(loaded):
     """Byte-level BPE splits a CJK character or an emoji over several tokens: the tokens before the last byte end
     where the previous token did, so no answer sentence starts or ends inside a character."""
-    from midlens.generators.citations import token_ends
+    from midlens.generators.answering.citations import token_ends
 
     tokenizer = loaded.tokenizer
     text = "Tokyo is 東京. It rains 🌧 often, café."

@@ -130,16 +130,16 @@ def test_every_help_shows_defaults_and_examples(capsys):
 
 
 def test_shared_names_live_below_torch_and_match_their_modules():
-    from midlens.core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE, EVAL_MODEL, PROMPT_STYLES
-    from midlens.generators.packaged_models import DEFAULT_MODEL as REGISTRY_DEFAULT
-    from midlens.generators.packaged_models import REGISTRY
-    from midlens.generators.prompt import DEFAULT_STYLE, STYLES
+    from midlens.core.defaults import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE, EVAL_MODEL, PROMPT_STYLES
+    from midlens.generators.models.packaged_models import DEFAULT_MODEL as REGISTRY_DEFAULT
+    from midlens.generators.models.packaged_models import REGISTRY
+    from midlens.generators.models.prompt import DEFAULT_STYLE, STYLES
 
     assert DEFAULT_MODEL == REGISTRY_DEFAULT and {DEFAULT_MODEL, EVAL_MODEL} <= set(REGISTRY)
     # The CLIs offer the style names without importing the prompt module; they must be its styles.
     assert set(PROMPT_STYLES) == set(STYLES) and DEFAULT_PROMPT_STYLE == DEFAULT_STYLE
     # Shells refuse a misspelt method by these names before the registry (torch) is imported.
-    from midlens.core.names import METHODS
+    from midlens.core.defaults import METHODS
     from midlens.generators.methods.registry import REGISTRY as METHOD_REGISTRY
 
     assert tuple(METHOD_REGISTRY)[: len(METHODS)] == METHODS
@@ -200,7 +200,7 @@ def test_passages_too_long_say_the_cli_options_and_a_huge_top_k_is_capped(loaded
     import logging
 
     from midlens.cli import main
-    from midlens.generators import prompt
+    from midlens.generators.models import prompt
 
     renders = []  # every stacked prompt rendered while fitting: the cost that once took 517 s (one per passage)
     render = prompt.render
@@ -270,8 +270,8 @@ def test_a_trained_method_runs_on_the_default_model_and_is_refused_early_where_n
 
     from midlens.cli import main
     from midlens.cli.options import chosen_model, method_spec
+    from midlens.core.defaults import DEFAULT_MODEL, EVAL_MODEL
     from midlens.core.errors import ArtefactError
-    from midlens.core.names import DEFAULT_MODEL, EVAL_MODEL
 
     for spec in ("mudaf", "mudaf(alpha=0)", "moice", "baseline", "mudaf(artefact='runs/my-delta')"):
         args = argparse.Namespace(model=None, method=spec)
@@ -337,10 +337,10 @@ def test_a_library_error_names_python_keywords_in_python_and_flags_on_the_comman
 
 
 def test_one_message_per_value_whichever_interface_passes_it():
-    """top_k, the question and the prompt style are checked once, by core.checks, with the same words from Pipeline,
+    """top_k, the question and the prompt style are checked once, by core.validation, with the same words from Pipeline,
     the LlamaIndex retriever and the command line."""
-    from midlens.core.checks import check_top_k
     from midlens.core.errors import InvalidArgumentError
+    from midlens.core.validation import check_top_k
     from midlens.rag.llamaindex import MidlensRetriever
     from midlens.rag.pipeline import Pipeline
 
@@ -453,7 +453,7 @@ def test_abstain_below_decides_the_words_as_well_as_the_withholding(loaded, caps
     question SmolLM2's fine-tune answers right at a support of 0.598 (tests/test_support.py; its threshold in force
     0.656): under 0.8 it is withheld and called "uncertain", in the printed line and in the JSON."""
     from midlens.cli import main
-    from midlens.generators.support import ABSTAIN_TEXT
+    from midlens.generators.answering.support import ABSTAIN_TEXT
     from tests.test_support import RIGHT
 
     assert main(["ask", RIGHT, "--abstain-below", "0.8", "--method", "finetuned", "--json", *SMOL]) == 0

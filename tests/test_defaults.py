@@ -1,4 +1,4 @@
-"""Where no method is named, every interface runs the one measured for the model (core.names): the answering
+"""Where no method is named, every interface runs the one measured for the model (core.defaults): the answering
 method of Generator, Pipeline, the LlamaIndex classes, the demo, the server and the CLI, and the reranker's
 method and score. The tables are patched to a method that is not the fallback, so a shell that still passed a
 hard-coded "baseline" would fail here."""
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from midlens.core import names
+from midlens.core import defaults
 from midlens.core.errors import InvalidArgumentError, MethodConfigError
 from midlens.generators import Generator
 from midlens.generators.methods.registry import method_config
-from midlens.generators.prompt import build_prompt
+from midlens.generators.models.prompt import build_prompt
 from tests.conftest import planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
@@ -22,8 +22,8 @@ QUESTION = "What is the secret code word of the Zorbland expedition?"
 
 @pytest.fixture
 def answering_default(loaded, monkeypatch) -> str:
-    monkeypatch.setitem(names.ANSWER_METHODS, loaded.name, "attn-calibration")
-    monkeypatch.setitem(names.ANSWER_METHODS, names.DEFAULT_MODEL, "attn-calibration")
+    monkeypatch.setitem(defaults.ANSWER_METHODS, loaded.name, "attn-calibration")
+    monkeypatch.setitem(defaults.ANSWER_METHODS, defaults.DEFAULT_MODEL, "attn-calibration")
     return "attn-calibration"
 
 
@@ -46,7 +46,7 @@ def test_every_answering_interface_runs_the_models_measured_default(loaded, answ
     assert method_spec(argparse.Namespace(method=None, model=None)).name == answering_default
     # Naming a method still wins, and a model folder (no measurement) falls back to the baseline.
     assert Generator(loaded, method="baseline").method.name == "baseline"
-    assert names.answer_method_for("/models/my-own") == names.FALLBACK_ANSWER_METHOD == "baseline"
+    assert defaults.answer_method_for("/models/my-own") == defaults.FALLBACK_ANSWER_METHOD == "baseline"
 
 
 def test_the_reranker_ranks_by_the_best_ranker_measured_for_its_model(loaded):
@@ -54,12 +54,12 @@ def test_the_reranker_ranks_by_the_best_ranker_measured_for_its_model(loaded):
 
     from midlens.rag.llamaindex import AttentionReranker
 
-    method, score = names.reranker_for(loaded.name)
+    method, score = defaults.reranker_for(loaded.name)
     assert (method, score) == ("mudaf", "evidence")  # docs/results/smollm2-135m/mudaf/report-rerank-n200/
     reranker = AttentionReranker(model=loaded, top_n=4)
     assert reranker.method == method and reranker._score_by() == score
     assert AttentionReranker(model=loaded, method="baseline")._score_by() == "calibrated"  # its own measured best
-    assert names.reranker_for("/models/my-own") == names.FALLBACK_RERANKER
+    assert defaults.reranker_for("/models/my-own") == defaults.FALLBACK_RERANKER
 
     passages = planted_passages(4, 3)
     nodes = [NodeWithScore(node=TextNode(id_=p.id, text=p.text, metadata={"title": p.title})) for p in passages]
@@ -86,8 +86,11 @@ def test_each_packaged_models_shipped_default_is_what_the_rule_decides_on_runs_a
     from midlens.rag.options import AnswerOptions
 
     options = AnswerOptions()
-    assert (options.prompt_style, options.max_new_tokens) == (names.DEFAULT_PROMPT_STYLE, names.DEFAULT_MAX_NEW_TOKENS)
-    assert names.is_measured_restack(options.restack) and options.restack_rounds == 1
+    assert (options.prompt_style, options.max_new_tokens) == (
+        defaults.DEFAULT_PROMPT_STYLE,
+        defaults.DEFAULT_MAX_NEW_TOKENS,
+    )
+    assert defaults.is_measured_restack(options.restack) and options.restack_rounds == 1
     folders = sorted(
         {p.parent for p in (AS_SHIPPED / model).rglob("config.json")} if (AS_SHIPPED / model).is_dir() else set()
     )
@@ -98,7 +101,7 @@ def test_each_packaged_models_shipped_default_is_what_the_rule_decides_on_runs_a
         assert shared["examples"] == 200
     decided = chosen(verdicts) if verdicts else "baseline"
     assert decided == shipped_candidate(model)
-    assert REFERENCE_STYLE == names.DEFAULT_PROMPT_STYLE or " @" in decided  # the instruction ships with its winner
+    assert REFERENCE_STYLE == defaults.DEFAULT_PROMPT_STYLE or " @" in decided  # the instruction ships with its winner
 
 
 def test_every_answering_interface_restacks_where_it_was_measured_to_help(loaded, measured_restack, tmp_path):
@@ -113,11 +116,11 @@ def test_every_answering_interface_restacks_where_it_was_measured_to_help(loaded
     from midlens.serve.engine import Engine
     from midlens.serve.schemas import ChatExtension
 
-    default = names.answer_method_for(loaded.name)
+    default = defaults.answer_method_for(loaded.name)
     spec = method_config(default).spec()
-    assert names.measured_restack_for(loaded.name, spec) == "mudaf"
-    assert names.measured_restack_for(loaded.name, "baseline") is None
-    assert names.measured_restack_for("/models/my-own", spec) is None  # a folder: never measured
+    assert defaults.measured_restack_for(loaded.name, spec) == "mudaf"
+    assert defaults.measured_restack_for(loaded.name, "baseline") is None
+    assert defaults.measured_restack_for("/models/my-own", spec) is None  # a folder: never measured
 
     generator = Generator(loaded)
     pipe = Pipeline(None, generator)
@@ -131,14 +134,14 @@ def test_every_answering_interface_restacks_where_it_was_measured_to_help(loaded
         Pipeline(None, generator, restack_rounds=2)
 
     ask = build_parser()
-    assert ask.parse_args(["ask", QUESTION]).restack == names.RESTACK_MEASURED
+    assert ask.parse_args(["ask", QUESTION]).restack == defaults.RESTACK_MEASURED
     assert ask.parse_args(["ask", QUESTION, "--no-restack"]).restack is None
-    assert ask.parse_args(["ask", QUESTION, "--restack"]).restack == names.DEFAULT_RESTACK_SCORER
+    assert ask.parse_args(["ask", QUESTION, "--restack"]).restack == defaults.DEFAULT_RESTACK_SCORER
     with pytest.raises(SystemExit):  # one or the other
         ask.parse_args(["ask", QUESTION, "--restack", "--no-restack"])
 
     llm = MidlensLLM(generator)
-    assert llm.restack == names.RESTACK_MEASURED and llm.pipeline.restack.scorer_spec == "mudaf"
+    assert llm.restack == defaults.RESTACK_MEASURED and llm.pipeline.restack.scorer_spec == "mudaf"
     assert MidlensLLM(generator, restack=None).pipeline.restack is None
     with pytest.raises(MethodConfigError, match="restack=.no-such-scorer.: restacking scores"):
         MidlensLLM(generator, restack="no-such-scorer")
@@ -149,11 +152,11 @@ def test_every_answering_interface_restacks_where_it_was_measured_to_help(loaded
     assert backend.measured_restack(loaded.name, backend.method) == "mudaf"
     assert backend.measured_restack(loaded.name, "baseline") is None
 
-    assert AnswerRequest(question=QUESTION).restack == ChatExtension().restack == names.RESTACK_MEASURED
+    assert AnswerRequest(question=QUESTION).restack == ChatExtension().restack == defaults.RESTACK_MEASURED
     engine = Engine(loaded.name)
     assert engine.spec()["restack"] == "mudaf"  # what a client learns from GET /v1/midlens/spec
-    assert engine._decoding(None, {"restack": names.RESTACK_MEASURED}).restack == "mudaf"
-    assert engine._decoding("baseline", {"restack": names.RESTACK_MEASURED}).restack is None
+    assert engine._decoding(None, {"restack": defaults.RESTACK_MEASURED}).restack == "mudaf"
+    assert engine._decoding("baseline", {"restack": defaults.RESTACK_MEASURED}).restack is None
     assert engine._decoding(None, {"restack": None}).restack is None
     assert engine._decoding(None, {}).restack is None  # a score request: nothing is answered
 

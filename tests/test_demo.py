@@ -320,8 +320,8 @@ def test_a_passage_stacked_by_a_link_says_which_passage_named_it(pipeline, defau
 def fake_answer(text: str, texts: list[str], scores: list[float], question: str = "Where did it open?"):
     """An Answer over passages with the given texts and (raw = calibrated) scores, as the generator returns it."""
     from midlens.demo.views import ranks
-    from midlens.generators.answer import Answer
-    from midlens.generators.evidence import EvidenceConfig, PassageEvidence
+    from midlens.generators.answering.answer import Answer
+    from midlens.generators.attention.evidence import EvidenceConfig, PassageEvidence
 
     passages = [
         PassageEvidence(i + 1, Passage(text=t, title=f"P{i + 1}", id=str(i)), None, s, s, None, r)
@@ -362,7 +362,7 @@ def test_the_verdict_gives_no_frequency_for_a_method_the_support_model_was_not_f
     29 in 100 answers scored like this one are right", a frequency the support model does not back for that method.
     The first screen now says, in plain words, that how often is not known for it; Details carry the CLI's words."""
     from midlens.demo import views
-    from midlens.generators.support import Support
+    from midlens.generators.answering.support import Support
 
     texts = ["It opened in Torrance.", "The first store opened in Brea, California.", "Gr."]
     answer = fake_answer("Brea", texts, [0.02, 0.06, 0.02])
@@ -433,7 +433,7 @@ def test_first_screen_words_for_a_real_answer(pipeline):
 def cited_answer(verified: tuple[bool | None, bool | None] = (None, None), drops=(None, None)):
     """fake_answer with two answer sentences: the first cites passage 2's first sentence and passage 1's second,
     the second cites nothing."""
-    from midlens.generators.citations import Citation, CitedSource
+    from midlens.generators.answering.citations import Citation, CitedSource
 
     texts = ["It opened in Torrance. Then <it> moved.", "The first store opened in Brea, California. It grew.", "Gr."]
     answer = fake_answer("Brea, *California*. It grew.", texts, [0.02, 0.06, 0.02])
@@ -504,8 +504,8 @@ def test_a_needed_passage_of_a_flagged_sentence_is_no_green_check():
     lists under "may not rest on the passages" (0.05). A passage the sentence's words need does not make its claim
     supported: no check mark, no "yes", a look and words of its own."""
     from midlens.demo import check_views, views
-    from midlens.generators.checking import CheckedSupport
-    from midlens.generators.support import Support
+    from midlens.generators.answering.check import CheckedSupport
+    from midlens.generators.answering.support import Support
 
     checked = cited_answer((True, True), (4.37, 3.11))
     checked.checked = True
@@ -531,7 +531,8 @@ def test_a_needed_passage_of_a_flagged_sentence_is_no_green_check():
 
 def test_the_demo_and_the_shell_mark_a_sentences_passages_in_one_order():
     """Issue 83 F: the same answer was marked "[4][3]" in the demo (the rule's ranking) and "[3][4]" in the shell
-    (prompt order). Every view lists a sentence's passages by their number (generators.citations.marker_order)."""
+    (prompt order). Every view lists a sentence's passages by their number
+    (generators.answering.citations.marker_order)."""
     from midlens.demo import check_views, views
     from midlens.rag.pipeline import marked_answer
 
@@ -561,7 +562,7 @@ def test_check_citations_verifies_against_the_prompt_answered_from(pipeline):
 
 
 def test_the_restack_switch_starts_where_restacking_was_measured_to_help(pipeline, measured_restack):
-    """The "Re-order" switch is on for a model and method restacking was measured to help (core.names.
+    """The "Re-order" switch is on for a model and method restacking was measured to help (core.defaults.
     MEASURED_RESTACKS: none today, SmolLM2's default patched in), off otherwise, and both the model and the method
     menus set it again."""
     from midlens.demo.app import build_blocks
@@ -580,7 +581,7 @@ def test_every_method_on_the_page_cites_with_the_evidence_the_demo_was_started_w
     MuDAF's evidence (each under the rule measured for itself with it); a page started on a pipeline cites as that
     pipeline does, citations off included."""
     from midlens.generators import Generator
-    from midlens.generators.citations import CitationConfig, MeasuredCitations
+    from midlens.generators.answering.citations import CitationConfig, MeasuredCitations
 
     gen = Generator(pipeline.generator.loaded, method="baseline", citations=MeasuredCitations(evidence_from="mudaf"))
     backend = DemoBackend(Pipeline(default_retriever, gen, top_k=3))
@@ -661,7 +662,7 @@ def test_each_answering_control_starts_at_answer_options_default(measured_restac
     needs no passage)."""
     from dataclasses import fields
 
-    from midlens.core.names import RESTACK_MEASURED, measured_restack_for
+    from midlens.core.defaults import RESTACK_MEASURED, measured_restack_for
     from midlens.generators.methods.registry import method_config
     from midlens.rag.option_fields import spelt_by
     from midlens.rag.options import AnswerOptions, option_info

@@ -12,8 +12,8 @@ from gradio_client.exceptions import AppError
 
 from midlens.demo.backend import MAX_PASTED_CHARS, MAX_TOP_K, UserError, pasted_passages
 from midlens.demo.check_views import EXAMPLE_ANSWER, EXAMPLE_TITLES, example
-from midlens.generators.checking import NO_SUPPORT_MODEL
-from midlens.generators.support import BAND_WORDS
+from midlens.generators.answering.check import NO_SUPPORT_MODEL
+from midlens.generators.answering.support import BAND_WORDS
 from tests.conftest import PLANTED_FACT, planted_passages
 from tests.test_demo import MODEL, column, served, unwrap
 

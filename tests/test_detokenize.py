@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from midlens.generators.detokenize import IncrementalText
+from midlens.generators.answering.detokenize import IncrementalText
 from tests.tiny import _tokenizer
 
 TEXT = "Brea, California — 1,024 km² naïve café 東京 🎉🎉 𓂀𓃰 𠜎 <b>x</b>\n\n  spaced  out. Wim Wenders' film"
@@ -36,7 +36,7 @@ def test_tiny_tokenizer():
 def test_packaged_tokenizers(name):
     from transformers import AutoTokenizer
 
-    from midlens.generators.model_cache import resolve_model_dir
+    from midlens.generators.models.model_cache import resolve_model_dir
 
     tok = AutoTokenizer.from_pretrained(resolve_model_dir(name))
     ids = _ids(tok)

@@ -767,7 +767,7 @@ def test_planning_a_run_loads_no_model_and_its_options_pickle(tmp_path, monkeypa
 
     from midlens.eval.options import RunOptions
     from midlens.eval.plan import plan_run
-    from midlens.generators import loading
+    from midlens.generators.models import loading
 
     def refuse(*args, **kwargs):
         raise AssertionError("planning loaded a model")

@@ -199,7 +199,7 @@ def test_a_run_grades_the_rule_the_library_cites_by_for_its_model_and_method(tmp
     """Without rule flags, rule.json is the rule `Generator` applies: the one measured for (model, method) where all
     the run's methods share it, the default otherwise; each flag given wins over it."""
     from midlens.eval.cite import CiteOptions, run_rule
-    from midlens.generators.citations import MEASURED_RULES
+    from midlens.generators.answering.citations import MEASURED_RULES
 
     measured = {**DEFAULT_RULE, **MEASURED_RULES[("qwen2.5-coder-0.5b", "mudaf")]}
     assert measured != DEFAULT_RULE
@@ -222,7 +222,7 @@ def test_a_run_with_another_methods_evidence_grades_what_the_library_cites(tmp_p
     from midlens.eval.cite import layout, rule_scores
     from midlens.eval.datasets import load_hotpotqa
     from midlens.generators import Generator
-    from midlens.generators.citations import CitationConfig, MeasuredCitations
+    from midlens.generators.answering.citations import CitationConfig, MeasuredCitations
 
     out = tmp_path / "cite"
     args = ["eval", "cite", "--n", "1", "--positions", "1", "--max-words", "20", "--max-new-tokens", "12"]

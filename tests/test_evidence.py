@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from midlens.generators.attention import new_cache
-from midlens.generators.evidence import EvidenceConfig, aggregate
-from midlens.generators.prompt import StackedPrompt
+from midlens.generators.attention.evidence import EvidenceConfig, aggregate
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.models.prompt import StackedPrompt
 from tests.conftest import PLANTED_FACT, planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
@@ -46,7 +46,7 @@ def test_result_fields_and_timings(generator):
 
 def test_calibration_equals_a_separate_full_run_of_the_null_prompt(generator):
     """The cached-prefix N/A pass must give the same rows as running the N/A prompt from scratch."""
-    from midlens.generators.prompt import CONTENT_FREE_QUESTION
+    from midlens.generators.models.prompt import CONTENT_FREE_QUESTION
 
     passages = planted_passages(4, 3)
     real = generator.generate(generator.prompt(QUESTION, passages), max_new_tokens=3)

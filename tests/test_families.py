@@ -22,11 +22,12 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from midlens.core.errors import MethodConfigError, ModelError
 from midlens.core.passage import Passage
-from midlens.generators import Generator, load_check
-from midlens.generators.anatomy import model_anatomy
-from midlens.generators.attention import new_cache
-from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.loading import load_model
+from midlens.generators import Generator
+from midlens.generators.attention.anatomy import model_anatomy
+from midlens.generators.attention.evidence import EvidenceConfig
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.models import transformers_parity
+from midlens.generators.models.loading import load_model
 from tests.test_batch import assert_rows_equal
 from tests.tiny import FAMILIES, VOCAB_SIZE, WINDOW, save_tiny
 
@@ -71,9 +72,10 @@ def test_baseline_logits_equal_transformers_at_prefill_and_over_cached_decode_st
         assert diff < LOGIT_TOL, f"{name}: {'prefill' if step == 0 else f'decode step {step}'} differs by {diff:.2e}"
 
 
-# bf16: judged as the load check judges it (generators/load_check.py; measured in docs/results/load-check/): the
-# reference is transformers' forward of the same bf16-rounded weights in float32, and midlens' bf16 logits must be no
-# farther from it than SPREAD_MULTIPLE times transformers' own bf16 logits are, plus SPREAD_FLOOR, at every step.
+# bf16: judged as the load check judges it (generators/models/transformers_parity.py; measured in
+# docs/results/load-check/): the reference is transformers' forward of the same bf16-rounded weights in float32, and
+# midlens' bf16 logits must be no farther from it than SPREAD_MULTIPLE times transformers' own bf16 logits are, plus
+# SPREAD_FLOOR, at every step.
 BF16_PROMPTS = ((1, PROMPT), (2, 23), (3, 31))  # (seed, length): three lengths, so a batch pads each row differently
 
 
@@ -104,7 +106,7 @@ def _assert_bf16_rule(name: str, ours: list[torch.Tensor], full: list[torch.Tens
     for step, (a, ref, stock) in enumerate(zip(ours, full, low, strict=True)):
         spread = (stock - ref).abs().max().item()
         diff = (a.float() - ref).abs().max().item()
-        tolerance = load_check.SPREAD_MULTIPLE * spread + load_check.SPREAD_FLOOR
+        tolerance = transformers_parity.SPREAD_MULTIPLE * spread + transformers_parity.SPREAD_FLOOR
         where = "prefill" if step == 0 else f"decode step {step}"
         assert diff <= tolerance, f"{name}: bf16 {where} is {diff:.2e} from fp32 (transformers' bf16: {spread:.2e})"
 
@@ -124,8 +126,8 @@ def test_bf16_logits_are_as_close_to_fp32_as_transformers_own_bf16_logits(family
 def test_bf16_batched_rows_are_within_the_same_tolerance_as_each_prompt_alone(family_bf16):
     """Three prompts left-padded into one batch (the generator's masks and positions), then teacher-forced cached
     steps: each row's logits obey the bf16 rule against its own prompt's fp32 reference, as the row alone does."""
-    from midlens.generators.batch import padded_block
-    from midlens.generators.masks import padded_causal
+    from midlens.generators.answering.batch import padded_block
+    from midlens.generators.attention.masks import padded_causal
 
     name, loaded, stock, full = family_bf16
     rows = [_ids(seed, length + STEPS)[0] for seed, length in BF16_PROMPTS]

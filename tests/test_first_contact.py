@@ -108,7 +108,7 @@ def test_ask_json_is_json_on_first_use_and_after_a_damaged_cache_is_rebuilt(tmp_
     so `ask --json > out.json` holds only the answer. The repair's note names the damaged file and does not ask the
     user to clear a cache that midlens is already replacing."""
     from midlens.cli import main
-    from midlens.generators import loading, packaged_models
+    from midlens.generators.models import loading, packaged_models
     from tests.damage import overwrite
 
     monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
@@ -228,7 +228,7 @@ def test_another_model_s_mudaf_artefact_on_a_model_folder_names_the_layer_counts
 
     from midlens.core.errors import ArtefactError
     from midlens.generators import Generator, load_model
-    from midlens.generators.artefacts import SHIPPED
+    from midlens.generators.models.shipped import SHIPPED
     from tests.tiny import save_tiny
 
     folder = save_tiny("llama", tmp_path / "tiny")  # 4 layers; the shipped SmolLM2 delta adapts 30
@@ -253,7 +253,7 @@ def test_another_model_s_mudaf_artefact_on_a_model_folder_names_the_layer_counts
 
 def test_a_model_folder_without_tokenizer_files_says_so(tmp_path):
     from midlens.core.errors import ModelError
-    from midlens.generators.loading import load_model
+    from midlens.generators.models.loading import load_model
     from tests.tiny import save_tiny
 
     folder = save_tiny("llama", tmp_path / "weights-only")

@@ -7,7 +7,7 @@ import pytest
 
 from midlens.core.passage import Passage
 from midlens.generators import Generator
-from midlens.generators.loading import load_model
+from midlens.generators.models.loading import load_model
 
 pytestmark = pytest.mark.model
 

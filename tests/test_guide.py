@@ -22,7 +22,7 @@ NOT_RUN = {
 SUPPORT_WORDS = (
     r" \| (likely supported|uncertain: check it against the passages|check this: the passages may not support it) "
     # The number, then where "likely" starts and who set it, or, for a method outside the support model's fitted
-    # set, that it is not calibrated for it (generators/support.py).
+    # set, that it is not calibrated for it (generators/answering/support.py).
     r"\(0\.\d\d+(; likely from 0\.\d\d+, (the support model's threshold|set by abstain_below|abstain_below "
     r"[\d.]+ raised to the 0\.5 floor)|, not calibrated for [\w()=.-]+: (the model-agnostic support model|"
     r"[\w.-]+'s support model) was fitted on answers of .+)\)$"

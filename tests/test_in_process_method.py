@@ -9,11 +9,11 @@ import torch
 from midlens.core.errors import MethodConfigError
 from midlens.core.passage import Passage
 from midlens.generators import Generator
-from midlens.generators.context import MethodParts
-from midlens.generators.loading import load_model
+from midlens.generators.attention.rope import RotaryScheme, layer_inv_freq
 from midlens.generators.methods import registry
+from midlens.generators.methods.install import MethodParts
 from midlens.generators.methods.method import Method
-from midlens.generators.rope import RotaryScheme, layer_inv_freq
+from midlens.generators.models.loading import load_model
 from midlens.rag.options import AnswerOptions
 from midlens.rag.pipeline import Pipeline
 from tests.tiny import save_tiny

@@ -14,9 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from midlens.generators import Generator
-from midlens.generators.anatomy import model_anatomy
-from midlens.generators.attention import new_cache
-from midlens.generators.loading import load_model
+from midlens.generators.attention.anatomy import model_anatomy
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.models.loading import load_model
 from tests.tiny import VOCAB_SIZE, WINDOW, save_tiny, tiny_config
 
 

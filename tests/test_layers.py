@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-from midlens.core.names import METHODS
+from midlens.core.defaults import METHODS
 
 # The baseline is the identity every method is measured against (reports pair with it, the demo shows it beside
 # another method); comparing with it is not branching on a method's behaviour.
@@ -42,7 +42,7 @@ def test_no_shell_branches_on_a_method_name():
 
 
 def test_the_builtin_method_names_are_the_registry_s():
-    """core.names.METHODS lets `--help` list methods without loading torch; it must be the registry's list."""
+    """core.defaults.METHODS lets `--help` list methods without loading torch; it must be the registry's list."""
     from midlens.generators.methods.registry import REGISTRY
 
     assert tuple(name for name in REGISTRY if name in METHODS) == METHODS
@@ -71,6 +71,73 @@ def test_lower_layers_never_import_higher_ones():
                     if order[target] > level or (order[target] == level and target != folder and level > 0):
                         offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports midlens.{target}")
     assert not offenders, "\n".join(offenders)
+
+
+# generators/ in rooms, bottom up: the attention module and its arithmetic; a model loaded and checked against
+# transformers, its prompts; the methods installed on the attention; answering (decoding, evidence per passage,
+# citations, support, checking). A room imports its own modules and the rooms below it, never one above.
+ROOMS = ("attention", "models", "methods", "answering")
+
+
+def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [(node.lineno, node.module)] + [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+    return found
+
+
+def test_generators_rooms_import_only_their_own_and_lower_rooms():
+    """Every generators module lives in one of the four rooms, and its imports (type-only ones included) reach its
+    own room or a lower one."""
+    rooms = {room: level for level, room in enumerate(ROOMS)}
+    offenders, homeless = [], []
+    for path in sorted((ROOT / "generators").rglob("*.py")):
+        parts = path.relative_to(ROOT / "generators").parts
+        if len(parts) == 1:  # the package's own __init__: the public API over every room
+            assert parts == ("__init__.py",), parts
+            continue
+        if parts[0] not in rooms:
+            homeless.append(str(path.relative_to(ROOT)))
+            continue
+        level = rooms[parts[0]]
+        for line, name in _imported_modules(ast.parse(path.read_text(encoding="utf-8"))):
+            target = name.split(".")
+            if target[:2] == ["midlens", "generators"] and len(target) > 2 and target[2] in rooms:
+                if rooms[target[2]] > level:
+                    offenders.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not homeless, f"modules outside the rooms {ROOMS}: {homeless}"
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_import_graph_inside_each_room_has_no_cycle():
+    """Within a room imports flow one way: the module graph (runtime and type-only imports) is acyclic."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "generators").rglob("*.py")):
+        module = "midlens." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        graph[module.removesuffix(".__init__")] = set()
+    for path in sorted((ROOT / "generators").rglob("*.py")):
+        module = ("midlens." + ".".join(path.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__")
+        for _line, name in _imported_modules(ast.parse(path.read_text(encoding="utf-8"))):
+            if name in graph and name != module and not module.endswith("generators"):
+                graph[module].add(name)
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*trail, node, nxt]
+            if nxt not in state and (cycle := visit(nxt, [*trail, node])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node, [])):
+            raise AssertionError(" -> ".join(cycle))
 
 
 def test_shells_reach_a_method_only_through_the_registry():

@@ -17,7 +17,7 @@ QUESTION = "What is the secret code word of the Zorbland expedition?"
 @pytest.fixture(scope="module")
 def gemma():
     from midlens.generators import Generator
-    from midlens.generators.loading import load_model
+    from midlens.generators.models.loading import load_model
 
     return Generator(load_model("gemma3-270m", dtype="float32"), method="baseline")
 

@@ -17,7 +17,7 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
 
 from midlens.core.errors import InvalidArgumentError, PromptTooLongError
-from midlens.generators.evidence import EvidenceConfig
+from midlens.generators.attention.evidence import EvidenceConfig
 from midlens.rag.llamaindex import AttentionReranker, MidlensLLM, MidlensQueryEngine, MidlensRetriever, to_passage
 from tests.conftest import PLANTED_FACT, planted_passages
 
@@ -397,7 +397,7 @@ def test_the_llm_refuses_a_bad_option_by_its_field_name_before_any_model_loads()
     assert out.stdout.splitlines() == [
         "InvalidArgumentError temperature=2.5",
         "InvalidArgumentError abstain_below=0.5",
-        "InvalidArgumentError prompt style 'long'",  # core.checks' words for it
+        "InvalidArgumentError prompt style 'long'",  # core.validation' words for it
         "False",
     ], out.stdout
 
@@ -405,7 +405,7 @@ def test_the_llm_refuses_a_bad_option_by_its_field_name_before_any_model_loads()
 def test_a_reranker_given_no_model_shares_the_llm_s_and_a_different_one_is_said(llm, tmp_path, caplog, monkeypatch):
     """Defect: `AttentionReranker(top_n=2)` beside `MidlensLLM(model="smollm2-135m")` silently loaded the 0.5B
     default as a second model. Now it reads the LLM's own model; a different one is logged as such."""
-    from midlens.generators.loading import load_model
+    from midlens.generators.models.loading import load_model
     from midlens.rag.llamaindex import common
     from tests.tiny import save_tiny
 
@@ -423,8 +423,8 @@ def test_a_reranker_built_before_the_engine_shares_its_model_and_loads_no_other(
     """Defect: in `MidlensQueryEngine.from_index(index, model="smollm2-135m", node_postprocessors=[AttentionReranker(
     top_n=3)])` the reranker is built first, so it loaded the default Qwen model as well and reranked with Qwen's
     attention while SmolLM2 answered. Now it loads nothing until the engine hands it the answering model."""
-    import midlens.generators.generator as generator_module
-    from midlens.generators import loading
+    import midlens.generators.answering.generator as generator_module
+    from midlens.generators.models import loading
 
     requested: list[str] = []
     real_load = generator_module.load_model
@@ -603,9 +603,9 @@ def test_from_generator_builds_no_second_generator_and_llm_models_are_weak(tmp_p
     again, a trained artefact re-hashed), and the models LLMs noted are not kept in memory by that list."""
     import gc
 
-    import midlens.generators.generator as generator_module
+    import midlens.generators.answering.generator as generator_module
     from midlens.generators import Generator, load_model
-    from midlens.generators.loading import LoadedModel
+    from midlens.generators.models.loading import LoadedModel
     from midlens.rag.llamaindex.common import llm_models, note_llm_model
     from tests.tiny import save_tiny
 
@@ -967,7 +967,7 @@ def test_an_llm_can_cite_with_another_methods_evidence(loaded):
     `Generator(citations=MeasuredCitations(evidence_from="mudaf"))`: the rule measured with MuDAF's evidence, read by
     a scorer of its own; built around a generator, the field says how that one cites."""
     from midlens.core.errors import MidlensError
-    from midlens.generators.citations import CitationConfig
+    from midlens.generators.answering.citations import CitationConfig
 
     measured = CitationConfig.measured("smollm2-135m", "baseline", evidence_from="mudaf")
     llm = MidlensLLM(loaded, method="baseline", cite_evidence="mudaf")

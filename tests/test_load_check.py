@@ -1,4 +1,5 @@
-"""The load-time comparison of midlens' attention with transformers' own forward (generators/load_check.py).
+"""The load-time comparison of midlens' attention with transformers' own forward
+(generators/models/transformers_parity.py).
 
 A tiny family is checked once per weights, config and dtype: later loads, of the same folder or of a copy, read the
 record and run no forward. A layer the module computes wrongly (here its scale, as a misread config field would
@@ -15,31 +16,32 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from midlens.core.errors import ModelError
-from midlens.generators import attention, load_check, loading
-from midlens.generators.attention import PositionalAttention
-from midlens.generators.loading import load_model, release_model
+from midlens.generators.attention import positional_attention
+from midlens.generators.attention.positional_attention import PositionalAttention
+from midlens.generators.models import loading, transformers_parity
+from midlens.generators.models.loading import load_model, release_model
 from tests.tiny import save_tiny
 
 
 @pytest.fixture
 def runs(tmp_path, monkeypatch):
-    """A fresh cache and process model memory; the list of the models `load_check.measure` ran on."""
+    """A fresh cache and process model memory; the list of the models `transformers_parity.measure` ran on."""
     monkeypatch.setenv("MIDLENS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(loading, "_LOADED", {})
     seen: list[str] = []
-    measure = load_check.measure
+    measure = transformers_parity.measure
 
     def counted(model, name, folder, vocab_size):
         seen.append(str(folder))
         return measure(model, name, folder, vocab_size)
 
-    monkeypatch.setattr(load_check, "measure", counted)
+    monkeypatch.setattr(transformers_parity, "measure", counted)
     return seen
 
 
 def _wrong_scale(monkeypatch, layer: int, factor: float) -> None:
     """Layer `layer`'s attention runs with its scale times `factor`: what a config field the module ignores does."""
-    read = attention.read_anatomy
+    read = positional_attention.read_anatomy
 
     def wrong(attn, rotary_emb):
         anatomy = read(attn, rotary_emb)
@@ -47,7 +49,7 @@ def _wrong_scale(monkeypatch, layer: int, factor: float) -> None:
             anatomy = type(anatomy)(**{**anatomy.__dict__, "scale": anatomy.scale * factor})
         return anatomy
 
-    monkeypatch.setattr(attention, "read_anatomy", wrong)
+    monkeypatch.setattr(positional_attention, "read_anatomy", wrong)
 
 
 def test_a_family_passes_once_and_later_loads_read_the_record(runs, tmp_path):
@@ -55,10 +57,10 @@ def test_a_family_passes_once_and_later_loads_read_the_record(runs, tmp_path):
     loaded = load_model(str(folder), "cpu", "float32")
     check = loaded.verified
     assert check.passed and check.judged and check.dtype == "float32" and check.spread is None
-    assert check.difference < load_check.FP32_TOLERANCE and runs == [str(folder)]
+    assert check.difference < transformers_parity.FP32_TOLERANCE and runs == [str(folder)]
     # The stock modules are back after the check: what load_model returns is the model transformers built.
     assert not any(isinstance(layer.self_attn, PositionalAttention) for layer in loaded.model.model.layers)
-    assert len(list(load_check.checks_dir().glob("*.json"))) == 1
+    assert len(list(transformers_parity.checks_dir().glob("*.json"))) == 1
 
     release_model(loaded)
     assert load_model(str(folder), "cpu", "float32").verified == check and runs == [str(folder)]
@@ -104,7 +106,9 @@ def test_bf16_is_judged_by_transformers_own_bf16_spread_and_the_weights_come_bac
     stock = load_model(str(folder), "cpu", "bfloat16")
     check = stock.verified
     assert check.passed and check.dtype == "bfloat16" and check.spread > 0
-    assert check.tolerance == pytest.approx(load_check.SPREAD_MULTIPLE * check.spread + load_check.SPREAD_FLOOR)
+    assert check.tolerance == pytest.approx(
+        transformers_parity.SPREAD_MULTIPLE * check.spread + transformers_parity.SPREAD_FLOOR
+    )
     # The check upcast the parameters to float32 and back (exact), and left the float32 RoPE buffers alone.
     assert {p.dtype for p in stock.model.parameters()} == {torch.bfloat16}
     fresh = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
@@ -119,7 +123,7 @@ def test_bf16_is_judged_by_transformers_own_bf16_spread_and_the_weights_come_bac
 def test_cache_verify_runs_the_check_again_and_says_what_it_measured(runs, tmp_path, capsys):
     from midlens.cli import main
     from midlens.core.files import models_dir
-    from midlens.generators.packaged_models import record_conversion
+    from midlens.generators.models.packaged_models import record_conversion
 
     folder = save_tiny("mistral", models_dir() / "tiny")
     record_conversion(folder, "tiny", "ab" * 32)
@@ -148,7 +152,7 @@ def test_an_error_of_the_low_precision_path_alone_is_refused_by_the_spread_rule(
         load_model(str(folder), "cpu", "bfloat16")
     msg = str(err.value)
     assert "differs from transformers' float32 forward of the same weights by " in msg
-    assert f"{load_check.SPREAD_MULTIPLE:g} x the " in msg and "first at layer 1." in msg
+    assert f"{transformers_parity.SPREAD_MULTIPLE:g} x the " in msg and "first at layer 1." in msg
     assert 'pass dtype="float32" to run it in float32, where it matches' in msg
 
 
@@ -160,11 +164,11 @@ def test_a_bf16_model_whose_float32_reference_does_not_fit_loads_unjudged_and_un
     def no_room(model):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(load_check, "_float32_parameters", no_room)
+    monkeypatch.setattr(transformers_parity, "_float32_parameters", no_room)
     loaded = load_model(str(folder), "cpu", "bfloat16")
     assert loaded.dtype == torch.bfloat16 and not loaded.verified.judged
     assert "its float32 reference does not fit in memory" in capsys.readouterr().err
-    assert not list(load_check.checks_dir().glob("*.json"))  # the next load tries again
+    assert not list(transformers_parity.checks_dir().glob("*.json"))  # the next load tries again
 
 
 def test_an_error_in_cached_decoding_alone_names_the_decode_step(runs, tmp_path, monkeypatch):
@@ -188,7 +192,7 @@ def test_a_softcap_field_the_forward_never_applies_is_not_read_as_one(runs, tmp_
     """Gemma 3's config may carry attn_logit_softcapping and its attention module copies it, but its forward never
     passes it on: read as an attribute, the field made midlens soft-cap logits transformers leaves alone, and the
     load check refused the model. Gemma 2's forward does pass it, and is still read as capped."""
-    from midlens.generators.anatomy import model_anatomy
+    from midlens.generators.attention.anatomy import model_anatomy
 
     folder = save_tiny("gemma3", tmp_path / "gemma3", attn_logit_softcapping=50.0)
     loaded = load_model(str(folder), "cpu", dtype)
@@ -204,23 +208,24 @@ def test_the_code_hash_covers_every_module_the_checked_forward_runs(tmp_path):
     import sys
     from pathlib import Path
 
-    package = Path(load_check.__file__).parent
+    package = Path(transformers_parity.__file__).parent.parent  # generators/: its rooms
     folder = save_tiny("gemma3", tmp_path / "gemma3")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()  # no layer read yet
     ran: set[Path] = set()
 
     def profile(frame, event, arg):
         path = Path(frame.f_code.co_filename)
-        if event == "call" and path.parent == package:
+        if event == "call" and package in path.parents:
             ran.add(path)
 
     sys.setprofile(profile)
     try:
-        assert load_check.measure(model, str(folder), folder, model.config.vocab_size).passed
+        assert transformers_parity.measure(model, str(folder), folder, model.config.vocab_size).passed
     finally:
         sys.setprofile(None)
-    hashed = set(load_check.checked_modules().values())
-    assert {package / "masks.py", package / "layer_trace.py", package / "attention.py"} <= ran
+    hashed = set(transformers_parity.checked_modules().values())
+    room = package / "attention"
+    assert {room / "masks.py", room / "layer_trace.py", room / "positional_attention.py"} <= ran
     assert ran <= hashed, sorted(p.name for p in ran - hashed)
 
 
@@ -230,15 +235,15 @@ def test_an_edit_to_a_checked_module_runs_the_check_again(runs, tmp_path, monkey
 
     folder = save_tiny("llama", tmp_path / "llama")
     release_model(load_model(str(folder), "cpu", "float32"))
-    before = load_check._code_digest()
+    before = transformers_parity._code_digest()
     read = Path.read_bytes
 
     def edited(path: Path) -> bytes:
         data = read(path)
-        return data + b"\n# an edit\n" if path.name == module and path.parent.name == "generators" else data
+        return data + b"\n# an edit\n" if path.name == module and path.parent.name == "attention" else data
 
     monkeypatch.setattr(Path, "read_bytes", edited)
-    assert load_check._code_digest() != before
+    assert transformers_parity._code_digest() != before
     assert load_model(str(folder), "cpu", "float32").verified.passed and len(runs) == 2
 
 
@@ -253,6 +258,6 @@ def test_the_check_runs_no_more_tokens_than_one_64_token_prefill_per_precision(t
     model.register_forward_pre_hook(
         lambda _, args, kwargs: tokens.append(kwargs["input_ids"].shape[1]), with_kwargs=True
     )
-    assert load_check.measure(model, str(folder), folder, model.config.vocab_size).passed
+    assert transformers_parity.measure(model, str(folder), folder, model.config.vocab_size).passed
     precisions = 1 if dtype == "float32" else 2
     assert len(tokens) <= 2 * 3 * precisions and sum(tokens) <= 64 * precisions, tokens

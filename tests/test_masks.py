@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from midlens.generators.masks import (
+from midlens.generators.attention.masks import (
     and_masks,
     as_additive,
     causal,

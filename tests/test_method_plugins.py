@@ -25,9 +25,9 @@ PLUGIN = '''
 import torch
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.context import MethodParts
+from midlens.generators.methods.install import MethodParts
 from midlens.generators.methods.method import Method
-from midlens.generators.rope import RotaryScheme
+from midlens.generators.attention.rope import RotaryScheme
 
 
 class RecencyScheme(RotaryScheme):

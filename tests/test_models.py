@@ -14,10 +14,10 @@ import pytest
 from midlens.cli.options import cli_message
 from midlens.core.errors import ModelError
 from midlens.core.files import models_dir
-from midlens.generators import loading, packaged_models
-from midlens.generators.loading import load_model
-from midlens.generators.model_cache import resolve_model_dir
-from midlens.generators.packaged_models import GGUFSource, record_conversion
+from midlens.generators.models import loading, packaged_models
+from midlens.generators.models.loading import load_model
+from midlens.generators.models.model_cache import resolve_model_dir
+from midlens.generators.models.packaged_models import GGUFSource, record_conversion
 from tests.damage import age, dead_owner, overwrite, poison, rot
 from tests.tiny import save_tiny
 

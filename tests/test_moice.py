@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from midlens.core.errors import ArtefactError, MethodConfigError
 from midlens.generators import Generator
-from midlens.generators.context import MethodParts, method_context
+from midlens.generators.methods.install import MethodParts, method_context
 from midlens.generators.methods.moice import MoiceScheme, new_schemes, routed_attention
 from midlens.generators.methods.registry import build_parts, method_config
 from midlens.generators.methods.rope_bases import complementary_bases, waveform
@@ -58,7 +58,7 @@ def _logits(loaded, ids, parts):
 
 
 def _prompt_ids(loaded, n_passages: int = 4) -> torch.Tensor:
-    from midlens.generators.prompt import render
+    from midlens.generators.models.prompt import render
 
     prompt = render(loaded.tokenizer, planted_passages(n_passages, 2), "What is the secret code word?")
     return torch.tensor([prompt.input_ids])
@@ -79,8 +79,8 @@ def test_a_router_forced_onto_the_native_base_reproduces_the_baseline_logits(loa
 
 def test_equal_weights_over_all_experts_match_a_direct_reference(loaded):
     """K = N with equal weights: the layer's output is the mean over bases of eager softmax attention."""
-    from midlens.generators.attention import install_positional_attention
-    from midlens.generators.rope import apply_rotary, rotary_tables
+    from midlens.generators.attention.positional_attention import install_positional_attention
+    from midlens.generators.attention.rope import apply_rotary, rotary_tables
 
     attn = install_positional_attention(loaded.model)[5]
     scheme = MoiceScheme(loaded.model.model.rotary_emb.inv_freq, attn.num_heads, attn.num_kv_heads, SMOL_BASES, 7)
@@ -166,7 +166,7 @@ def test_the_balance_loss_has_a_gradient_only_when_k_is_below_n(loaded):
 def tiny_slice(loaded):
     """Two short training examples (3 passages, the planted fact first or last): ~300 tokens each, so a few
     forward+backward passes through 7 experts x 30 layers stay within seconds on a CPU."""
-    from midlens.generators.prompt import render
+    from midlens.generators.models.prompt import render
     from midlens.training.data import TrainExample
 
     tok = loaded.tokenizer
@@ -238,7 +238,7 @@ def test_bad_moice_options_are_refused_before_loading():
 
 
 def test_shipped_routers_load_by_default(loaded):
-    from midlens.generators.artefacts import shipped_path
+    from midlens.generators.models.shipped import shipped_path
 
     meta = json.loads((shipped_path("moice", "smollm2-135m") / "meta.json").read_text())
     assert meta["experts"]["bases"] == SMOL_BASES  # shipped with the bases this code derives for the model

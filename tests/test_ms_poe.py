@@ -7,9 +7,9 @@ import torch
 
 from midlens.core.errors import MethodConfigError
 from midlens.generators import Generator
-from midlens.generators.attention import new_cache
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.attention.rope import RotaryScheme, apply_rotary, rotary_tables
 from midlens.generators.methods.ms_poe import MsPoEScheme, position_awareness, ranks_descending, ratio_ladder
-from midlens.generators.rope import RotaryScheme, apply_rotary, rotary_tables
 from tests.conftest import planted_passages
 
 LOGIT_TOL = 1e-4  # fp32; the bound for "identical"

@@ -11,10 +11,10 @@ import torch
 
 from midlens.core.errors import ArtefactError, MidlensError
 from midlens.generators import Generator
-from midlens.generators.context import MethodParts, method_context
-from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.retrieval_heads import SHIPPED, load_scores, select_heads, top_heads
-from midlens.generators.rope import baseline_schemes
+from midlens.generators.attention.evidence import EvidenceConfig
+from midlens.generators.attention.rope import baseline_schemes
+from midlens.generators.methods.install import MethodParts, method_context
+from midlens.generators.methods.retrieval_heads import SHIPPED, load_scores, select_heads, top_heads
 from midlens.retrievers.hotpotqa import load_rows, split_of
 from midlens.training.data import data_record, training_examples
 from midlens.training.heads import head_f1_em
@@ -154,8 +154,8 @@ def test_shipped_deltas_load_by_name_and_another_base_model_is_refused(loaded, t
     with pytest.raises(MidlensError, match="alpha"):
         Generator(loaded, method="mudaf(alpha=0.5)")  # nothing shipped for it: a clear error, not a random delta
     # The same artefact with another base model's hash: refused before any weight is used.
-    from midlens.generators.artefacts import SHIPPED as TRAINED
     from midlens.generators.methods.mudaf import shipped_name
+    from midlens.generators.models.shipped import SHIPPED as TRAINED
 
     forged = tmp_path / "forged"
     shutil.copytree(TRAINED / "mudaf" / shipped_name(loaded.name, {"alpha": 0.7}), forged)
@@ -182,7 +182,7 @@ def test_retrieval_head_evidence_averages_the_shipped_top_heads(loaded):
 
 def test_every_shipped_score_file_is_for_a_packaged_model_and_its_exact_weights():
     # Loading checks the hash against the loaded model; this checks what ships without loading the 0.5B model.
-    from midlens.generators.packaged_models import REGISTRY
+    from midlens.generators.models.packaged_models import REGISTRY
 
     shipped = sorted(SHIPPED.glob("*.json"))
     # The two models that answer; Gemma 3 270M (a base model, no trained method yet) ships none: `midlens heads`
@@ -247,9 +247,9 @@ def test_train_command_runs_the_recipe_each_trainable_method_s_entry_names(loade
 def test_the_default_models_shipped_artefacts_load_verified_and_act_only_while_installed():
     # The Qwen artefacts were trained on a GPU; here they load on the CPU, pass their hash and base-model checks,
     # change the logits while installed and leave the shared weights as they were afterwards.
-    from midlens.generators.artefacts import shipped_path
-    from midlens.generators.loading import load_model
-    from midlens.generators.packaged_models import DEFAULT_MODEL
+    from midlens.generators.models.loading import load_model
+    from midlens.generators.models.packaged_models import DEFAULT_MODEL
+    from midlens.generators.models.shipped import shipped_path
 
     qwen = load_model(DEFAULT_MODEL)
     base = Generator(qwen, method="baseline")  # the stock model: the default model answers with a delta

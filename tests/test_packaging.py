@@ -80,10 +80,10 @@ def test_public_names_import_from_the_top_and_only_when_used():
     assert done.returncode == 0, done.stderr[-2000:]
 
     import midlens
-    from midlens.generators.answer import Answer
-    from midlens.generators.evidence import EvidenceConfig
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
+    from midlens.generators.answering.answer import Answer
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.attention.evidence import EvidenceConfig
+    from midlens.generators.models.loading import load_model
     from midlens.rag.pipeline import Pipeline
     from midlens.retrievers.dense import DenseRetriever
 

@@ -9,7 +9,7 @@ import pytest
 
 from midlens.core.errors import InvalidArgumentError
 from midlens.generators import Generator
-from midlens.generators.citations import Citation, CitedSource
+from midlens.generators.answering.citations import Citation, CitedSource
 from midlens.rag.pipeline import AnswerStream, Pipeline, marked_answer
 from tests.conftest import planted_passages
 
@@ -108,7 +108,7 @@ def test_a_stream_cites_each_sentence_once_the_next_one_begins(pipeline):
 def test_a_batch_hands_each_rows_citations_to_on_citation_as_its_sentences_end(pipeline):
     """generate_batch(on_citation=): every row's Citations, each exactly once, in answer order, interleaved with
     that row's text deltas (a sentence's right after the delta that began the next one), equal to its Answer's."""
-    from midlens.generators.prompt import build_prompt
+    from midlens.generators.models.prompt import build_prompt
 
     generator = pipeline.generator
     questions = ["Tell me about the Zorbland expedition. Then tell me its code word.", PLANTED_QUESTION]

@@ -12,9 +12,9 @@ import torch
 from midlens.core.errors import ArtefactError
 from midlens.core.passage import Passage
 from midlens.generators import Generator
-from midlens.generators.context import MethodParts
-from midlens.generators.restack import SlotOrder
-from midlens.generators.rope import baseline_schemes
+from midlens.generators.answering.restack import SlotOrder
+from midlens.generators.attention.rope import baseline_schemes
+from midlens.generators.methods.install import MethodParts
 from midlens.training.data import TrainExample
 from midlens.training.pos2distill import (
     Pos2DistillConfig,
@@ -58,7 +58,7 @@ def test_the_kl_to_the_teacher_is_zero_for_the_teacher_itself_and_positive_elsew
 def examples(loaded):
     """One question over 4 short paragraphs (the planted fact second): a prompt of ~200 tokens, so each step's
     teacher answer and two student passes stay within seconds on a CPU."""
-    from midlens.generators.prompt import render
+    from midlens.generators.models.prompt import render
 
     passages = [Passage(p.text[:160], title=p.title, id=p.id) for p in planted_passages(4, gold_at=2)]
     prompt = render(loaded.tokenizer, passages, "What is the secret code word?", style="short")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from midlens.core.device import id_tensor
-from midlens.generators.masks import mask_rows
-from midlens.generators.probe import PassageProbe, span_matrix
-from midlens.generators.scores import attention_probs
+from midlens.generators.attention.arithmetic import attention_probs
+from midlens.generators.attention.masks import mask_rows
+from midlens.generators.attention.probe import PassageProbe, span_matrix
 
 
 def _loop_matrix(per_row: list[list[tuple[int, int]]], end: int, width: int) -> torch.Tensor:

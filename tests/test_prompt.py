@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from midlens.core.errors import PromptTooLongError
-from midlens.generators import prompt as prompt_module
-from midlens.generators.prompt import Passage, build_prompt, render_document
+from midlens.generators.models import prompt as prompt_module
+from midlens.generators.models.prompt import Passage, build_prompt, render_document
 from tests.conftest import planted_passages
 
 
@@ -100,7 +100,7 @@ def test_prompt_uses_chat_template_and_lost_in_the_middle_format(loaded):
 
 def test_styles_set_the_instruction_and_an_unknown_one_is_refused(loaded):
     from midlens.core.errors import InvalidArgumentError
-    from midlens.generators.prompt import DEFAULT_STYLE, STYLES
+    from midlens.generators.models.prompt import DEFAULT_STYLE, STYLES
 
     args = (loaded.tokenizer, [Passage("Paris is in France.", "Paris")], "Where is Paris?", 4096)
     assert DEFAULT_STYLE == "litm" and STYLES["litm"] in build_prompt(*args).text
@@ -141,7 +141,7 @@ def test_empty_question_and_bad_truncate_mode(loaded):
 
 
 def test_fitting_any_number_of_passages_tokenizes_a_few_bounded_prefixes(loaded, offset_reads):
-    from midlens.generators.prompt import render
+    from midlens.generators.models.prompt import render
 
     # 100 000 passages, as `--top-k 100000` over a big corpus asks: re-rendering one passage fewer at a time
     # took minutes (517 s measured: an encode per passage dropped); one bounded render plus a check or two is a handful
@@ -164,7 +164,7 @@ def test_fitting_any_number_of_passages_tokenizes_a_few_bounded_prefixes(loaded,
 
 
 def test_fit_matches_one_passage_at_a_time_for_every_budget(loaded):
-    from midlens.generators.prompt import render
+    from midlens.generators.models.prompt import render
 
     passages = planted_passages(8, 5)
     sizes = [render(loaded.tokenizer, passages[:f], "Which code word?").num_tokens for f in range(9)]
@@ -186,7 +186,7 @@ def test_a_question_too_long_on_its_own_says_so(loaded):
 
 
 def test_fit_windows_splits_hundreds_of_passages_into_full_windows_with_bounded_work_each(loaded, offset_reads):
-    from midlens.generators.prompt import fit_windows, render
+    from midlens.generators.models.prompt import fit_windows, render
 
     # Each window is fitted on a bounded prefix of what is left, so splitting is linear in the passages: a few
     # encodes per window (3 here, 8 windows), none longer than a window's worth of text. Rendering everything

@@ -15,9 +15,9 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from midlens.core.errors import ModelError
-from midlens.generators.anatomy import UnsupportedAttention, non_attention_problem, read_anatomy
-from midlens.generators.loading import load_model
-from midlens.generators.random_models import random_config
+from midlens.generators.attention.anatomy import UnsupportedAttention, non_attention_problem, read_anatomy
+from midlens.generators.models.loading import load_model
+from midlens.generators.models.random_models import random_config
 from tests.tiny import SHAPE, WINDOW, _tokenizer
 
 GEMMA3N = dict(  # two layers that store keys, two that reuse them; AltUp, laurel and per-layer inputs made tiny

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from midlens.core.names import DEFAULT_MODEL, MODEL_ALIASES
+from midlens.core.defaults import DEFAULT_MODEL, MODEL_ALIASES
 from midlens.generators.methods.registry import available, method_config, model_for
 
 
@@ -58,7 +58,7 @@ def test_finetuned_on_a_folder_names_that_folder_and_the_packaged_models_it_ship
     from midlens.core.errors import ArtefactError
     from midlens.generators import Generator, load_model
     from midlens.generators.methods.registry import shipped_models
-    from midlens.generators.packaged_models import REGISTRY
+    from midlens.generators.models.packaged_models import REGISTRY
     from tests.tiny import save_tiny
 
     folder = str(save_tiny("llama", tmp_path / "llama"))

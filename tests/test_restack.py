@@ -1,6 +1,6 @@
-"""Evidence-guided restacking (generators.restack): passages scored by a method's evidence, the strongest placed in the
-slots the model reads best (measured per packaged model), the answer numbered as the caller stacked the passages;
-and the option in Pipeline, `midlens ask`, the LlamaIndex query engine and `eval sweep`."""
+"""Evidence-guided restacking (generators.answering.restack): passages scored by a method's evidence, the strongest
+placed in the slots the model reads best (measured per packaged model), the answer numbered as the caller stacked the
+passages; and the option in Pipeline, `midlens ask`, the LlamaIndex query engine and `eval sweep`."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ def _prompt(generator, n: int = 5, gold_at: int = 2):
 
 @pytest.fixture(scope="module")
 def restacker(generator):
-    from midlens.generators.restack import Restack, Restacker
+    from midlens.generators.answering.restack import Restack, Restacker
 
     return Restacker(generator, Restack("baseline"))
 
 
 def test_slot_orders_ship_for_every_packaged_model_and_scale_to_other_counts():
-    from midlens.generators.packaged_models import REGISTRY
-    from midlens.generators.restack import SlotOrder, read_slot_order, shipped_slot_orders
+    from midlens.generators.answering.restack import SlotOrder, read_slot_order, shipped_slot_orders
+    from midlens.generators.models.packaged_models import REGISTRY
 
     shipped = shipped_slot_orders()
     # What any reader of the model falls back to, for the two models that answer; Gemma 3 270M (a base model, not
@@ -48,8 +48,8 @@ def test_slot_orders_ship_for_every_packaged_model_and_scale_to_other_counts():
 
 
 def test_a_reader_gets_its_own_measured_order_else_its_base_models(generator, loaded):
-    from midlens.generators.generator import Generator
-    from midlens.generators.restack import Restack, Restacker, shipped_slot_orders, slot_order
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.restack import Restack, Restacker, shipped_slot_orders, slot_order
 
     shipped = shipped_slot_orders()
     finetuned = Generator(loaded, method="finetuned")
@@ -96,14 +96,14 @@ def test_slots_rank_by_em_then_f1_then_log_probability_over_questions_answered_a
 
 
 def test_place_puts_the_highest_score_into_the_first_slot():
-    from midlens.generators.restack import place
+    from midlens.generators.answering.restack import place
 
     assert place([0.1, 0.9, 0.5], [3, 1, 2]) == [2, 0, 1]  # 0.9 -> slot 3, 0.5 -> slot 1, 0.1 -> slot 2
     assert place([0.5, 0.5], [2, 1]) == [1, 0]  # a tie keeps the caller's order: the first given, the best slot
 
 
 def test_restacked_answer_is_numbered_as_given_and_the_gold_sits_in_the_best_slot(generator, restacker):
-    from midlens.generators.evidence import passage_evidence
+    from midlens.generators.attention.evidence import passage_evidence
 
     prompt = _prompt(generator)
     answer = restacker.generate(prompt, max_new_tokens=8)
@@ -142,7 +142,7 @@ def test_batched_restacking_equals_each_prompt_alone(generator, restacker, monke
 
 
 def test_two_rounds_score_twice_and_the_second_reads_the_restacked_prompt(generator, monkeypatch):
-    from midlens.generators.restack import Restack, Restacker
+    from midlens.generators.answering.restack import Restack, Restacker
 
     twice = Restacker(generator, Restack("baseline", rounds=2))
     seen = []
@@ -158,7 +158,7 @@ def test_two_rounds_score_twice_and_the_second_reads_the_restacked_prompt(genera
 
 def test_bad_restack_options_name_the_option_and_what_to_do(generator):
     from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError
-    from midlens.generators.restack import Restack, Restacker, as_restack
+    from midlens.generators.answering.restack import Restack, Restacker, as_restack
     from midlens.rag.pipeline import Pipeline
 
     with pytest.raises(MethodConfigError, match=r"restack=\"mudaff\": .* 'mudaff' is no method: choose one of .*mudaf"):
@@ -314,9 +314,9 @@ def test_strongest_first_needs_no_measured_order_and_runs_on_a_model_without_one
     is refused; a sweep restacks only the methods named and records the policy in the label and the config."""
     from midlens.cli import main
     from midlens.eval.runner import read_rows
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
-    from midlens.generators.restack import Restack, Restacker, slot_order
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.restack import Restack, Restacker, slot_order
+    from midlens.generators.models.loading import load_model
     from tests.tiny import save_tiny
 
     first = Restack("baseline", slots="first")

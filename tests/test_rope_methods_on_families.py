@@ -21,14 +21,14 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from midlens.core.passage import Passage
 from midlens.generators import Generator, load_model
-from midlens.generators.anatomy import layer_ropes, model_anatomy
-from midlens.generators.attention import new_cache
-from midlens.generators.context import MethodParts, method_context
+from midlens.generators.attention.anatomy import layer_ropes, model_anatomy
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.attention.rope import rebase
+from midlens.generators.methods.install import MethodParts, method_context
 from midlens.generators.methods.moice import new_schemes, routed_schemes
 from midlens.generators.methods.ms_poe import MsPoEScheme, position_awareness
 from midlens.generators.methods.registry import build_parts, method_config
 from midlens.generators.methods.rope_bases import complementary_bases, rope_base, rotary_dim_of
-from midlens.generators.rope import rebase
 from tests.test_batch import assert_rows_equal
 from tests.tiny import FAMILIES, VOCAB_SIZE, WINDOW, save_tiny
 

@@ -2,7 +2,7 @@
 transformers alone.
 
 transformers picks LongRoPE's short or long factors per forward from the batch's largest position; midlens batches
-only rows on the same side of the switch (generators.rope_regimes). Tolerance: 1e-4 on log-probabilities and
+only rows on the same side of the switch (generators.attention.rope_regimes). Tolerance: 1e-4 on log-probabilities and
 evidence maps in fp32 (tests/test_batch.py's; a batch only reorders sums), greedy tokens identical. Rotating a short
 row with the long factors moves its token log-probabilities by 1.2e-3 on the tiny random model (measured below: the
 equality fails without the grouping); on Phi-3 itself by up to 1.97 (issue 69).
@@ -15,10 +15,11 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from midlens.core.passage import Passage
-from midlens.generators import Generator, rope_regimes
-from midlens.generators.attention import new_cache
-from midlens.generators.loading import load_model
-from midlens.generators.rope_regimes import RowReach, Switch, regime_groups, rope_switches, row_reach
+from midlens.generators import Generator
+from midlens.generators.attention import rope_regimes
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.attention.rope_regimes import RowReach, Switch, regime_groups, rope_switches, row_reach
+from midlens.generators.models.loading import load_model
 from tests.test_batch import TOL, assert_rows_equal
 from tests.tiny import VOCAB_SIZE, save_tiny
 
@@ -60,7 +61,7 @@ def test_without_the_grouping_the_short_row_would_take_the_long_factors(phi3, mo
     gen = Generator(phi3)
     prompts = [gen.prompt("who ?", []), gen.prompt("what is the code word of city 2 ?", _passages(4))]
     alone = gen.generate(prompts[0], max_new_tokens=STEPS)
-    monkeypatch.setattr("midlens.generators.prefill.rope_switches", lambda model: [])
+    monkeypatch.setattr("midlens.generators.answering.prefill.rope_switches", lambda model: [])
     together = gen.generate_batch(prompts, max_new_tokens=STEPS)[0]
     drift = max(abs(a - b) for a, b in zip(alone.token_logprobs, together.token_logprobs, strict=False))
     assert drift > 5 * TOL  # 1.2e-3 measured

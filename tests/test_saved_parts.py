@@ -1,4 +1,4 @@
-"""One save and one load for every kind of trained part (`generators.artefacts.SavedPart`): a kind declares its
+"""One save and one load for every kind of trained part (`core.saved_parts.SavedPart`): a kind declares its
 section's fields, how it is built from them and how it takes its tensors; the folder is verified, the tensors are
 checked against the part its section describes, and a shipped artefact loads and saves back byte for byte."""
 
@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from midlens.core.errors import ArtefactError
-from midlens.generators.artefacts import DERIVED, SHIPPED, SavedPart
-from midlens.generators.delta import LoRADelta
+from midlens.core.saved_parts import DERIVED, SavedPart
+from midlens.generators.answering.support import METHOD_PLAIN, METHOD_VERIFIED, SupportModel
+from midlens.generators.attention.delta import LoRADelta
 from midlens.generators.methods.channel_scaling import NAME as CHANNEL_SCALING
 from midlens.generators.methods.channel_scaling import ChannelChoice
 from midlens.generators.methods.moice import MoiceRouters
-from midlens.generators.support import METHOD_PLAIN, METHOD_VERIFIED, SupportModel
+from midlens.generators.models.shipped import SHIPPED
 
 KINDS = {"mudaf": LoRADelta, "pos2distill": LoRADelta, "moice": MoiceRouters, CHANNEL_SCALING: ChannelChoice}
 

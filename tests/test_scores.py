@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from midlens.generators.attention import new_cache
-from midlens.generators.context import method_context
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.attention.probe import PassageProbe
+from midlens.generators.methods.install import method_context
 from midlens.generators.methods.registry import REGISTRY, build_parts, method_config
-from midlens.generators.probe import PassageProbe
 
 # fp32 on the CPU: SDPA and the written-out softmax sum the same ~50 products in another order; outputs are of
 # size ~1, so agreement to 1e-6 is expected and 1e-5 leaves room for the kernels' different accumulation.

@@ -155,7 +155,7 @@ def test_openai_like_llm_chats_as_in_process(server, generator):
     from llama_index.core.base.llms.types import ChatMessage
     from llama_index.llms.openai_like import OpenAILike
 
-    from midlens.generators.prompt import chat_prompt
+    from midlens.generators.models.prompt import chat_prompt
 
     llm = OpenAILike(
         model="smollm2-135m",
@@ -277,7 +277,7 @@ def test_a_served_llm_completes_a_condense_prompt_as_a_rewrite_as_in_process(ser
 
 
 def test_restacked_requests_are_answered_as_restacked_in_process(server, client, loaded, generator):
-    from midlens.generators.restack import Restack, Restacker
+    from midlens.generators.answering.restack import Restack, Restacker
     from midlens.rag.llamaindex import MidlensLLM, MidlensQueryEngine
 
     passages = [Passage(p["text"], p["title"], p["id"]) for p in PASSAGES]
@@ -316,7 +316,7 @@ def test_restacked_requests_are_answered_as_restacked_in_process(server, client,
     chat = {"messages": [{"role": "user", "content": "hi"}], "midlens": {"restack": "baseline"}}
     bad = _post(server, "/v1/chat/completions", json.dumps(chat))
     assert bad.status_code == 400 and "this conversation has none" in bad.text
-    # By default a request restacks where that was measured to help the model and method (core.names.
+    # By default a request restacks where that was measured to help the model and method (core.defaults.
     # MEASURED_RESTACKS: none passes out of domain today, SmolLM2's `finetuned` included); a named scorer restacks
     # in the answering method's own measured slots; `restack: null` answers in the order given, also from LlamaIndex.
     plain = client.answer(QUESTIONS[0], PASSAGES, max_new_tokens=MAX_NEW)
@@ -395,7 +395,7 @@ def test_attention_reranker_with_a_base_url_reranks_as_in_process(server, loaded
     question = QUESTIONS[0]
     served = AttentionReranker(base_url=server, top_n=2, keep_retrieval_score=True)
     local = AttentionReranker(model=loaded, top_n=2, keep_retrieval_score=True)
-    # Not named: the best ranker measured for the model (core.names.RERANKERS), on the server as here.
+    # Not named: the best ranker measured for the model (core.defaults.RERANKERS), on the server as here.
     assert (served.model, served.method) == (local.model, local.method) == ("smollm2-135m", "mudaf")
     out, seen = _rerank(served, question)
     local_out, local_seen = _rerank(local, question)
@@ -415,7 +415,7 @@ def test_attention_reranker_with_a_base_url_reranks_as_in_process(server, loaded
     # In a query engine whose LLM is served too: nothing is loaded here for either.
     from llama_index.core.retrievers import BaseRetriever
 
-    from midlens.generators import loading
+    from midlens.generators.models import loading
     from midlens.rag.llamaindex import MidlensLLM, MidlensQueryEngine
 
     class Fixed(BaseRetriever):
@@ -607,7 +607,7 @@ def test_marked_content_shows_the_citations_to_a_stock_client(server, generator)
 def test_abstain_withholds_an_unsupported_answer_and_says_so(server, generator):
     """`midlens.abstain`: the answer the server would give, unless its support is under the model's threshold:
     then the content says so and `midlens.withheld` holds the answer (the same decision as in process)."""
-    from midlens.generators.support import ABSTAIN_TEXT
+    from midlens.generators.answering.support import ABSTAIN_TEXT
 
     question = QUESTIONS[0]
     local = _local(generator, question)
@@ -842,7 +842,7 @@ def test_a_server_citing_with_another_methods_evidence_cites_as_in_process(loade
     """`midlens serve --cite-evidence mudaf`: the engine's answers cite what the in-process generator with
     `MeasuredCitations(evidence_from="mudaf")` cites (same passages, same sentences), and its spec says so."""
     from midlens.generators import Generator
-    from midlens.generators.citations import MeasuredCitations
+    from midlens.generators.answering.citations import MeasuredCitations
     from midlens.rag.remote import AnswerRequest
     from midlens.serve.engine import Engine
 
@@ -979,7 +979,7 @@ def test_a_helmet_style_item_through_the_openai_client_answers_as_in_process(ser
     answers it in the model's chat template as the in-process generator does, cut before the stop."""
     from openai import OpenAI
 
-    from midlens.generators.prompt import chat_prompt
+    from midlens.generators.models.prompt import chat_prompt
 
     documents = "\n\n".join(f"Document (Title: {p['title']}): {p['text']}" for p in PASSAGES)
     item = (
@@ -1009,7 +1009,7 @@ def test_serve_becomes_ready_with_every_core_kept_busy(tmp_path):
     missed its 5 s ready check three times and was killed: `midlens serve` died with ActorDiedError, 4 of 4 tries.
     Here the cores are kept busy for the test's whole run (one busy loop per core) and the server must answer
     /readyz, its stderr saying what it waited for at each stage."""
-    from midlens.generators.loading import load_model
+    from midlens.generators.models.loading import load_model
     from midlens.serve.app import OWNER_ENV, PROXY_CHECK_LIMITS
 
     # The first load of a model in a dtype runs the one-time check against transformers (minutes in bf16 on two

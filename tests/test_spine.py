@@ -12,12 +12,12 @@ from transformers import AutoModelForCausalLM
 from midlens.core.device import resolve_device, resolve_dtype
 from midlens.core.errors import ArtefactError, DeviceError, MethodConfigError
 from midlens.core.passage import Passage
+from midlens.core.saved_parts import load_artefact, save_artefact
 from midlens.generators import Generator, Method, MethodParts, load_model, method_config, method_context, register
-from midlens.generators.artefacts import load_artefact, save_artefact
-from midlens.generators.attention import new_cache
-from midlens.generators.delta import LoRADelta
+from midlens.generators.attention.delta import LoRADelta
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.attention.rope import baseline_schemes
 from midlens.generators.methods.registry import REGISTRY, available
-from midlens.generators.rope import baseline_schemes
 from tests.tiny import save_tiny
 
 # fp32, same math in another kernel order: ~1e-6. bf16 has 8 mantissa bits: one rounding of a logit of
@@ -291,10 +291,11 @@ def test_a_corrupt_meta_json_is_an_artefact_error_naming_the_file(tiny, tmp_path
 def test_shipped_metas_of_one_format_version_have_one_schema():
     """Both packaged models' artefacts of a method hold the same keys (top level and each object inside), and
     each holds every key its format_version's schema and its part's section name."""
-    from midlens.generators.artefacts import SCHEMAS, SHIPPED
+    from midlens.core.saved_parts import SCHEMAS
+    from midlens.generators.answering.support import SECTION as SUPPORT
     from midlens.generators.methods.channel_scaling import ChannelChoice
     from midlens.generators.methods.moice import MoiceRouters
-    from midlens.generators.support import SECTION as SUPPORT
+    from midlens.generators.models.shipped import SHIPPED
 
     sections = {
         "mudaf": LoRADelta.SECTION,

@@ -15,8 +15,8 @@ import pytest
 from midlens.cli import build_parser
 from midlens.cli.options import STEP_COMMANDS, cli_message
 from midlens.core.errors import ArtefactError, MidlensError, Remedy, RetrievalIndexError, Step
-from midlens.generators.artefacts import resolve_artefact
-from midlens.generators.retrieval_heads import load_scores
+from midlens.generators.methods.retrieval_heads import load_scores
+from midlens.generators.models.shipped import resolve_artefact
 from midlens.retrievers.dense import verify_index
 from midlens.serve.errors import describe
 

@@ -1,5 +1,5 @@
-"""Support scores (generators.support): the features, the fitted model as a verified artefact, the log-probabilities
-they read from the decode loop, and the abstain option."""
+"""Support scores (generators.answering.support): the features, the fitted model as a verified artefact, the
+log-probabilities they read from the decode loop, and the abstain option."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def inputs(text="Brea", lps=(-0.1, -0.2), margins=(3.0, 1.0), sources=None, evid
 
 
 def test_features_read_what_the_answer_rests_on():
-    from midlens.generators.support import PLAIN_FEATURES, VERIFIED_FEATURES, support_features
+    from midlens.generators.answering.support import PLAIN_FEATURES, VERIFIED_FEATURES, support_features
 
     f = support_features(inputs())
     assert tuple(f) == PLAIN_FEATURES
@@ -77,7 +77,7 @@ def _rows(n: int = 60) -> list[dict]:
 
 
 def test_a_fitted_model_separates_and_its_threshold_meets_the_precision_on_train():
-    from midlens.generators.support import SupportModel, choose_threshold, support_features
+    from midlens.generators.answering.support import SupportModel, choose_threshold, support_features
 
     rows = _rows()
     model = SupportModel.fit(rows, verified=False, name="smollm2-135m")
@@ -98,7 +98,7 @@ def test_a_fitted_model_separates_and_its_threshold_meets_the_precision_on_train
 
 def test_a_support_model_saves_as_a_verified_artefact(tmp_path):
     from midlens.core.errors import ArtefactError
-    from midlens.generators.support import SupportModel, support_features
+    from midlens.generators.answering.support import SupportModel, support_features
 
     model = SupportModel.fit(_rows(), verified=True, name="m")
     meta = {"method": model.method, "base_model": "m", "base_model_sha256": "sha-of-m", "options": {}}
@@ -135,9 +135,9 @@ def test_token_logprobs_are_what_teacher_forcing_gives_the_same_tokens(generator
 def test_every_answer_with_citations_carries_its_support_and_abstain_withholds(monkeypatch, loaded, planted_answer):
     """With a support model for the model (here one fitted on synthetic rows; the shipped ones are measured in
     docs/results/support), every answer carries its support; abstain withholds those under the threshold."""
-    from midlens.generators import generator as generator_module
-    from midlens.generators.generator import Generator
-    from midlens.generators.support import ABSTAIN_TEXT, SupportModel
+    from midlens.generators.answering import generator as generator_module
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.support import ABSTAIN_TEXT, SupportModel
     from midlens.rag.pipeline import Pipeline
 
     fitted = SupportModel.fit(_rows(), verified=False, name="synthetic")
@@ -165,9 +165,9 @@ def test_every_answer_with_citations_carries_its_support_and_abstain_withholds(m
 
 
 def test_verification_rescores_the_support_with_the_drops(monkeypatch, loaded):
-    from midlens.generators import generator as generator_module
-    from midlens.generators.generator import Generator
-    from midlens.generators.support import SupportModel
+    from midlens.generators.answering import generator as generator_module
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.support import SupportModel
     from midlens.rag.pipeline import Pipeline
 
     models = {v: SupportModel.fit(_rows(), verified=v, name="synthetic") for v in (False, True)}
@@ -195,7 +195,7 @@ def test_the_default_flags_a_wrong_answer_and_not_a_right_one(loaded):
     threshold of 0.656 (the fine-tune's short answers scored 0.598 and 0.021: the baseline's sentences sit nearer the
     0.2 edge, 0.07 above and 0.017 below it; the tolerances are bf16-vs-fp32 rounding and refits of the same rows)."""
     from midlens.eval.metrics import best_subspan_em
-    from midlens.generators.support import ABSTAIN_TEXT, UNLIKELY_BELOW
+    from midlens.generators.answering.support import ABSTAIN_TEXT, UNLIKELY_BELOW
     from midlens.rag.pipeline import Pipeline
 
     pipe = Pipeline.from_corpus(model=loaded)
@@ -214,7 +214,7 @@ def test_the_support_words_never_contradict_the_number_or_the_withholding():
     caller's abstain_below), which also decides the withholding; 0.2 up to it is "uncertain"."""
     from types import SimpleNamespace
 
-    from midlens.generators.support import ABSTAIN_TEXT, Support, SupportModel, abstain
+    from midlens.generators.answering.support import ABSTAIN_TEXT, Support, SupportModel, abstain
 
     issue = Support.at(0.486, 0.4508, False, "qwen2.5-coder-0.5b")
     assert not issue.likely and issue.band == "uncertain" and not issue.words.startswith("likely")
@@ -258,8 +258,8 @@ def test_the_printed_probability_stays_in_its_band_and_the_words_name_the_thresh
     under a threshold of 0.51 nobody saw; `abstain_below 0.3` turned "uncertain (0.51)" into "likely supported
     (0.51)" with nothing saying why. The number keeps the decimals its side of each edge needs, and the words say
     where "likely" starts and who set it."""
-    from midlens.generators.checking import CheckedSupport
-    from midlens.generators.support import UNLIKELY_BELOW, Support, shown
+    from midlens.generators.answering.check import CheckedSupport
+    from midlens.generators.answering.support import UNLIKELY_BELOW, Support, shown
 
     low = Support.at(0.196, 0.5, False, "smollm2-135m")
     assert low.band == "unlikely" and "(0.196; likely from 0.50," in low.words and "0.20" not in low.words
@@ -292,8 +292,8 @@ def test_the_printed_probability_stays_in_its_band_and_the_words_name_the_thresh
 
 def test_a_checked_sentence_below_the_edge_is_not_printed_at_it():
     """Issue 83 D, per sentence: "support 0.20, below 0.20" flagged a sentence at 0.196."""
-    from midlens.generators.checking import CheckedSupport, flagged, support_lines
-    from midlens.generators.citations import Citation, CitedSource
+    from midlens.generators.answering.check import CheckedSupport, flagged, support_lines
+    from midlens.generators.answering.citations import Citation, CitedSource
     from tests.test_demo import fake_answer
 
     answer = fake_answer("Brea. It grew.", ["The first store opened in Brea.", "It grew."], [0.06, 0.02])
@@ -307,7 +307,7 @@ def test_a_checked_sentence_below_the_edge_is_not_printed_at_it():
 def test_an_answer_given_no_passages_says_so_instead_of_a_band():
     """Issue 83 E: an answer to a request with no passages (from the model's memory) read "check this: the
     passages may not support it (0.04)": nothing could support it, which the words now say, in a band of its own."""
-    from midlens.generators.support import NO_PASSAGES, Support, SupportModel
+    from midlens.generators.answering.support import NO_PASSAGES, Support, SupportModel
 
     fitted = SupportModel.fit(_rows(), verified=False, name="smollm2-135m")
     alone = fitted.support(inputs(text="Los Angeles", sources=[], evidence=()))
@@ -321,8 +321,8 @@ def test_an_answer_given_no_passages_says_so_instead_of_a_band():
 
 def test_a_generated_answer_to_no_passages_says_none_were_given(loaded):
     """Issue 83 E with the real SmolLM2 and its shipped support model: a prompt without passages."""
-    from midlens.generators.generator import Generator
-    from midlens.generators.support import NO_PASSAGES
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.support import NO_PASSAGES
 
     generator = Generator(loaded, method="baseline")
     answer = generator.generate(generator.prompt("What city is Hollywood in?", []), max_new_tokens=4)
@@ -332,7 +332,7 @@ def test_a_generated_answer_to_no_passages_says_none_were_given(loaded):
 
 def test_the_words_name_the_model_agnostic_support_model_by_what_it_is():
     """Issue 83 N: "the support model any was fitted on ..." named the generic support model by its folder."""
-    from midlens.generators.support import GENERIC, Support
+    from midlens.generators.answering.support import GENERIC, Support
 
     methods = ("baseline", "mudaf(alpha=0)")
     generic = Support.at(0.29, 0.6, False, GENERIC, methods, "ms-poe")
@@ -375,8 +375,8 @@ def test_an_answer_that_restates_the_question_is_told_apart_from_one_drawn_from_
 
 def test_an_answer_that_restates_the_question_is_not_rated():
     """Issue 83 R: no probability, no band of the support model, never likely, withheld when abstaining."""
-    from midlens.generators.checking import CheckedSupport
-    from midlens.generators.support import BAND_WORDS, NO_ANSWER, Support, SupportModel
+    from midlens.generators.answering.check import CheckedSupport
+    from midlens.generators.answering.support import BAND_WORDS, NO_ANSWER, Support, SupportModel
 
     fitted = SupportModel.fit(_rows(), verified=False, name="smollm2-135m")
     echo = fitted.support(inputs()).no_answer()
@@ -397,7 +397,7 @@ def test_a_restated_question_is_no_answer_end_to_end(generator, planted_answer, 
 
     from midlens.cli.ask import print_answer
     from midlens.demo import views
-    from midlens.generators.support import NO_ANSWER, abstain
+    from midlens.generators.answering.support import NO_ANSWER, abstain
 
     prompt, answer = planted_answer
     assert answer.support is not None and answer.support.answered  # a real answer is rated as before

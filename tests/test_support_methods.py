@@ -32,8 +32,8 @@ def test_the_support_json_names_its_model_and_methods_and_flags_a_method_outside
     by the shipped SmolLM2 support model, fitted on both (calibrated); attention-buckets' answers by the same model,
     which was not fitted on them: labelled so in the JSON and the words, and never "likely" (before, the JSON named
     neither the methods nor whether the answer's was among them, and the words claimed a calibration)."""
-    from midlens.generators.generator import Generator
-    from midlens.generators.support import BAND_WORDS
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.support import BAND_WORDS
     from midlens.rag.pipeline import Pipeline
 
     seen = {}
@@ -54,7 +54,7 @@ def test_the_support_json_names_its_model_and_methods_and_flags_a_method_outside
 
 
 def test_a_method_outside_the_fitted_set_is_never_likely_and_round_trips_through_json():
-    from midlens.generators.support import Support
+    from midlens.generators.answering.support import Support
 
     fitted = ("mudaf(alpha=0)", "baseline")
     inside = Support.at(0.9, 0.55, False, "smollm2-135m", fitted, "baseline")
@@ -74,7 +74,7 @@ def test_the_method_feature_fits_each_methods_rate_saves_and_loads(tmp_path):
     intercept per method matches each method's rate on its train rows up to the C = 1 shrinkage); without them the
     second method is over-confident. The artefact keeps the indicators and the methods."""
     from midlens.core.errors import ArtefactError
-    from midlens.generators.support import SupportModel
+    from midlens.generators.answering.support import SupportModel
 
     rows = _two_method_rows()
     for by_method in (False, True):
@@ -103,7 +103,7 @@ def test_the_method_feature_fits_each_methods_rate_saves_and_loads(tmp_path):
 def test_a_verified_answer_of_a_method_the_verified_model_lacks_reads_the_plain_model(monkeypatch):
     """The other methods' train answers were not verified, so the verified model knows the default's only; a
     verified baseline answer is read by the plain model (calibrated for it) rather than the verified one (not)."""
-    from midlens.generators import support as support_module
+    from midlens.generators.answering import support as support_module
 
     plain = support_module.SupportModel.fit(_two_method_rows(), verified=False, name="m")
     verified = support_module.SupportModel.fit(_two_method_rows()[:60], verified=True, name="m")
@@ -150,7 +150,7 @@ def test_the_shipped_support_models_are_what_their_committed_train_rows_fit(tmp_
     within 1e-6: deterministic), with the methods, the method feature chosen by cross-validation and the data
     hashes recorded."""
     from midlens.eval.support import read_run
-    from midlens.generators.support import SupportModel, shipped_support_folder
+    from midlens.generators.answering.support import SupportModel, shipped_support_folder
     from midlens.training.support import fit_and_save
 
     runs_root = ROOT / "docs" / "results" / "support" / "runs"

@@ -19,8 +19,8 @@ import pytest
 import midlens.training.data
 from midlens.core.passage import Passage
 from midlens.generators import Generator
-from midlens.generators.loading import load_model
 from midlens.generators.methods.registry import unsupported_reason
+from midlens.generators.models.loading import load_model
 from midlens.retrievers.hotpotqa import load_rows
 from tests.tiny import FAMILIES, save_tiny
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from midlens.generators.random_models import random_config, save_random_weights
+from midlens.generators.models.random_models import random_config, save_random_weights
 
 WORDS = (
     "the a of and in to is was by for on with as at from his her it document title question answer "

@@ -35,15 +35,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from midlens.core.defaults import PROMPT_STYLES
 from midlens.core.errors import MidlensError
 from midlens.core.files import sha256_json
-from midlens.core.names import PROMPT_STYLES
 from midlens.core.passage import Passage
-from midlens.generators.generator import Generator
-from midlens.generators.loading import LoadedModel
+from midlens.generators.answering.generator import Generator
 from midlens.generators.methods.channel_scaling import NAME, ChannelChoice
 from midlens.generators.methods.registry import method_config
-from midlens.generators.prompt import StackedPrompt, render
+from midlens.generators.models.loading import LoadedModel
+from midlens.generators.models.prompt import StackedPrompt, render
 from midlens.training.data import training_examples
 from midlens.training.recipe import Budget, Option, Recipe, positive
 

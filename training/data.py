@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from midlens.core.files import sha256_json
 from midlens.core.passage import Passage
-from midlens.generators.prompt import StackedPrompt, render
+from midlens.generators.models.prompt import StackedPrompt, render
 from midlens.retrievers.hotpotqa import clip_sentences, load_rows
 
 # What a training reads (`--data`): HotpotQA's train split alone (every shipped artefact), or alternated with

@@ -7,7 +7,7 @@ is the mean over prompts of the F1 between attended and gold passages. The EM va
 when the head's top-|gold| passages are exactly the gold ones.
 
     scores = retrieval_head_scores(generator, examples)     # {"f1": [L][H], "em": [L][H], ...}
-    heads = select_heads(scores["f1"], 8, seed=0)           # generators.retrieval_heads; P(h) ~ exp(R_h / 0.05)
+    heads = select_heads(scores["f1"], 8, seed=0)           # generators.methods.retrieval_heads; P(h) ~ exp(R_h / 0.05)
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 from tqdm.auto import tqdm
 
 from midlens.core.files import make_folder, write_atomic
-from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.generator import Generator
+from midlens.generators.answering.generator import Generator
+from midlens.generators.attention.evidence import EvidenceConfig
 from midlens.training.data import TrainExample
 
 DEFAULT_EPS = 0.3  # the official code's threshold on a passage's attention mass

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from midlens.core.errors import MidlensError
-from midlens.generators.context import MethodParts, method_context
-from midlens.generators.loading import LoadedModel
+from midlens.generators.methods.install import MethodParts, method_context
 from midlens.generators.methods.moice import MoiceRouters, MoiceScheme, routed_schemes
+from midlens.generators.models.loading import LoadedModel
 from midlens.training.data import TrainExample
 from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
 from midlens.training.recipe import Budget, Option, Recipe, positive

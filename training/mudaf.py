@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from midlens.core.errors import MidlensError, Remedy, Step
-from midlens.generators.context import MethodParts, method_context
-from midlens.generators.delta import LoRADelta
-from midlens.generators.loading import LoadedModel
-from midlens.generators.rope import baseline_schemes
+from midlens.generators.attention.delta import LoRADelta
+from midlens.generators.attention.rope import baseline_schemes
+from midlens.generators.methods.install import MethodParts, method_context
+from midlens.generators.models.loading import LoadedModel
 from midlens.training.data import TrainExample
 from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
 from midlens.training.recipe import Budget, Option, Recipe, positive
@@ -162,7 +162,7 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
     import json
 
     from midlens.generators import Generator
-    from midlens.generators.retrieval_heads import select_heads
+    from midlens.generators.methods.retrieval_heads import select_heads
     from midlens.training.data import training_examples
     from midlens.training.heads import retrieval_head_scores, save_scores
 
@@ -175,7 +175,7 @@ def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict
             loaded.tokenizer, options["heads_n"], seed=budget.seed + 1, max_words=budget.max_words
         )
         # The stock model's heads: Generator(loaded) alone would run the model's answering default, which for a
-        # packaged model may be a trained delta (core.names.ANSWER_METHODS).
+        # packaged model may be a trained delta (core.defaults.ANSWER_METHODS).
         scores = retrieval_head_scores(Generator(loaded, method="baseline"), probe, progress=budget.progress)
         save_scores(scores, Path(out).with_name(Path(out).name + ".heads.json"))
         budget.note_spent(f"retrieval-head scoring ({len(probe)} prompts)")

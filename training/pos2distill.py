@@ -34,16 +34,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from midlens.core.defaults import PROMPT_STYLES
 from midlens.core.errors import MidlensError
-from midlens.core.names import PROMPT_STYLES
-from midlens.generators.attention import new_cache
-from midlens.generators.context import MethodParts, method_context
-from midlens.generators.delta import LoRADelta
-from midlens.generators.generator import Generator
-from midlens.generators.loading import LoadedModel
-from midlens.generators.prompt import StackedPrompt, render
-from midlens.generators.restack import SlotOrder, slot_order
-from midlens.generators.rope import baseline_schemes
+from midlens.generators.answering.generator import Generator
+from midlens.generators.answering.restack import SlotOrder, slot_order
+from midlens.generators.attention.delta import LoRADelta
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.attention.rope import baseline_schemes
+from midlens.generators.methods.install import MethodParts, method_context
+from midlens.generators.models.loading import LoadedModel
+from midlens.generators.models.prompt import StackedPrompt, render
 from midlens.training.data import TrainExample
 from midlens.training.loop import LoopConfig, TrainingRun, train_artefact
 from midlens.training.recipe import Budget, Option, Recipe, positive
@@ -58,7 +58,7 @@ class Pos2DistillConfig:
     anchor: float = 1.0  # lambda, the anchoring term's weight
     advantage: str = "measured"  # where the teacher reads the supporting paragraphs: ADVANTAGES
     weighting: str = "position-aware"  # WEIGHTINGS
-    style: str = "short"  # the instruction the prompts carry (generators.prompt.STYLES)
+    style: str = "short"  # the instruction the prompts carry (generators.models.prompt.STYLES)
     max_answer_tokens: int = 16  # the teacher's greedy answer stops here, at end of sequence or at a line end
     rank: int = 16
     lora_alpha: float = 32.0

@@ -1,5 +1,5 @@
-"""Fitting the support models (generators.support) on the rows of train-split `eval support` runs, and saving them as
-verified artefacts (the shipped folders by default).
+"""Fitting the support models (generators.answering.support) on the rows of train-split `eval support` runs, and saving
+them as verified artefacts (the shipped folders by default).
 
 `SupportModel.fit` is the estimator (a logistic regression, its threshold chosen on the same rows); this module picks
 the rows (train splits only), records where they came from, and writes the plain and the verified model. Runs of
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from midlens.core.errors import InvalidArgumentError, Step
-from midlens.generators.support import GENERIC, C, SupportModel, shipped_support_folder
+from midlens.generators.answering.support import GENERIC, C, SupportModel, shipped_support_folder
 
 FOLDS = 5
 

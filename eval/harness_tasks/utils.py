@@ -7,7 +7,7 @@ from datasets import Dataset, DatasetDict
 from midlens.eval.datasets import load_hotpotqa, load_squad
 from midlens.eval.metrics import answer_f1, best_subspan_em
 from midlens.eval.sweep import layout
-from midlens.generators.prompt import user_content
+from midlens.generators.models.prompt import user_content
 
 
 def mdqa(

@@ -109,7 +109,7 @@ def trained_on(method: str, model: str | None) -> frozenset[str]:
     nothing, a label that is no method spec (an ordering), or an unknown model."""
     from midlens.core.errors import MethodConfigError
     from midlens.core.method_spec import split_top_level
-    from midlens.generators.artefacts import META
+    from midlens.core.saved_parts import META
     from midlens.generators.methods.registry import method_config, shipped_artefact_of
 
     if model is None:
@@ -224,8 +224,8 @@ def _restack_reasons(tables: dict[str, dict], m: str, judged: list[str]) -> list
 def shipped_candidate(model: str) -> str:
     """What every interface runs for `model` where the user names nothing, as a candidate's label: its default
     method's spec, its instruction where it is not the reference's, and its measured restack."""
+    from midlens.core.defaults import DEFAULT_PROMPT_STYLE, answer_method_for, measured_restack_for
     from midlens.core.method_spec import restacked_label
-    from midlens.core.names import DEFAULT_PROMPT_STYLE, answer_method_for, measured_restack_for
     from midlens.generators.methods.registry import method_config
 
     method = method_config(answer_method_for(model)).spec()
@@ -250,7 +250,7 @@ def chosen(verdicts: list[Verdict], against: str = "baseline") -> str:
 def _named(method: str) -> str:
     """The candidate with the shorthand users know its method by, where it has one: the name the default is
     switched to."""
-    from midlens.core.names import METHOD_SHORTHANDS
+    from midlens.core.defaults import METHOD_SHORTHANDS
 
     spec = method.partition(STYLE_MARK)[0].split(RESTACK_MARK, 1)[0]
     known = [f"`{short}`" for short, s in METHOD_SHORTHANDS.items() if s == spec]

@@ -10,7 +10,7 @@ import json
 from collections import defaultdict
 from collections.abc import Callable
 
-from midlens.core.names import METHODS, ORDERINGS
+from midlens.core.defaults import METHODS, ORDERINGS
 from midlens.eval.report.load import SETTINGS
 
 

@@ -13,7 +13,7 @@ answer. The bases are not the published Llama-2 set (searched for head_dim 128 a
 for each model's head_dim and native base with the Attention-Buckets criterion (`rope_bases.complementary_bases`:
 the native base first, then bases whose attention waveform peaks where the set's troughs are), deterministic
 given (model, buckets), and shown by `midlens methods attention-buckets`. Evidence is the instances' maps
-weighted by their mixing weights (`generators.instances`).
+weighted by their mixing weights (`generators.methods.instances`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import layer_ropes, plain_rope_problem, rope_scope
-from midlens.generators.context import Instances, MethodParts
+from midlens.generators.attention.anatomy import layer_ropes, plain_rope_problem, rope_scope
+from midlens.generators.attention.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
+from midlens.generators.methods.install import Instances, MethodParts
 from midlens.generators.methods.method import Method, Options
 from midlens.generators.methods.rope_bases import complementary_bases, head_dim_of, rope_base, rotary_dim_of
-from midlens.generators.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
 
 # 4 bases by default, not the paper's larger sets: each base is a full instance (N x the compute and KV cache),
 # and 4 already spans the 1x-2.5x range the published set covers.
@@ -39,8 +39,9 @@ class BucketScheme(RotaryScheme):
     """The layer's RoPE with a base that depends on the batch row: row r rotates with base r % N (instance r % N).
 
     `bases` are this layer's; `head_dim` the channels it rotates. With the layer's `rope`, a scaled schedule gets
-    each base as a change of its own (current) frequencies (`generators.rope.rebase`) and its attention scaling, and
-    rows whose base is the layer's native one use the model's own tables, so that instance is the stock model."""
+    each base as a change of its own (current) frequencies (`generators.attention.rope.rebase`) and its attention
+    scaling, and rows whose base is the layer's native one use the model's own tables, so that instance is the stock
+    model."""
 
     def __init__(
         self, bases: list[float], head_dim: int, num_heads: int, num_kv_heads: int, rope: LayerRope | None = None

@@ -32,11 +32,11 @@ import torch
 
 from midlens.core.errors import MethodConfigError
 from midlens.core.passage import Passage
-from midlens.generators.context import AnsweringView, MethodParts
-from midlens.generators.evidence import EvidenceMaps
+from midlens.generators.attention.evidence import EvidenceMaps
+from midlens.generators.attention.rope import RotaryScheme, baseline_schemes
+from midlens.generators.methods.install import AnsweringView, MethodParts
 from midlens.generators.methods.method import Method
-from midlens.generators.prompt import StackedPrompt, render, render_document
-from midlens.generators.rope import RotaryScheme, baseline_schemes
+from midlens.generators.models.prompt import StackedPrompt, render, render_document
 
 DEFAULTS = {
     # Half-way to the calibrated shares: chosen on train-split tuning slices, where it beat strength 1.0 in gold-answer
@@ -131,7 +131,7 @@ class CalibratedScheme(RotaryScheme):
 
 
 class Calibration:
-    """The answering hook (generators.context.AnsweringHook): reads the content-free (or dummy-prompt) maps
+    """The answering hook (generators.methods.install.AnsweringHook): reads the content-free (or dummy-prompt) maps
     through the batch run, then holds each calibrated layer's key bias while the answer is written."""
 
     def __init__(self, schemes, chosen, head_mask, strength, temperature, query, dummy):
@@ -193,8 +193,8 @@ class Calibration:
 
 
 def build(loaded, opts: dict) -> MethodParts:
-    from midlens.generators.evidence import EvidenceConfig
-    from midlens.generators.retrieval_heads import retrieval_heads
+    from midlens.generators.attention.evidence import EvidenceConfig
+    from midlens.generators.methods.retrieval_heads import retrieval_heads
 
     model = loaded.model
     if float(opts["strength"]) == 0:  # exactly the baseline: no early calibration pass, no bias

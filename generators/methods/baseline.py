@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from midlens.generators.context import MethodParts
+from midlens.generators.attention.rope import baseline_schemes
+from midlens.generators.methods.install import MethodParts
 from midlens.generators.methods.method import Method, Options
-from midlens.generators.rope import baseline_schemes
 
 
 def build(loaded, options: Options) -> MethodParts:

@@ -47,14 +47,21 @@ import torch
 from torch import nn
 
 from midlens.core.errors import ArtefactError, MethodConfigError
-from midlens.generators.anatomy import LayerAnatomy, decoder_of, index_ranges, interleaved_to_half, model_anatomy
-from midlens.generators.artefacts import Artefact, SavedPart, Section, resolve_artefact, train_step
-from midlens.generators.context import MethodParts
-from midlens.generators.delta import WeightDelta
-from midlens.generators.masks import mask_rows
+from midlens.core.saved_parts import Artefact, SavedPart, Section, train_step
+from midlens.generators.attention.anatomy import (
+    LayerAnatomy,
+    decoder_of,
+    index_ranges,
+    interleaved_to_half,
+    model_anatomy,
+)
+from midlens.generators.attention.arithmetic import attend
+from midlens.generators.attention.delta import WeightDelta
+from midlens.generators.attention.masks import mask_rows
+from midlens.generators.attention.rope import RotaryScheme, baseline_schemes
+from midlens.generators.methods.install import MethodParts
 from midlens.generators.methods.method import Method
-from midlens.generators.rope import RotaryScheme, baseline_schemes
-from midlens.generators.scores import attend
+from midlens.generators.models.shipped import resolve_artefact
 
 NAME = "channel-scaling"
 # None: the value of the artefact shipped for the model (or of `artefact`); a value given overrides it.

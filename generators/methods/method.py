@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from midlens.generators.context import MethodParts
-    from midlens.generators.loading import LoadedModel
+    from midlens.generators.methods.install import MethodParts
+    from midlens.generators.models.loading import LoadedModel
 
 Options = dict[str, Any]
 
@@ -54,8 +54,8 @@ class Method:
     # named, not imported: training sits above this layer. None: the method learns nothing.
     trainer: str | None = None
     # Why the method cannot run on a loaded model (a reason naming what the model's layers do that the method's
-    # parts do not handle), or None when it can: read from the layers' anatomy (`generators.anatomy`), never from
-    # a family name. `build_parts` refuses with it; `midlens methods --model` lists it. None: runs on every model.
+    # parts do not handle), or None when it can: read from the layers' anatomy (`generators.attention.anatomy`), never
+    # from a family name. `build_parts` refuses with it; `midlens methods --model` lists it. None: runs on every model.
     unsupported: Callable[[Any], str | None] | None = None
     # Where on a loaded model the method acts when it runs but not on every layer (RoPE methods leave NoPE layers as
     # they are), for `midlens methods --model`; None: wherever it runs, on every layer.

@@ -26,14 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import layer_ropes, plain_rope_problem, rope_scope
-from midlens.generators.artefacts import Artefact, SavedPart, Section
-from midlens.generators.context import MethodParts
-from midlens.generators.masks import mask_rows
+from midlens.core.saved_parts import Artefact, SavedPart, Section
+from midlens.generators.attention.anatomy import layer_ropes, plain_rope_problem, rope_scope
+from midlens.generators.attention.arithmetic import Scoring, attend
+from midlens.generators.attention.masks import mask_rows
+from midlens.generators.attention.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
+from midlens.generators.methods.install import MethodParts
 from midlens.generators.methods.method import Method
 from midlens.generators.methods.rope_bases import head_dim_of, rope_base
-from midlens.generators.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
-from midlens.generators.scores import Scoring, attend
 
 DEFAULTS = {"top_k": None, "artefact": None}  # top_k None: the K the routers were trained with
 # `midlens bench`: the specs timed against the baseline (an expert runs only on the queries routed to it).
@@ -160,7 +160,7 @@ def routed_attention(
     keys: torch.Tensor,  # [B, Hk, T, d]
     values: torch.Tensor,  # [B, Hk, T, d]
     weight: torch.Tensor,  # [B, H, L, 1], zero where a query was not routed to this expert
-    mask: torch.Tensor | None,  # from `generators.masks.score_mask`
+    mask: torch.Tensor | None,  # from `generators.attention.masks.score_mask`
     past: int,
     scoring: Scoring,
 ) -> torch.Tensor | None:
@@ -283,7 +283,7 @@ class MoiceRouters(SavedPart):
 
 
 def build(loaded, opts: dict) -> MethodParts:
-    from midlens.generators.artefacts import resolve_artefact
+    from midlens.generators.models.shipped import resolve_artefact
 
     path = resolve_artefact(opts["artefact"], "moice", loaded.name)
     # Verified (base model, hash) before its "experts" section is read; the routers read their own section.

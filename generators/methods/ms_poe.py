@@ -20,11 +20,11 @@ from typing import Literal
 import torch
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import layer_ropes, rope_scope, shared_rope_problem
-from midlens.generators.context import MethodParts
+from midlens.generators.attention.anatomy import layer_ropes, rope_scope, shared_rope_problem
+from midlens.generators.attention.arithmetic import attention_probs, expand_heads
+from midlens.generators.attention.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
+from midlens.generators.methods.install import MethodParts
 from midlens.generators.methods.method import Method
-from midlens.generators.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
-from midlens.generators.scores import attention_probs, expand_heads
 
 HeadOrder = Literal["awareness", "sequential", "fixed"]
 GQAMode = Literal["group", "per_query_head"]

@@ -4,18 +4,18 @@
     Generator("smollm2-135m", method="mudaf(alpha=0)")    # the plain fine-tuning baseline, same data and size
     Generator(m, method="mudaf(artefact='runs/my-delta')")
 
-The model's weights are never modified: the delta is a per-call part like a scheme (generators.context).
+The model's weights are never modified: the delta is a per-call part like a scheme (generators.methods.install).
 Training is in `training.mudaf`.
 """
 
 from __future__ import annotations
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.artefacts import resolve_artefact
-from midlens.generators.context import MethodParts
-from midlens.generators.delta import LoRADelta
+from midlens.generators.attention.delta import LoRADelta
+from midlens.generators.attention.rope import baseline_schemes
+from midlens.generators.methods.install import MethodParts
 from midlens.generators.methods.method import Method
-from midlens.generators.rope import baseline_schemes
+from midlens.generators.models.shipped import resolve_artefact
 
 DEFAULTS = {"alpha": 0.7, "artefact": None}
 # Where `midlens train mudaf` finds its recipe (the training layer, above this one).

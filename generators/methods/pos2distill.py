@@ -10,11 +10,11 @@ Training is in `training.pos2distill`.
 from __future__ import annotations
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.artefacts import resolve_artefact
-from midlens.generators.context import MethodParts
-from midlens.generators.delta import LoRADelta
+from midlens.generators.attention.delta import LoRADelta
+from midlens.generators.attention.rope import baseline_schemes
+from midlens.generators.methods.install import MethodParts
 from midlens.generators.methods.method import Method
-from midlens.generators.rope import baseline_schemes
+from midlens.generators.models.shipped import resolve_artefact
 
 DEFAULTS = {"artefact": None}
 # Where `midlens train pos2distill` finds its recipe (the training layer, above this one).

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from midlens.core.defaults import METHOD_SHORTHANDS
 from midlens.core.errors import ArtefactError, MethodConfigError, Remedy, StepSpelling, plain_step
 from midlens.core.method_spec import (
     PLUGIN_GROUP,
@@ -25,8 +26,7 @@ from midlens.core.method_spec import (
     parse_method_spec,
     split_top_level,
 )
-from midlens.core.names import METHOD_SHORTHANDS
-from midlens.generators.context import MethodParts
+from midlens.generators.methods.install import MethodParts
 from midlens.generators.methods.method import Method
 
 REGISTRY: dict[str, Method] = {}
@@ -49,7 +49,7 @@ def available(model: str | None = None) -> list[str]:
     A method with an `artefact` option runs on weights trained for one model (a MuDAF delta, MoICE routers): it
     is listed for `model` only when an artefact ships for that model, so a menu never offers a certain error.
     """
-    from midlens.generators.packaged_models import canonical_name
+    from midlens.generators.models.packaged_models import canonical_name
 
     model = None if model is None else canonical_name(model)
 
@@ -58,7 +58,7 @@ def available(model: str | None = None) -> list[str]:
         return model is None or not _reads_shipped(name, options) or _shipped_folder(name, model, options) is not None
 
     named = [name for name in REGISTRY if runs(name, {})]
-    # Then the shorthands (core.names.METHOD_SHORTHANDS), on the same terms as the spec each stands for.
+    # Then the shorthands (core.defaults.METHOD_SHORTHANDS), on the same terms as the spec each stands for.
     return named + [short for short, spec in METHOD_SHORTHANDS.items() if runs(*parse_method_spec(spec))]
 
 
@@ -77,7 +77,7 @@ def _reads_shipped(name: str, options: dict) -> bool:
 
 def _shipped_folder(name: str, model: str, options: dict) -> Path | None:
     """The artefact folder shipped for method `name` with `options` on `model`, or None where none ships."""
-    from midlens.generators.artefacts import shipped_artefact
+    from midlens.generators.models.shipped import shipped_artefact
 
     return shipped_artefact(name, _shipped_name(REGISTRY[name], model, options))
 
@@ -85,7 +85,7 @@ def _shipped_folder(name: str, model: str, options: dict) -> Path | None:
 def shipped_models(config: MethodConfig) -> list[str] | None:
     """The packaged models a trained artefact ships for, for this method and options; None when the method reads
     no shipped artefact (it trains nothing, or an artefact folder was given)."""
-    from midlens.generators.packaged_models import REGISTRY as MODELS
+    from midlens.generators.models.packaged_models import REGISTRY as MODELS
 
     if not _reads_shipped(config.name, config.options):
         return None
@@ -104,7 +104,7 @@ def model_for(config: MethodConfig, model: str | None, default: str) -> str:
     """The model to run `config` on: `model` when one was chosen, else `default`, or, for a trained method that
     ships nothing for `default`, the packaged model its artefact was trained for (`midlens ask --method mudaf`
     works on a fresh checkout). A chosen model the method has nothing for is refused here, before it loads."""
-    from midlens.generators.packaged_models import canonical_name
+    from midlens.generators.models.packaged_models import canonical_name
 
     # An old model name is compared as the name it stands for, or its artefacts would not be found.
     model = None if model is None else canonical_name(model)
@@ -201,7 +201,7 @@ def support_on(loaded, steps: StepSpelling = plain_step) -> dict[str, str | None
     """Every registered method -> None when it runs on `loaded` as it comes, else why it does not: what the model's
     layers do that it does not handle, or the trained artefact it lacks for this model (with the step that trains
     one, worded by `steps`: an interface's own)."""
-    from midlens.generators.artefacts import train_step
+    from midlens.core.saved_parts import train_step
 
     out: dict[str, str | None] = {}
     for name, method in REGISTRY.items():
@@ -234,7 +234,7 @@ def build_parts(config: MethodConfig, loaded) -> MethodParts:
     return parts
 
 
-# The built-in methods, in the order shells list them (core.names.METHODS spells the same names without torch).
+# The built-in methods, in the order shells list them (core.defaults.METHODS spells the same names without torch).
 BUILTIN_MODULES = (
     "midlens.generators.methods.baseline",
     "midlens.generators.methods.ms_poe",

@@ -9,8 +9,8 @@ import math
 import torch
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import layer_ropes
-from midlens.generators.rope import rope_parameters
+from midlens.generators.attention.anatomy import layer_ropes
+from midlens.generators.attention.rope import rope_parameters
 
 
 def waveform(distances: torch.Tensor, base: float, head_dim: int) -> torch.Tensor:
@@ -86,7 +86,8 @@ def head_dim_of(config) -> int:
 def rope_base(config, method: str = "moice") -> float:
     """The model's reference RoPE base: its rope_theta, or its global (full-attention) layers' where each layer type
     keeps its own (Gemma 3). Bases a method chooses for it are carried to each layer's own base by their ratio to it
-    (`generators.rope.LayerRope.scaled_bases`); a scaled schedule keeps its scaling (`generators.rope.rebase`)."""
+    (`generators.attention.rope.LayerRope.scaled_bases`); a scaled schedule keeps its scaling
+    (`generators.attention.rope.rebase`)."""
     params = rope_parameters(config, "full_attention")
     base = params.get("rope_theta") or getattr(config, "rope_theta", None)
     if not base:  # per-type parameters without a full-attention type: the first type's

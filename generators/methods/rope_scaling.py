@@ -7,8 +7,8 @@ base * factor^(d / (d - 2)), which stretches the low frequencies and keeps the h
 
 Both change each RoPE layer's own schedule the same way on every layer and head (Ms-PoE is the per-head version of
 PI): PI divides the layer's (possibly already scaled) frequencies by the factor, NTK changes its base by the
-per-channel ratio of `generators.rope.rebase`, and the layer's attention scaling is kept; NoPE layers are left as
-they are. Dynamic NTK is not a separate entry: it scales only once a sequence passes the trained window
+per-channel ratio of `generators.attention.rope.rebase`, and the layer's attention scaling is kept; NoPE layers are left
+as they are. Dynamic NTK is not a separate entry: it scales only once a sequence passes the trained window
 (factor = max(1, ...) of the length over max_position_embeddings), so on every prompt that fits the window it is
 the baseline, exactly.
 """
@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 
 from midlens.core.errors import MethodConfigError
-from midlens.generators.anatomy import layer_ropes, plain_rope_problem, rope_scope
-from midlens.generators.context import MethodParts
+from midlens.generators.attention.anatomy import layer_ropes, plain_rope_problem, rope_scope
+from midlens.generators.attention.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
+from midlens.generators.methods.install import MethodParts
 from midlens.generators.methods.method import Method, Options
-from midlens.generators.rope import LayerRope, RotaryScheme, apply_rotary, layer_inv_freq, scaled_tables
 
 KINDS = ("linear", "ntk")
 # 1.5: the middle of Ms-PoE's ratio ladder (1.2-1.8), so the uniform and the per-head rescaling compare at the

@@ -13,9 +13,9 @@ from midlens.cli.options import (
     add_model_args,
     prompt_error_for_cli,
 )
-from midlens.core.checks import check_question
+from midlens.core.defaults import DEFAULT_RETRIEVAL, RETRIEVALS
 from midlens.core.errors import MidlensError, PromptTooLongError
-from midlens.core.names import DEFAULT_RETRIEVAL, RETRIEVALS
+from midlens.core.validation import check_question
 from midlens.rag.option_fields import add_arguments, from_arguments
 
 EXAMPLES = """examples:
@@ -115,10 +115,10 @@ def _numbered(answer) -> str:
 def print_citations(answer) -> None:
     """Under the answer: each cited passage (its marker = its prompt position) with the sentence it is cited for,
     its share of the citing sentence's attention and, once verified, the log-probability the sentence loses
-    without it; a passage a flagged sentence needs (`generators.checking.citation_check`: SHAPES) is listed apart,
-    as shaping that sentence's wording, not as verifying it."""
-    from midlens.generators.checking import FAILED, SHAPES, VERIFIED, check_words, citation_check, doubted
-    from midlens.generators.citations import CitedSource
+    without it; a passage a flagged sentence needs (`generators.answering.check.citation_check`: SHAPES) is listed
+    apart, as shaping that sentence's wording, not as verifying it."""
+    from midlens.generators.answering.check import FAILED, SHAPES, VERIFIED, check_words, citation_check, doubted
+    from midlens.generators.answering.citations import CitedSource
 
     # (position, passage sentence, shaping a flagged sentence) -> (answer sentence, source, check) of each citing
     cited: dict[tuple[int, tuple[int, int] | None, bool], list[tuple[int, CitedSource, str]]] = {}
@@ -163,7 +163,7 @@ def print_answer(answer, max_new_tokens: int | None = None, precision: str = "")
         text = "(none: the model ended its answer before writing anything)"
     print(f"\nQ: {answer.question}\nA: {text}")
     if answer.support is not None:
-        # First, under the answer: whether to trust it (generators.support; calibrated on the train split).
+        # First, under the answer: whether to trust it (generators.answering.support; calibrated on the train split).
         checked = " (citations verified)" if answer.support.verified else ""
         print(f"   support: {answer.support.words}{checked}")
     if answer.withheld is not None:

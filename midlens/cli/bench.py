@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from midlens.cli.options import add_device_args
+from midlens.core.defaults import EVAL_MODEL
 from midlens.core.method_spec import method_names
-from midlens.core.names import EVAL_MODEL
 from midlens.eval.bench_memory import MMAP_THRESHOLD
 
 BENCH_EXAMPLES = """examples:

@@ -120,7 +120,7 @@ def _verify_index(folder: Path) -> str | None:
 
 def run_verify(args: argparse.Namespace) -> int:
     from midlens.core.errors import ModelError
-    from midlens.generators.model_cache import check_model_folder
+    from midlens.generators.models.model_cache import check_model_folder
 
     if args.model:
         folder = models_dir() / _plain_name(args.model)
@@ -152,15 +152,15 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def _recheck(folder: Path, dtype: str) -> int:
-    """Run the load-time comparison with transformers' forward again (generators/load_check.py); 1 when refused.
-    Its record is forgotten first, so the load measures (this command runs in a process of its own: a model an
+    """Run the load-time comparison with transformers' forward again (generators/models/transformers_parity.py); 1 when
+    refused. Its record is forgotten first, so the load measures (this command runs in a process of its own: a model an
     embedding process already holds would keep its earlier result)."""
     from midlens.core.errors import ModelError
-    from midlens.generators import load_check
-    from midlens.generators.loading import load_model, release_model
-    from midlens.generators.packaged_models import REGISTRY
+    from midlens.generators.models import transformers_parity
+    from midlens.generators.models.loading import load_model, release_model
+    from midlens.generators.models.packaged_models import REGISTRY
 
-    load_check.forget(folder)
+    transformers_parity.forget(folder)
     try:
         loaded = load_model(folder.name if folder.name in REGISTRY else str(folder), "auto", dtype)
     except ModelError as err:

@@ -8,9 +8,9 @@ import json
 import sys
 
 from midlens.cli.options import add_model_args, positive_int
-from midlens.core.checks import check_question
+from midlens.core.defaults import DEFAULT_PROMPT_STYLE, DEFAULT_TOP_K, PROMPT_STYLES, TRUNCATE_MODES
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_PROMPT_STYLE, DEFAULT_TOP_K, PROMPT_STYLES, TRUNCATE_MODES
+from midlens.core.validation import check_question
 
 EXAMPLES = """examples:
   midlens check "Who directed Wings of Desire?" --answer "Wim Wenders directed it in 1987."
@@ -22,8 +22,8 @@ EXAMPLES = """examples:
 def fits(args: argparse.Namespace, passages: list | None) -> None:
     """Pipeline.check's limit (the answer within the model's context window) and, over --passages, the prompt's,
     applied with the tokenizer alone before the model loads; a long check says so before it starts."""
-    from midlens.generators.check_limits import LONG_CHECK_TOKENS, answer_tokens, tokenizer_and_window
-    from midlens.generators.loading import refuse_unrunnable
+    from midlens.generators.answering.check_limits import LONG_CHECK_TOKENS, answer_tokens, tokenizer_and_window
+    from midlens.generators.models.loading import refuse_unrunnable
 
     refuse_unrunnable(args.model)  # a folder of a family midlens cannot run: its own refusal, not a tokenizer's
     read = tokenizer_and_window(args.model)
@@ -33,7 +33,7 @@ def fits(args: argparse.Namespace, passages: list | None) -> None:
     tokens = answer_tokens(tokenizer, args.answer, window, args.model)
     over = "the retrieved passages"
     if passages is not None:
-        from midlens.generators.prompt import build_prompt
+        from midlens.generators.models.prompt import build_prompt
 
         prompt = build_prompt(tokenizer, passages, args.question, window - tokens, args.truncate, args.prompt_style)
         over = f"a {prompt.num_tokens}-token prompt"
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     args.model = chosen_model(args, method)
     check_device(args)
     fits(args, passages)
-    from midlens.generators.checking import NO_SUPPORT_MODEL, flagged, sentence_support, support_lines
+    from midlens.generators.answering.check import NO_SUPPORT_MODEL, flagged, sentence_support, support_lines
     from midlens.rag.pipeline import Pipeline, marked_answer
 
     if passages is not None:

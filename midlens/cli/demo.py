@@ -6,7 +6,7 @@ import argparse
 import os
 
 from midlens.cli.options import add_cite_evidence_arg, add_model_args, check_cite_evidence
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TOP_K
+from midlens.core.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TOP_K
 from midlens.demo.backend import DEFAULT_MAX_UPLOAD_MB, HOST, MAX_NEW_TOKENS, MAX_TOP_K
 
 EXAMPLES = """examples:

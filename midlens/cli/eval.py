@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from midlens.cli.options import RETRIEVAL_HELP, add_device_args, add_evidence_args, positive_int
-from midlens.core.names import (
+from midlens.core.defaults import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PROMPT_STYLE,
     DEFAULT_RETRIEVAL,

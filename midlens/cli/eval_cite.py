@@ -21,7 +21,7 @@ from midlens.cli.options import (
     check_cite_evidence,
     positive_int,
 )
-from midlens.core.names import DEFAULT_PROMPT_STYLE, EVAL_MODEL, PROMPT_STYLES
+from midlens.core.defaults import DEFAULT_PROMPT_STYLE, EVAL_MODEL, PROMPT_STYLES
 
 EXAMPLES = """examples:
   midlens eval cite --n 100 --methods baseline,mudaf --out runs/cite

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from midlens.cli.options import add_device_args, positive_int
-from midlens.core.names import EVAL_MODEL
+from midlens.core.defaults import EVAL_MODEL
 
 EXAMPLES = """examples:
   midlens eval support --dataset hotpotqa --split train --n 60 --out runs/support/hotpotqa-train

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from midlens.cli.options import add_device_args, check_device, positive_int
-from midlens.core.names import EVAL_MODEL
+from midlens.core.defaults import EVAL_MODEL
 
 
 def add_parser(sub) -> None:

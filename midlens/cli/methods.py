@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from midlens.cli.options import METHOD_HELP, add_device_args, check_device, chosen_model, cli_step
-from midlens.core.names import METHOD_SHORTHANDS
+from midlens.core.defaults import METHOD_SHORTHANDS
 
 EXAMPLES = """examples:
   midlens methods
@@ -54,7 +54,7 @@ def _support(args: argparse.Namespace) -> int:
     """What the model's layers do, as the attention module reads them, and which methods run on it."""
     check_device(args)
     from midlens.generators import load_model
-    from midlens.generators.anatomy import index_ranges, model_anatomy
+    from midlens.generators.attention.anatomy import index_ranges, model_anatomy
     from midlens.generators.methods.registry import REGISTRY, support_on
 
     loaded = load_model(args.model, args.device, args.dtype)
@@ -75,7 +75,7 @@ def _support(args: argparse.Namespace) -> int:
         print(f"{name:<{width}}{status}")
     # A shorthand runs a method with other options (finetuned = mudaf(alpha=0)), whose artefact may ship where the
     # method's default one does not (Gemma 3 270M ships the fine-tune only).
-    from midlens.core.names import METHOD_SHORTHANDS
+    from midlens.core.defaults import METHOD_SHORTHANDS
     from midlens.generators.methods.registry import available
 
     for short in (s for s in METHOD_SHORTHANDS if s in available(loaded.name)):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from midlens.core.defaults import ANSWER_METHODS, DEFAULT_MODEL, FALLBACK_ANSWER_METHOD
 from midlens.core.errors import InvalidArgumentError, MidlensError, Step
-from midlens.core.names import ANSWER_METHODS, DEFAULT_MODEL, FALLBACK_ANSWER_METHOD
 
 RETRIEVAL_HELP = (
     "dense (faiss) or hybrid (dense + BM25, RRF); with +links, passages whose titles the top 2 name come next"
@@ -83,7 +83,7 @@ def add_model_args(parser: argparse.ArgumentParser, method: bool = True) -> None
     if method:
         parser.add_argument(
             "--method",
-            help=f"{METHOD_HELP} (default: the model's measured default, core.names.ANSWER_METHODS: "
+            help=f"{METHOD_HELP} (default: the model's measured default, core.defaults.ANSWER_METHODS: "
             + ", ".join(f"{method} for {model}" for model, method in ANSWER_METHODS.items())
             + f"; {FALLBACK_ANSWER_METHOD} for a model folder)",
         )
@@ -127,8 +127,8 @@ def method_spec(args: argparse.Namespace):
 
     A misspelt name fails before torch is imported, the registry's option check takes the seconds torch needs; the
     spec is parsed once."""
+    from midlens.core.defaults import answer_method_for
     from midlens.core.method_spec import parse_known_specs
-    from midlens.core.names import answer_method_for
 
     if args.method is None:  # named now, so what runs is what the command reports
         args.method = answer_method_for(args.model or DEFAULT_MODEL)
@@ -158,7 +158,7 @@ def chosen_model(args: argparse.Namespace, method) -> str:
 
 def evidence_config(args: argparse.Namespace):
     """--evidence-layers/-query/-heads as an EvidenceConfig (checked by EvidenceConfig.from_text)."""
-    from midlens.generators.evidence import EvidenceConfig
+    from midlens.generators.attention.evidence import EvidenceConfig
 
     try:
         return EvidenceConfig.from_text(args.evidence_layers, args.evidence_query, args.evidence_heads)

@@ -9,8 +9,8 @@ import sys
 import threading
 
 from midlens.cli.options import add_cite_evidence_arg, add_model_args, check_cite_evidence, positive_int
+from midlens.core.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT_STYLE, PROMPT_STYLES
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT_STYLE, PROMPT_STYLES
 
 EXAMPLES = """examples:
   midlens serve --model smollm2-135m                      # local Ray cluster, http://127.0.0.1:8000

@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 
 from midlens.cli.options import Parser, add_device_args, check_device, positive_int
+from midlens.core.defaults import EVAL_MODEL
 from midlens.core.errors import MidlensError
-from midlens.core.names import EVAL_MODEL
 
 EXAMPLES = """examples:
   midlens train mudaf --out runs/mudaf-smollm2

@@ -33,8 +33,8 @@ from llama_index.core.schema import QueryBundle
 from midlens.core.errors import InvalidArgumentError
 
 if TYPE_CHECKING:  # torch loads slowly: the model parts are imported when a response is first checked
-    from midlens.generators.answer import Answer
-    from midlens.generators.citations import Citation
+    from midlens.generators.answering.answer import Answer
+    from midlens.generators.answering.citations import Citation
     from midlens.rag.pipeline import Pipeline
 
 # What LlamaIndex's engines answer when retrieval found nothing: no sources to check against.
@@ -140,7 +140,13 @@ class CheckedQueryEngine(BaseQueryEngine):
 def checked_metadata(answer: Answer) -> dict[str, Any]:
     """A checked answer as `metadata["midlens"]`: its marks, citations (rows and CitationBlocks), support and
     evidence. Unverified sources get no marker: a sentence marked only with nodes it needs reads as checked."""
-    from midlens.generators.checking import NO_SUPPORT_MODEL, sentence_support, supported_share, unsupported, verified
+    from midlens.generators.answering.check import (
+        NO_SUPPORT_MODEL,
+        sentence_support,
+        supported_share,
+        unsupported,
+        verified,
+    )
     from midlens.rag.llamaindex.citation_blocks import citation_blocks
     from midlens.rag.llamaindex.citations import citation_rows
     from midlens.rag.llamaindex.common import evidence_rows

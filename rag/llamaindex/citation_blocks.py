@@ -21,8 +21,8 @@ from llama_index.core.base.llms.types import ChatMessage, CitableBlock, Citation
 from midlens.core.passage import Passage
 
 if TYPE_CHECKING:  # torch loads with these; MidlensLLM's module imports this one and must not load torch
-    from midlens.generators.answer import Answer
-    from midlens.generators.citations import Citation
+    from midlens.generators.answering.answer import Answer
+    from midlens.generators.answering.citations import Citation
 
 SEPARATOR = "\n\n"
 

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.schema import MetadataMode, NodeWithScore, TextNode
 
-from midlens.generators.evidence import PassageEvidence
+from midlens.generators.attention.evidence import PassageEvidence
 from midlens.rag.llamaindex.query_engine import MidlensQueryEngine
 from midlens.rag.pipeline import marked_answer
 
@@ -20,8 +20,8 @@ class MidlensCitationQueryEngine(MidlensQueryEngine):
     The stock engine asks the model to write those markers (an instruction a small model follows badly, and nothing
     checks them). Here the model answers the plain midlens prompt and the markers come from its attention: n is the
     node's position in the prompt, and a sentence is marked with the nodes its attention rests on
-    (`generators.citations`). With `verify=True` a citation the answer does not need (removing the node costs the
-    sentence less than the margin) gets no marker; its row stays in `metadata["midlens"]["citations"]` with
+    (`generators.answering.citations`). With `verify=True` a citation the answer does not need (removing the node costs
+    the sentence less than the margin) gets no marker; its row stays in `metadata["midlens"]["citations"]` with
     `verified=False`. Sources are whole nodes, one per node, keeping its id: the citation rows name the sentence
     inside the node (`node_chars`), finer than the stock engine's 512-token chunks. Sources come in prompt order,
     scored by calibrated evidence; `metadata` is MidlensQueryEngine's, `marked_chars` indexing `response.response`.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from midlens.generators.answer import Answer
-from midlens.generators.citations import Citation, CitedSource
+from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.citations import Citation, CitedSource
 from midlens.rag.pipeline import marked_answer
 
 

@@ -17,14 +17,14 @@ from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
-from midlens.core.names import DEFAULT_MODEL
+from midlens.core.defaults import DEFAULT_MODEL
 from midlens.core.passage import Passage
 
 if TYPE_CHECKING:  # torch loads with these: imported where a model is built, so that importing an LLM class is light
-    from midlens.generators.answer import Answer
-    from midlens.generators.evidence import EvidenceConfig
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import LoadedModel
+    from midlens.generators.answering.answer import Answer
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.attention.evidence import EvidenceConfig
+    from midlens.generators.models.loading import LoadedModel
 
 logger = logging.getLogger(__name__)
 # Models the MidlensLLMs of this process use, latest last: an AttentionReranker given no model shares one. Weak
@@ -64,7 +64,8 @@ class GeneratorBacked(BaseModel):
     method: str | None = Field(
         default=None,
         description="Method spec: a registry name or NAME(option=value, ...). None: the model's measured default "
-        "(answering: core.names.ANSWER_METHODS; AttentionReranker: core.names.RERANKERS), set once the model is known.",
+        "(answering: core.defaults.ANSWER_METHODS; AttentionReranker: core.defaults.RERANKERS), set once the model "
+        "is known.",
     )
     method_options: dict[str, Any] = Field(default_factory=dict, description="Options of the method.")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N (auto: CUDA when present).")
@@ -82,7 +83,7 @@ class GeneratorBacked(BaseModel):
         dtype: str = "auto",
         **kwargs: Any,
     ) -> None:
-        from midlens.generators.generator import Generator
+        from midlens.generators.answering.generator import Generator
 
         generator = None
         if isinstance(model, Generator):  # used as it is (`from_generator`): the caller's settings describe it
@@ -125,7 +126,7 @@ class GeneratorBacked(BaseModel):
     def _build_generator(self, model: str | LoadedModel) -> Generator:
         """A Generator on `model` with this object's method (its default for `model` when none was named; the field
         then keeps the one chosen) and evidence settings."""
-        from midlens.generators.generator import Generator
+        from midlens.generators.answering.generator import Generator
 
         if self.method is None:
             self.method = self._default_method(model)
@@ -152,7 +153,7 @@ class GeneratorBacked(BaseModel):
     @classmethod
     def _default_method(cls, model: str | LoadedModel) -> str:
         """The method run on `model` where none is named: the answering default measured for it."""
-        from midlens.generators.packaged_models import default_method
+        from midlens.generators.models.packaged_models import default_method
 
         return default_method(model)
 
@@ -233,7 +234,7 @@ def _response_kwargs(answer: Answer) -> dict[str, Any]:
         "generated_tokens": answer.generated_tokens,
         "timings": answer.timings,
         "dropped": [p.id for p in answer.dropped],
-        # Whether to trust the answer (generators.support), first thing a response's reader should see.
+        # Whether to trust the answer (generators.answering.support), first thing a response's reader should see.
         "support": None if answer.support is None else answer.support.to_dict(),
         "withheld": None if answer.withheld is None else answer.withheld["text"],
     }

@@ -18,7 +18,7 @@ from llama_index.core.evaluation import BaseEvaluator, EvaluationResult
 from llama_index.core.prompts.mixin import PromptDictType
 
 from midlens.core.errors import InvalidArgumentError
-from midlens.generators.checking import flagged, support_lines, supported_share
+from midlens.generators.answering.check import flagged, support_lines, supported_share
 from midlens.rag.llamaindex.common import PassageLike, node_passages
 from midlens.rag.pipeline import Pipeline, marked_answer
 

@@ -49,9 +49,9 @@ from midlens.rag.options import AnswerOptions
 if TYPE_CHECKING:
     # torch loads with these, so they are imported where a call needs them: `from llama_index.llms.midlens import
     # MidlensLLM` stays as light as LlamaIndex's own integrations (llama_index.core and no torch).
-    from midlens.generators.citations import MeasuredCitations
-    from midlens.generators.generator import GenerationStream, Generator
-    from midlens.generators.prompt import StackedPrompt
+    from midlens.generators.answering.citations import MeasuredCitations
+    from midlens.generators.answering.generator import GenerationStream, Generator
+    from midlens.generators.models.prompt import StackedPrompt
     from midlens.rag.answering import Answering
     from midlens.rag.llamaindex.remote import Served
     from midlens.rag.pipeline import AnswerStream, Pipeline
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 def _chunks(stream: GenerationStream | AnswerStream) -> CompletionResponseGen:
     """Token deltas and, as each answer sentence ends, a chunk with no delta whose additional_kwargs["citation"]
     holds its Citation; then a last chunk (its delta may be empty) that carries the evidence in additional_kwargs."""
-    from midlens.generators.citations import Citation
+    from midlens.generators.answering.citations import Citation
 
     # Deltas track the stripped text so that ''.join(deltas) == the non-streaming answer exactly.
     raw, shown = "", ""
@@ -142,10 +142,10 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
     context chunks, which are answered the same way, one passage per node (`read_stock_prompts`); any other
     prompt is the question of a stacked prompt with no documents. Passages are answered by `pipeline`, the same
     Pipeline.answer the CLI and the demo use. `complete(..., passages=nodes, restack="mudaf")` (or a
-    generators.restack.Restack) restacks them by that method's evidence first (what MidlensQueryEngine's `restack`
-    passes); the evidence rows stay in the order the nodes were given. Without a `restack` in the call the LLM's
-    `restack` field decides: "measured" (the default) restacks where that was measured to help its model and
-    method (core.names.MEASURED_RESTACKS; none passes out of domain today), None never does.
+    generators.answering.restack.Restack) restacks them by that method's evidence first (what MidlensQueryEngine's
+    `restack` passes); the evidence rows stay in the order the nodes were given. Without a `restack` in the call the
+    LLM's `restack` field decides: "measured" (the default) restacks where that was measured to help its model and
+    method (core.defaults.MEASURED_RESTACKS; none passes out of domain today), None never does.
 
     A chat engine's condense prompt (condense_plus_context's, condense_question's: the history and a follow-up to
     restate as a standalone question) is completed as written, in the model's chat template, by the model without
@@ -191,7 +191,7 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
 
     @classmethod
     def _citations(cls, fields: dict[str, Any]) -> MeasuredCitations:
-        from midlens.generators.citations import MeasuredCitations
+        from midlens.generators.answering.citations import MeasuredCitations
 
         # Checked in this field's name, not as the library's evidence_from it becomes.
         return MeasuredCitations(check_cite_evidence(fields.get("cite_evidence")))
@@ -320,7 +320,7 @@ class MidlensLLM(GeneratorBacked, LLMOptions, CustomLLM):
     ) -> tuple[Answering, StackedPrompt, AnswerOptions]:
         """A conversation in the model's chat template, the answer path (`generator`'s, else the LLM's) and the
         options it is answered with."""
-        from midlens.generators.prompt import chat_prompt
+        from midlens.generators.models.prompt import chat_prompt
         from midlens.rag.pipeline import Pipeline
 
         generator = generator or self.generator

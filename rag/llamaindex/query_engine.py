@@ -21,14 +21,14 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from midlens.core.checks import check_top_k
+from midlens.core.defaults import DEFAULT_TOP_K, is_measured_restack
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import DEFAULT_TOP_K, is_measured_restack
-from midlens.generators.answer import Answer
-from midlens.generators.evidence import EvidenceConfig, PassageEvidence
-from midlens.generators.loading import LoadedModel
-from midlens.generators.packaged_models import DEFAULT_MODEL
-from midlens.generators.restack import Restack
+from midlens.core.validation import check_top_k
+from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.restack import Restack
+from midlens.generators.attention.evidence import EvidenceConfig, PassageEvidence
+from midlens.generators.models.loading import LoadedModel
+from midlens.generators.models.packaged_models import DEFAULT_MODEL
 from midlens.rag.llamaindex.citations import citation_rows, sentence_rows
 from midlens.rag.llamaindex.common import (
     _response_kwargs,
@@ -75,9 +75,9 @@ class MidlensQueryEngine(EngineOptions, CustomQueryEngine):
     sentence has begun (`marked_chars` None until the answer ends, `streamed_sentences` counting the sentences cited
     so far; with `verify=True` only at the end, verified).
     `as_chat_engine()` wraps the engine in LlamaIndex's CondenseQuestionChatEngine. `restack="mudaf"` (a method
-    spec, or a generators.restack.Restack) scores the nodes with that method's evidence and stacks the strongest in
-    the slots the model reads best before answering (`restack_rounds` scoring passes); positions, markers and
-    metadata keep the order the nodes were retrieved in, and `metadata["midlens"]["restack"]` says what the prompt
+    spec, or a generators.answering.restack.Restack) scores the nodes with that method's evidence and stacks the
+    strongest in the slots the model reads best before answering (`restack_rounds` scoring passes); positions, markers
+    and metadata keep the order the nodes were retrieved in, and `metadata["midlens"]["restack"]` says what the prompt
     held. By default (`restack="measured"`) the LLM's own `restack` decides, which restacks where that was measured
     to help its model and method; `restack=None` answers the nodes in the order retrieved.
     """
@@ -86,7 +86,7 @@ class MidlensQueryEngine(EngineOptions, CustomQueryEngine):
     llm: MidlensLLM
     node_postprocessors: list[BaseNodePostprocessor] = Field(default_factory=list)
     streaming: bool = False
-    # A generators.restack.Restack too, which the options' schema (a spec or None) does not describe.
+    # A generators.answering.restack.Restack too, which the options' schema (a spec or None) does not describe.
     restack: Any = copy(EngineOptions.model_fields["restack"])
 
     def __init__(

@@ -22,12 +22,12 @@ from llama_index.core.base.llms.types import (
 )
 from pydantic import BaseModel
 
+from midlens.core.defaults import RESTACK_MEASURED
 from midlens.core.errors import InvalidArgumentError
-from midlens.core.names import RESTACK_MEASURED
 from midlens.core.passage import Passage
-from midlens.generators.answer import Answer
-from midlens.generators.evidence import EvidenceConfig, PassageEvidence
-from midlens.generators.support import Support
+from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.support import Support
+from midlens.generators.attention.evidence import EvidenceConfig, PassageEvidence
 from midlens.rag.llamaindex.citations import citations_from_json
 from midlens.rag.llamaindex.common import _as_chat, _completion
 from midlens.rag.option_fields import unstreamed

@@ -11,9 +11,9 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from midlens.core import names
+from midlens.core import defaults
+from midlens.core.defaults import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE
 from midlens.core.errors import InvalidArgumentError, PromptTooLongError, Remedies
-from midlens.core.names import DEFAULT_MODEL, DEFAULT_PROMPT_STYLE
 from midlens.core.passage import Passage
 from midlens.rag.llamaindex.common import (
     _DEFERRED_LOAD,
@@ -26,9 +26,9 @@ from midlens.rag.llamaindex.common import (
 )
 
 if TYPE_CHECKING:  # torch (and httpx) load with these, where a rerank needs them: importing the class stays light
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import LoadedModel
-    from midlens.generators.prompt import StackedPrompt
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.models.loading import LoadedModel
+    from midlens.generators.models.prompt import StackedPrompt
     from midlens.rag.remote import MidlensClient
 
 
@@ -58,7 +58,7 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     All nodes are stacked (in the given order) under the query; the score of a node is its evidence: the attention
     mass the model gives it (`score_by="evidence"`), or that minus the mass a content-free query gives it
     (`"calibrated"`). Unless told otherwise, the method and score are the best ranker measured for the model
-    (core.names.RERANKERS): MuDAF's raw evidence for both packaged models (recall@2 of HotpotQA's supporting
+    (core.defaults.RERANKERS): MuDAF's raw evidence for both packaged models (recall@2 of HotpotQA's supporting
     paragraphs 0.843 against dense retrieval's 0.608 on the default model); other models rank by the baseline's
     calibrated evidence.
     No tokens are decoded. Nodes that do not fit one window (or `max_tokens_per_pass`) are split into
@@ -79,7 +79,7 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     score_by: Literal["calibrated", "evidence"] | None = Field(
         default=None,
         description="Which evidence to rank by: raw attention mass or calibrated against a content-free query. None: "
-        "the one measured best with the method in use (core.names.RERANKERS), else calibrated.",
+        "the one measured best with the method in use (core.defaults.RERANKERS), else calibrated.",
     )
     keep_retrieval_score: bool = Field(default=False, description="Whether to keep the retrieval score in metadata.")
     max_tokens_per_pass: int | None = Field(
@@ -132,7 +132,7 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
             top_n=top_n,
             model=spec.model,
             # Not named: the best ranker measured for the server's model, else the method the server runs.
-            method=kwargs.pop("method", None) or names.RERANKERS.get(spec.model, (spec.method_spec,))[0],
+            method=kwargs.pop("method", None) or defaults.RERANKERS.get(spec.model, (spec.method_spec,))[0],
             method_options={},
             device=spec.device,
             dtype=spec.dtype,
@@ -157,14 +157,14 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     @classmethod
     def _default_method(cls, model: str | LoadedModel) -> str:
         """The best ranker measured for `model` (MuDAF's evidence for the packaged models), not its answering method."""
-        from midlens.generators.packaged_models import default_reranker
+        from midlens.generators.models.packaged_models import default_reranker
 
         return default_reranker(model)[0]
 
     def _score_by(self) -> Literal["calibrated", "evidence"]:
         if self.score_by is not None:
             return self.score_by
-        method, score = names.reranker_for(self.model)
+        method, score = defaults.reranker_for(self.model)
         return score if self.method == method else "calibrated"
 
     def share_model(self, loaded: LoadedModel) -> bool:
@@ -198,7 +198,7 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
     def _passes(self, query: str, passages: list[Passage]) -> list[StackedPrompt]:
         """Consecutive groups of passages, each stacked into the fullest prompt that fits (the prompt builder's
         own fitting, so a pass holds exactly what `truncate='drop_last'` would keep)."""
-        from midlens.generators.prompt import fit_windows
+        from midlens.generators.models.prompt import fit_windows
 
         window = self.generator.context_window
         limit = min(window, self.max_tokens_per_pass or window)
@@ -227,7 +227,8 @@ class AttentionReranker(GeneratorBacked, BaseNodePostprocessor):
         by_evidence = self._score_by() == "evidence"
         if self._client is None:
             prompts = self._passes(query, passages)
-            # Every window in one batch: each scores as it would alone (generators.batch), in one pass of the model.
+            # Every window in one batch: each scores as it would alone (generators.answering.batch), in one pass of the
+            # model.
             answers = self.generator.score_batch(prompts, calibrate=not by_evidence)
             return [[pe.evidence if by_evidence else pe.score for pe in a.passages] for a in answers]
         # The server fits each pass as fit_windows does here: the fullest prompt of the nodes left that fits its

@@ -8,8 +8,8 @@ from typing import Any
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
-from midlens.core.checks import check_top_k
-from midlens.core.names import DEFAULT_RETRIEVAL, DEFAULT_TOP_K
+from midlens.core.defaults import DEFAULT_RETRIEVAL, DEFAULT_TOP_K
+from midlens.core.validation import check_top_k
 
 
 class MidlensRetriever(BaseRetriever):

@@ -6,7 +6,7 @@ import json
 import sys
 
 from midlens.demo.views import example_questions
-from midlens.generators.generator import Generator
+from midlens.generators.answering.generator import Generator
 from midlens.rag.pipeline import Pipeline
 from midlens.retrievers.build import build_retriever
 from midlens.retrievers.corpus import default_corpus_path, default_questions_path

@@ -112,7 +112,7 @@ class Interfaces:
     """The three ways of answering, each made once: `answer(interface, name)` answers one option set through one."""
 
     def __init__(self, tmp: Path) -> None:
-        from midlens.generators.loading import load_model
+        from midlens.generators.models.loading import load_model
         from midlens.retrievers.build import build_retriever
 
         self.tmp = tmp
@@ -127,8 +127,8 @@ class Interfaces:
         return getattr(self, interface)(name, OPTION_SETS[name])
 
     def pipeline(self, name: str, fields: dict) -> dict:
-        from midlens.generators.generator import Generator
-        from midlens.generators.packaged_models import default_method
+        from midlens.generators.answering.generator import Generator
+        from midlens.generators.models.packaged_models import default_method
         from midlens.rag.options import AnswerOptions
         from midlens.rag.pipeline import Pipeline
 
@@ -150,7 +150,7 @@ class Interfaces:
         import midlens.eval.e2e as e2e
         from midlens.eval.options import RunOptions
         from midlens.eval.plan import build_run
-        from midlens.generators.packaged_models import default_method
+        from midlens.generators.models.packaged_models import default_method
 
         kept: list = []
         row_of = e2e.row_of

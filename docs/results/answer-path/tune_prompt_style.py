@@ -14,7 +14,7 @@ import time
 
 from midlens.eval.datasets import load_hotpotqa
 from midlens.eval.metrics import answer_f1, best_subspan_em, first_line
-from midlens.generators.generator import Generator
+from midlens.generators.answering.generator import Generator
 
 model, n, out, styles = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4].split(",")
 examples = load_hotpotqa(n=n, seed=1, mode="rerank", max_words=None, split="train")

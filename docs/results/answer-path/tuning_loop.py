@@ -16,7 +16,7 @@ from pathlib import Path
 
 from midlens.eval.datasets import load_questions
 from midlens.eval.metrics import answer_f1, best_subspan_em
-from midlens.generators.answer import Answer
+from midlens.generators.answering.answer import Answer
 from midlens.rag.pipeline import Pipeline
 
 

@@ -13,8 +13,8 @@ import json
 import re
 import sys
 
-from midlens.generators.artefacts import shipped_path
-from midlens.generators.loading import load_model
+from midlens.generators.models.loading import load_model
+from midlens.generators.models.shipped import shipped_path
 from midlens.training.channel_scaling import find_candidates
 
 OPTIONS = ("strings", "length", "candidates", "scales", "layer_ranges", "kv_pairs", "kv_seed", "prompt_style")

@@ -18,7 +18,7 @@ import torch
 
 from midlens.core.passage import Passage
 from midlens.generators import Generator
-from midlens.generators.loading import load_model
+from midlens.generators.models.loading import load_model
 from midlens.retrievers.corpus import default_corpus_path, read_documents
 
 QUESTION = "Which of these people was born first, and where?"

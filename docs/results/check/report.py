@@ -77,7 +77,7 @@ def own_rows(reader: str, corpus: str) -> list[dict]:
 
 def report(runs: Path, out: Path) -> dict:
     from midlens.eval.check_support import read_check_run
-    from midlens.generators.checking import CheckedSupportModel, shipped_checked_folder
+    from midlens.generators.answering.check import CheckedSupportModel, shipped_checked_folder
 
     results: dict = {}
     lines = ["# Checked support, held out", ""]
@@ -139,8 +139,8 @@ def report(runs: Path, out: Path) -> dict:
 
 
 def _generation_time(reader: str, rows: list[dict]) -> tuple:
-    from midlens.generators.model_cache import content_sha256
-    from midlens.generators.support import packaged_support, support_features
+    from midlens.generators.answering.support import packaged_support, support_features
+    from midlens.generators.models.model_cache import content_sha256
 
     model = packaged_support(reader, lambda: content_sha256(reader), verified=False)
     scores = [model.probability(support_features(r["inputs"], False)) for r in rows]

@@ -80,9 +80,9 @@ def pending(out: Path, examples: list, positions: list[int], rows: dict) -> list
 
 def score(run: Path, scorer: str, out: Path, questions: int | None = None) -> None:
     """`questions`: score only the run's first so many questions (every position of each)."""
-    from midlens.generators.evidence import EvidenceConfig
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.attention.evidence import EvidenceConfig
+    from midlens.generators.models.loading import load_model
 
     options = options_of(run)
     config, _, examples = plan(options)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from midlens.core.citation_rule import apply_rule
 from midlens.eval.cite import rule_scores
-from midlens.generators.citations import CitationConfig
+from midlens.generators.answering.citations import CitationConfig
 
 HERE = Path(__file__).resolve().parent
 RUNS = {

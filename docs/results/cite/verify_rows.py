@@ -47,11 +47,11 @@ def cited(row: dict, rule: dict) -> list[list[int]]:
 
 
 def verify(run: Path, out: Path, questions: int, scores: Path | None, scorer: str | None) -> None:
-    from midlens.generators.citations import CitationConfig
-    from midlens.generators.evidence import EvidenceConfig
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
-    from midlens.generators.scheduling import generate_all
+    from midlens.generators.answering.citations import CitationConfig
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.scheduling import generate_all
+    from midlens.generators.attention.evidence import EvidenceConfig
+    from midlens.generators.models.loading import load_model
 
     options = options_of(run)
     config, _, examples = plan(options)
@@ -177,7 +177,7 @@ def choose_margin(train_run: Path, train_out: Path, eval_run: Path | None, eval_
     that flag, on train answers), beside the default margin; then both on eval answers. The best margin replaces the
     default only where it beats it on train with a paired interval above zero (README, section 15, says when that bar
     was set)."""
-    from midlens.generators.citations import CitationConfig
+    from midlens.generators.answering.citations import CitationConfig
 
     default = CitationConfig().margin
     train = cited_drops(train_run, train_out)

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from midlens.core.passage import Passage
-from midlens.generators import Generator, detokenize, load_model
+from midlens.generators import Generator, load_model
+from midlens.generators.answering import detokenize
 
 
 class WholeAnswer:
@@ -62,7 +63,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, cls in (("linear", shipped), ("whole", WholeAnswer)):
                 detokenize.IncrementalText = cls  # the generator module reads the name it imported:
-                import midlens.generators.generator as g
+                import midlens.generators.answering.generator as g
 
                 g.IncrementalText = cls
                 t0 = time.perf_counter()

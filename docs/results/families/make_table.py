@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for tests.tiny
 
-from midlens.generators.anatomy import model_anatomy  # noqa: E402
-from midlens.generators.loading import load_model, release_model  # noqa: E402
+from midlens.generators.attention.anatomy import model_anatomy  # noqa: E402
 from midlens.generators.methods.registry import support_on  # noqa: E402
+from midlens.generators.models.loading import load_model, release_model  # noqa: E402
 from tests.tiny import FAMILIES, save_tiny  # noqa: E402
 
 

@@ -4,8 +4,8 @@ Each model type's config class is built at the tiny test shape (tests/tiny.py SH
 does not fit), its causal LM built on the meta device (no weights), and read by `model_anatomy` as `midlens
 methods --model` and `load_model` read a folder before loading. "read" is what the reader found, not a logit check:
 the families of table.md are compared with transformers' forward by tests/test_families.py, and any other model
-is compared at its first load (generators/load_check.py). `python docs/results/families/survey.py` writes
-survey.md beside it (about 30 s on 2 CPU cores).
+is compared at its first load (generators/models/transformers_parity.py). `python docs/results/families/survey.py`
+writes survey.md beside it (about 30 s on 2 CPU cores).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for tests.tiny
 
-from midlens.generators.anatomy import UnsupportedAttention, model_anatomy  # noqa: E402
-from midlens.generators.random_models import random_config  # noqa: E402
+from midlens.generators.attention.anatomy import UnsupportedAttention, model_anatomy  # noqa: E402
+from midlens.generators.models.random_models import random_config  # noqa: E402
 from tests.tiny import SHAPE  # noqa: E402
 
 # Fields some configs need at this shape: a pad id inside the tiny vocabulary, a head size that fits 64 channels.

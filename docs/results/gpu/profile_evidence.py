@@ -17,8 +17,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from midlens.eval.bench_runner import make_runner
-from midlens.generators.attention import new_cache
-from midlens.generators.probe import PassageProbe
+from midlens.generators.attention.positional_attention import new_cache
+from midlens.generators.attention.probe import PassageProbe
 
 VARIANTS = ("plain", "baseline", "evidence")
 

@@ -15,7 +15,7 @@ for layer in core generators retrievers rag training demo eval serve; do cp -r "
 export PYTHONPATH=/tmp/pkg${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 pack() { tar czf "$out/gpu.tgz.part" -C "$work" . && mv "$out/gpu.tgz.part" "$out/gpu.tgz"; }
 model=/tmp/random-$shape
-[ -d "$model" ] || python3 -c "from midlens.generators.random_models import save_random_model as s; s('$shape', '$model', '$tokenizer')"
+[ -d "$model" ] || python3 -c "from midlens.generators.models.random_models import save_random_model as s; s('$shape', '$model', '$tokenizer')"
 python3 -c "import torch, transformers, sys; print('torch', torch.__version__, 'transformers', transformers.__version__, 'python', sys.version.split()[0], torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee "$work/versions.txt"
 here=docs/results/gpu
 # One function per step, run in the order named.

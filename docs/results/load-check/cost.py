@@ -5,12 +5,12 @@
 MODEL (default smollm2-135m) is loaded once per dtype as `load_model` loads it; one plain 64-token prefill is
 timed first, as the unit the check's cost is read in (measure.py's), and also warms the model up, so the check is
 not charged the first forward's one-time costs, which a load without a check pays at its first answer instead.
-Then `load_check.measure` runs N times (median reported) with each stage timed: transformers' passes, midlens'
+Then `transformers_parity.measure` runs N times (median reported) with each stage timed: transformers' passes, midlens'
 passes, the float32 upcast and downcast of the parameters (low precision only), the layers' anatomy reads, and the
-rest (comparisons, prompt). `--module FILE` times another version of generators/load_check.py the same way, in
-the same process and alternating with the current one, so a before/after shares the machine's load, e.g.
+rest (comparisons, prompt). `--module FILE` times another version of generators/models/transformers_parity.py the same
+way, in the same process and alternating with the current one, so a before/after shares the machine's load, e.g.
 
-    git show HEAD:generators/load_check.py > /tmp/load_check_before.py
+    git show HEAD:generators/models/transformers_parity.py > /tmp/load_check_before.py
     python docs/results/load-check/cost.py --module /tmp/load_check_before.py
 """
 
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from midlens.generators import load_check
-from midlens.generators.loading import check_attention
-from midlens.generators.model_cache import resolve_model_dir
+from midlens.generators.models import transformers_parity
+from midlens.generators.models.loading import check_attention
+from midlens.generators.models.model_cache import resolve_model_dir
 
 UNIT_TOKENS = 64
 
@@ -88,13 +88,13 @@ def timed_measure(module, model, name: str, folder: Path, vocab: int) -> dict[st
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model", nargs="?", default="smollm2-135m")
-    parser.add_argument("--module", type=Path, help="another load_check.py to time beside the current one")
+    parser.add_argument("--module", type=Path, help="another transformers_parity.py to time beside the current one")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     folder = resolve_model_dir(args.model)
     implementation = check_attention(args.model, folder, AutoConfig.from_pretrained(folder))
     vocab = len(AutoTokenizer.from_pretrained(folder))
-    versions = {"current": load_check}
+    versions = {"current": transformers_parity}
     if args.module:
         versions = {f"{args.module.name}": load_module(args.module), **versions}
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
@@ -103,7 +103,9 @@ def main() -> None:
             folder, dtype=getattr(torch, dtype), attn_implementation=implementation
         ).eval()
         high = min(vocab, model.get_input_embeddings().weight.shape[0])
-        ids = torch.randint(3, high, (1, UNIT_TOKENS), generator=torch.Generator().manual_seed(load_check.SEED))
+        ids = torch.randint(
+            3, high, (1, UNIT_TOKENS), generator=torch.Generator().manual_seed(transformers_parity.SEED)
+        )
         with torch.inference_mode():
             model(input_ids=ids)  # the model's first forward: one-time allocations and kernel choices
             prefills = []

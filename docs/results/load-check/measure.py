@@ -1,4 +1,5 @@
-"""The load check (generators/load_check.py) on real and random-weight models: what it measures, what it costs.
+"""The load check (generators/models/transformers_parity.py) on real and random-weight models: what it measures, what it
+costs.
 
     python docs/results/load-check/measure.py packaged      # smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b
     python docs/results/load-check/measure.py families      # every tiny family of tests/tiny.py
@@ -24,10 +25,11 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from midlens.generators import attention, load_check
-from midlens.generators.loading import check_attention
-from midlens.generators.model_cache import resolve_model_dir
-from midlens.generators.random_models import save_random_model
+from midlens.generators.attention import positional_attention as attention
+from midlens.generators.models import transformers_parity as load_check
+from midlens.generators.models.loading import check_attention
+from midlens.generators.models.model_cache import resolve_model_dir
+from midlens.generators.models.random_models import save_random_model
 
 HERE = Path(__file__).parent
 ROWS = HERE / "rows.jsonl"

@@ -22,9 +22,9 @@ from pathlib import Path
 
 
 def answerer(model: str, method: str, scorer: str | None):
-    from midlens.generators.generator import Generator
-    from midlens.generators.loading import load_model
-    from midlens.generators.restack import Restack, Restacker
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.restack import Restack, Restacker
+    from midlens.generators.models.loading import load_model
 
     generator = Generator(load_model(model), method=method)
     return generator if scorer is None else Restacker(generator, Restack(scorer))

@@ -4,7 +4,7 @@ as `Support.band` puts it under the model's threshold in force, EM as the label.
 
     python docs/results/support/bands.py            # writes bands.json and bands.md next to this file
 
-The train rows chose the bands' edges (generators/support.py: LIKELY_FLOOR, UNLIKELY_BELOW); the held-out rows
+The train rows chose the bands' edges (generators/answering/support.py: LIKELY_FLOOR, UNLIKELY_BELOW); the held-out rows
 (HotpotQA eval split, SQuAD's eval articles, KV) measure them: the default method's (runs/<model>/<corpus>), and each
 other method's (runs/<model>/<method>/<corpus>: HotpotQA and SQuAD), each answer read with its own method.
 """
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from midlens.eval.support import read_run
-from midlens.generators.support import BAND_WORDS, BANDS, SupportModel, shipped_support_folder
+from midlens.generators.answering.support import BAND_WORDS, BANDS, SupportModel, shipped_support_folder
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE / "runs"

@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 
 from midlens.eval.support import read_run
-from midlens.generators.support import SupportModel, support_features
+from midlens.generators.answering.support import SupportModel, support_features
 
 REPEATS = 200
 
 
 def step_overhead_s(vocab: int, dtype: torch.dtype) -> float:
-    """The decode loop's added work for one row and one step (generators/generator.py `_decode`)."""
+    """The decode loop's added work for one row and one step (generators/answering/generator.py `_decode`)."""
     logits = torch.randn(1, vocab).to(dtype)
     times = []
     for _ in range(REPEATS):
@@ -41,8 +41,8 @@ def step_overhead_s(vocab: int, dtype: torch.dtype) -> float:
 def main(run: str) -> None:
     torch.set_num_threads(1)
     config, rows = read_run(Path(run))
-    from midlens.generators.packaged_models import canonical_name
-    from midlens.generators.support import shipped_support_folder
+    from midlens.generators.answering.support import shipped_support_folder
+    from midlens.generators.models.packaged_models import canonical_name
 
     model = canonical_name(config["model"])
     vocab = {"qwen2.5-coder-0.5b": 151936, "smollm2-135m": 49152}[model]

@@ -14,7 +14,7 @@ import torch
 
 from midlens.eval.bench_runner import bench_prompt
 from midlens.generators import Generator, load_model
-from midlens.generators.attention import new_cache
+from midlens.generators.attention.positional_attention import new_cache
 
 
 def main() -> None:

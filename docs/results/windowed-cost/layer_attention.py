@@ -14,7 +14,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from midlens.generators import masks, scores
+from midlens.generators.attention import arithmetic as scores
+from midlens.generators.attention import masks
 
 torch.set_num_threads(1)
 

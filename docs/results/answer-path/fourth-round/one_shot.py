@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tuning_loop.py, 
 
 from tuning_loop import run  # noqa: E402
 
-import midlens.generators.prompt as P  # noqa: E402
+import midlens.generators.models.prompt as P  # noqa: E402
 
 # HotpotQA train split, id 5abd94525542992ac4f382d2 (the two supporting paragraphs, first sentences).
 EXAMPLE = (

@@ -11,11 +11,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tuning_loop.py, 
 
 from tuning_loop import run  # noqa: E402
 
-import midlens.generators.prompt as P  # noqa: E402
+import midlens.generators.models.prompt as P  # noqa: E402
 
 
-# An experiment, not a feature: it swaps the private layout function of midlens.generators.prompt for one with the
-# question written twice, so spans, fitting and evidence stay the library's own.
+# An experiment, not a feature: it swaps the private layout function of midlens.generators.models.prompt for one with
+# the question written twice, so spans, fitting and evidence stay the library's own.
 def user_content(passages, question, style):
     instruction = P.STYLES[P.check_style(style)]
     head = f"{instruction}\n\nQuestion: {question}\n\n"

@@ -22,8 +22,8 @@ import torch
 
 from midlens.eval.datasets import load_hotpotqa
 from midlens.eval.sweep import layout
-from midlens.generators.evidence import EvidenceConfig
-from midlens.generators.generator import Generator
+from midlens.generators.answering.generator import Generator
+from midlens.generators.attention.evidence import EvidenceConfig
 
 N, SEED, K, SLOTS, MAX_WORDS, STYLE, MAX_NEW = 100, 0, 10, (1, 5, 10), 100, "short", 16
 

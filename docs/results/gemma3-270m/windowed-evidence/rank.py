@@ -2,8 +2,8 @@
 
 A passage's score is the library's: the mean over the rule's layers and all heads of the question tokens' attention
 mass on it, minus the same for the content-free question (calibrated; ties broken by prompt order, as
-`passage_evidence` sorts). Which layers "see" a passage comes from `generators.evidence.layers_reaching`, from the
-first question token: the query the evidence is read for.
+`passage_evidence` sorts). Which layers "see" a passage comes from `generators.attention.evidence.layers_reaching`, from
+the first question token: the query the evidence is read for.
 
     python docs/results/gemma3-270m/windowed-evidence/rank.py maps-train.jsonl.gz maps-eval.jsonl.gz --json ranks.json
 """
@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from midlens.generators.evidence import layers_reaching
+from midlens.generators.attention.evidence import layers_reaching
 
 WINDOW = 512
 WINDOWS = [None if i in (5, 11, 17) else WINDOW for i in range(18)]  # gemma3-270m: global layers 5, 11, 17
