@@ -11,6 +11,10 @@ MODEL_ALIASES = {"qwen2.5-0.5b": "qwen2.5-coder-0.5b"}
 # The model the research commands default to (eval, bench, training): 4x faster on a CPU and the one most
 # documented measurements ran on. Trained artefacts (MuDAF delta, MoICE routers) ship for all three packaged models.
 EVAL_MODEL = "smollm2-135m"
+# The model that reads an answer written elsewhere (`midlens check`, Pipeline-less checks, the LlamaIndex evaluator
+# and checked engine): SmolLM2-135M, the reader the checked support model's AUROC was measured with
+# (docs/results/check/), 4x faster than Qwen on a CPU. A server or a pipeline checks with its own model.
+CHECK_MODEL = "smollm2-135m"
 
 # What a model does where the user names no method, chosen by measurement for each packaged model; any other model
 # (a folder) gets the fallback, which needs no trained artefact.

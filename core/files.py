@@ -177,6 +177,21 @@ def read_manifest(folder: Path) -> dict | None:
     return manifest
 
 
+def record_in_manifest(folder: Path, names: list[str]) -> dict:
+    """Record the size and sha256 of the files `names` (in `folder`) in its MANIFEST.json, keeping the entries of
+    its other files: for a folder whose files are written one at a time (slot orders, retrieval-head scores), each
+    verified by its own entry. No stat is recorded (these files are small: a reader hashes them at every read), so
+    a shipped manifest says nothing of the machine it was written on. Under a lock beside the manifest, so two
+    writers into one folder keep both entries."""
+    with FileLock(folder / f".{MANIFEST}.lock"):
+        manifest = read_manifest(folder) or {"format": 2, "files": {}}
+        for name in names:
+            path = folder / name
+            manifest["files"][name] = {"size": path.stat().st_size, "sha256": sha256_of([path])}
+        write_atomic(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
 @dataclass(frozen=True)
 class FileProblem:
     """One file that does not match its manifest entry."""

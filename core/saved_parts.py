@@ -21,11 +21,21 @@ content hash match, and the weights' sha256 matches the one recorded (a damaged 
 does a part read its section (`Section.read`) and build itself, and `Artefact.tensors_for` checks every tensor has the
 shape the model needs. Each refusal is an ArtefactError that names the folder or file and says what to do. Saving writes
 a temp folder next to the target and renames it into place.
+
+A trained artefact that is one JSON record, not tensors (a model's slot order, its retrieval-head scores), is a
+verified JSON artefact: `<folder>/<name>.json`, its size and sha256 recorded in `<folder>/MANIFEST.json` (the
+manifest of core.files, one entry per file, so files written one at a time share a folder). `save_json_artefact`
+writes the file atomically and records its hash; `read_json_artefact` verifies before anything is parsed, in this
+order: the file exists, its folder's manifest records a sha256 for it, the file's bytes match it, and it is a JSON
+object. Each refusal is an ArtefactError that names the file and says what to do; what the record must hold (and
+which model it was made for) its reader checks after. `record_json_artefact` records the hash of a file written
+without one (by hand, or before hashes were recorded), for whoever trusts its content.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -33,7 +43,7 @@ from typing import Any, ClassVar, Self
 import torch
 
 from midlens.core.errors import ArtefactError, Step
-from midlens.core.files import replacing_folder, sha256_of
+from midlens.core.files import MANIFEST, read_manifest, record_in_manifest, replacing_folder, sha256_of, write_atomic
 
 FORMAT_VERSION = 1
 WEIGHTS = "weights.safetensors"
@@ -123,7 +133,9 @@ def _plain(value: object) -> object:
 class SavedPart:
     """A trained part saved as an artefact folder: its `config()` as meta.json's `SECTION`, its `tensors()` as the
     verified weights. A kind declares SECTION, `tensors`, `from_config` and, unless it is an nn.Module whose state
-    dict is its tensors, `with_tensors`; `save` and `load` are these, for every kind."""
+    dict is its tensors, `with_tensors`; `save` and `load` are these, for every kind, and no kind overrides them:
+    `Kind.load(folder, method, base_model_sha256, **context)` loads any kind, what it needs beyond its folder (the
+    model a delta adapts) given as keywords its `from_config` takes."""
 
     SECTION: ClassVar[Section]
 
@@ -281,3 +293,76 @@ def load_artefact(
     if shapes is not None:
         artefact.tensors_for(shapes)
     return artefact
+
+
+# -- verified JSON artefacts: one JSON record, its sha256 recorded in its folder's MANIFEST.json -------------------
+
+
+def json_artefacts(folder: str | Path) -> list[Path]:
+    """The JSON artefacts in `folder` (its *.json files but the manifest), sorted."""
+    return sorted(p for p in Path(folder).glob("*.json") if p.name != MANIFEST)
+
+
+def save_json_artefact(path: str | Path, record: dict) -> Path:
+    """Write `record` to `path` (JSON, indent 1) atomically, then record its size and sha256 in its folder's
+    MANIFEST.json, beside the entries of the folder's other files."""
+    path = Path(path)
+    write_atomic(path, json.dumps(record, indent=1) + "\n")
+    record_in_manifest(path.parent, [path.name])
+    return path
+
+
+def record_json_artefact(path: str | Path) -> Path:
+    """Record the sha256 of the JSON artefact at `path` in its folder's MANIFEST.json: what `save_json_artefact`
+    does after writing, for a file written without it (by hand, or before hashes were recorded) whose content you
+    trust. From then on an edit to it is refused."""
+    path = Path(path)
+    _json_object(path, "JSON artefact", "")
+    record_in_manifest(path.parent, [path.name])
+    return path
+
+
+def read_json_artefact(path: str | Path, what: str, fix: str = "", steps: Sequence[Step] = ()) -> dict:
+    """The JSON object in `path`, once verified (see the module doc): the file exists, its folder's MANIFEST.json
+    records its sha256 and the bytes match it. `what` names the kind of file in a refusal ("slot-order file"), `fix`
+    says how to make a good one ("write one with eval.slots ..."), `steps` the steps that do."""
+    path = Path(path)
+
+    def refuse(problem: str, fix: str = fix) -> ArtefactError:
+        return ArtefactError(f"{problem}; {fix}." if fix else f"{problem}.", steps)
+
+    if not path.is_file():
+        raise refuse(f"{path}: not a {what} (no such file)")
+    manifest_file = path.parent / MANIFEST
+    try:
+        manifest = read_manifest(path.parent)
+    except ValueError as err:
+        raise refuse(f"{path}: its folder's manifest cannot be read ({err})") from None
+    entry = None if manifest is None else manifest["files"].get(path.name)
+    if entry is None:
+        record = f"record its hash with midlens.core.saved_parts.record_json_artefact({str(path)!r})"
+        raise refuse(
+            f"{path}: no sha256 is recorded for it in {manifest_file} (written by hand, before midlens recorded one, "
+            "or copied without its folder's manifest), so it cannot be verified",
+            f"{fix}, or, if you trust its content, {record}" if fix else f"if you trust its content, {record}",
+        )
+    actual = sha256_of([path])
+    if actual != entry["sha256"]:
+        raise refuse(
+            f"{path}: sha256 {actual[:12]}... does not match the {str(entry['sha256'])[:12]}... recorded in "
+            f"{manifest_file} (damaged or edited file)",
+            f"restore it, or {fix}" if fix else "restore it",
+        )
+    return _json_object(path, what, fix, steps)
+
+
+def _json_object(path: Path, what: str, fix: str, steps: Sequence[Step] = ()) -> dict:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        problem = f"{path}: not a {what} ({type(err).__name__}: {err})"
+    else:
+        if isinstance(record, dict):
+            return record
+        problem = f"{path}: not a {what} (not a JSON object)"
+    raise ArtefactError(f"{problem}; {fix}." if fix else f"{problem}.", steps)

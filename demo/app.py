@@ -246,6 +246,7 @@ def _check_tab(backend: DemoBackend) -> CheckTab:
     import gradio as gr
 
     from midlens.demo import controls
+    from midlens.rag.check_options import CheckOptions
 
     gr.Markdown(CHECK_INTRO)
     with gr.Row():
@@ -265,14 +266,12 @@ def _check_tab(backend: DemoBackend) -> CheckTab:
                 button = gr.Button("Check", variant="primary", elem_id="check-button")
         with gr.Column(scale=2):
             model = gr.Dropdown(backend.models, value=backend.model, label="Model that reads it", elem_id="check-model")
-            options = backend.options
-            top_k = controls.control(options, "top_k", label="Passages to retrieve (when none are pasted)")
-            # On, unlike an answer's default: checking is what says which sentences need no passage (one reading
-            # per citation).
+            # CheckOptions' controls (rag/check_options.py): verify on by default, as everywhere a check runs.
+            check = CheckOptions.like(backend.options)
+            top_k = controls.control(check, "top_k", label="Passages to retrieve (when none are pasted)")
             verify = controls.control(
-                options,
+                check,
                 "verify",
-                value=True,
                 label="Check citations: read the answer again without each cited passage (slower)",
                 elem_id="check-verify",
             )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from midlens.core.defaults import DEFAULT_RESTACK_SCORER, is_measured_restack, measured_restack_for
 from midlens.core.errors import CorpusError, MidlensError, Remedies
+from midlens.rag.check_options import CheckOptions
 from midlens.rag.options import AnswerOptions
 
 if TYPE_CHECKING:  # torch loads slowly: only the requests themselves import it
@@ -300,7 +301,7 @@ class DemoBackend:
         model: str,
         top_k: float,
         corpus_file: str | None = None,
-        verify: bool = True,
+        verify: bool = CheckOptions.verify,
         progress: Any = None,
     ) -> dict:
         """Check an answer written elsewhere (`Pipeline.check`) with `model` and the method the page starts with
@@ -329,7 +330,7 @@ class DemoBackend:
                 passages = pipe.retrieve(question, k)
             doing = "reading the answer over the passages" + (", then without each cited passage" if verify else "")
             _progress(progress, 0.5, f"{doing} ({model}; waits if the model is busy)")
-            checked = pipe.check(question, answer, passages, verify=bool(verify))
+            checked = pipe.check(question, answer, passages, CheckOptions.like(pipe.options, verify=bool(verify)))
         except PromptTooLongError as err:
             raise UserError(f"The prompt is too long for {model}: {err.describe(CHECK_REMEDIES)}") from None
         except (MidlensError, ValueError) as err:

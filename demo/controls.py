@@ -13,6 +13,7 @@ from typing import Any
 import gradio as gr
 
 from midlens.demo.backend import MAX_NEW_TOKENS, MAX_TOP_K
+from midlens.rag.check_options import CheckOptions
 from midlens.rag.options import AnswerOptions, option_info
 
 # The page's name for each option it spells: a visitor reads what the control does, not `top_k`. The page's other
@@ -31,7 +32,7 @@ PAGE_RANGES: dict[str, tuple[int | None, int]] = {"top_k": (None, MAX_TOP_K), "m
 
 
 def control(
-    options: AnswerOptions,
+    options: AnswerOptions | CheckOptions,
     name: str,
     value: Any = None,
     label: str | None = None,

@@ -9,6 +9,7 @@ import gradio as gr
 
 from midlens.demo import check_views, views
 from midlens.demo.backend import DemoBackend, UserError
+from midlens.rag.check_options import CheckOptions
 
 # Gradio spots progress-reporting handlers by a gr.Progress default and gives each call its own tracker.
 TRACKED = gr.Progress(track_tqdm=True)
@@ -104,7 +105,7 @@ class Handlers:
         model: str,
         top_k: float,
         corpus_file: str | None,
-        verify: bool = True,
+        verify: bool = CheckOptions.verify,
         progress: gr.Progress = TRACKED,
     ) -> tuple[Any, ...]:
         try:

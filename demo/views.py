@@ -104,12 +104,22 @@ def _shorthand_configs() -> dict[str, dict]:
 
 
 def scores(answer: Answer, view: ScoreView) -> list[float]:
-    """One score per passage in prompt order; calibrated falls back to raw when calibration did not run."""
+    """One score per passage in prompt order: calibrated is each passage's `PassageEvidence.score` (calibrated, raw
+    when calibration did not run), raw its attention mass."""
     if view not in SCORE_VIEWS:
         raise ValueError(f"score view {view!r}: choose one of {', '.join(SCORE_VIEWS)}.")
-    if view == "calibrated" and all(p.calibrated is not None for p in answer.passages):
-        return [float(p.calibrated) for p in answer.passages]
+    if view == "calibrated":
+        return [float(p.score) for p in answer.passages]
     return [float(p.evidence) for p in answer.passages]
+
+
+def passage_ranks(answer: Answer, view: ScoreView) -> list[int]:
+    """Each passage's rank in the view (1 = strongest), in prompt order: calibrated is `PassageEvidence.rank`, which
+    orders by its `score`; raw is ranked here (`ranks`) where calibration ran, the rank otherwise."""
+    values = scores(answer, view)  # refuses a view it does not know
+    if view == "calibrated" or all(p.calibrated is None for p in answer.passages):
+        return [p.rank for p in answer.passages]
+    return ranks(values)
 
 
 def ranks(values: list[float]) -> list[int]:
@@ -196,7 +206,7 @@ def highlighted(
     shade on the heat scale. `passages_html` draws them."""
     values = scores(answer, view)
     scale = scale or heat_scale([answer], view)
-    rank = ranks(values)
+    rank = passage_ranks(answer, view)
     n = len(values)
     gold = gold or []
     segments: list[tuple[str, float | None]] = []
@@ -400,7 +410,7 @@ def _named(p: PassageEvidence) -> str:
 
 def most_read(answer: Answer, view: ScoreView) -> PassageEvidence:
     """The passage with the highest score in the view shown (ties: the earlier one), as the shading shows it."""
-    return answer.passages[ranks(scores(answer, view)).index(1)]
+    return answer.passages[passage_ranks(answer, view).index(1)]
 
 
 def trust(answer: Answer, view: ScoreView) -> Trust:
@@ -481,7 +491,7 @@ def _word_verdict(answer: Answer, view: ScoreView) -> Trust:
     """Rules 2 to 4 of `trust`."""
     top = most_read(answer, view)
     if is_flat(answer, view):
-        runner_up = answer.passages[ranks(scores(answer, view)).index(2)]
+        runner_up = answer.passages[passage_ranks(answer, view).index(2)]
         return Trust(
             False,
             f"{CHECK} the model did not clearly rely on any passage: it read {_named(top)}, about as much as "
@@ -598,7 +608,7 @@ class Comparison:
 def comparison(answers: list[Answer], view: ScoreView, gold: list[str]) -> Comparison:
     first = answers[0]
     indices, kind = tracked_passages(first, gold)
-    ranks_by_method = {method_label(a): ranks(scores(a, view)) for a in answers}
+    ranks_by_method = {method_label(a): passage_ranks(a, view) for a in answers}
     rows = []
     for i in indices:
         p = first.passages[i]
@@ -638,7 +648,7 @@ def evidence_table(answers: list[Answer], view: ScoreView) -> pd.DataFrame:
         values = scores(a, view)
         shares = attribution_shares(a)
         data[f"{m} evidence"] = [round(v, 5) for v in values]
-        data[f"{m} rank"] = ranks(values)
+        data[f"{m} rank"] = passage_ranks(a, view)
         data[f"{m} attribution"] = [None] * len(values) if shares is None else [round(s, 3) for s in shares]
     return pd.DataFrame(data)
 

@@ -42,6 +42,7 @@ from midlens.core.defaults import DEFAULT_PROMPT_STYLE, EVAL_MODEL
 from midlens.core.errors import MidlensError, Remedy
 from midlens.core.files import write_atomic
 from midlens.generators.attention.positional_attention import new_cache
+from midlens.rag.options import AnswerOptions
 
 if TYPE_CHECKING:  # torch loads with these, after the cheap checks
     from midlens.core.passage import Passage
@@ -66,6 +67,15 @@ RULE_FILE = "rule.json"  # the citation rule the report applies to a run's rows
 # no raw evidence (rows had none then).
 DEFAULT_RULE = {"max_sources": 3, "min_share": 0.7, "evidence_weight": 1.0, "raw_evidence_weight": 0.0}
 LASSO_ALPHA = 0.01  # nats; ContextCite's default regularisation for its surrogate
+
+
+def every_share():
+    """The citation setting a run's generators answer with: every passage's share of the answer's attention (no
+    evidence blended in: the row keeps the evidence apart) and best sentence, so the rule is applied (and chosen)
+    afterwards, by the report."""
+    from midlens.generators.answering.citations import CitationConfig
+
+    return CitationConfig(max_sources=64, min_share=0.0, evidence_weight=0.0)
 
 
 @dataclass(frozen=True)
@@ -290,13 +300,14 @@ class CiteEvaluator:
     ):
         """`rule`: the citation rule the run is graded by (the `cited` drop ranking applies it); `scorers`: per
         method, the generator whose evidence the rule blends in (`cite_evidence`), None for the answering pass's."""
-        from midlens.generators.answering.citations import CitationConfig
+        from midlens.rag.answering import Answering
 
+        for method, gen in gens.items():
+            if gen.citations != every_share():
+                raise ValueError(f"{method}'s generator cites with {gen.citations}: build it with every_share().")
         self.gens, self.options, self.rule, self.scorers = gens, options, rule, scorers or {}
-        for gen in gens.values():
-            # Every passage's share of the answer's attention (no evidence blended in: the row keeps the evidence
-            # apart) and best sentence, so the rule is applied (and chosen) afterwards.
-            gen.citations = CitationConfig(max_sources=64, min_share=0.0, evidence_weight=0.0)
+        # Every answer and ablation score through the one answer path, as every interface answers.
+        self.answerings = {method: Answering(gen) for method, gen in gens.items()}
 
     def __call__(self, example: Example, position: int, method: str, key: str) -> dict:
         from midlens.eval.metrics import best_subspan_em
@@ -305,7 +316,7 @@ class CiteEvaluator:
         t0 = time.perf_counter()
         passages = layout(example, position, o.seed)
         prompt = gen.prompt(example.question, passages, max_new_tokens=o.max_new_tokens, style=o.prompt_style)
-        answer = gen.generate(prompt, max_new_tokens=o.max_new_tokens)
+        answer = self.answerings[method].answer([prompt], self._answered(o.max_new_tokens, calibrate=True))[0]
         generate_s = time.perf_counter() - t0
         k = len(passages)
         gold_positions = [passages.index(next(p for p in passages if p.id == g)) + 1 for g in example.gold_ids]
@@ -352,7 +363,7 @@ class CiteEvaluator:
             }
         if (o.drops or o.ablations) and answer.answer_ids:
             t1 = time.perf_counter()
-            row.update(self._ablations(gen, example, passages, answer.answer_ids, row, key))
+            row.update(self._ablations(method, example, passages, answer.answer_ids, row, key))
             row["ablation_s"] = time.perf_counter() - t1
         row["seconds"] = time.perf_counter() - t0
         return row
@@ -397,13 +408,11 @@ class CiteEvaluator:
         return out
 
     def _ablations(
-        self, gen: Generator, example: Example, passages: list[Passage], ids: list[int], row: dict, key: str
+        self, method: str, example: Example, passages: list[Passage], ids: list[int], row: dict, key: str
     ) -> dict:
         """Log-probability of the same answer tokens with passages removed: the top-k of each ranking, and the
         random ablations of the ContextCite-style surrogate, scored in one batched pass list."""
         import numpy as np
-
-        from midlens.generators.answering.scheduling import generate_all
 
         o = self.options
         k = len(passages)
@@ -429,7 +438,7 @@ class CiteEvaluator:
             wanted[frozenset(p for p in range(k) if not mask[p])] = None
         for sets in removed.values():
             wanted.update(dict.fromkeys(sets.values()))
-        scores = self._score(gen, example, passages, ids, list(wanted), generate_all)
+        scores = self._score(method, example, passages, ids, list(wanted))
         full = scores[frozenset()]
         drops = {name: {str(j): full - scores[s] for j, s in sets.items()} for name, sets in removed.items()}
         out: dict = {"full_logprob": full, "drops": drops}
@@ -437,7 +446,7 @@ class CiteEvaluator:
             weights, intercept = lasso(masks, [scores[frozenset(p for p in range(k) if not m[p])] for m in masks])
             top = self._top(list(weights), o.drops)
             extra = [s for s in top.values() if s not in scores]
-            scores.update(self._score(gen, example, passages, ids, extra, generate_all))
+            scores.update(self._score(method, example, passages, ids, extra))
             drops["contextcite"] = {str(j): full - scores[s] for j, s in top.items()}
             out["contextcite"] = {"weights": [float(w) for w in weights], "intercept": intercept}
             rankings["contextcite"] = list(weights)
@@ -449,8 +458,13 @@ class CiteEvaluator:
         order = sorted(range(len(scores)), key=lambda i: -scores[i])
         return {j: frozenset(order[:j]) for j in ks}
 
-    def _score(self, gen, example, passages, ids, removed_sets, generate_all) -> dict[frozenset, float]:
-        o = self.options
+    @staticmethod
+    def _answered(max_new_tokens: int, calibrate: bool) -> AnswerOptions:
+        """The answer path's options for this run: greedy, the prompt as stacked (no restack), no line-end stop."""
+        return AnswerOptions(max_new_tokens=max_new_tokens, calibrate=calibrate, stop_at_line_end=False, restack=None)
+
+    def _score(self, method, example, passages, ids, removed_sets) -> dict[frozenset, float]:
+        o, gen = self.options, self.gens[method]
         prompts = [
             gen.prompt(
                 example.question,
@@ -461,7 +475,7 @@ class CiteEvaluator:
             for removed in removed_sets
         ]
         refs = [list(ids)] * len(prompts)
-        answers = generate_all(gen, prompts, o.batch_size, refs, max_new_tokens=0, calibrate=False)
+        answers = self.answerings[method].answer(prompts, self._answered(0, False), o.batch_size, references=refs)
         return {s: float(sum(a.reference_token_logprobs)) for s, a in zip(removed_sets, answers, strict=True)}
 
 
@@ -575,7 +589,9 @@ def run(options: CiteOptions) -> list[dict]:
     if not todo:
         return runner.read_rows(results)
     loaded = load_model(options.model, options.device, options.dtype)
-    gens = {m: Generator(loaded, method=m, evidence=options.evidence) for m in config["methods"]}
+    gens = {
+        m: Generator(loaded, method=m, evidence=options.evidence, citations=every_share()) for m in config["methods"]
+    }
     scorers = None
     if options.cite_evidence is not None:
         scorer_config = method_config(options.cite_evidence)

@@ -38,9 +38,10 @@ from tqdm import tqdm
 from midlens.core.errors import InvalidArgumentError
 from midlens.generators.answering.detokenize import cut_at_stop
 from midlens.generators.answering.generator import Generator
-from midlens.generators.answering.scheduling import generate_all
 from midlens.generators.models.packaged_models import DEFAULT_MODEL
 from midlens.generators.models.prompt import StackedPrompt, ids_prompt, read_user_content, text_prompt
+from midlens.rag.answering import Answering
+from midlens.rag.options import AnswerOptions
 
 # The harness fills its registry with its own back-ends only when the registry is empty at the first look-up, so
 # registering midlens first would hide them (`--model hf` unknown): lm_eval.models is imported above, before the
@@ -74,6 +75,7 @@ class MidlensLM(LM):
             logger.warning("midlens: --device %s, and this machine has no CUDA device: running on the CPU.", device)
             device = "cpu"
         self.generator = Generator(model, method=method, device=device, dtype=dtype, citations=None)
+        self.answering = Answering(self.generator)
         self.batch_size = 1 if batch_size in (None, "auto") else int(str(batch_size).split(":")[0])
         self.max_length = max_length or self.generator.context_window
 
@@ -107,17 +109,17 @@ class MidlensLM(LM):
         bar = tqdm(total=len(requests), disable=disable_tqdm, desc="midlens generate_until")
         for (until, max_new, temperature, top_p), rows in groups.items():
             prompts = [self.prompt_of(requests[i].args[0], max_new) for i in rows]
-            answers = generate_all(
-                self.generator,
-                prompts,
-                self.batch_size,
+            # The one answer path, as every interface answers: greedy or sampled as the harness asks, the prompts
+            # in the order stacked (no restack), text and numbers only (no calibration, no verification).
+            options = AnswerOptions(
                 max_new_tokens=max_new,
                 temperature=temperature,
                 top_p=top_p,
                 calibrate=False,
                 stop_at_line_end="\n" in until,
-                on_batch=bar.update,
+                restack=None,
             )
+            answers = self.answering.answer(prompts, options, self.batch_size, on_batch=bar.update)
             for i, answer in zip(rows, answers, strict=True):
                 out[i] = cut_at_stop(self.tokenizer.decode(answer.answer_ids, skip_special_tokens=True), until)
                 self.cache_hook.add_partial("generate_until", requests[i].args, out[i])

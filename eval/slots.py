@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from midlens.core.errors import MidlensError, Remedy
-from midlens.core.files import write_atomic
+from midlens.core.saved_parts import save_json_artefact
 from midlens.eval.metrics import bootstrap_ci
 from midlens.eval.runner import CONFIG, RESULTS, read_rows
 
@@ -82,7 +82,8 @@ def rank_slots(table: dict[int, dict], decided_by: str = "em") -> list[int]:
 def write_slot_order(run: str | Path, out: str | Path, command: str, method: str = "baseline") -> dict:
     """The slot-order file of one sweep run (every slot 1..K, one model): the order best first, the measure that
     decided it and how far each measure separated the slots, each slot's means, and what made it (the command, the
-    dataset and question count)."""
+    dataset and question count). Written as a verified JSON artefact (core.saved_parts.save_json_artefact): the
+    reader (generators.answering.restack.read_slot_order) refuses it once edited."""
     run = Path(run)
     config = json.loads((run / CONFIG).read_text())
     rows = read_rows(run / RESULTS)
@@ -114,5 +115,5 @@ def write_slot_order(run: str | Path, out: str | Path, command: str, method: str
         "max_new_tokens": config.get("max_new_tokens"),
         "command": command,
     }
-    write_atomic(Path(out), json.dumps(record, indent=1) + "\n")
+    save_json_artefact(out, record)  # atomic, its sha256 recorded in the folder's manifest for the reader to verify
     return record

@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 
 from midlens.eval.support import read_run
-from midlens.generators.answering.support import GENERIC, SupportModel, shipped_support_folder
+from midlens.generators.answering.support import GENERIC, SupportModel, shipped_support_folder, support_method
 
 COVERAGES = (0.25, 0.5, 0.75)
 BOOTSTRAP = 1000
@@ -93,7 +93,7 @@ def risk_coverage(probabilities: list[float], labels: list[int]) -> tuple[list[f
 
 def _shipped(name: str, sha: str, verified: bool) -> SupportModel | None:
     folder = shipped_support_folder(name, verified)
-    return SupportModel.load(folder, verified, sha) if folder.is_dir() else None
+    return SupportModel.load(folder, support_method(verified), sha)[0] if folder.is_dir() else None
 
 
 DEFAULT_ONLY = "support, default method's answers only"

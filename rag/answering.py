@@ -7,9 +7,11 @@
 
 Every interface answers through `Answering.answer` (a stream through `Answering.stream`): `Pipeline` (`ask`,
 `answer`, `ask_many`, `answer_stream`, `ask_stream`), the eval plan's end-to-end and position-sweep evaluators, and
-the server's engine. So what happens to an answer is decided once: which generator answers (the one given, or a
-`Restacker` over it where the options restack), the decoding the options spell for the model, the citations checked
-by ablation (`verify`) and abstaining (`abstain`, at `abstain_below` or else the model's own threshold). What an
+the server's engine. An answer written elsewhere is checked through `Answering.check` (`CheckOptions`):
+`Pipeline.check`, the server, the LlamaIndex evaluator and checked engine, the demo's check tab and `midlens check`.
+So what happens to an answer is decided once: which generator answers (the one given, or a `Restacker` over it
+where the options restack), the decoding the options spell for the model, the citations checked by ablation
+(`verify`) and abstaining (`abstain`, at `abstain_below` or else the model's own threshold). What an
 interface adds stays with it: retrieval (Pipeline), a server's limits, stop strings and cancellation (given here as
 hooks).
 """
@@ -24,12 +26,14 @@ from midlens.core.batch_size import BatchSize, parse_batch_size, units_per_group
 from midlens.core.errors import InvalidArgumentError, Remedy
 from midlens.core.passage import Passage
 from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.check_limits import answer_tokens
 from midlens.generators.answering.citations import Citation
 from midlens.generators.answering.detokenize import cut_at_stop
 from midlens.generators.answering.generator import GenerationStream, Generator
 from midlens.generators.answering.restack import Restack, RestackedStream, Restacker, in_prompt_order
 from midlens.generators.answering.scheduling import generate_all
 from midlens.generators.models.prompt import StackedPrompt
+from midlens.rag.check_options import CheckOptions
 from midlens.rag.options import AnswerOptions, ResolvedOptions
 
 CITATIONS_OFF = (
@@ -72,7 +76,7 @@ class Answering:
             )
         return resolved
 
-    def check_verify(self, options: AnswerOptions) -> None:
+    def check_verify(self, options: AnswerOptions | CheckOptions) -> None:
         """`verify` is refused before anything runs where it cannot: this generator has citations off."""
         if options.verify and self.generator.citations is None:
             raise InvalidArgumentError(CITATIONS_OFF)
@@ -137,6 +141,34 @@ class Answering:
         answerer = self.answerer(self.resolve(options).restack)
         stream = answerer.stream(prompt, **options.decoding(self.generator.tokenizer), **hooks)
         return AnswerStream(stream, (lambda answer: self.verify([prompt], [answer])) if options.verify else None)
+
+    def check_prompt(self, question: str, passages: list[Passage], text: str, options: CheckOptions) -> StackedPrompt:
+        """The prompt an answer written elsewhere is read after: the passages stacked in the order given (never
+        restacked: the answer was written over them as they are) with the answer's own length as the room left, so
+        passages are truncated (or refused) as they would be for an answer that long. An answer over the context
+        window is refused here, by the tokenizer alone."""
+        generator = self.generator
+        room = answer_tokens(generator.tokenizer, text, generator.context_window, generator.loaded.name)
+        return generator.prompt(question, passages, room, options.truncate, options.prompt_style)
+
+    def check(
+        self,
+        prompts: Sequence[StackedPrompt],
+        texts: Sequence[str],
+        options: CheckOptions,
+        batch_size: BatchSize | None = None,
+    ) -> list[Answer]:
+        """Answers written elsewhere, one per prompt, read by this generator: each text teacher-forced after its
+        prompt in one pass (`Generator.attribute_batch`), its sentences cited; with `options.verify` each citation
+        is checked by ablation as a generated answer's is (`verify`, timed under `verify_s`). `batch_size` None:
+        VERIFY_BATCH at a time."""
+        self.check_verify(options)
+        size = VERIFY_BATCH if batch_size is None else self._group(batch_size)
+        prompts = list(prompts)
+        checked = self.generator.attribute_batch(prompts, list(texts), verify=False, batch_size=size)
+        if options.verify:
+            self.verify(prompts, checked, size)
+        return checked
 
     def _group(self, batch_size: BatchSize) -> int:
         return units_per_group(parse_batch_size(batch_size), self.generator.device.type)

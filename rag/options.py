@@ -18,7 +18,7 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from midlens.core.defaults import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -102,6 +102,8 @@ class AnswerOptions:
     precision), keeping it in `Answer.withheld`. `stop_at_line_end`: end the answer at the end of its first non-empty
     line; None: the model's default, on for a model without a chat template (a base model, e.g. gemma3-270m, goes on
     past its answer to write the next "Question: ... Answer: ..." of the prompt's pattern), off for a chat model."""
+
+    SHELLS: ClassVar[tuple[str, ...]] = SHELLS
 
     method: str | None = _option(
         None,
@@ -375,13 +377,13 @@ class ResolvedOptions:
 FIELDS = frozenset(f.name for f in fields(AnswerOptions))
 
 
-def option_info(name: str, options: type[AnswerOptions] = AnswerOptions) -> OptionInfo:
-    """How the shells spell the field `name` (its OptionInfo) of `options` (AnswerOptions, or a subclass stating
-    its own)."""
+def option_info(name: str, options: type = AnswerOptions) -> OptionInfo:
+    """How the shells spell the field `name` (its OptionInfo) of `options` (AnswerOptions, a subclass stating its
+    own, or the check path's CheckOptions)."""
     found = [f.metadata["option"] for f in fields(options) if f.name == name]
     if not found:
         known = ", ".join(f.name for f in fields(options))
-        raise ValueError(f"{name!r} is no answering option; AnswerOptions has {known}.")
+        raise ValueError(f"{name!r} is no option of {options.__name__}, which has {known}.")
     return found[0]
 
 

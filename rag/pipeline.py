@@ -38,6 +38,7 @@ from midlens.generators.models.loading import LoadedModel, refuse_unrunnable
 from midlens.generators.models.packaged_models import DEFAULT_MODEL, default_method
 from midlens.generators.models.prompt import StackedPrompt
 from midlens.rag.answering import CITATIONS_OFF, VERIFY_BATCH, Answering, AnswerStream, single_hooks
+from midlens.rag.check_options import CheckOptions
 from midlens.rag.options import FIELDS, AnswerOptions
 from midlens.retrievers.base import Retriever
 from midlens.retrievers.build import Retrieval, build_retriever, check_retrieval
@@ -207,15 +208,23 @@ class Pipeline:
         question: str,
         answer: str,
         passages: list[Passage] | None = None,
-        options: AnswerOptions | None = None,
+        options: CheckOptions | None = None,
         **changes: Any,
     ) -> Answer:
-        """Check an answer midlens did not write (`Generator.attribute`): its sentences' citations over `passages`
-        (retrieved for `question` when None), in one teacher-forced pass; `verify` checks each citation by
-        ablation. The passages are stacked in the order given (never restacked: the answer was written over them
-        as they are); `support` is the checked-answer support model's (generators.answering.check: each sentence's
-        probability of being right, the answer's its weakest sentence's), shipped for SmolLM2-135M and
-        Qwen2.5-Coder-0.5B (generators/trained/support-checked/); None for any other model."""
+        """Check an answer midlens did not write (`Answering.check`): its sentences' citations over `passages`
+        (retrieved for `question` when None), in one teacher-forced pass; `options` (rag.check_options.CheckOptions;
+        keywords change single fields; None: the ones this pipeline's answers would stack with, `CheckOptions.like`)
+        and its `verify` (on by default) checks each citation by ablation. The passages are stacked in the order
+        given (never restacked: the answer was written over them as they are); `support` is the checked-answer
+        support model's (generators.answering.check: each sentence's probability of being right, the answer's its
+        weakest sentence's), shipped for SmolLM2-135M and Qwen2.5-Coder-0.5B (generators/trained/support-checked/);
+        None for any other model. The pipeline's generator is the reader: `options.model` is for the shells that
+        load one."""
+        if options is not None and not isinstance(options, CheckOptions):
+            raise InvalidArgumentError(
+                f"options={options!r}: pass a CheckOptions (rag.check_options), or the options by keyword."
+            )
+        o = (options or CheckOptions.like(self.options)).replace(**changes)
         check_question(question)
         if not isinstance(answer, str) or not answer.strip():
             raise InvalidArgumentError(
@@ -226,21 +235,18 @@ class Pipeline:
                 "no passages to check the answer against: this pipeline has no retriever; pass passages=[...] "
                 "(or build the pipeline over a corpus)."
             )
-        o = self._call(options, changes).options
-        # The answer's own length as the room the prompt leaves: passages are truncated (or refused) as they
-        # would be for an answer that long. Measured first: an answer over the window is refused before retrieval.
+        self.answering.check_verify(o)
+        # Measured first: an answer over the window is refused before retrieval.
         generator = self.generator
-        room = answer_tokens(generator.tokenizer, answer, generator.context_window, generator.loaded.name)
+        answer_tokens(generator.tokenizer, answer, generator.context_window, generator.loaded.name)
         retrieved, t0 = passages is None, time.perf_counter()
         if retrieved:
             passages = self.retrieve(question, o.top_k)
         retrieve_s = time.perf_counter() - t0
         if not passages:
             raise InvalidArgumentError("no passages to check the answer against: pass at least one passage.")
-        prompt = self.generator.prompt(question, passages, room, o.truncate, o.prompt_style)
-        checked = self.generator.attribute(prompt, answer)
-        if o.verify:
-            self.answering.verify([prompt], [checked])
+        prompt = self.answering.check_prompt(question, passages, answer, o)
+        checked = self.answering.check([prompt], [answer], o)[0]
         if retrieved:
             checked.timings = {"retrieve_s": retrieve_s, **checked.timings}
         return checked

@@ -29,9 +29,11 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from midlens.core.defaults import DEFAULT_MAX_NEW_TOKENS, Truncate
+from midlens.core.defaults import DEFAULT_MAX_NEW_TOKENS
 from midlens.core.errors import MidlensError
+from midlens.rag.check_options import CheckOptions
 from midlens.rag.option_fields import option_model
+from midlens.rag.options import FIELDS
 
 
 class PassageIn(BaseModel):
@@ -62,17 +64,23 @@ class AnswerRequest(RequestOptions):
     method: str | None = Field(default=None, description="Method spec (default: the server's); same weights.")
 
 
-class ScoreRequest(BaseModel):
-    """Evidence for the passages without generating."""
+# A score request's options: AnswerOptions' calibrate, truncate and prompt_style as the server's requests spell them.
+ScoreRequestOptions = option_model(
+    "ScoreRequestOptions",
+    "request",
+    exclude=FIELDS - {"calibrate", "truncate", "prompt_style"},
+    deferred=("prompt_style",),
+    strict_ints=True,
+    config=ConfigDict(extra="forbid"),
+)
 
-    model_config = ConfigDict(extra="forbid")
+
+class ScoreRequest(ScoreRequestOptions):
+    """Evidence for the passages without generating."""
 
     question: str
     passages: list[PassageIn] = Field(default_factory=list)
     method: str | None = None
-    calibrate: bool = True
-    truncate: Truncate = "error"
-    prompt_style: str | None = None
     max_prompt_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -81,22 +89,25 @@ class ScoreRequest(BaseModel):
     )
 
 
-class CheckRequest(BaseModel):
-    """An answer written elsewhere, to cite against the passages it was written over (`Generator.attribute`)."""
+# A check request's options: CheckOptions' fields the server's check request spells (rag/option_fields.py writes
+# them). None for the instruction: the server's default.
+CheckRequestOptions = option_model(
+    "CheckRequestOptions",
+    "request",
+    deferred=("prompt_style",),
+    strict_ints=True,
+    config=ConfigDict(extra="forbid"),
+    options=CheckOptions,
+)
 
-    model_config = ConfigDict(extra="forbid")
+
+class CheckRequest(CheckRequestOptions):
+    """An answer written elsewhere, to cite against the passages it was written over (`Answering.check`)."""
 
     question: str
     answer: str = Field(description="The answer to check, as another model (or a person) wrote it.")
     passages: list[PassageIn] = Field(default_factory=list, description="Stacked in the order given.")
     method: str | None = Field(default=None, description="Method spec (default: the server's); same weights.")
-    verify: bool = Field(
-        default=True,
-        description="Check each citation by ablation (the answer re-scored without the cited passage): a sentence "
-        "none of whose cited passages it needs is listed in `unsupported`.",
-    )
-    truncate: Truncate = "error"
-    prompt_style: str | None = Field(default=None, description="litm or short (default: the server's).")
 
 
 class EvidenceRow(BaseModel):
@@ -113,6 +124,9 @@ class EvidenceRow(BaseModel):
     score: float = Field(description="What `rank` orders by: calibrated when computed, else evidence.")
 
 
+# The fields are an answer's wire form, which generators.answering.answer_wire alone writes (the server) and reads
+# back (the LlamaIndex classes given a `base_url`): declared here for the server's validation and OpenAPI schema, and
+# held to the codec's keys by tests/test_answer_wire.py.
 class MidlensResult(BaseModel):
     """midlens's reading of one answer: what `Answer` holds, JSON-ready (the `midlens` extension of a completion)."""
 

@@ -24,15 +24,17 @@ from midlens.core.errors import InvalidArgumentError, MidlensError, Remedies
 from midlens.core.method_spec import check_cite_evidence
 from midlens.core.passage import Passage
 from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.answer_wire import answer_to_wire, citation_to_wire
 from midlens.generators.answering.citations import Citation, MeasuredCitations
 from midlens.generators.answering.generator import Generator
 from midlens.generators.attention.evidence import EvidenceConfig
 from midlens.generators.methods.registry import REGISTRY, MethodConfig, method_config
 from midlens.generators.models.prompt import DEFAULT_STYLE, StackedPrompt, chat_prompt, check_style, read_user_content
 from midlens.rag.answering import Answering
+from midlens.rag.check_options import CheckOptions
 from midlens.rag.option_fields import unstreamed
 from midlens.rag.options import FIELDS, AnswerOptions
-from midlens.rag.remote import AnswerRequest, CheckRequest, EvidenceRow, MidlensResult, PassageIn, ScoreRequest
+from midlens.rag.remote import AnswerRequest, CheckRequest, MidlensResult, PassageIn, ScoreRequest
 from midlens.serve.schemas import ChatCompletionRequest
 
 # How a prompt over the window is fixed through this API (PromptTooLongError.describe spells it per interface).
@@ -110,7 +112,7 @@ class Decoding:
     answer: AnswerOptions = field(default_factory=AnswerOptions, compare=False, repr=False)
     # The rows are given answers to check (`Generator.attribute`), nothing is generated.
     check: bool = False
-    # Each citation checked by ablation (AnswerOptions.verify; a check request's own `verify`).
+    # Each citation checked by ablation (AnswerOptions.verify; a check request's CheckOptions.verify).
     verify: bool = False
     # What decides withholding an answer (AnswerOptions' fields a stream cannot honour, rag.option_fields.unstreamed)
     # as (name, value) pairs: rows that withhold alike share a group.
@@ -502,8 +504,8 @@ class Engine:
         is."""
         answering = self._answering(decoding.method)
         if decoding.check:  # one teacher-forced pass per batch (and the ablations): nothing to cancel between steps
-            checker = answering.generator
-            return checker.attribute_batch([j.prompt for j in jobs], [j.given or "" for j in jobs], decoding.verify)
+            check = CheckOptions(verify=decoding.verify)  # the prompts were stacked with the request's other fields
+            return answering.check([j.prompt for j in jobs], [j.given or "" for j in jobs], check)
         # Every row's options decide the same answer (Decoding's fields); a line break among the stop strings also
         # ends decoding at the end of the first non-empty line.
         options = decoding.answer
@@ -559,48 +561,14 @@ class Engine:
         ]
 
 
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def citation_json(citation: Citation) -> dict[str, Any]:
-    """One answer sentence's citation as responses carry it (`Answer.to_dict`'s form)."""
-    return _jsonable(citation)
+    """One answer sentence's citation as responses carry it (generators.answering.answer_wire's form)."""
+    return citation_to_wire(citation)
 
 
 def result_of(answer: Answer, batch_size: int) -> MidlensResult:
-    """An Answer as the `midlens` object of a response."""
-    rows = [
-        EvidenceRow(
-            id=pe.passage.id,
-            title=pe.passage.title,
-            position=pe.position,
-            retrieval_score=pe.retrieval_score,
-            evidence=pe.evidence,
-            calibrated=pe.calibrated,
-            answer_attribution=pe.answer_attribution,
-            rank=pe.rank,
-            score=pe.score,
-        )
-        for pe in answer.passages
-    ]
-    return MidlensResult(
-        model=answer.model,
-        method=answer.method,
-        evidence_config=dataclasses.asdict(answer.evidence_config),
-        passages=rows,
-        evidence=[row.score for row in rows],
-        dropped=[p.id for p in answer.dropped],
-        prompt_tokens=answer.prompt_tokens,
-        generated_tokens=answer.generated_tokens,
-        timings=answer.timings,
-        batch_size=batch_size,
-        citations=[citation_json(c) for c in answer.citations],
-        restack=answer.restack,
-        support=None if answer.support is None else answer.support.to_dict(),
-        withheld=None if answer.withheld is None else answer.withheld["text"],
-    )
+    """An Answer as the `midlens` object of a response: its wire form (generators.answering.answer_wire; the question
+    and text an answer response adds itself) and the size of the batch the server answered it in."""
+    wire = answer_to_wire(answer)
+    fields = {key: value for key, value in wire.items() if key in MidlensResult.model_fields}
+    return MidlensResult.model_validate({**fields, "batch_size": batch_size})

@@ -11,6 +11,7 @@ from midlens.core.passage import Passage
 from midlens.eval.datasets import Example
 from midlens.generators.answering.check import (
     CHECKED_FEATURES,
+    METHOD_CHECKED,
     CheckedSupportModel,
     sentence_features,
 )
@@ -84,16 +85,16 @@ def test_the_fitted_model_scores_the_false_sentence_lowest_and_round_trips_as_an
     assert good.probability > 0.5 and good.likely  # the threshold: 80 % precision on these separable rows
     meta = {"method": model.method, "base_model": "smollm2-135m", "base_model_sha256": "abc", "options": {}}
     model.save(tmp_path / "m", {**meta, "training": {}, "data": {}})
-    loaded = CheckedSupportModel.load_checked(tmp_path / "m", "abc")
+    loaded, _ = CheckedSupportModel.load(tmp_path / "m", METHOD_CHECKED, "abc")
     assert loaded.sentence_probabilities(bad) == pytest.approx(probabilities, abs=1e-12)
     assert loaded.threshold == model.threshold and loaded.name == "m"
     with pytest.raises(ArtefactError, match="not on the model loaded now"):
-        CheckedSupportModel.load_checked(tmp_path / "m", "def")
+        CheckedSupportModel.load(tmp_path / "m", METHOD_CHECKED, "def")
     # A model saved over other features (an older midlens's) is refused by name, not read into the wrong slots.
     other = replace(model, features=(*model.features[:-1], "renamed"))
     other.save(tmp_path / "other", {**meta, "training": {}, "data": {}})
     with pytest.raises(ArtefactError, match="features .* are not this midlens's"):
-        CheckedSupportModel.load_checked(tmp_path / "other", "abc")
+        CheckedSupportModel.load(tmp_path / "other", METHOD_CHECKED, "abc")
 
 
 def test_a_fit_on_one_label_is_refused():

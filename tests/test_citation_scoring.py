@@ -14,8 +14,9 @@ import pytest
 from midlens.core.passage import Passage
 from midlens.generators import Generator, load_model
 from midlens.generators.answering import decoding
-from midlens.generators.answering.citation_scoring import forced_logprobs, scored_evidence
+from midlens.generators.answering.citation_scoring import forced_logprobs
 from midlens.generators.answering.citations import MeasuredCitations
+from midlens.generators.answering.passage_evidence import scored_evidence
 from midlens.generators.answering.prefill import rope_groups
 from tests.conftest import planted_passages
 from tests.tiny import save_tiny

@@ -145,8 +145,8 @@ def test_every_answering_interface_restacks_where_it_was_measured_to_help(loaded
     assert MidlensLLM(generator, restack=None).pipeline.restack is None
     with pytest.raises(MethodConfigError, match="restack=.no-such-scorer.: restacking scores"):
         MidlensLLM(generator, restack="no-such-scorer")
-    assert MidlensQueryEngine(_no_retriever(), llm=llm)._restack() == {}  # the LLM's field decides
-    assert MidlensQueryEngine(_no_retriever(), llm=llm, restack=None)._restack() == {"restack": None}
+    assert MidlensQueryEngine(_no_retriever(), llm=llm)._call() == {}  # the LLM's field decides
+    assert MidlensQueryEngine(_no_retriever(), llm=llm, restack=None)._call() == {"restack": None}
 
     backend = DemoBackend(model=loaded.name)
     assert backend.measured_restack(loaded.name, backend.method) == "mudaf"

@@ -94,3 +94,16 @@ def test_the_layout_section_names_every_module():
         if path.stem != "__init__" and not re.search(rf"\b{re.escape(path.stem)}\b", block)
     ]
     assert not missing, f"docs/guide.md's Layout does not name: {missing}"
+
+
+def test_every_results_folder_is_linked_from_a_page():
+    """A folder of measured results that no page names is lost to a reader: README.md, the guide or another
+    results page (docs/results/**/README.md, not its own) names each top-level folder of docs/results/."""
+    root = GUIDE.parent.parent
+    pages = [root / "README.md", GUIDE, *sorted((root / "docs" / "results").rglob("*.md"))]
+    unlinked = []
+    for folder in sorted(p for p in (root / "docs" / "results").iterdir() if p.is_dir()):
+        named = re.compile(rf"(results/{re.escape(folder.name)}\b|`{re.escape(folder.name)}/`)")
+        if not any(named.search(page.read_text(encoding="utf-8")) for page in pages if folder not in page.parents):
+            unlinked.append(folder.name)
+    assert not unlinked, f"docs/results folders no page links to: {unlinked}"

@@ -2,6 +2,8 @@
 
 Every case is exact (bool masks, or additive masks of 0 / -inf plus a bias): a mask that shows one key too many or
 too few changes attention, so the comparison is equality, on tiny sizes where the reference's loops are cheap.
+The causal, window and padding rules and their combinators are transformers' (`masking_utils`): their semantics
+(window edges, which padding value keeps a key) are pinned here against the rules midlens wrote before it used them.
 """
 
 from __future__ import annotations
@@ -10,20 +12,24 @@ import itertools
 
 import pytest
 import torch
+from transformers.masking_utils import (
+    and_masks,
+    causal_mask_function,
+    or_masks,
+    padding_mask_function,
+    sliding_window_causal_mask_function,
+    sliding_window_overlay,
+)
 
 from midlens.generators.attention.masks import (
-    and_masks,
     as_additive,
-    causal,
+    at_queries,
     causal_rows,
     dense,
     itself,
     mask_rows,
-    or_masks,
     padded_causal,
-    padding,
     score_mask,
-    sliding_window,
     widened_rows,
     window_rows,
 )
@@ -53,13 +59,76 @@ def _valid(batch: int, total: int, seed: int = 0) -> torch.Tensor:
     return valid
 
 
+def _grid(batch: int, total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Index tensors (batch row, head, query column, key column) broadcasting to [batch, 1, total, total]."""
+    return (
+        torch.arange(batch)[:, None, None, None],
+        torch.zeros(1, 1, 1, 1, dtype=torch.long),
+        torch.arange(total)[None, None, :, None],
+        torch.arange(total)[None, None, None, :],
+    )
+
+
+def _elementwise(rule, batch: int, total: int) -> torch.Tensor:
+    """bool [batch, 1, total, total]: `rule(b, q, kv)` on plain ints, one element at a time."""
+    out = torch.zeros(batch, 1, total, total, dtype=torch.bool)
+    for b, q, k in itertools.product(range(batch), range(total), range(total)):
+        out[b, 0, q, k] = bool(rule(b, q, k))
+    return out
+
+
+def _evaluated(function, batch: int, total: int) -> torch.Tensor:
+    out = function(*_grid(batch, total))
+    assert out.dtype == torch.bool
+    return out.expand(batch, 1, total, total)
+
+
+@pytest.mark.parametrize("total", [1, 5, 8])
+def test_transformers_mask_functions_are_midlens_rules_elementwise(total):
+    """Each transformers function midlens uses, against the rule midlens wrote before it used them: causal kv <= q
+    (a query sees itself), the window's keys fewer than `window` columns behind the query (kv > q - window, the far
+    edge excluded), padding True = the key is kept, read at the row's own key column."""
+    valid = _valid(3, max(total, 2), seed=4)[:, :total]
+    assert torch.equal(_evaluated(causal_mask_function, 3, total), _elementwise(lambda b, q, k: k <= q, 3, total))
+    assert torch.equal(_evaluated(itself, 3, total), _elementwise(lambda b, q, k: k == q, 3, total))
+    assert torch.equal(
+        _evaluated(padding_mask_function(valid), 3, total), _elementwise(lambda b, q, k: valid[b, k], 3, total)
+    )
+    for window in range(1, total + 2):
+        assert torch.equal(
+            _evaluated(sliding_window_overlay(window), 3, total),
+            _elementwise(lambda b, q, k, w=window: k > q - w, 3, total),
+        )
+        assert torch.equal(
+            _evaluated(sliding_window_causal_mask_function(window), 3, total),
+            _elementwise(lambda b, q, k, w=window: k <= q and q - k < w, 3, total),
+        )
+    padded = or_masks(and_masks(causal_mask_function, padding_mask_function(valid)), itself)
+    assert torch.equal(
+        _evaluated(padded, 3, total), _elementwise(lambda b, q, k: (k <= q and valid[b, k]) or k == q, 3, total)
+    )
+
+
 def test_and_or_combine_elementwise():
-    b, h = torch.zeros(1, 1, 1, 1, dtype=torch.long), torch.zeros(1, 1, 1, 1, dtype=torch.long)
-    q, kv = torch.arange(4)[None, None, :, None], torch.arange(4)[None, None, None, :]
-    strictly_before = and_masks(causal, lambda *_: ~itself(b, h, q, kv))
+    b, h, q, kv = _grid(1, 4)
+    strictly_before = and_masks(causal_mask_function, lambda *_: ~itself(b, h, q, kv))
     assert torch.equal(strictly_before(b, h, q, kv), kv < q)
-    assert torch.equal(or_masks(strictly_before, itself)(b, h, q, kv), causal(b, h, q, kv))
-    assert torch.equal(and_masks(causal, sliding_window(2))(b, h, q, kv), (kv <= q) & (q - kv < 2))
+    assert torch.equal(or_masks(strictly_before, itself)(b, h, q, kv), causal_mask_function(b, h, q, kv))
+    assert torch.equal(
+        and_masks(causal_mask_function, sliding_window_overlay(2))(b, h, q, kv), (kv <= q) & (q - kv < 2)
+    )
+
+
+@pytest.mark.parametrize("length,total", [(5, 5), (2, 5), (1, 5)])
+def test_dense_is_at_queries_over_the_chunks_last_columns(length, total):
+    """`dense` (transformers' `sdpa_mask`) and `at_queries` (midlens' evaluation at any query columns) agree."""
+    valid = _valid(2, total, seed=5)
+    for function, batch in ((causal_mask_function, 1), (padding_mask_function(valid), 2), (itself, 2)):
+        queries = torch.arange(total - length, total)[None, None, :]
+        want = at_queries(function, queries, total, batch)
+        got = dense(function, length, total, CPU, batch)
+        assert got.shape == (batch, 1, length, total)  # expanded to the batch (a view) where the rows agree
+        assert torch.equal(got, want.expand(batch, 1, length, total))
 
 
 @pytest.mark.parametrize("length,total", [(7, 7), (3, 7), (1, 7)])
@@ -121,7 +190,7 @@ def test_mask_rows_take_the_rows_of_the_mask_or_of_causal():
 
 def test_widened_rows_hide_the_keys_a_row_had_not_seen():
     early = padded_causal(_valid(2, 4, seed=3), 2)  # [2, 1, 2, 4]: two rows observed when 4 keys existed
-    late = dense(causal, 1, 6, CPU)  # [1, 1, 1, 6]: a decode step's row, 6 keys
+    late = dense(causal_mask_function, 1, 6, CPU)  # [1, 1, 1, 6]: a decode step's row, 6 keys
     widened = widened_rows([early, late], 6)
     assert widened.shape == (2, 1, 3, 6)
     assert torch.equal(widened[:, :, :2, :4], early) and not widened[:, :, :2, 4:].any()
@@ -138,5 +207,7 @@ def test_widened_rows_hide_the_keys_a_row_had_not_seen():
 def test_padding_reads_each_rows_own_keys():
     valid = _valid(3, 5)
     b, h = torch.arange(3)[:, None, None, None], torch.zeros(1, 1, 1, 1, dtype=torch.long)
-    seen = padding(valid)(b, h, torch.zeros(1, 1, 1, 1, dtype=torch.long), torch.arange(5)[None, None, None, :])
+    seen = padding_mask_function(valid)(
+        b, h, torch.zeros(1, 1, 1, 1, dtype=torch.long), torch.arange(5)[None, None, None, :]
+    )
     assert torch.equal(seen[:, 0, 0], valid)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from midlens.core.errors import ArtefactError, MidlensError
+from midlens.core.saved_parts import json_artefacts
 from midlens.generators import Generator
 from midlens.generators.attention.evidence import EvidenceConfig
 from midlens.generators.attention.rope import baseline_schemes
@@ -17,7 +18,7 @@ from midlens.generators.methods.install import MethodParts, method_context
 from midlens.generators.methods.retrieval_heads import SHIPPED, load_scores, select_heads, top_heads
 from midlens.retrievers.hotpotqa import load_rows, split_of
 from midlens.training.data import data_record, training_examples
-from midlens.training.heads import head_f1_em
+from midlens.training.heads import head_f1_em, save_scores
 from midlens.training.loop import LoopConfig
 from midlens.training.mudaf import MudafConfig, MudafObjective, contrastive_loss, new_delta, train_mudaf
 from tests.conftest import planted_passages
@@ -184,7 +185,7 @@ def test_every_shipped_score_file_is_for_a_packaged_model_and_its_exact_weights(
     # Loading checks the hash against the loaded model; this checks what ships without loading the 0.5B model.
     from midlens.generators.models.packaged_models import REGISTRY
 
-    shipped = sorted(SHIPPED.glob("*.json"))
+    shipped = json_artefacts(SHIPPED)
     # The two models that answer; Gemma 3 270M (a base model, no trained method yet) ships none: `midlens heads`
     # computes them for it as for any model folder.
     assert {"smollm2-135m", "qwen2.5-coder-0.5b"} <= {p.stem for p in shipped} <= set(REGISTRY)
@@ -201,7 +202,7 @@ def test_retrieval_head_scores_for_another_model_are_refused(loaded, tmp_path):
     scores = json.loads((SHIPPED / f"{loaded.name}.json").read_text())
     scores["model_sha256"] = "f" * 64
     path = tmp_path / "other.json"
-    path.write_text(json.dumps(scores))
+    save_scores(scores, path)  # as `midlens heads score` writes them: verified, so the model is what is refused
     with pytest.raises(ArtefactError, match="another model"):
         load_scores(loaded, path)
     with pytest.raises(ArtefactError, match="no retrieval-head scores"):

@@ -5,6 +5,7 @@ checked against the part its section describes, and a shipped artefact loads and
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ SUPPORT = sorted([*SHIPPED.glob(f"{METHOD_PLAIN}/*"), *SHIPPED.glob(f"{METHOD_VE
 def test_a_shipped_support_model_loads_and_saves_back_byte_for_byte(folder, tmp_path):
     """Its section (features, threshold, the methods it was fitted on) builds it, its tensors are its coefficients."""
     sha = json.loads((folder / "meta.json").read_text())["base_model_sha256"]
-    model = SupportModel.load(folder, folder.parent.name == METHOD_VERIFIED, sha)
+    model, _ = SupportModel.load(folder, folder.parent.name, sha)
     assert len(model.coef) == len(model.features) and model.name == folder.name
     assert _same_bytes(_resaved(folder, model, tmp_path), folder)
 
@@ -117,3 +118,65 @@ def test_a_part_that_does_not_say_how_it_takes_its_tensors_is_told_so():
 
     with pytest.raises(NotImplementedError, match="Bare does not say how it takes its saved tensors"):
         Bare().with_tensors({}, None)
+
+
+def test_every_kind_loads_through_the_one_load():
+    """No kind overrides `load` (or `open`, which it verifies through): a checked support model loads as a
+    support model does, as a delta or a router does, with the method it is saved under."""
+    from midlens.generators.answering.check import CheckedSupportModel
+
+    def kinds(cls: type) -> list[type]:
+        return [cls, *(k for sub in cls.__subclasses__() for k in kinds(sub))]
+
+    found = set(kinds(SavedPart)) - {SavedPart}
+    assert {SupportModel, CheckedSupportModel, LoRADelta, MoiceRouters, ChannelChoice} <= found
+    assert not [k.__name__ for k in found if {"load", "open"} & set(vars(k))]
+
+
+# -- verified JSON artefacts: slot orders and retrieval-head scores ----------------------------------------------
+
+JSON_FOLDERS = ("slot-orders", "retrieval-heads")
+
+
+def test_every_shipped_json_artefact_is_recorded_and_verifies():
+    """Each shipped slot order and head-score file has its sha256 in its folder's manifest and reads back as the
+    very JSON the file holds."""
+    from midlens.core.files import read_manifest
+    from midlens.core.saved_parts import json_artefacts, read_json_artefact
+
+    for name in JSON_FOLDERS:
+        folder = SHIPPED / name
+        files = json_artefacts(folder)
+        assert files and set(read_manifest(folder)["files"]) == {p.name for p in files}
+        for path in files:
+            assert read_json_artefact(path, "file") == json.loads(path.read_text())
+
+
+def test_a_json_artefact_is_refused_when_edited_or_unrecorded_naming_the_file_and_the_fix(tmp_path):
+    from midlens.core.files import MANIFEST
+    from midlens.core.saved_parts import read_json_artefact, record_json_artefact, save_json_artefact
+
+    record = {"order": [2, 1], "model_sha256": "x"}
+    path = save_json_artefact(tmp_path / "a.json", record)
+    save_json_artefact(tmp_path / "b.json", {"order": [1]})  # a second file keeps the first one's entry
+    assert path.read_text() == json.dumps(record, indent=1) + "\n"
+    assert read_json_artefact(path, "slot-order file") == record
+    path.write_text(path.read_text().replace('"x"', '"y"'))  # same size, other bytes
+    edited = (
+        rf"{re.escape(str(path))}: sha256 .* does not match .*/{MANIFEST} \(damaged or edited file\).*, or write one"
+    )
+    with pytest.raises(ArtefactError, match=edited):
+        read_json_artefact(path, "slot-order file", "write one")
+    hand = tmp_path / "hand.json"
+    hand.write_text(json.dumps(record))
+    unrecorded = rf"{re.escape(str(hand))}: no sha256 is recorded .*; write one, or, if you trust its content, .*"
+    with pytest.raises(ArtefactError, match=unrecorded + re.escape(f"record_json_artefact('{hand}')")):
+        read_json_artefact(hand, "slot-order file", "write one")
+    record_json_artefact(hand)
+    assert read_json_artefact(hand, "slot-order file") == record
+    assert read_json_artefact(tmp_path / "b.json", "slot-order file") == {"order": [1]}
+    with pytest.raises(ArtefactError, match=r"not a slot-order file \(no such file\); write one"):
+        read_json_artefact(tmp_path / "missing.json", "slot-order file", "write one")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ArtefactError, match=r"not a JSON artefact \(not a JSON object\)"):
+        record_json_artefact(tmp_path / "list.json")

@@ -328,7 +328,7 @@ def test_restacked_requests_are_answered_as_restacked_in_process(server, client,
     assert as_given.restack is None
     as_given = MidlensLLM.from_server(server, method="finetuned", max_new_tokens=MAX_NEW, restack=None)
     assert as_given.complete(QUESTIONS[0], passages=_nodes()).additional_kwargs["answer"].restack is None
-    assert MidlensQueryEngine(retriever=_fixed_retriever(), llm=remote, restack=None)._restack() == {"restack": None}
+    assert MidlensQueryEngine(retriever=_fixed_retriever(), llm=remote, restack=None)._call() == {"restack": None}
 
 
 def _fixed_retriever():

@@ -98,22 +98,22 @@ def test_a_fitted_model_separates_and_its_threshold_meets_the_precision_on_train
 
 def test_a_support_model_saves_as_a_verified_artefact(tmp_path):
     from midlens.core.errors import ArtefactError
-    from midlens.generators.answering.support import SupportModel, support_features
+    from midlens.generators.answering.support import METHOD_PLAIN, METHOD_VERIFIED, SupportModel, support_features
 
     model = SupportModel.fit(_rows(), verified=True, name="m")
     meta = {"method": model.method, "base_model": "m", "base_model_sha256": "sha-of-m", "options": {}}
     folder = model.save(tmp_path / "m", {**meta, "training": {"answers": 60}, "data": {"rows": "synthetic"}})
-    back = SupportModel.load(folder, True, "sha-of-m")
+    back, _ = SupportModel.load(folder, METHOD_VERIFIED, "sha-of-m")
     f = support_features(inputs(), verified=True)
     assert back.probability(f) == pytest.approx(model.probability(f), abs=1e-12) and back.threshold == model.threshold
     with pytest.raises(ArtefactError, match="not on the model loaded now"):
-        SupportModel.load(folder, True, "another-model")
+        SupportModel.load(folder, METHOD_VERIFIED, "another-model")
     with pytest.raises(ArtefactError, match="trained for method 'support-verified', not 'support'"):
-        SupportModel.load(folder, False, "sha-of-m")
+        SupportModel.load(folder, METHOD_PLAIN, "sha-of-m")
     weights = folder / "weights.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
     with pytest.raises(ArtefactError, match="does not match"):
-        SupportModel.load(folder, True, "sha-of-m")
+        SupportModel.load(folder, METHOD_VERIFIED, "sha-of-m")
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,7 @@ def test_the_method_feature_fits_each_methods_rate_saves_and_loads(tmp_path):
     intercept per method matches each method's rate on its train rows up to the C = 1 shrinkage); without them the
     second method is over-confident. The artefact keeps the indicators and the methods."""
     from midlens.core.errors import ArtefactError
-    from midlens.generators.answering.support import SupportModel
+    from midlens.generators.answering.support import METHOD_PLAIN, SupportModel
 
     rows = _two_method_rows()
     for by_method in (False, True):
@@ -89,7 +89,7 @@ def test_the_method_feature_fits_each_methods_rate_saves_and_loads(tmp_path):
     assert model.features[-1] == "method=mudaf(alpha=0)"
     meta = {"method": model.method, "base_model": "m", "base_model_sha256": "sha", "options": {}}
     folder = model.save(tmp_path / "m", {**meta, "training": {}, "data": {}})
-    back = SupportModel.load(folder, False, "sha")
+    back, _ = SupportModel.load(folder, METHOD_PLAIN, "sha")
     assert back.features == model.features and back.methods == model.methods
     row = rows[-1]["inputs"]
     assert back.probability_of(row, "baseline") == pytest.approx(model.probability_of(row, "baseline"), abs=1e-12)
@@ -97,7 +97,7 @@ def test_the_method_feature_fits_each_methods_rate_saves_and_loads(tmp_path):
     del config["support"]["methods"]
     (folder / "meta.json").write_text(json.dumps(config))
     with pytest.raises(ArtefactError, match="answering methods it was fitted on.*refit it on train-split runs"):
-        SupportModel.load(folder, False, "sha")
+        SupportModel.load(folder, METHOD_PLAIN, "sha")
 
 
 def test_a_verified_answer_of_a_method_the_verified_model_lacks_reads_the_plain_model(monkeypatch):
@@ -150,7 +150,7 @@ def test_the_shipped_support_models_are_what_their_committed_train_rows_fit(tmp_
     within 1e-6: deterministic), with the methods, the method feature chosen by cross-validation and the data
     hashes recorded."""
     from midlens.eval.support import read_run
-    from midlens.generators.answering.support import SupportModel, shipped_support_folder
+    from midlens.generators.answering.support import SupportModel, shipped_support_folder, support_method
     from midlens.training.support import fit_and_save
 
     runs_root = ROOT / "docs" / "results" / "support" / "runs"
@@ -161,9 +161,11 @@ def test_the_shipped_support_models_are_what_their_committed_train_rows_fit(tmp_
         for verified in (False, True):
             folder = shipped_support_folder(model, verified)
             meta = json.loads((folder / "meta.json").read_text())
-            shipped = SupportModel.load(folder, verified, meta["base_model_sha256"])
-            refit = SupportModel.load(
-                tmp_path / model / ("verified" if verified else "plain"), verified, meta["base_model_sha256"]
+            shipped, _ = SupportModel.load(folder, support_method(verified), meta["base_model_sha256"])
+            refit, _ = SupportModel.load(
+                tmp_path / model / ("verified" if verified else "plain"),
+                support_method(verified),
+                meta["base_model_sha256"],
             )
             assert shipped.features == refit.features and shipped.methods == refit.methods
             assert shipped.coef == pytest.approx(refit.coef, abs=1e-6)

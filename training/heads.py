@@ -12,13 +12,13 @@ when the head's top-|gold| passages are exactly the gold ones.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from midlens.core.files import make_folder, write_atomic
+from midlens.core.files import make_folder
+from midlens.core.saved_parts import save_json_artefact
 from midlens.generators.answering.generator import Generator
 from midlens.generators.attention.evidence import EvidenceConfig
 from midlens.training.data import TrainExample
@@ -64,7 +64,9 @@ def retrieval_head_scores(
 
 
 def save_scores(scores: dict, path: Path) -> None:
-    write_atomic(path, json.dumps(scores, indent=1) + "\n")
+    """Write the scores as a verified JSON artefact (atomic, its sha256 recorded in the folder's manifest), the file
+    generators.methods.retrieval_heads.load_scores reads."""
+    save_json_artefact(path, scores)
 
 
 def heatmap(scores: dict, path: Path, key: str = "f1") -> None:

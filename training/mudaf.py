@@ -159,17 +159,13 @@ def _check(options: dict) -> None:
 def _train(loaded: LoadedModel, options: dict, budget: Budget, out: str) -> dict:
     """Retrieval-head scores (read from `heads_file`, or computed on other train-split prompts), the target heads
     drawn from them, then the delta trained on `budget.examples` train-split prompts."""
-    import json
-
     from midlens.generators import Generator
-    from midlens.generators.methods.retrieval_heads import select_heads
+    from midlens.generators.methods.retrieval_heads import load_scores, select_heads
     from midlens.training.data import training_examples
     from midlens.training.heads import retrieval_head_scores, save_scores
 
     if options["heads_file"]:
-        scores = json.loads(Path(options["heads_file"]).read_text())
-        if scores.get("model_sha256") != loaded.sha256:
-            raise MidlensError(f"heads-file {options['heads_file']} scores another model than {loaded.name}.")
+        scores = load_scores(loaded, options["heads_file"])  # verified (its recorded sha256), and for this model
     else:
         probe = training_examples(
             loaded.tokenizer, options["heads_n"], seed=budget.seed + 1, max_words=budget.max_words

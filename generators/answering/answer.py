@@ -54,6 +54,9 @@ class Answer:
         return sorted(self.passages, key=lambda p: p.rank)
 
     def to_dict(self) -> dict:
+        """The in-process record (`midlens ask --json`, a LlamaIndex response's `raw`): every field but the tensors
+        and per-token detail, each passage whole. Not the wire form a server sends and a client reads back, which
+        names passages by id: generators.answering.answer_wire writes and reads that."""
         out = asdict(self)
         out.pop("maps")
         out.pop("method_state")  # tensors a method kept for itself: not part of the record

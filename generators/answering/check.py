@@ -12,7 +12,9 @@ right; the answer's support is its weakest sentence's (an answer is right only w
 packaged model on train-split checks of the other packaged model's answers, gold answers, wrong ones (a distractor
 passage's entity) and right multi-sentence answers with one planted false sentence (eval/check_support.py,
 docs/results/check/README.md), with its own threshold chosen on those train answers, and shipped as a verified
-artefact (generators/trained/support-checked/<model>/). Without one, the per-sentence verdict is the ablation's.
+artefact (generators/trained/support-checked/<model>/), loaded like any saved part:
+`CheckedSupportModel.load(folder, METHOD_CHECKED, base_model_sha256)`. Without one, the per-sentence verdict is the
+ablation's.
 """
 
 from __future__ import annotations
@@ -303,12 +305,6 @@ class CheckedSupportModel(SupportModel):
         label, threshold, precision = section["label"], section["threshold"], section["target_precision"]
         return cls(CHECKED_FEATURES, zeros, zeros, zeros, 0.0, threshold, precision, label, artefact.path.name)
 
-    @classmethod
-    def load_checked(cls, folder: str | Path, base_model_sha256: str) -> CheckedSupportModel:
-        """The checked support model saved in `folder`, through the one load every saved part has."""
-        # SupportModel.load picks the plain or verified method; a checked model has its own, so the load above it.
-        return super(SupportModel, cls).load(folder, METHOD_CHECKED, base_model_sha256)[0]
-
 
 def shipped_checked_folder(model: str) -> Path:
     return SHIPPED / METHOD_CHECKED / model
@@ -325,7 +321,7 @@ def packaged_checked_support(model: str, model_sha256: Callable[[], str]) -> Che
         return None
     sha = model_sha256()
     if (model, sha) not in _LOADED:
-        _LOADED[(model, sha)] = CheckedSupportModel.load_checked(folder, sha)
+        _LOADED[(model, sha)] = CheckedSupportModel.load(folder, METHOD_CHECKED, sha)[0]
     return _LOADED[(model, sha)]
 
 

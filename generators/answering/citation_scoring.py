@@ -3,8 +3,6 @@
 - `cite_answer`: an answer's per-sentence citations from its rows' segment mass (generators.answering.citations.cite),
 the
   one computation behind a finished Answer's citations and those streamed as each sentence ends (`SentenceCiter`).
-- `scored_evidence`: each prompt's passage evidence as another method reads it (`CitationConfig.evidence_from`):
-  one prefill per prompt, batched, and the content-free pass when calibrated.
 - `verify_citations`: each citation checked by ablation, the answer's tokens teacher-forced after its prompt with
   a cited passage removed (`forced_logprobs`, one teacher-forced pass per batch).
 """
@@ -12,7 +10,6 @@ the
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
 
 import torch
 
@@ -20,41 +17,12 @@ from midlens.core.errors import InvalidArgumentError
 from midlens.core.sentences import sentence_spans
 from midlens.generators.answering.answer import Answer
 from midlens.generators.answering.batch import BatchRun
-from midlens.generators.answering.citations import Citation, CitationConfig, cite
-from midlens.generators.answering.prefill import MethodRunner, prepared, rope_groups
-from midlens.generators.attention.evidence import EvidenceConfig, PassageEvidence, passage_evidence
+from midlens.generators.answering.citations import Citation, cite
+from midlens.generators.answering.passage_evidence import CitingRunner, prompt_evidence
+from midlens.generators.answering.prefill import prepared, rope_groups
+from midlens.generators.attention.evidence import PassageEvidence
 from midlens.generators.methods.instances import Mixture
 from midlens.generators.models.prompt import StackedPrompt, render
-
-
-class CitingRunner(MethodRunner, Protocol):
-    """What citation scoring reads of the generator that runs it (generators.answering.generator.Generator)."""
-
-    citations: CitationConfig | None
-    evidence_config: EvidenceConfig
-    windows: list[int | None]
-
-    @property
-    def tokenizer(self) -> Any: ...
-
-    @property
-    def model(self) -> torch.nn.Module: ...
-
-    @property
-    def context_window(self) -> int: ...
-
-
-def prompt_evidence(runner: CitingRunner, prompt: StackedPrompt, maps) -> list[PassageEvidence]:
-    """One prompt's passage evidence from its maps, under `runner`'s evidence settings."""
-    return passage_evidence(
-        prompt.passages,
-        maps,
-        runner.evidence_config,
-        prompt.passage_spans,
-        runner.windows,
-        prompt.num_tokens,
-        prompt.question_span,
-    )
 
 
 def cite_answer(
@@ -131,20 +99,6 @@ class SentenceCiter:
             maps = self.mixture.maps(self.run.maps, b)
             self._evidence[b] = prompt_evidence(self.runner, self.prompts[b], maps)
         return self._evidence[b]
-
-
-def scored_evidence(scorer: CitingRunner, prompts: list[StackedPrompt], calibrate: bool) -> list[list[PassageEvidence]]:
-    """Each prompt's passage evidence as `scorer`'s method reads it: the prompts prefilled in batches (one per RoPE
-    regime), calibrated against the content-free question when `calibrate`. What `scorer.score_batch` returns as
-    `Answer.passages`, without assembling Answers or entering a decode loop."""
-    evidence: list[list[PassageEvidence]] = [[] for _ in prompts]
-    for group in rope_groups(scorer.model, scorer.tokenizer, prompts, 0, [None] * len(prompts)):
-        batch = [prompts[i] for i in group]
-        with prepared(scorer, batch, cite=scorer.citations is not None, calibrate=calibrate) as ready:
-            pass
-        for b, i in enumerate(group):
-            evidence[i] = prompt_evidence(scorer, batch[b], ready.mixture.maps(ready.run.maps, b))
-    return evidence
 
 
 def forced_logprobs(runner: CitingRunner, prompts: list[StackedPrompt], answers: list[list[int]]) -> list[list[float]]:

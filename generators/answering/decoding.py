@@ -23,16 +23,10 @@ from midlens.core.errors import InvalidArgumentError, Remedy
 from midlens.core.validation import check_max_new_tokens
 from midlens.generators.answering.answer import Answer
 from midlens.generators.answering.batch import BatchRun
-from midlens.generators.answering.citation_scoring import (
-    CitingRunner,
-    SentenceCiter,
-    cite_answer,
-    prompt_evidence,
-    scored_evidence,
-    segments_per_row,
-)
+from midlens.generators.answering.citation_scoring import SentenceCiter, cite_answer, segments_per_row
 from midlens.generators.answering.citations import Citation, token_end, token_ends
 from midlens.generators.answering.detokenize import IncrementalText
+from midlens.generators.answering.passage_evidence import CitingRunner, prompt_evidence, scored_evidence
 from midlens.generators.answering.prefill import prepared, rope_groups
 from midlens.generators.answering.support import Support
 from midlens.generators.attention.evidence import PassageEvidence

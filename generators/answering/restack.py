@@ -16,9 +16,10 @@ batches: a batch's prompts are scored in one `score_batch` per round and answere
 Which slots a model reads best is measured, not assumed: a position sweep over every slot on HotpotQA's train
 split ranks them by accuracy (EM, then F1, then the gold answer's log-probability) and the order ships per
 packaged model and answering method in `generators/trained/slot-orders/` (made by eval.slots; each file names the
-model and the method that answered). Training moves where a model reads best (SmolLM2's fine-tune reads the first
-slot best, its base model the last), so the answering generator's own order is used where one was measured, else
-its base model's (`Answer.restack["slot_order"]` names the file). A prompt with another number of passages than the
+model and the method that answered, and is a verified JSON artefact of core.saved_parts, its sha256 recorded in the
+folder's manifest). Training moves where a model reads best (SmolLM2's fine-tune reads the first slot best, its base
+model the last), so the answering generator's own order is used where one was measured, else its base model's
+(`Answer.restack["slot_order"]` names the file). A prompt with another number of passages than the
 sweep's K reads the measured slot at the same relative depth.
 
 Whether an interface restacks where its caller does not say is measured too: its `restack` option defaults to
@@ -33,7 +34,6 @@ what the prompt held; a passage's `span` stays its tokens in the prompt as answe
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,6 +46,7 @@ import torch
 from midlens.core.defaults import DEFAULT_RESTACK_SCORER
 from midlens.core.errors import ArtefactError, InvalidArgumentError, MethodConfigError, Remedy, Step
 from midlens.core.method_spec import parse_scorer_spec, restacked_label
+from midlens.core.saved_parts import json_artefacts, read_json_artefact
 from midlens.core.validation import check_restack_rounds
 from midlens.generators.answering.answer import Answer
 from midlens.generators.answering.citations import Citation
@@ -166,14 +167,12 @@ def read_slot_order(path: str | Path, model_sha256: str | None = None) -> SlotOr
     """A slot-order file (eval.slots writes them): {"order": [best first], "model_sha256", ...}; checked against the
     model it claims to measure when `model_sha256` is given."""
     path = Path(path)
+    fix = "write one with eval.slots from a position sweep over every slot"
+    data = read_json_artefact(path, "slot-order file", fix)  # verified against its recorded sha256 first
     try:
-        data = json.loads(path.read_text())
         order = tuple(int(s) for s in data["order"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise ArtefactError(
-            f"{path}: not a slot-order file ({type(err).__name__}: {err}); write one with eval.slots from a position "
-            "sweep over every slot."
-        ) from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise ArtefactError(f"{path}: not a slot-order file ({type(err).__name__}: {err}); {fix}.") from None
     if sorted(order) != list(range(1, len(order) + 1)):
         raise ArtefactError(f"{path}: order {list(order)} is not the positions 1..{len(order)}, each once.")
     recorded = data.get("model_sha256")
@@ -189,11 +188,11 @@ def read_slot_order(path: str | Path, model_sha256: str | None = None) -> SlotOr
 def shipped_slot_orders() -> dict[tuple[str, str], Path]:
     """(model, answering method spec) -> the shipped slot-order file measured with that model answering so."""
     found = {}
-    for path in sorted(SHIPPED.glob("*.json")):
+    for path in json_artefacts(SHIPPED):
+        data = read_json_artefact(path, "slot-order file", "reinstall midlens")
         try:
-            data = json.loads(path.read_text())
             found[(data["model"], data.get("method", "baseline"))] = path
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        except (KeyError, TypeError) as err:
             raise ArtefactError(
                 f"{path}: not a slot-order file ({type(err).__name__}: {err}); reinstall midlens."
             ) from None

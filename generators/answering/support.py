@@ -507,12 +507,7 @@ class SupportModel(SavedPart):
     @property
     def method(self) -> str:
         """The artefact method it is saved under: plain, or reading the verification drops."""
-        return METHOD_VERIFIED if self.verified else METHOD_PLAIN
-
-    @classmethod
-    def load(cls, folder: str | Path, verified: bool, base_model_sha256: str) -> SupportModel:
-        """The plain or `verified` support model saved in `folder`, through the one load every part has."""
-        return super().load(folder, METHOD_VERIFIED if verified else METHOD_PLAIN, base_model_sha256)[0]
+        return support_method(self.verified)
 
     @classmethod
     def from_config(cls, section: dict, artefact: Artefact) -> SupportModel:
@@ -548,13 +543,19 @@ class SupportModel(SavedPart):
         )
 
 
+def support_method(verified: bool) -> str:
+    """The artefact method a support model is saved and loaded under: `SupportModel.load(folder,
+    support_method(verified), base_model_sha256)`, the one load every saved part has."""
+    return METHOD_VERIFIED if verified else METHOD_PLAIN
+
+
 def method_indicators(features: tuple[str, ...], method: str | None) -> dict[str, float]:
     """1.0 for the indicator of `method` among `features` (`method=<spec>`), 0.0 for the others."""
     return {f: float(f == f"{METHOD_FEATURE}{method}") for f in features if f.startswith(METHOD_FEATURE)}
 
 
 def shipped_support_folder(model: str, verified: bool) -> Path:
-    return SHIPPED / (METHOD_VERIFIED if verified else METHOD_PLAIN) / model
+    return SHIPPED / support_method(verified) / model
 
 
 def packaged_support(
@@ -575,9 +576,9 @@ def packaged_support(
 def _shipped_support(model: str, model_sha256: Callable[[], str], verified: bool) -> SupportModel | None:
     own = shipped_support_folder(model, verified)
     if Path(model).name == model and own.is_dir():
-        return SupportModel.load(own, verified, model_sha256())
+        return SupportModel.load(own, support_method(verified), model_sha256())[0]
     generic = shipped_support_folder(GENERIC, verified)
-    return SupportModel.load(generic, verified, GENERIC) if generic.is_dir() else None
+    return SupportModel.load(generic, support_method(verified), GENERIC)[0] if generic.is_dir() else None
 
 
 def abstain(answer, below: float | None = None) -> bool:

@@ -1,10 +1,15 @@
 """Attention masks: which keys each query may see, written once as small composable functions.
 
-Modelled on transformers' `masking_utils`: a mask function takes broadcastable index tensors (batch row, head,
-query column, key column) and returns a bool tensor (True = visible); `and_masks` / `or_masks` combine them, and
-`dense` evaluates one over a chunk of queries. The causal rule, a row's padding and a sliding window are each one
-function, so the model's mask (`padded_causal`), the mask every score is computed under (`score_mask`), the rows a
-probe or a routed expert scores (`mask_rows`) and a probe's stacked rows (`widened_rows`) cannot drift apart.
+The mask functions are transformers' own (`transformers.masking_utils`, pinned in pyproject): a mask function
+takes broadcastable index tensors (batch row, head, query column, key column) and returns a bool tensor (True =
+visible); `and_masks` / `or_masks` combine them, `causal_mask_function` is the causal rule,
+`sliding_window_overlay` the window (and it with the causal rule: `sliding_window_causal_mask_function`),
+`padding_mask_function` a row's padding (True = a key of the row), and `sdpa_mask` evaluates one over a chunk of
+queries (`dense`). midlens adds `itself` (a padding query keeps its own key), `at_queries` (evaluation at arbitrary
+query columns per row or head) and what it builds from them: the model's mask (`padded_causal`), the mask every
+score is computed under (`score_mask`), the rows a probe or a routed expert scores (`mask_rows`) and a probe's
+stacked rows (`widened_rows`), so these cannot drift apart, nor from the masks transformers' own forward builds.
+tests/test_masks.py pins the transformers functions' semantics (window edges, padding convention) element-wise.
 
 Columns, not positions: a query at column i of a left-padded row sees key column j. The real tokens of a row are
 contiguous, so column distance is position distance (what a window counts), as in transformers'
@@ -20,76 +25,45 @@ import functools
 from collections.abc import Callable
 
 import torch
+from transformers.masking_utils import (
+    and_masks,
+    causal_mask_function,
+    or_masks,
+    padding_mask_function,
+    sdpa_mask,
+    sliding_window_causal_mask_function,
+)
 
 # (batch row, head, query column, key column) -> visible, each a broadcastable index tensor.
 MaskFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def and_masks(*functions: MaskFunction) -> MaskFunction:
-    """Visible where every function says visible."""
-
-    def both(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        out = functions[0](b, h, q, kv)
-        for function in functions[1:]:
-            out = out & function(b, h, q, kv)
-        return out
-
-    return both
-
-
-def or_masks(*functions: MaskFunction) -> MaskFunction:
-    """Visible where any function says visible."""
-
-    def either(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        out = functions[0](b, h, q, kv)
-        for function in functions[1:]:
-            out = out | function(b, h, q, kv)
-        return out
-
-    return either
-
-
-def causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-    """A query sees its own column and every earlier one."""
-    return kv <= q
-
-
 def itself(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     """A query sees its own column (or-ed in, a padding query keeps one key: an all-hidden row would be NaN, and NaN
-    values poison the rows that hide them, 0 * NaN)."""
+    values poison the rows that hide them, 0 * NaN). transformers has no such function."""
     return kv == q
 
 
-def sliding_window(window: int) -> MaskFunction:
-    """An overlay (and it with `causal`): a query sees the keys fewer than `window` columns behind it. Written as a
-    comparison against q - window, so evaluating it over [L, T] builds a bool matrix, never an int64 distance one
-    (8x the memory; 4.7 s at 8k tokens, one thread)."""
-
-    def within(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        return kv > q - window
-
-    return within
-
-
-def padding(key_valid: torch.Tensor) -> MaskFunction:
-    """`key_valid` [B, T]: which key columns hold a token of the row (False: its left padding, or columns a pass
-    hides)."""
-
-    def valid(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        return key_valid[b, kv]
-
-    return valid
-
-
 def dense(function: MaskFunction, length: int, total: int, device: torch.device, batch: int = 1) -> torch.Tensor:
-    """`function` evaluated for the chunk's last `length` of `total` columns -> bool [batch|1, 1, length, total]."""
-    queries = torch.arange(total - length, total, device=device)[None, None, :]
-    return at_queries(function, queries, total, batch)
+    """`function` evaluated for the chunk's last `length` of `total` columns -> bool [batch, 1, length, total] (an
+    expanded view where the function ignores the batch row): transformers' `sdpa_mask`, never skipped to None,
+    without vmap (index tensors broadcast against each other)."""
+    return sdpa_mask(
+        batch,
+        length,
+        total,
+        q_offset=total - length,
+        mask_function=function,
+        allow_is_causal_skip=False,
+        use_vmap=False,
+        device=device,
+    )
 
 
 def at_queries(function: MaskFunction, queries: torch.Tensor, total: int, batch: int = 1) -> torch.Tensor:
     """`function` evaluated for the query columns `queries` [B|1, 1|H, S] -> bool [B|batch, 1|H, S, total] (what
-    transformers' `sdpa_mask` does without vmap: index tensors broadcast against each other)."""
+    transformers' `sdpa_mask` does without vmap, at query columns that need not be contiguous nor shared by the rows:
+    `sdpa_mask` takes one contiguous range)."""
     device = queries.device
     b = torch.arange(batch, device=device)[:, None, None, None]
     h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
@@ -106,13 +80,15 @@ def padded_causal(key_valid: torch.Tensor, length: int, all_valid: bool | None =
         all_valid = bool(key_valid.all())
     if all_valid:
         return None
-    function = or_masks(and_masks(causal, padding(key_valid)), itself)
+    function = or_masks(and_masks(causal_mask_function, padding_mask_function(key_valid)), itself)
     return dense(function, length, key_valid.shape[1], key_valid.device, batch=key_valid.shape[0])
 
 
 def window_rows(length: int, total: int, window: int, device: torch.device) -> torch.Tensor:
     """bool [length, total]: the keys the chunk's last `length` queries see through a sliding window, causal
-    included.
+    included (transformers' `sliding_window_causal_mask_function`: keys fewer than `window` columns behind the
+    query; its overlay compares kv against q - window, so the build is a bool matrix, never an int64 distance one,
+    8x the memory).
 
     Every windowed layer of a forward asks for the same rows (twice at a prefill): they are built once and shared
     (read-only), as transformers builds its sliding mask once per forward. Built per layer they cost 30 [L, T] builds
@@ -123,7 +99,7 @@ def window_rows(length: int, total: int, window: int, device: torch.device) -> t
 
 @functools.lru_cache(maxsize=4)
 def _window_rows(length: int, total: int, window: int, device: torch.device, _inference: bool) -> torch.Tensor:
-    return dense(and_masks(causal, sliding_window(window)), length, total, device)[0, 0]
+    return dense(sliding_window_causal_mask_function(window), length, total, device)[0, 0]
 
 
 def as_additive(mask: torch.Tensor | None, length: int, total: int, device: torch.device) -> torch.Tensor:
@@ -131,7 +107,7 @@ def as_additive(mask: torch.Tensor | None, length: int, total: int, device: torc
     if mask is None:
         if length == 1:
             return torch.zeros(1, 1, 1, total, device=device)
-        mask = dense(causal, length, total, device)
+        mask = dense(causal_mask_function, length, total, device)
     if mask.dtype != torch.bool:
         return mask.float()
     return torch.zeros(mask.shape, device=device).masked_fill(~mask, float("-inf"))
@@ -160,7 +136,7 @@ def score_mask(
         else:
             mask = mask.masked_fill(~seen, float("-inf"))
     if mask is None and 1 < length < total:  # a chunk after cached keys: SDPA's is_causal would align it left
-        mask = dense(causal, length, total, device)
+        mask = dense(causal_mask_function, length, total, device)
     if key_bias is not None:
         mask = as_additive(mask, length, total, device) + key_bias.to(device)
     return mask
@@ -173,7 +149,7 @@ def mask_rows(mask: torch.Tensor | None, rows: torch.Tensor, past: int, total: i
     if rows.dim() == 2:
         rows = rows[:, None]
     if mask is None:
-        return at_queries(causal, past + rows, total, rows.shape[0])
+        return at_queries(causal_mask_function, past + rows, total, rows.shape[0])
     heads = max(mask.shape[1], rows.shape[1])
     full = mask.expand(rows.shape[0], heads, mask.shape[2], mask.shape[3])
     index = rows.expand(rows.shape[0], heads, rows.shape[2])[..., None].expand(-1, -1, -1, mask.shape[3])
@@ -182,7 +158,7 @@ def mask_rows(mask: torch.Tensor | None, rows: torch.Tensor, past: int, total: i
 
 def causal_rows(rows: int, total: int, device: torch.device) -> torch.Tensor:
     """bool [1, 1, rows, total]: the causal mask of a chunk's last `rows` queries (where no mask was given)."""
-    return dense(causal, rows, total, device)
+    return dense(causal_mask_function, rows, total, device)
 
 
 def widened_rows(rows: list[torch.Tensor], total: int) -> torch.Tensor:

@@ -11,7 +11,8 @@ SmolLM3, Granite and GLM-4 layers. Per forward it:
      layer does not rotate, and an interleaved layer's channels are permuted to the half-split pairs first;
   3. stores keys in the KV cache already rotated (per expert, stacked on the head axis);
   4. folds the model's mask, the layer's sliding window and the scheme's key bias, if any, into one score mask
-     (`generators.attention.arithmetic`), under which the layer's `Scoring` (scale, soft-cap) is applied;
+     (`generators.attention.masks.score_mask`), under which the layer's `Scoring` (scale, soft-cap,
+     `generators.attention.arithmetic`) is applied;
   5. lets the scheme attend (`RotaryScheme.attend`: one SDPA call, or MoICE's experts mixed by its router);
   6. lets an optional `PassageProbe` read attention rows of a few scoring queries from the same q, K and
      mask through the same score function, so evidence never needs eager attention or an L x L matrix.

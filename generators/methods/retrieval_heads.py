@@ -1,20 +1,21 @@
 """Retrieval heads: the (layer, head) pairs whose attention lands on the passages that answer (MuDAF, Sec. 3).
 
 Scores are measured by `midlens heads score` (training/heads.py) and ship per model as
-`generators/trained/retrieval-heads/<model>.json`: {"f1": [L][H], "em": [L][H], "model_sha256", ...}.
+`generators/trained/retrieval-heads/<model>.json`: {"f1": [L][H], "em": [L][H], "model_sha256", ...}, a verified JSON
+artefact of core.saved_parts (its sha256 recorded in the folder's manifest, checked before the file is read).
 Two readers use them: MuDAF picks the heads it tunes (`select_heads`), and evidence can aggregate only the
 top heads (`EvidenceConfig(heads="retrieval")`, resolved here by `retrieval_heads`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import replace
 from pathlib import Path
 
 from midlens.core.errors import ArtefactError, Step
+from midlens.core.saved_parts import json_artefacts, read_json_artefact
 from midlens.generators.attention.evidence import EvidenceConfig
 from midlens.generators.models.loading import LoadedModel
 from midlens.generators.models.shipped import SHIPPED as TRAINED
@@ -70,18 +71,17 @@ def load_scores(loaded: LoadedModel, path: str | Path | None = None) -> dict:
     """The score file for `loaded` (the shipped one by default), checked against the model it claims to score."""
     path = Path(path) if path is not None else SHIPPED / f"{loaded.name}.json"
     if not path.is_file():
-        shipped = sorted(p.stem for p in SHIPPED.glob("*.json"))
+        shipped = sorted(p.stem for p in json_artefacts(SHIPPED))
         raise ArtefactError(
             f"no retrieval-head scores for model {loaded.name!r} at {path} (shipped: {', '.join(shipped) or 'none'}).",
             [score_heads(loaded.name, path.parent)],
         )
+    rescore = [score_heads(loaded.name, path.parent)]
+    scores = read_json_artefact(path, "retrieval-head score file", steps=rescore)  # verified by its recorded sha256
     try:
-        scores = json.loads(path.read_text())
         f1 = scores["f1"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ArtefactError(
-            f"{path}: not a retrieval-head score file ({err}).", [score_heads(loaded.name, path.parent)]
-        ) from None
+    except KeyError as err:
+        raise ArtefactError(f"{path}: not a retrieval-head score file ({err}).", rescore) from None
     if scores.get("model_sha256") != loaded.sha256:
         raise ArtefactError(
             f"{path} scores another model (sha256 {str(scores.get('model_sha256'))[:12]}...) than {loaded.name} "

@@ -7,14 +7,14 @@ import argparse
 import json
 import sys
 
-from midlens.cli.options import add_model_args, positive_int
-from midlens.core.defaults import DEFAULT_PROMPT_STYLE, DEFAULT_TOP_K, PROMPT_STYLES, TRUNCATE_MODES
+from midlens.cli.options import add_model_args
+from midlens.core.defaults import CHECK_MODEL
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.validation import check_question
 
 EXAMPLES = """examples:
   midlens check "Who directed Wings of Desire?" --answer "Wim Wenders directed it in 1987."
-  midlens check "What does the report conclude?" --answer "$(cat answer.txt)" --corpus docs/ --verify
+  midlens check "What does the report conclude?" --answer "$(cat answer.txt)" --corpus docs/ --no-verify
   midlens check "Who wrote it?" --answer "Ada Lovelace." --passages passages.jsonl --json
 """
 
@@ -60,17 +60,13 @@ def add_parser(sub) -> None:
         help="the passages the answer was written over (.jsonl of {title, text}, a .txt/.md or a folder), "
         "stacked in that order, no retrieval",
     )
-    check.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="passages to retrieve (--corpus)")
-    check.add_argument("--truncate", default="error", choices=TRUNCATE_MODES, help="when passages overflow the window")
-    check.add_argument("--prompt-style", default=DEFAULT_PROMPT_STYLE, choices=PROMPT_STYLES)
-    check.add_argument(
-        "--verify",
-        action="store_true",
-        help="check each citation: re-score the answer with the cited passage removed; a sentence none of whose "
-        "passages it needs is flagged as possibly unsupported",
-    )
+    # CheckOptions' fields, spelt from their OptionInfo as every shell of the check path spells them.
+    from midlens.rag.check_options import CheckOptions
+    from midlens.rag.option_fields import add_arguments
+
+    add_arguments(check, options=CheckOptions)
     check.add_argument("--json", action="store_true", help="print the full result as JSON")
-    add_model_args(check)
+    add_model_args(check, default_model=CHECK_MODEL)
     check.set_defaults(func=run)
 
 
@@ -86,16 +82,16 @@ def run(args: argparse.Namespace) -> int:
         docs = read_documents(args.passages, name="--passages")
         passages = [Passage(text=d["text"], title=d["title"], id=d["id"]) for d in docs]
     from midlens.cli.options import check_device, chosen_model, evidence_config, method_spec
-    from midlens.rag.options import AnswerOptions
+    from midlens.rag.check_options import CheckOptions
+    from midlens.rag.option_fields import from_arguments
 
-    options = AnswerOptions(
-        method=None, top_k=args.top_k, truncate=args.truncate, prompt_style=args.prompt_style, verify=args.verify
-    )
     method = method_spec(args)
-    args.model = chosen_model(args, method)
+    args.model = chosen_model(args, method, CHECK_MODEL)
+    check = from_arguments(args, CheckOptions, model=args.model)
     check_device(args)
     fits(args, passages)
     from midlens.generators.answering.check import NO_SUPPORT_MODEL, flagged, sentence_support, support_lines
+    from midlens.rag.options import AnswerOptions
     from midlens.rag.pipeline import Pipeline, marked_answer
 
     if passages is not None:
@@ -104,17 +100,17 @@ def run(args: argparse.Namespace) -> int:
         generator = Generator(
             args.model, method=method, evidence=evidence_config(args), device=args.device, dtype=args.dtype
         )
-        pipe = Pipeline(None, generator, options)
+        pipe = Pipeline(None, generator)
     else:
         pipe = Pipeline.from_corpus(
             args.corpus,
             model=args.model,
-            options=options.replace(method=method.spec()),
+            options=AnswerOptions(method=method.spec(), top_k=check.top_k),
             evidence=evidence_config(args),
             device=args.device,
             dtype=args.dtype,
         )
-    answer = pipe.check(args.question, args.answer, passages)
+    answer = pipe.check(args.question, args.answer, passages, check)
     doubts = flagged(answer)
     if args.json:
         record = {
@@ -137,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         for citation, why in doubts:
             print(f"     - {answer.text[citation.span[0] : citation.span[1]]}  ({why})")
     elif not args.verify:
-        print("   every sentence cites a passage; --verify checks whether it needs it")
+        print("   every sentence cites a passage; without --no-verify the check says whether it needs it")
     else:
         print("   every sentence rests on a passage it needs (verified)")
     print()

@@ -6,7 +6,6 @@ import argparse
 import os
 
 from midlens.cli.options import add_cite_evidence_arg, add_model_args, check_cite_evidence
-from midlens.core.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TOP_K
 from midlens.demo.backend import DEFAULT_MAX_UPLOAD_MB, HOST, MAX_NEW_TOKENS, MAX_TOP_K
 
 EXAMPLES = """examples:
@@ -22,8 +21,10 @@ def add_parser(sub) -> None:
         "demo", help="Gradio demo on 127.0.0.1: ask, see per-passage evidence, compare methods", epilog=EXAMPLES
     )
     demo.add_argument("--corpus", help="folder of .txt/.md or a .jsonl; default: embedded HotpotQA paragraphs")
-    demo.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="passages retrieved for a question")
-    demo.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    # AnswerOptions' fields, spelt from their OptionInfo (rag/option_fields.py) as every shell spells them.
+    from midlens.rag.option_fields import add_arguments
+
+    add_arguments(demo, only=("top_k", "max_new_tokens"))
     demo.add_argument("--port", type=int, help="default: the first free port from 7860")
     demo.add_argument(
         "--host",

@@ -74,10 +74,10 @@ def cli_message(err: BaseException) -> str:
     return err.render(cli_spelling, cli_step) if isinstance(err, MidlensError) else str(err)
 
 
-def add_model_args(parser: argparse.ArgumentParser, method: bool = True) -> None:
+def add_model_args(parser: argparse.ArgumentParser, method: bool = True, default_model: str = DEFAULT_MODEL) -> None:
     parser.add_argument(
         "--model",
-        help=f"registry name or local Hugging Face folder (default: {DEFAULT_MODEL}; for a trained method, the model "
+        help=f"registry name or local Hugging Face folder (default: {default_model}; for a trained method, the model "
         "its shipped artefact was trained for)",
     )
     if method:
@@ -138,19 +138,19 @@ def method_spec(args: argparse.Namespace):
     return method_config(name, options)
 
 
-def chosen_model(args: argparse.Namespace, method) -> str:
+def chosen_model(args: argparse.Namespace, method, default_model: str = DEFAULT_MODEL) -> str:
     """--model, or the default for `method` (a MethodConfig): a trained method (mudaf, moice) left without --model
     runs on the model its shipped artefact was trained for, with a note. Refuses, before any load, a model the
-    method has nothing for."""
+    method has nothing for. `default_model`: the command's own default (`midlens check`: the checking reader)."""
     import sys
 
     from midlens.generators.methods.registry import model_for
 
-    model = model_for(method, args.model, DEFAULT_MODEL)
-    if args.model is None and model != DEFAULT_MODEL:
+    model = model_for(method, args.model, default_model)
+    if args.model is None and model != default_model:
         print(
             f"note: {method.name} runs on {model}, the model its shipped artefact was trained for "
-            f"(the default model {DEFAULT_MODEL} has none); pass --model to choose.",
+            f"(the default model {default_model} has none); pass --model to choose.",
             file=sys.stderr,
         )
     return model

@@ -9,7 +9,6 @@ import sys
 import threading
 
 from midlens.cli.options import add_cite_evidence_arg, add_model_args, check_cite_evidence, positive_int
-from midlens.core.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT_STYLE, PROMPT_STYLES
 from midlens.core.errors import InvalidArgumentError
 
 EXAMPLES = """examples:
@@ -69,10 +68,10 @@ def add_parser(sub) -> None:
         default=8.0,
         help="costliest method a request may name, in plain answers per answer (Attention Buckets: one per base)",
     )
-    serve.add_argument(
-        "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="answer length when a request sets none"
-    )
-    serve.add_argument("--prompt-style", default=DEFAULT_PROMPT_STYLE, choices=PROMPT_STYLES)
+    # What a request leaves out: AnswerOptions' fields, spelt from their OptionInfo as every shell spells them.
+    from midlens.rag.option_fields import add_arguments
+
+    add_arguments(serve, only=("max_new_tokens", "prompt_style"))
     add_cite_evidence_arg(
         serve,
         "every answer's citations choose their passages with this method's evidence of the prompt (one more prefill "

@@ -6,7 +6,7 @@ finished answer is where the wrapped engine hands its Response back. The respons
 own source nodes by `Pipeline.check` (one teacher-forced pass; with `verify`, each cited node removed in turn and the
 sentence re-scored), so the citations say which node each sentence rests on, not which node the LLM was told about.
 
-    engine = CheckedQueryEngine.from_model(index.as_query_engine(llm=any_llm), model="smollm2-135m")
+    engine = CheckedQueryEngine.from_model(index.as_query_engine(llm=any_llm))  # core.defaults.CHECK_MODEL reads
     response = engine.query("Who directed Wings of Desire?")
     response.response                              # "... Wim Wenders [2]."  ([n]: response.source_nodes[n - 1])
     response.metadata["midlens"]["citation_blocks"]  # LlamaIndex CitationBlocks, `source` the node id
@@ -31,6 +31,7 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import QueryBundle
 
 from midlens.core.errors import InvalidArgumentError
+from midlens.rag.check_options import CheckOptions, check_options_from
 
 if TYPE_CHECKING:  # torch loads slowly: the model parts are imported when a response is first checked
     from midlens.generators.answering.answer import Answer
@@ -64,9 +65,10 @@ class CheckedQueryEngine(BaseQueryEngine):
         self,
         query_engine: BaseQueryEngine,
         pipeline: Pipeline,
-        verify: bool = True,
+        options: CheckOptions | None = None,
         mark: bool = True,
         callback_manager: CallbackManager | None = None,
+        **changes: Any,
     ) -> None:
         if not isinstance(query_engine, BaseQueryEngine):
             raise InvalidArgumentError(
@@ -78,9 +80,11 @@ class CheckedQueryEngine(BaseQueryEngine):
                 "CheckedQueryEngine reads citations: pass a midlens Pipeline whose generator cites (citations on), "
                 "or build it with CheckedQueryEngine.from_model(engine, model=...)."
             )
+        self.options, unknown = check_options_from(options, changes, "llamaindex")
+        if unknown:
+            raise InvalidArgumentError(f"unknown option(s) {', '.join(sorted(unknown))}: CheckOptions' fields only.")
         self._query_engine = query_engine
         self.pipeline = pipeline
-        self.verify = verify
         self.mark = mark
         super().__init__(callback_manager)
 
@@ -88,18 +92,24 @@ class CheckedQueryEngine(BaseQueryEngine):
     def from_model(
         cls,
         query_engine: BaseQueryEngine,
-        model: str = "smollm2-135m",
-        verify: bool = True,
+        model: str | None = None,
+        options: CheckOptions | None = None,
         mark: bool = True,
-        **generator_options: Any,
+        **keywords: Any,
     ) -> CheckedQueryEngine:
-        """Checks with `model` (a packaged name or a model folder); `generator_options` go to `Generator` (method,
-        device, dtype). The checking model need not be the one that answered: it reads the answer, it does not
-        write it."""
+        """Checks with `model` (a packaged name or a model folder; None: the checking default,
+        core.defaults.CHECK_MODEL); keywords that are CheckOptions' fields (`verify`) set them, the others go to
+        `Generator` (method, device, dtype). The checking model need not be the one that answered: it reads the
+        answer, it does not write it."""
         from midlens.generators import Generator
         from midlens.rag.pipeline import Pipeline
 
-        return cls(query_engine, Pipeline(None, Generator(model, **generator_options)), verify, mark)
+        check, generator_options = check_options_from(options, {"model": model, **keywords}, "llamaindex")
+        return cls(query_engine, Pipeline(None, Generator(check.reader, **generator_options)), check, mark)
+
+    @property
+    def verify(self) -> bool:
+        return self.options.verify
 
     def _get_prompt_modules(self) -> PromptMixinType:
         return {"query_engine": self._query_engine}  # the prompts are the wrapped engine's; the check asks none
@@ -128,7 +138,7 @@ class CheckedQueryEngine(BaseQueryEngine):
         from midlens.rag.llamaindex.common import node_passages
 
         passages = node_passages(response.source_nodes)
-        answer = self.pipeline.check(query, text, passages, verify=self.verify)
+        answer = self.pipeline.check(query, text, passages, self.options)
         run = checked_metadata(answer)
         return Response(
             run["marked_text"] if self.mark else text,
@@ -140,6 +150,7 @@ class CheckedQueryEngine(BaseQueryEngine):
 def checked_metadata(answer: Answer) -> dict[str, Any]:
     """A checked answer as `metadata["midlens"]`: its marks, citations (rows and CitationBlocks), support and
     evidence. Unverified sources get no marker: a sentence marked only with nodes it needs reads as checked."""
+    from midlens.generators.answering.answer_wire import answer_to_wire
     from midlens.generators.answering.check import (
         NO_SUPPORT_MODEL,
         sentence_support,
@@ -153,6 +164,7 @@ def checked_metadata(answer: Answer) -> dict[str, Any]:
     from midlens.rag.pipeline import marked_answer
 
     passages = [p.passage for p in sorted(answer.passages, key=lambda p: p.position)]
+    wire = answer_to_wire(answer)  # what the answer's one JSON form says of the run: model, method, tokens, timings
 
     return {
         "checked": True,
@@ -164,15 +176,11 @@ def checked_metadata(answer: Answer) -> dict[str, Any]:
         "verified": verified(answer),
         "unsupported": [answer.text[c.span[0] : c.span[1]] for c in unsupported(answer)],
         "supported_share": supported_share(answer),
-        "support": None if answer.support is None else answer.support.to_dict(),
+        "support": wire["support"],
         "sentence_support": sentence_support(answer),
         "support_note": NO_SUPPORT_MODEL if answer.support is None else None,
         "evidence": evidence_rows(answer),
-        "model": answer.model,
-        "method": answer.method,
-        "prompt_tokens": answer.prompt_tokens,
-        "timings": answer.timings,
-        "dropped": [p.id for p in answer.dropped],
+        **{key: wire[key] for key in ("model", "method", "prompt_tokens", "timings", "dropped")},
     }
 
 

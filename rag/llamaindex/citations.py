@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from midlens.generators.answering.answer import Answer
-from midlens.generators.answering.citations import Citation, CitedSource
+from midlens.generators.answering.citations import Citation
 from midlens.rag.pipeline import marked_answer
 
 
@@ -44,15 +44,3 @@ def sentence_rows(citation: Citation, index: int, marked_span: tuple[int, int] |
         }
         for source in sorted(citation.sources, key=lambda s: s.position)
     ]
-
-
-def citations_from_json(records: list[dict[str, Any]] | None) -> list[Citation]:
-    """Citations as `Answer.to_dict` writes them (a server's response) back into the library's dataclasses."""
-    citations = []
-    for record in records or []:
-        sources = [
-            CitedSource(**{**s, "sentence": None if s.get("sentence") is None else tuple(s["sentence"])})
-            for s in record.get("sources", [])
-        ]
-        citations.append(Citation(span=tuple(record["span"]), tokens=tuple(record["tokens"]), sources=sources))
-    return citations

@@ -208,35 +208,32 @@ def node_passages(nodes: Sequence[PassageLike]) -> list[Passage]:
 
 
 def evidence_rows(answer: Answer) -> list[dict]:
-    """Per-passage breakdown, JSON-ready, in prompt order."""
-    return [
-        {
-            "id": pe.passage.id,
-            "title": pe.passage.title,
-            "position": pe.position,
-            "retrieval_score": pe.retrieval_score,
-            "evidence": pe.evidence,
-            "calibrated": pe.calibrated,
-            "answer_attribution": pe.answer_attribution,
-            "rank": pe.rank,
-        }
-        for pe in answer.passages
-    ]
+    """Per-passage breakdown, JSON-ready, in prompt order: each passage's row of the answer's wire form
+    (generators.answering.answer_wire), less `score`, which a response's source nodes carry as their score."""
+    from midlens.generators.answering.answer_wire import passage_to_wire
+
+    return [_llama_row(passage_to_wire(pe)) for pe in answer.passages]
+
+
+def _llama_row(row: dict) -> dict:
+    return {key: value for key, value in row.items() if key != "score"}
+
+
+# The fields of an answer's wire form a response's additional_kwargs carry beside the Answer and its evidence rows.
+RESPONSE_KEYS = ("model", "method", "prompt_tokens", "generated_tokens", "timings", "dropped", "support", "withheld")
 
 
 def _response_kwargs(answer: Answer) -> dict[str, Any]:
+    """The Answer, its evidence rows and, from its wire form (the one a server sends: a response reads the same from
+    a local model and from a server), the model, method, token counts, timings, dropped ids, whether to trust the
+    answer (generators.answering.support, the first thing a response's reader should see) and any withheld text."""
+    from midlens.generators.answering.answer_wire import answer_to_wire
+
+    wire = answer_to_wire(answer)
     return {
         "answer": answer,
-        "evidence": evidence_rows(answer),
-        "model": answer.model,
-        "method": answer.method,
-        "prompt_tokens": answer.prompt_tokens,
-        "generated_tokens": answer.generated_tokens,
-        "timings": answer.timings,
-        "dropped": [p.id for p in answer.dropped],
-        # Whether to trust the answer (generators.answering.support), first thing a response's reader should see.
-        "support": None if answer.support is None else answer.support.to_dict(),
-        "withheld": None if answer.withheld is None else answer.withheld["text"],
+        "evidence": [_llama_row(row) for row in wire["passages"]],
+        **{key: wire[key] for key in RESPONSE_KEYS},
     }
 
 

@@ -3,7 +3,7 @@ answers: each sentence cited from the attention of one teacher-forced pass (`Pip
 by ablation, and the sentences none of whose cited contexts they need named in the feedback, as
 `FaithfulnessEvaluator` names a verdict.
 
-    evaluator = MidlensEvaluator.from_model("smollm2-135m")
+    evaluator = MidlensEvaluator.from_model()   # the checking reader, core.defaults.CHECK_MODEL
     result = evaluator.evaluate_response(query=question, response=engine.query(question))
     result.passing, result.score, result.feedback
 """
@@ -19,6 +19,7 @@ from llama_index.core.prompts.mixin import PromptDictType
 
 from midlens.core.errors import InvalidArgumentError
 from midlens.generators.answering.check import flagged, support_lines, supported_share
+from midlens.rag.check_options import CheckOptions, check_options_from
 from midlens.rag.llamaindex.common import PassageLike, node_passages
 from midlens.rag.pipeline import Pipeline, marked_answer
 
@@ -26,28 +27,39 @@ from midlens.rag.pipeline import Pipeline, marked_answer
 class MidlensEvaluator(BaseEvaluator):
     """`passing`: every sentence rests on a context it needs; `score`: the share of sentences that do (a count, not a
     calibrated probability: no support model is fitted for answers this model did not write); `feedback`: the
-    marked response and the sentences that may not be supported. `verify=False` cites without ablation, and then
-    only a sentence citing nothing fails (attention always lands on some context).
+    marked response and the sentences that may not be supported. `options` (rag.check_options.CheckOptions, or its
+    fields by keyword): `verify=False` cites without ablation, and then only a sentence citing nothing fails
+    (attention always lands on some context).
 
     `evaluate_response` reads the response's source nodes as CheckedQueryEngine does (`node_passages`: each named
     by its title or file), so both give the same response and nodes the same verdict; `evaluate` gets the contexts'
     texts alone, read as nodes without a name."""
 
-    def __init__(self, pipeline: Pipeline, verify: bool = True) -> None:
+    def __init__(self, pipeline: Pipeline, options: CheckOptions | None = None, **changes: Any) -> None:
         if pipeline.generator is None or pipeline.generator.citations is None:
             raise InvalidArgumentError(
                 "MidlensEvaluator reads citations: pass a pipeline whose generator cites (citations on)."
             )
+        self.options, unknown = check_options_from(options, changes, "llamaindex")
+        if unknown:
+            raise InvalidArgumentError(f"unknown option(s) {', '.join(sorted(unknown))}: CheckOptions' fields only.")
         self.pipeline = pipeline
-        self.verify = verify
+
+    @property
+    def verify(self) -> bool:
+        return self.options.verify
 
     @classmethod
-    def from_model(cls, model: str = "smollm2-135m", verify: bool = True, **generator_options: Any) -> MidlensEvaluator:
-        """An evaluator over `model` (a packaged name or a model folder); `generator_options` go to `Generator`
-        (method, device, dtype)."""
+    def from_model(
+        cls, model: str | None = None, options: CheckOptions | None = None, **keywords: Any
+    ) -> MidlensEvaluator:
+        """An evaluator over `model` (a packaged name or a model folder; None: the checking default,
+        core.defaults.CHECK_MODEL); keywords that are CheckOptions' fields (`verify`) set them, the others go to
+        `Generator` (method, device, dtype)."""
         from midlens.generators import Generator
 
-        return cls(Pipeline(None, Generator(model, **generator_options)), verify)
+        check, generator_options = check_options_from(options, {"model": model, **keywords}, "llamaindex")
+        return cls(Pipeline(None, Generator(check.reader, **generator_options)), check)
 
     def evaluate(
         self,
@@ -78,7 +90,7 @@ class MidlensEvaluator(BaseEvaluator):
                 "three, or call evaluate_response(query, response) with a Response that has source_nodes."
             )
         passages = node_passages(sources)
-        answer = self.pipeline.check(query, response, passages, verify=self.verify)
+        answer = self.pipeline.check(query, response, passages, self.options)
         doubts = flagged(answer)
         lines = [marked_answer(answer).text, *(f"{line}." for line in support_lines(answer))]
         if doubts:

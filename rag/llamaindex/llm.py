@@ -124,9 +124,10 @@ PLAIN_METHOD = "baseline"
 
 
 # MidlensLLM's fields that are AnswerOptions' (same names, defaults, bounds and help: rag/option_fields.py writes
-# them), and what one call may change besides: a call's restacking may take several rounds, the field's takes one.
+# them), and what one call may change besides: a call's restacking may take several rounds, the field's takes one;
+# `verify`, which MidlensQueryEngine asks of a call so the answer is verified before abstaining reads its support.
 LLM_OPTIONS = spelt_by("llm")
-CALL_OPTIONS = frozenset(LLM_OPTIONS) | {"restack_rounds"}
+CALL_OPTIONS = frozenset(LLM_OPTIONS) | {"restack_rounds", "verify"}
 LLMOptions = option_model(
     "LLMOptions", "llm", base=BaseModel, unstreamed_note="A stream carries the support; it does not withhold."
 )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 from copy import copy
 from typing import Any, ClassVar, Literal
@@ -25,6 +24,7 @@ from midlens.core.defaults import DEFAULT_TOP_K, is_measured_restack
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.validation import check_top_k
 from midlens.generators.answering.answer import Answer
+from midlens.generators.answering.answer_wire import answer_to_wire
 from midlens.generators.answering.restack import Restack
 from midlens.generators.attention.evidence import EvidenceConfig, PassageEvidence
 from midlens.generators.models.loading import LoadedModel
@@ -159,7 +159,7 @@ class MidlensQueryEngine(EngineOptions, CustomQueryEngine):
         kwargs.pop("evidence")
         metadata["midlens"] = {
             **kwargs,
-            "evidence_config": answer.to_dict()["evidence_config"],
+            "evidence_config": answer_to_wire(answer)["evidence_config"],
             "text": answer.text,
             "marked_text": marked_answer(answer, self._unverified).text,
             "citations": citation_rows(answer, self._unverified),
@@ -177,21 +177,18 @@ class MidlensQueryEngine(EngineOptions, CustomQueryEngine):
         """The response's text: the answer as generated."""
         return completion.text
 
-    def _restack(self) -> dict[str, Any]:
-        """The LLM call's restack option: none for "measured", so that the LLM's own `restack` field decides."""
+    def _call(self) -> dict[str, Any]:
+        """The LLM call's options the engine decides: restacking (none for "measured", so that the LLM's own
+        `restack` field decides) and `verify`, which the answer path runs before abstaining reads the support."""
+        verify = {"verify": True} if self.verify else {}
         if is_measured_restack(self.restack):
-            return {}
+            return verify
         if self.restack is None:
-            return {"restack": None}
-        return {"restack": self.restack, "restack_rounds": self.restack_rounds}
-
-    def _verified(self, answer: Answer) -> Answer:
-        if self.verify:
-            self.llm.pipeline.verify([answer])
-        return answer
+            return {"restack": None, **verify}
+        return {"restack": self.restack, "restack_rounds": self.restack_rounds, **verify}
 
     def _respond(self, nodes: list[NodeWithScore], completion: CompletionResponse) -> Response:
-        sources, metadata = self._scored(nodes, self._verified(completion.additional_kwargs["answer"]))
+        sources, metadata = self._scored(nodes, completion.additional_kwargs["answer"])
         return Response(self._text(completion), source_nodes=sources, metadata=metadata)
 
     def _delta(
@@ -226,14 +223,12 @@ class MidlensQueryEngine(EngineOptions, CustomQueryEngine):
         if not nodes:
             return _empty()
         if not self.streaming:
-            return self._respond(nodes, self.llm.complete(query_str, passages=nodes, **self._restack()))
-        chunks = self.llm.stream_complete(query_str, passages=nodes, **self._restack())
+            return self._respond(nodes, self.llm.complete(query_str, passages=nodes, **self._call()))
+        chunks = self.llm.stream_complete(query_str, passages=nodes, **self._call())
         response = StreamingResponse(response_gen=None, source_nodes=list(nodes), metadata={})
 
         def tokens() -> Iterator[str]:
             for chunk in chunks:
-                if "answer" in chunk.additional_kwargs:
-                    self._verified(chunk.additional_kwargs["answer"])
                 if delta := self._delta(response, nodes, chunk):
                     yield delta
 
@@ -248,16 +243,13 @@ class MidlensQueryEngine(EngineOptions, CustomQueryEngine):
         if not nodes:
             return _empty()
         if not self.streaming:
-            completion = await self.llm.acomplete(query_str, passages=nodes, **self._restack())
-            # Verification runs the model: in a worker thread, as the completion did, so the event loop stays free.
-            return await asyncio.to_thread(self._respond, nodes, completion)
-        chunks = await self.llm.astream_complete(query_str, passages=nodes, **self._restack())
+            completion = await self.llm.acomplete(query_str, passages=nodes, **self._call())
+            return self._respond(nodes, completion)
+        chunks = await self.llm.astream_complete(query_str, passages=nodes, **self._call())
         response = AsyncStreamingResponse(response_gen=None, source_nodes=list(nodes), metadata={})
 
         async def tokens() -> AsyncIterator[str]:
             async for chunk in chunks:
-                if "answer" in chunk.additional_kwargs:
-                    await asyncio.to_thread(self._verified, chunk.additional_kwargs["answer"])
                 if delta := self._delta(response, nodes, chunk):
                     yield delta
 

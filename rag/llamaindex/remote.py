@@ -26,9 +26,7 @@ from midlens.core.defaults import RESTACK_MEASURED
 from midlens.core.errors import InvalidArgumentError
 from midlens.core.passage import Passage
 from midlens.generators.answering.answer import Answer
-from midlens.generators.answering.support import Support
-from midlens.generators.attention.evidence import EvidenceConfig, PassageEvidence
-from midlens.rag.llamaindex.citations import citations_from_json
+from midlens.generators.answering.answer_wire import answer_from_wire, citation_from_wire
 from midlens.rag.llamaindex.common import _as_chat, _completion
 from midlens.rag.option_fields import unstreamed
 from midlens.rag.options import FIELDS, AnswerOptions
@@ -37,43 +35,8 @@ from midlens.rag.remote import AnswerRequest, ChatCompletionChunk, MidlensClient
 
 def answer_of(result: MidlensResult, question: str, text: str, passages: Sequence[Passage] = ()) -> Answer:
     """A server's `midlens` object as the library's Answer, its passages those the caller sent (in prompt order;
-    passages the server dropped come last)."""
-    sent = list(passages)
-    evidence = [
-        PassageEvidence(
-            position=row.position,
-            passage=sent[row.position - 1] if row.position <= len(sent) else Passage("", row.title, row.id),
-            retrieval_score=row.retrieval_score,
-            evidence=row.evidence,
-            calibrated=row.calibrated,
-            answer_attribution=row.answer_attribution,
-            rank=row.rank,
-        )
-        for row in result.passages
-    ]
-    config = dict(result.evidence_config)
-    if isinstance(config.get("heads"), list):  # JSON has no tuples; EvidenceConfig spells head lists as tuples
-        config["heads"] = tuple(tuple(h) if isinstance(h, list) else h for h in config["heads"])
-    answer = Answer(
-        question=question,
-        text=text,
-        passages=evidence,
-        model=result.model,
-        method=result.method,
-        evidence_config=EvidenceConfig(**config),
-        prompt_tokens=result.prompt_tokens,
-        generated_tokens=result.generated_tokens,
-        timings=result.timings,
-        dropped=sent[len(result.passages) :],
-    )
-    if result.citations is not None:  # JSON rows back into Citation objects, as a local Answer holds them
-        answer.citations = citations_from_json(result.citations)
-    answer.restack = result.restack
-    if result.support is not None:
-        answer.support = Support.from_dict(result.support)
-    if result.withheld is not None:
-        answer.withheld = {"text": result.withheld, "citations": []}
-    return answer
+    passages the server dropped come last), read by the wire form's one reader (generators.answering.answer_wire)."""
+    return answer_from_wire(result.model_dump(), passages, question=question, text=text)
 
 
 class Served:
@@ -136,7 +99,7 @@ class Served:
             text = ""
             for event in _chain(first, events):
                 if event.midlens_citation is not None:
-                    [citation] = citations_from_json([event.midlens_citation])
+                    citation = citation_from_wire(event.midlens_citation)
                     yield CompletionResponse(text=text, delta="", additional_kwargs={"citation": citation})
                     continue
                 delta = event.choices[0].delta.content if event.choices else None

@@ -77,7 +77,7 @@ def own_rows(reader: str, corpus: str) -> list[dict]:
 
 def report(runs: Path, out: Path) -> dict:
     from midlens.eval.check_support import read_check_run
-    from midlens.generators.answering.check import CheckedSupportModel, shipped_checked_folder
+    from midlens.generators.answering.check import METHOD_CHECKED, CheckedSupportModel, shipped_checked_folder
 
     results: dict = {}
     lines = ["# Checked support, held out", ""]
@@ -87,7 +87,7 @@ def report(runs: Path, out: Path) -> dict:
         if not folder.is_dir():
             continue
         sha = json.loads((folder / "meta.json").read_text())["base_model_sha256"]
-        model = CheckedSupportModel.load_checked(folder, sha)
+        model, _ = CheckedSupportModel.load(folder, METHOD_CHECKED, sha)
         lines += [
             f"## {reader} reading (threshold {model.threshold:.3f})",
             "",

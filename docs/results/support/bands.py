@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from midlens.eval.support import read_run
-from midlens.generators.answering.support import BAND_WORDS, BANDS, SupportModel, shipped_support_folder
+from midlens.generators.answering.support import BAND_WORDS, BANDS, METHOD_PLAIN, SupportModel, shipped_support_folder
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE / "runs"
@@ -34,7 +34,9 @@ def band_rows(short: str, split: str, method: str | None = None) -> list[tuple[s
         if not run.is_dir():
             continue
         config, rows = read_run(run)
-        model = SupportModel.load(shipped_support_folder(config["model"], False), False, config["model_sha256"])
+        model, _ = SupportModel.load(
+            shipped_support_folder(config["model"], False), METHOD_PLAIN, config["model_sha256"]
+        )
         out += [(model.support(r["inputs"], r["method"]).band, int(r["em"] >= 0.5)) for r in rows]
     return out
 

@@ -41,12 +41,12 @@ def step_overhead_s(vocab: int, dtype: torch.dtype) -> float:
 def main(run: str) -> None:
     torch.set_num_threads(1)
     config, rows = read_run(Path(run))
-    from midlens.generators.answering.support import shipped_support_folder
+    from midlens.generators.answering.support import METHOD_PLAIN, shipped_support_folder
     from midlens.generators.models.packaged_models import canonical_name
 
     model = canonical_name(config["model"])
     vocab = {"qwen2.5-coder-0.5b": 151936, "smollm2-135m": 49152}[model]
-    support = SupportModel.load(shipped_support_folder(model, False), False, config["model_sha256"])
+    support, _ = SupportModel.load(shipped_support_folder(model, False), METHOD_PLAIN, config["model_sha256"])
     t0 = time.perf_counter()
     for row in rows:
         support.probability(support_features(row["inputs"]))
