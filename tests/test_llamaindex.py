@@ -674,6 +674,27 @@ def test_query_engine_citations_map_to_nodes_sync_async_streaming_and_chat(llm, 
     assert chat.sources[0].raw_output.metadata["midlens"]["citations"] == rows
 
 
+def test_the_query_engine_verifies_before_the_llm_abstains(loaded):
+    """Issue 82: the engine verified after its LLM had answered, so an abstaining LLM withheld on the unverified
+    support (and verification then found no citations left to check). The engine now asks the LLM's call to verify:
+    the answer path verifies first and withholding reads the verified support."""
+    from llama_index.core.retrievers import BaseRetriever
+
+    nodes = short_nodes(4, gold_at=3, chars=400)
+
+    class Fixed(BaseRetriever):
+        def _retrieve(self, query_bundle):
+            return list(nodes)
+
+    # The fine-tune: the method SmolLM2's verified support model was fitted on (another method's verified answers
+    # get the plain model, generators.answering.support.packaged_support).
+    llm = MidlensLLM(loaded, method="finetuned", evidence=EVIDENCE, max_new_tokens=24, abstain=True, abstain_below=1.0)
+    response = MidlensQueryEngine(Fixed(), llm=llm, verify=True).query(QUESTION)
+    run = response.metadata["midlens"]
+    assert run["withheld"] is not None and run["support"]["verified"] is True  # withheld on the verified support
+    assert run["support"]["threshold"] == 1.0
+
+
 def test_a_streamed_query_cites_each_sentence_while_it_streams(loaded):
     """Unverified, each answer sentence's citation rows join metadata["midlens"]["citations"] once the next
     sentence has begun, before the stream ends, and equal the finished answer's rows but for `marked_chars`."""
