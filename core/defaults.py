@@ -86,7 +86,12 @@ RESTACK_MEASURED = "measured"
 # Why first: the instruct models read slot 1 best of the slots measured (Qwen's measured order starts 1, 2;
 # Liu et al. find primacy in every instruct model they test), and evidence ranks the gold passage first in most
 # prompts, so a one-gold question puts its passage where reading is best without knowing the model.
-SlotPolicy = Literal["measured", "first"]
+# "read" reads the order from the prompt's own evidence, per prompt: the content-free pass (the question replaced by
+# "N/A", the calibration every scoring pass runs) says how much attention each slot draws whatever it holds, the
+# model's positional reading bias on this prompt (as Hsieh et al. 2024 measure it to calibrate it away); the strongest
+# passage goes to the slot that draws most, the next to the next. No sweep and no extra pass, and it follows a model
+# that reads its last slot best (SmolLM2's base measured order starts at 10), where "first" does not.
+SlotPolicy = Literal["measured", "first", "read"]
 SLOT_POLICIES: tuple[str, ...] = get_args(SlotPolicy)
 
 

@@ -345,3 +345,53 @@ def test_strongest_first_needs_no_measured_order_and_runs_on_a_model_without_one
     restack = config["methods"]["baseline+restack(baseline, slots=first)"]["restack"]
     assert restack == {"scorer": "baseline", "rounds": 1, "slots": "first"}
     assert main([*args, "--restack-methods", "moice", "--out", str(tmp_path / "bad")]) == 2  # not among the methods
+
+
+def test_slots_read_from_the_content_free_pass_place_the_strongest_where_the_prompt_draws_most(tmp_path, loaded):
+    """slots="read" needs no measured order either: each prompt's slots are ordered by the attention each drew in the
+    scorer's content-free pass (evidence less calibrated evidence), and the strongest passage goes to the slot that
+    drew most, per prompt and per round. On SmolLM2 the order read is not the identity "first" gives: this prompt's
+    content-free pass draws most to slot 1, then the last slot (primacy, then recency)."""
+    from midlens.cli import main
+    from midlens.core.errors import InvalidArgumentError
+    from midlens.eval.runner import read_rows
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.restack import Restack, Restacker, read_slots
+
+    read = Restack("baseline", slots="read", rounds=2)
+    assert read.label == "restack(baseline, rounds=2, slots=read)" and read.slot_policy == "read"
+    generator = Generator(loaded)
+    restacker = Restacker(generator, read)
+    prompt = _prompt(generator)
+    answer = restacker.generate(prompt, max_new_tokens=2)
+    assert answer.restack["slot_order"] == "read-from-evidence" and len(answer.restack["scores"]) == 2
+    # The last round's slots are those its scoring pass read: re-score the prompt that round placed and read them.
+    state = restacker.arrange([prompt])[0]
+    scored = restacker.scorer.score_batch([_prompt_held(restacker, prompt, state, rounds=1)])[0]
+    assert state.slots == read_slots(scored.passages)
+    prior = [pe.evidence - pe.calibrated for pe in scored.passages]
+    scores = state.scores[-1]
+    strongest = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    assert state.order[state.slots[0] - 1] == strongest  # the strongest passage sits in the slot that drew most
+    assert prior[state.slots[0] - 1] == max(prior)
+    as_given = read_slots(restacker.scorer.score_batch([prompt])[0].passages)
+    assert as_given[0] == 1 and as_given[1] == len(as_given) and as_given != sorted(as_given)
+    with pytest.raises(InvalidArgumentError, match="content-free"):
+        read_slots([pe.__class__(**{**pe.__dict__, "calibrated": None}) for pe in scored.passages])
+
+    out = tmp_path / "run"
+    args = ["eval", "sweep", "--dataset", "kv", "--k", "3", "--n", "1", "--positions", "2", "--max-new-tokens", "2"]
+    args += ["--methods", "baseline", "--restack", "baseline", "--restack-slots", "read", "--no-progress"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert {r["method"] for r in read_rows(out / "results.jsonl")} == {
+        "baseline",
+        "baseline+restack(baseline, slots=read)",
+    }
+
+
+def _prompt_held(restacker, prompt, state, rounds: int):
+    """The prompt as the first `rounds` of `state`'s scoring left it (the prompt the next round scored)."""
+    from midlens.generators.answering.restack import Restack, Restacker
+
+    earlier = Restacker(restacker.generator, Restack("baseline", slots="read", rounds=rounds)).arrange([prompt])[0]
+    return earlier.prompt

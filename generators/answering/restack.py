@@ -51,6 +51,7 @@ from midlens.core.validation import check_restack_rounds
 from midlens.generators.answering.answer import Answer
 from midlens.generators.answering.citations import Citation
 from midlens.generators.answering.generator import GenerationStream, Generator
+from midlens.generators.attention.evidence import PassageEvidence
 from midlens.generators.methods.registry import MethodConfig, method_config
 from midlens.generators.models.prompt import StackedPrompt, render
 from midlens.generators.models.shipped import SHIPPED as TRAINED
@@ -58,6 +59,10 @@ from midlens.generators.models.shipped import SHIPPED as TRAINED
 SHIPPED = TRAINED / "slot-orders"
 STRONGEST_FIRST = "first"  # core.defaults.SLOT_POLICIES: the slot policy that needs no measured order
 STRONGEST_FIRST_SOURCE = "strongest-first"  # what its SlotOrder (and Answer.restack["slot_order"]) says
+READ_SLOTS = "read"  # core.defaults.SLOT_POLICIES: the order read per prompt from its content-free evidence
+READ_SOURCE = "read-from-evidence"
+# Orders that are not a measured table: the identity at every passage count until a prompt's scoring places them.
+_UNMEASURED = (STRONGEST_FIRST_SOURCE, READ_SOURCE)
 _MAP_FIELDS = ("last", "question", "answer", "null_last", "null_question")
 
 
@@ -66,8 +71,9 @@ class Restack:
     """How to restack: `scorer`, the method whose evidence scores the passages (a spec, e.g. "mudaf" or
     "baseline"); `rounds`, scoring passes before answering (interfaces call it `restack_rounds`); `slots`, the prompt
     positions best first (1-based, one per passage), a slot-order JSON file, "first" (strongest first: slot 1, 2,
-    ...; needs no measurement, so any model folder restacks), or None / "measured" for the answering model's
-    measured order."""
+    ...; needs no measurement, so any model folder restacks), "read" (per prompt, the slots ordered by how much
+    attention each draws in the scorer's content-free pass: also needs no measurement), or None / "measured" for
+    the answering model's measured order."""
 
     scorer: str | MethodConfig = DEFAULT_RESTACK_SCORER
     rounds: int = 1
@@ -99,10 +105,10 @@ class Restack:
 
     @property
     def slot_policy(self) -> str:
-        """What a run records and a label shows: "measured", "first", or "given" (slots or a file passed)."""
+        """What a run records and a label shows: "measured", "first", "read", or "given" (slots or a file passed)."""
         if self.slots is None:
             return "measured"
-        return "first" if self.slots == STRONGEST_FIRST else "given"
+        return self.slots if self.slots in (STRONGEST_FIRST, READ_SLOTS) else "given"
 
     @property
     def scorer_spec(self) -> str:
@@ -111,7 +117,7 @@ class Restack:
     @property
     def label(self) -> str:
         """`restack(mudaf)`, `restack(mudaf, rounds=2)`: what a restacked system's label appends."""
-        slots = STRONGEST_FIRST if self.slots == STRONGEST_FIRST else "measured"  # a given order is not labelled
+        slots = self.slot_policy if self.slot_policy != "given" else "measured"  # a given order is not labelled
         return restacked_label("", self.scorer_spec, self.rounds, slots).removeprefix("+")
 
 
@@ -150,7 +156,7 @@ class SlotOrder:
         relative depth (first to first, last to last), ties to the slot nearer that depth, then the earlier."""
         if n == self.k:
             return list(self.order)
-        if n <= 1 or self.source == STRONGEST_FIRST_SOURCE:  # strongest first is the identity at every count
+        if n <= 1 or self.source in _UNMEASURED:  # the identity at every count
             return list(range(1, n + 1))
         rank = {slot: r for r, slot in enumerate(self.order)}
 
@@ -206,6 +212,8 @@ def slot_order(generator: Generator, slots: tuple[int, ...] | str | Path | None 
         return SlotOrder(slots, "given")
     if slots == STRONGEST_FIRST:  # any n reads the identity: every slot's relative depth keeps its rank
         return SlotOrder(tuple(range(1, 11)), STRONGEST_FIRST_SOURCE)
+    if slots == READ_SLOTS:  # each prompt's scoring pass orders its slots (`read_slots`)
+        return SlotOrder(tuple(range(1, 11)), READ_SOURCE)
     if slots is not None:
         return read_slot_order(str(slots))
     loaded = generator.loaded
@@ -253,6 +261,19 @@ def place(scores: list[float], slots: list[int]) -> list[int]:
     for i, slot in zip(ranked, slots, strict=True):
         order[slot - 1] = i
     return order
+
+
+def read_slots(passages: list[PassageEvidence]) -> list[int]:
+    """A prompt's slots, best first, read from its own scoring pass: by the attention each slot drew in the
+    content-free pass (evidence less calibrated evidence: the question replaced by "N/A"), most first, ties to the
+    earlier slot."""
+    if any(pe.calibrated is None for pe in passages):
+        raise InvalidArgumentError(
+            'slots="read" reads the scorer\'s content-free pass, and this one was not calibrated: score with '
+            "calibration on (the default), or use another slot policy."
+        )
+    prior = [pe.evidence - pe.calibrated for pe in passages]  # in prompt order: slot j + 1
+    return sorted(range(1, len(prior) + 1), key=lambda j: (-prior[j - 1], j))
 
 
 def _restacked_prompt(original: StackedPrompt, order: list[int], tokenizer) -> StackedPrompt:
@@ -354,6 +375,8 @@ class Restacker:
                 for j, pe in enumerate(answer.passages):  # in the order this pass's prompt held them
                     scores[mine.order[j]] = pe.score
                 mine.scores.append(scores)
+                if self.slot_order.source == READ_SOURCE:
+                    mine.slots = read_slots(answer.passages)
                 mine.order = place(scores, mine.slots)
                 mine.prompt = _restacked_prompt(prompts[b], mine.order, self.generator.tokenizer)
         return state
@@ -363,7 +386,9 @@ class Restacker:
             "scorer": self.restack.scorer_spec,
             "rounds": self.restack.rounds,
             "slots": restacked.slots,
-            "slot_order": Path(self.slot_order.source).name if self.slot_order.source != "given" else "given",
+            "slot_order": self.slot_order.source
+            if self.slot_order.source in ("given", *_UNMEASURED)
+            else Path(self.slot_order.source).name,
             "order": [i + 1 for i in restacked.order],
             "scores": restacked.scores,
             "numbering": "prompt",
