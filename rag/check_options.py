@@ -128,3 +128,11 @@ def check_options_from(
     changes = {k: v for k, v in keywords.items() if k in spelt}
     rest = {k: v for k, v in keywords.items() if k not in spelt}
     return (options or CheckOptions()).replace(**changes), rest
+
+
+def check_options_only(options: CheckOptions | None, changes: dict[str, Any], shell: str) -> CheckOptions:
+    """`check_options_from` where every keyword must be a field: a shell built around a reader it was given."""
+    checked, unknown = check_options_from(options, changes, shell)
+    if unknown:
+        raise InvalidArgumentError(f"unknown option(s) {', '.join(sorted(unknown))}: CheckOptions' fields only.")
+    return checked

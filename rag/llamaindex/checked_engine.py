@@ -31,7 +31,7 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import QueryBundle
 
 from midlens.core.errors import InvalidArgumentError
-from midlens.rag.check_options import CheckOptions, check_options_from
+from midlens.rag.check_options import CheckOptions, check_options_from, check_options_only
 
 if TYPE_CHECKING:  # torch loads slowly: the model parts are imported when a response is first checked
     from midlens.generators.answering.answer import Answer
@@ -80,9 +80,7 @@ class CheckedQueryEngine(BaseQueryEngine):
                 "CheckedQueryEngine reads citations: pass a midlens Pipeline whose generator cites (citations on), "
                 "or build it with CheckedQueryEngine.from_model(engine, model=...)."
             )
-        self.options, unknown = check_options_from(options, changes, "llamaindex")
-        if unknown:
-            raise InvalidArgumentError(f"unknown option(s) {', '.join(sorted(unknown))}: CheckOptions' fields only.")
+        self.options = check_options_only(options, changes, "llamaindex")
         self._query_engine = query_engine
         self.pipeline = pipeline
         self.mark = mark

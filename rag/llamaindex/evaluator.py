@@ -19,7 +19,7 @@ from llama_index.core.prompts.mixin import PromptDictType
 
 from midlens.core.errors import InvalidArgumentError
 from midlens.generators.answering.check import flagged, support_lines, supported_share
-from midlens.rag.check_options import CheckOptions, check_options_from
+from midlens.rag.check_options import CheckOptions, check_options_from, check_options_only
 from midlens.rag.llamaindex.common import PassageLike, node_passages
 from midlens.rag.pipeline import Pipeline, marked_answer
 
@@ -40,9 +40,7 @@ class MidlensEvaluator(BaseEvaluator):
             raise InvalidArgumentError(
                 "MidlensEvaluator reads citations: pass a pipeline whose generator cites (citations on)."
             )
-        self.options, unknown = check_options_from(options, changes, "llamaindex")
-        if unknown:
-            raise InvalidArgumentError(f"unknown option(s) {', '.join(sorted(unknown))}: CheckOptions' fields only.")
+        self.options = check_options_only(options, changes, "llamaindex")
         self.pipeline = pipeline
 
     @property
