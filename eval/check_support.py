@@ -11,7 +11,18 @@ answer to check, teacher-forced by `Pipeline.check` over the passages as given (
   wrong    an entity of a distractor passage of the same kind as the gold answer (a number for a number, a name for a
            name, the other of yes/no, another UUID for KV): a fluent, plausible, unsupported answer;
   planted  a right multi-sentence answer (up to three sentences of the gold passage, around the one holding the gold
-           answer) with one entity of one sentence swapped for one of a distractor passage (HotpotQA and SQuAD).
+           answer) with one entity of one sentence swapped for one of a distractor passage (HotpotQA and SQuAD);
+  gold-sentence   the gold answer in a sentence, as a RAG answer under the `litm` instruction reads: the question
+           turned into a statement where its form allows ("who wrote X" -> "Y wrote X."), else one of a few
+           answer frames ("According to the passages, the answer is Y.");
+  wrong-sentence  the same with the `wrong` entity;
+  clause   the gold sentence with an unsupported clause naming a distractor passage's entity ("..., according to
+           Z."): right answer, unsupported claim, labelled wrong;
+  added    a right sentence answer and an unsupported sentence of no passage's wording ("Z was also involved."),
+           in either order: the planted false sentence of a paraphrase, not of a copied passage (held out);
+  sweep    the answers of an `eval sweep` run (`CheckRunOptions.answers`: another model's, under its instruction),
+           read over the very prompt they were written on (its K, passage length and gold slot), labelled by the
+           sweep's substring EM.
 A row keeps the checked answer's `generators.answering.check.checked_inputs` and its labels (EM for model answers; for
 `planted`, which sentence was planted), so the checked support model is fitted and re-measured without the language
 model. Resumable, one row per unit (eval.runner).
@@ -33,8 +44,11 @@ from midlens.core.errors import InvalidArgumentError
 SUPPORT_RUNS = Path(__file__).resolve().parent.parent / "docs" / "results" / "support" / "runs"
 GEMMA_RUNS = Path(__file__).resolve().parent.parent / "docs" / "results" / "gemma3-270m" / "runs"
 FOLDERS = {"smollm2-135m": "smol", "qwen2.5-coder-0.5b": "qwen"}  # the support runs' folder per packaged model
-KINDS = ("other", "own", "gemma", "gold", "wrong", "planted")
-TRAIN_KINDS = ("other", "gold", "wrong", "planted")  # never the reader's own answers: those are the held-out row
+SENTENCE_KINDS = ("gold-sentence", "wrong-sentence", "clause")
+KINDS = ("other", "own", "gemma", "gold", "wrong", "planted", *SENTENCE_KINDS, "added", "sweep")
+# Never the reader's own answers: those are the held-out row. Short answers and sentences about half and half, the
+# way RAG answers come (an instruct model's under `litm` are sentences, a fine-tune's or an extractor's short).
+TRAIN_KINDS = ("other", "gold", "wrong", "planted", *SENTENCE_KINDS)
 GEMMA_MAX_WORDS = 100  # the Gemma sweep's passages (docs/results/gemma3-270m/runs/hotpotqa/config.json)
 POSITIONS = (1, 3, 5)  # the gold passage's slot among K = 5: first, middle, last
 # The support runs' questions (K = 10 candidates: their KV examples are ten pairs) and the slot of theirs whose answer
@@ -52,6 +66,9 @@ _NAME = re.compile(r"\b[A-Z][\w'\-]+(?:\s+(?:of|the|de|von|van|and)?\s*[A-Z][\w'
 class CheckRunOptions:
     out: Path
     reader: str = "smollm2-135m"
+    # The method the reader teacher-forces with: the base model reads a sentence as text, a fine-tune that learned
+    # to stop after the entity charges every word after it (README, "Reader").
+    reader_method: str = "baseline"
     dataset: str = "hotpotqa"
     split: str = "eval"
     n: int = 40
@@ -62,6 +79,14 @@ class CheckRunOptions:
     max_words: int = 60
     dtype: str = "bfloat16"  # the support runs' (docs/results/support: bf16, one thread)
     seed: int = 0
+    # Each cited passage checked by ablation (`CheckOptions.verify`): VERIFY_FEATURES, one prefill per cited passage.
+    verify: bool = False
+    # kind "sweep": `eval sweep` run folders whose `answer_methods` rows are checked, the first `answers_n` questions
+    # of each; `answers_data`, the dataset file a sweep over a JSONL file read (its config names only the file).
+    answers: tuple[Path, ...] = ()
+    answer_methods: tuple[str, ...] = ("baseline",)
+    answers_n: int = 40
+    answers_data: Path | None = None
     limit: int | None = None
     progress: bool = True
 
@@ -151,6 +176,148 @@ def planted_answer(example, rng: random.Random) -> tuple[str, tuple[int, int], l
     return None
 
 
+# Answer frames an instruct model's sentence answers take; {a} is the answer.
+FRAMES = (
+    "The answer is {a}.",
+    "According to the passages, the answer is {a}.",
+    "Based on the documents, it is {a}.",
+    "{a} is the answer to the question.",
+    "It was {a}.",
+)
+# Unsupported additions: each names an entity of a distractor passage in a relation no passage states.
+CLAUSES = (", according to {x}.", ", together with {x}.", ", as {x} later confirmed.", ", shortly after {x}.")
+_AUX = r"is|was|are|were"
+_NOT_SUBJECT_VERBS = {"did", "does", "do", "is", "was", "are", "were", "has", "have", "had", "can", "will", "would"}
+
+
+def statement(question: str, answer: str) -> str | None:
+    """The question turned into a statement holding `answer`, where its form allows: "who wrote X?" -> "A wrote X.",
+    "what is the capital of X?" -> "The capital of X is A."; None otherwise."""
+    q = question.strip().rstrip("?").strip()
+    m = re.match(rf"(?i)^(?:who|what|which(?: \w+)?)\s+({_AUX})\s+(.+)$", q)
+    if m:
+        rest = m.group(2)
+        return f"{rest[0].upper()}{rest[1:]} {m.group(1).lower()} {answer}."
+    m = re.match(r"(?i)^(?:who|what(?: \w+)?|which(?: \w+)?)\s+(\w+)\s+(.+)$", q)
+    if m and m.group(1).lower() not in _NOT_SUBJECT_VERBS:
+        return f"{answer} {m.group(1)} {m.group(2)}."
+    return None
+
+
+def sentence_answer(question: str, answer: str, rng: random.Random) -> str:
+    """`answer` in one sentence: the question as a statement (`statement`) half the time it has one, else a frame."""
+    made = statement(question, answer)
+    if made is not None and rng.random() < 0.5:
+        return made
+    return rng.choice(FRAMES).format(a=answer)
+
+
+def clause_answer(example, rng: random.Random) -> str | None:
+    """The gold answer's sentence with an unsupported clause naming a distractor passage's name (else an entity of
+    the gold answer's kind: a KV pair's UUID); None when the distractors hold neither."""
+    entity = distractor_entity(example, "Placeholder Name", rng, avoid=example.gold.text)
+    if entity is None:
+        entity = distractor_entity(example, example.answers[0], rng, avoid=example.gold.text)
+    if entity is None or normalize_answer(entity) in ("yes", "no"):
+        return None
+    sentence = sentence_answer(example.question, example.answers[0], rng)
+    return sentence[:-1] + rng.choice(CLAUSES).format(x=entity)
+
+
+# Unsupported sentences an answer may add; {x} is a distractor passage's entity.
+ADDED = ("This was later confirmed by {x}.", "{x} was also involved.", "It happened shortly after {x}.")
+
+
+def added_answer(example, rng: random.Random) -> tuple[str, tuple[int, int], list[tuple[int, int]]] | None:
+    """A right sentence answer (`sentence_answer`) and an unsupported sentence naming a distractor passage's entity,
+    in random order: (text, the unsupported sentence's characters, both sentences' characters); None without an
+    entity."""
+    entity = distractor_entity(example, "Placeholder Name", rng, avoid=example.gold.text)
+    if entity is None:
+        return None
+    right = sentence_answer(example.question, example.answers[0], rng)
+    wrong = rng.choice(ADDED).format(x=entity)
+    first, second = (wrong, right) if rng.random() < 0.5 else (right, wrong)
+    spans = [(0, len(first)), (len(first) + 1, len(first) + 1 + len(second))]
+    return f"{first} {second}", spans[0 if first is wrong else 1], spans
+
+
+def sweep_examples(config: dict, data: Path | None = None) -> list:
+    """The examples an `eval sweep` run (`config`) read, rebuilt and checked against its recorded data hash."""
+    from midlens.eval.datasets import data_sha256
+    from midlens.eval.options import RunOptions
+    from midlens.eval.plan import examples_of
+
+    name = config["dataset"]
+    if name.startswith("hotpotqa"):
+        dataset, split = "hotpotqa", ("train" if name.endswith("-train") else "eval")
+    elif name.startswith("squad-v2-dev"):
+        dataset, split = "squad", {"squad-v2-dev": None}.get(name, name.rsplit("-", 1)[-1])
+    elif data is not None:
+        dataset, split = str(data), None
+    else:
+        raise InvalidArgumentError(
+            f"the sweep read {name}, a file: pass its path (--answers-data) so its examples can be rebuilt."
+        )
+    options = RunOptions(
+        mode="sweep",
+        out=Path("."),
+        dataset=dataset,
+        split=split,
+        n=config["n"],
+        seed=config["seed"],
+        k=config["k"],
+        max_words=config["max_words"],
+    )
+    examples = examples_of(options)[1]
+    if data_sha256(examples) != config["data_sha256"]:
+        raise InvalidArgumentError(
+            f"the examples rebuilt for the sweep over {name} do not hash to its recorded data_sha256: pass the "
+            "dataset file as that run was given it (the path, relative to where it ran)."
+        )
+    return examples
+
+
+def sweep_units(options: CheckRunOptions) -> tuple[list[dict], list[list]]:
+    """Units of kind "sweep" (without key and order) and the example lists they index (`unit["set"]`)."""
+    from midlens.eval.runner import read_rows
+
+    units, sets = [], []
+    for folder in options.answers:
+        config_file = Path(folder) / "config.json"
+        if not config_file.is_file():
+            raise InvalidArgumentError(f"{folder}: no config.json; pass an `eval sweep` run folder.")
+        config = json.loads(config_file.read_text())
+        if config.get("kind") != "sweep":
+            raise InvalidArgumentError(f"{folder}: a {config.get('kind')!r} run; pass an `eval sweep` run folder.")
+        examples = sweep_examples(config, options.answers_data)
+        index = {ex.id: i for i, ex in enumerate(examples)}
+        keep = {ex.id for ex in examples[: options.answers_n]}
+        rows = [r for f in sorted(Path(folder).glob("results*.jsonl*")) for r in read_rows(f)]
+        for row in sorted(rows, key=lambda r: (index.get(r["example_id"], -1), r["position"], r["method"])):
+            if row["method"] not in options.answer_methods or row["example_id"] not in keep:
+                continue
+            if not row["prediction"].strip():
+                continue
+            units.append(
+                {
+                    "example": index[row["example_id"]],
+                    "set": len(sets),
+                    "example_id": row["example_id"],
+                    "position": row["position"],
+                    "kind": "sweep",
+                    "dataset": config["dataset"],
+                    "k": config["k"],
+                    "answer": row["prediction"],
+                    "em": float(row["em"]),
+                    "source": f"{config['model']}:{row['method']}",
+                    "prompt_style": config.get("prompt_style"),
+                }
+            )
+        sets.append(examples)
+    return units, sets
+
+
 def _slot(index: int) -> int:
     return POSITIONS[index % len(POSITIONS)]
 
@@ -164,24 +331,31 @@ def load_examples(options: CheckRunOptions, max_words: int):
     )
 
 
-def plan(options: CheckRunOptions) -> tuple[dict, list[dict], tuple[list, list | None]]:
-    """The run's config, its units (each holding the answer to check and its labels) and the examples they index
-    (and, for Gemma's answers, the same examples with Gemma's passage length); no model is loaded."""
+def plan(options: CheckRunOptions) -> tuple[dict, list[dict], list[list]]:
+    """The run's config, its units (each holding the answer to check and its labels) and the example lists they
+    index (`unit["set"]`: 0 the run's own questions, then Gemma's passages, then each sweep's); no model is loaded."""
     from midlens.eval.datasets import data_sha256
 
-    if options.split == "train" and set(options.kinds) - set(TRAIN_KINDS):
+    if options.split == "train" and set(options.kinds) - set(TRAIN_KINDS) - {"sweep"}:
         raise InvalidArgumentError(f"train runs check {TRAIN_KINDS} answers only, not {options.kinds}.")
+    unknown = set(options.kinds) - set(KINDS)
+    if unknown:
+        raise InvalidArgumentError(f"kinds {sorted(unknown)}: use some of {', '.join(KINDS)}.")
+    if ("sweep" in options.kinds) != bool(options.answers):
+        raise InvalidArgumentError("kind 'sweep' and --answers go together: name the sweep folders to check.")
     examples = load_examples(options, options.max_words)
+    sets: list[list] = [examples]
     other = next(m for m in FOLDERS if m != options.reader)
     answers = {kind: {} for kind in options.kinds}
     if "other" in options.kinds:
         answers["other"] = model_answers(other, options.dataset, options.split)
     if "own" in options.kinds:
         answers["own"] = model_answers(options.reader, options.dataset, options.split)
-    gemma_examples = None
+    gemma_set = None
     if "gemma" in options.kinds and options.dataset == "hotpotqa" and options.split == "eval":
         answers["gemma"] = gemma_answers()
-        gemma_examples = load_examples(options, GEMMA_MAX_WORDS)
+        gemma_set = len(sets)
+        sets.append(load_examples(options, GEMMA_MAX_WORDS))
     units = []
     for i, ex in enumerate(examples):
         slot = _slot(i)
@@ -195,8 +369,8 @@ def plan(options: CheckRunOptions) -> tuple[dict, list[dict], tuple[list, list |
                     continue
                 unit.update(answer=row["prediction"], em=float(row["em"]), source=other if kind == "other" else kind)
                 if kind == "gemma":
-                    unit["max_words"] = GEMMA_MAX_WORDS
-                    assert gemma_examples[i].id == ex.id
+                    unit.update(set=gemma_set, max_words=GEMMA_MAX_WORDS)
+                    assert sets[gemma_set][i].id == ex.id
             elif kind == "gold":
                 unit.update(answer=ex.answers[0], em=1.0)
             elif kind == "wrong":
@@ -210,10 +384,39 @@ def plan(options: CheckRunOptions) -> tuple[dict, list[dict], tuple[list, list |
                     continue
                 text, planted, spans = made
                 unit.update(answer=text, em=0.0, planted=list(planted), sentences=[list(s) for s in spans])
+            elif kind == "gold-sentence":
+                unit.update(answer=sentence_answer(ex.question, ex.answers[0], rng), em=1.0)
+            elif kind == "wrong-sentence":
+                entity = distractor_entity(ex, ex.answers[0], rng, avoid=ex.gold.text)
+                if entity is None:
+                    continue
+                unit.update(answer=sentence_answer(ex.question, entity, rng), em=0.0)
+            elif kind == "added":
+                made = added_answer(ex, rng)
+                if made is None:
+                    continue
+                text, planted, spans = made
+                unit.update(answer=text, em=0.0, planted=list(planted), sentences=[list(s) for s in spans])
+            elif kind == "clause":
+                text = clause_answer(ex, rng)
+                if text is None:
+                    continue
+                unit.update(answer=text, em=0.0)
+            else:  # "sweep": its units come from the sweep folders, below
+                continue
             units.append({"key": f"{key}|{kind}", "order": len(units), **unit})
+    swept, sweep_sets = sweep_units(options) if "sweep" in options.kinds else ([], [])
+    offset = len(sets)
+    for unit in swept:
+        source = unit["source"].replace(":", "/")
+        key = f"{unit['example_id']}|{unit['position']}|sweep|{unit['dataset']}|{source}"
+        units.append({"key": key, "order": len(units), **unit, "set": offset + unit["set"]})
+    sets.extend(sweep_sets)
     config = {
         "kind": "check-support",
         "reader": options.reader,
+        "reader_method": options.reader_method,
+        "verify": options.verify,
         "dataset": options.dataset if options.split == "eval" else f"{options.dataset}-{options.split}",
         "split": options.split,
         "data_sha256": data_sha256(examples),
@@ -224,16 +427,25 @@ def plan(options: CheckRunOptions) -> tuple[dict, list[dict], tuple[list, list |
         "kinds": list(options.kinds),
         "dtype": options.dtype,
         "seed": options.seed,
+        "answers": [
+            {
+                "folder": Path(f).as_posix(),
+                "data_sha256": json.loads((Path(f) / "config.json").read_text())["data_sha256"],
+            }
+            for f in options.answers
+        ],
+        "answer_methods": list(options.answer_methods) if options.answers else [],
+        "answers_n": options.answers_n if options.answers else None,
         "units": len(units),
     }
-    return config, units, (examples, gemma_examples)
+    return config, units, sets
 
 
 def sentence_labels(inputs: dict, unit: dict) -> list[int]:
-    """Per checked sentence (citation), 1 when it is right: for a planted answer, every sentence but the one
+    """Per checked sentence (citation), 1 when it is right: for a planted or added answer, every sentence but the one
     overlapping the planted characters; otherwise the answer's own label."""
     spans = inputs["sentence_spans"]
-    if unit["kind"] != "planted":
+    if "planted" not in unit:
         return [int(unit["em"] >= 0.5)] * len(spans)
     a, b = unit["planted"]
     return [int(not (s < b and a < e)) for s, e in spans]
@@ -247,27 +459,26 @@ def run(options: CheckRunOptions) -> list[dict]:
     from midlens.generators.answering.check import checked_inputs
     from midlens.generators.answering.generator import Generator
     from midlens.generators.models.loading import load_model
-    from midlens.generators.models.packaged_models import default_method
     from midlens.rag.pipeline import Pipeline
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    config, units, (examples, gemma_examples) = plan(options)
+    config, units, sets = plan(options)
     from midlens.eval.datasets import data_sha256
 
     def prefix_sha256(count: int) -> str:  # a run grows with a larger --n (the same first questions)
-        return data_sha256(examples[:count])
+        return data_sha256(sets[0][:count])
 
     _, _, _, todo = runner.pending_units(options.out, config, units, (0, 1), options.limit, prefix_sha256)
     if not todo:
         return runner.read_rows(Path(options.out) / runner.results_name((0, 1)))
     loaded = load_model(options.reader, "cpu", options.dtype)
-    pipe = Pipeline(None, Generator(loaded, method=default_method(loaded.name)))
+    pipe = Pipeline(None, Generator(loaded, method=options.reader_method))
 
     def evaluate(unit: dict) -> dict:
-        source = gemma_examples if unit.get("max_words") == GEMMA_MAX_WORDS else examples
-        example = source[unit["example"]]
+        example = sets[unit.get("set", 0)][unit["example"]]
+        passages = layout(example, unit.get("k", options.k), unit["position"])
         t0 = time.perf_counter()
-        answer = pipe.check(example.question, unit["answer"], layout(example, options.k, unit["position"]))
+        answer = pipe.check(example.question, unit["answer"], passages, verify=options.verify)
         inputs = checked_inputs(answer)
         return {
             "inputs": inputs,
@@ -309,10 +520,18 @@ def fit_and_save(runs: list[Path], out: Path | None = None) -> Path:
     if len(readers) != 1:
         raise InvalidArgumentError(f"runs of several readers ({', '.join(readers)}): fit one reader's at a time.")
     reader = readers[0]
+    # The features are the reader's readings: rows read by another method (the fine-tune's) are not the same data.
+    reading = sorted({c.get("reader_method", "the answering default of its day") for c, _ in loaded})
+    if len(reading) != 1:
+        raise InvalidArgumentError(f"runs read by several methods ({', '.join(reading)}): fit one method's at a time.")
     rows = [r for _, rs in loaded for r in rs if r["sentence_labels"]]
-    model = CheckedSupportModel.fit_checked(rows, reader)
+    from midlens.generators.methods.registry import method_config
+
+    spec = method_config(reading[0]).spec() if reading[0] in (c.get("reader_method") for c, _ in loaded) else None
+    model = CheckedSupportModel.fit_checked(rows, reader, methods=(spec,) if spec else ())
     sentences = [label for r in rows for label in r["sentence_labels"]]
     training = {
+        "reader_method": reading[0],
         "estimator": f"sklearn LogisticRegression(C={C}) on standardised per-sentence features",
         "label": model.label,
         "threshold": f"lowest weakest-sentence probability whose train answers are right >= {model.target_precision}",
@@ -328,6 +547,7 @@ def fit_and_save(runs: list[Path], out: Path | None = None) -> Path:
                 "dataset": c["dataset"],
                 "reader": c["reader"],
                 "kinds": c["kinds"],
+                "verify": c.get("verify", False),
                 "answers": len(rs),
                 "data_sha256": c["data_sha256"],
                 "n": c["n"],

@@ -49,7 +49,8 @@ class Run:
     evaluate_many: Callable[[list[dict]], list[dict]]
 
 
-def _examples(options: RunOptions) -> tuple[str, list]:
+def examples_of(options: RunOptions) -> tuple[str, list]:
+    """The dataset name a run records and the examples it reads (a sweep's or a rerank run's; not e2e)."""
     from midlens.eval.datasets import kv_retrieval, load_hotpotqa, load_litm, load_squad
 
     max_words = None if options.max_words <= 0 else options.max_words
@@ -111,7 +112,7 @@ def plan_run(options: RunOptions) -> Plan:
     else:
         from midlens.eval.datasets import data_sha256
 
-        name, data = _examples(options)
+        name, data = examples_of(options)
         config.update(max_words=options.max_words, dataset=name, data_sha256=data_sha256(data), examples=len(data))
         if options.mode == "sweep":
             units = _sweep_units(options, name, data, config)

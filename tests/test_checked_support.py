@@ -12,7 +12,9 @@ from midlens.eval.datasets import Example
 from midlens.generators.answering.check import (
     CHECKED_FEATURES,
     METHOD_CHECKED,
+    VERIFY_FEATURES,
     CheckedSupportModel,
+    new_words,
     sentence_features,
 )
 
@@ -36,6 +38,8 @@ def inputs(text: str, logprobs: list[float], sentences: list[tuple[int, int, int
         "attribution": [None, None, None],
         "sentence_tokens": [[a, b] for a, b, _, _ in sentences],
         "sentence_spans": [[c, d] for _, _, c, d in sentences],
+        "question": "Which cities are where?",
+        "passages": [*cited, "Rome is in Italy."],
     }
 
 
@@ -58,7 +62,24 @@ def test_each_sentence_reads_only_its_own_tokens_words_and_citation():
     # "Berlin is in Spain": 3 of its 4 words are in "Berlin is in Germany".
     assert first["words_in_cited_sentence"] == 1.0 and second["words_in_cited_sentence"] == pytest.approx(0.75)
     assert first["share_margin"] == pytest.approx(0.4) and first["cited_is_top_evidence"] == 1.0
-    assert set(first) == set(CHECKED_FEATURES)
+    assert set(first) == set(CHECKED_FEATURES + VERIFY_FEATURES)
+    # The words each sentence adds to the question: "Spain" is in no passage, Paris, Berlin and France are.
+    assert first["new_words_in_passages"] == 1.0 and second["new_words_in_passages"] == pytest.approx(1 / 2)
+    assert second["new_words_in_cited_passage"] == pytest.approx(1 / 2)
+    assert first["cited_drop"] == 0.0 and first["cited_verified"] == 0.0  # not verified: no ablation read
+
+
+def test_new_words_are_the_content_words_an_answer_adds_to_the_question():
+    assert new_words("The answer is Paris.", "What is the capital of France?") == {"paris"}
+    assert new_words("Paris is the capital of France.", "What is the capital of France?") == {"paris"}
+    assert new_words("It is the capital.", "What is the capital of France?") == set()
+
+
+def test_rows_checked_before_the_question_and_passages_were_recorded_are_refused_by_name():
+    old = two_sentences([-0.1, -0.2, -0.3])
+    del old["passages"]
+    with pytest.raises(InvalidArgumentError, match="check the answers again"):
+        sentence_features(old, 0)
 
 
 def rows(count: int = 40) -> list[dict]:
@@ -93,8 +114,14 @@ def test_the_fitted_model_scores_the_false_sentence_lowest_and_round_trips_as_an
     # A model saved over other features (an older midlens's) is refused by name, not read into the wrong slots.
     other = replace(model, features=(*model.features[:-1], "renamed"))
     other.save(tmp_path / "other", {**meta, "training": {}, "data": {}})
-    with pytest.raises(ArtefactError, match="features .* are not this midlens's"):
+    with pytest.raises(ArtefactError, match=r"features \['renamed'\] are not among this midlens's"):
         CheckedSupportModel.load(tmp_path / "other", METHOD_CHECKED, "abc")
+    # One fitted on fewer of them reads each by name: the same probabilities after a round trip.
+    fewer = CheckedSupportModel.fit_checked(rows(), "smollm2-135m", features=CHECKED_FEATURES[:5])
+    fewer.save(tmp_path / "fewer", {**meta, "training": {}, "data": {}})
+    reloaded, _ = CheckedSupportModel.load(tmp_path / "fewer", METHOD_CHECKED, "abc")
+    assert reloaded.features == CHECKED_FEATURES[:5]
+    assert reloaded.sentence_probabilities(bad) == pytest.approx(fewer.sentence_probabilities(bad), abs=1e-12)
 
 
 def test_a_fit_on_one_label_is_refused():
@@ -139,3 +166,106 @@ def test_a_planted_answer_differs_from_the_gold_passage_in_one_entity_of_one_sen
     assert changed == [text[planted[0] : planted[1]]]
     distractor_text = " ".join(p.text for p in ex.distractors)
     assert any(word in distractor_text for word in changed[0].split() if word not in ex.gold.text)
+
+
+def test_a_sentence_answer_states_the_answer_as_the_question_asks_or_in_an_answer_frame():
+    from midlens.eval.check_support import FRAMES, sentence_answer, statement
+
+    assert statement("Who wrote Hamlet?", "Shakespeare") == "Shakespeare wrote Hamlet."
+    assert statement("what is the capital of France?", "Paris") == "The capital of France is Paris."
+    assert statement("When did the war end?", "1945") is None  # no statement of that form: a frame instead
+    frames = {f.format(a="1945") for f in FRAMES}
+    made = {sentence_answer("When did the war end?", "1945", random.Random(seed)) for seed in range(30)}
+    assert made <= frames and len(made) > 1
+    both = {sentence_answer("Who wrote Hamlet?", "Shakespeare", random.Random(seed)) for seed in range(30)}
+    assert "Shakespeare wrote Hamlet." in both and both - {"Shakespeare wrote Hamlet."}
+
+
+def test_a_clause_answer_keeps_the_gold_answer_and_adds_a_distractor_entity_the_gold_passage_lacks():
+    from midlens.eval.check_support import clause_answer
+
+    ex = example()
+    for seed in range(10):
+        text = clause_answer(ex, random.Random(seed))
+        assert "Ada Lovelace" in text and text.endswith(".")
+        added = [e for e in ("Maida Vale", "Cambridge", "Navy", "Harvard", "Alan Turing", "Grace Hopper") if e in text]
+        assert added and all(e not in ex.gold.text for e in added)
+
+
+def test_a_check_run_plans_short_and_sentence_answers_of_each_question_without_a_model(tmp_path):
+    from midlens.eval.check_support import TRAIN_KINDS, CheckRunOptions, plan
+
+    config, units, sets = plan(CheckRunOptions(tmp_path, dataset="kv", split="train", n=3, kinds=TRAIN_KINDS[1:]))
+    kinds = [u["kind"] for u in units]
+    assert config["reader_method"] == "baseline" and config["kinds"] == list(TRAIN_KINDS[1:])
+    assert kinds.count("gold-sentence") == 3 and kinds.count("wrong-sentence") == 3 and kinds.count("clause") == 3
+    for u in units:
+        gold = sets[0][u["example"]].answers[0]
+        assert (gold in u["answer"]) == (u["kind"] in ("gold", "gold-sentence", "clause"))
+        assert u["em"] == float(u["kind"] in ("gold", "gold-sentence"))  # a clause adds an unsupported claim
+    with pytest.raises(InvalidArgumentError, match="kinds \\['invented'\\]"):
+        plan(CheckRunOptions(tmp_path, dataset="kv", split="eval", n=3, kinds=("invented",)))
+    with pytest.raises(InvalidArgumentError, match="'sweep' and --answers go together"):
+        plan(CheckRunOptions(tmp_path, dataset="kv", split="eval", n=3, kinds=("sweep",)))
+
+
+def test_a_sweeps_answers_are_checked_over_the_prompts_they_were_written_on_and_a_changed_dataset_is_refused(
+    tmp_path,
+):
+    """A committed SQuAD sweep (SmolLM2, `litm`): its examples are rebuilt and verified by the recorded hash."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from midlens.eval.check_support import CheckRunOptions, plan
+
+    sweep = Path(__file__).resolve().parent.parent / "docs" / "results" / "squad" / "smollm2-n30"
+    options = CheckRunOptions(tmp_path / "out", dataset="kv", n=1, kinds=("sweep",), answers=(sweep,), answers_n=2)
+    config, units, sets = plan(options)
+    assert [u["position"] for u in units] == [1, 5, 10, 1, 5, 10] and {u["k"] for u in units} == {10}
+    assert config["answers"][0]["data_sha256"] == json.loads((sweep / "config.json").read_text())["data_sha256"]
+    rows = {}
+    import gzip
+
+    for line in gzip.open(sweep / "results.jsonl.gz", "rt"):
+        row = json.loads(line)
+        rows[(row["example_id"], row["position"], row["method"])] = row
+    for u in units:
+        example = sets[u["set"]][u["example"]]
+        written = rows[(example.id, u["position"], "baseline")]
+        assert u["answer"] == written["prediction"] and u["em"] == written["em"] and u["source"].endswith(":baseline")
+    changed = tmp_path / "changed"
+    shutil.copytree(sweep, changed)
+    bad = {**json.loads((sweep / "config.json").read_text()), "data_sha256": "0" * 64}
+    (changed / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(InvalidArgumentError, match="do not hash to its recorded data_sha256"):
+        plan(replace(options, answers=(changed,)))
+
+
+def test_an_added_answer_holds_a_right_sentence_and_one_unsupported_sentence_in_either_order():
+    from midlens.eval.check_support import added_answer, sentence_labels
+
+    ex = example()
+    seen_first = set()
+    for seed in range(12):
+        text, planted, spans = added_answer(ex, random.Random(seed))
+        assert len(spans) == 2 and tuple(planted) in spans
+        wrong = text[planted[0] : planted[1]]
+        right = next(text[a:b] for a, b in spans if (a, b) != tuple(planted))
+        assert "Ada Lovelace" in right and "Ada Lovelace" not in wrong
+        assert any(e in wrong for e in ("Maida Vale", "Cambridge", "Navy", "Harvard", "Alan Turing", "Grace Hopper"))
+        seen_first.add(spans.index(tuple(planted)))
+        unit = {"kind": "added", "em": 0.0, "planted": list(planted)}
+        labels = sentence_labels({"sentence_spans": [list(s) for s in spans]}, unit)
+        assert labels == [int(s != tuple(planted)) for s in spans]
+    assert seen_first == {0, 1}  # the position of the false sentence is no cue
+
+
+def test_a_reading_by_another_method_than_the_train_rows_is_shown_but_never_likely():
+    model = CheckedSupportModel.fit_checked(rows(), "smollm2-135m", methods=("baseline",))
+    good = two_sentences([-0.1, -0.3, -0.2])
+    assert model.support(good, "baseline").likely and model.support(good).likely
+    other = model.support(good, "mudaf(alpha=0)")
+    assert other.probability == model.support(good, "baseline").probability
+    assert not other.likely and not other.calibrated and not other.under(0.01).likely
+    assert tuple(other.to_dict()["methods"]) == ("baseline",) and other.to_dict()["method"] == "mudaf(alpha=0)"

@@ -56,7 +56,13 @@ CHECKED_FEATURES = (
     "evidence_peak",
     "words_in_cited_sentence",
     "words_in_cited_passage",
+    "new_words_in_passages",
+    "new_words_in_cited_passage",
 )
+# What the ablation (`verify`) adds per sentence: the largest log-prob drop of its answer tokens without a passage it
+# cites, and whether any cited passage verified. Read by the feature study (docs/results/check/report.py), not by the
+# shipped model: a check without --verify has none of it.
+VERIFY_FEATURES = ("cited_drop", "cited_verified")
 
 NO_SUPPORT_MODEL = (
     "no checked-answer support model ships for this model: the generation-time one reads a model's confidence in "
@@ -170,17 +176,31 @@ def supported_share(answer: Answer) -> float | None:
 
 
 def checked_inputs(answer: Answer) -> dict:
-    """`support_inputs` of a checked answer plus each sentence's (citation's) answer tokens and characters: what the
-    per-sentence features read. JSON-ready."""
+    """`support_inputs` of a checked answer plus each sentence's (citation's) answer tokens and characters, the
+    question and every passage's text: what the per-sentence features read. JSON-ready."""
     return {
         **support_inputs(answer),
         "sentence_tokens": [list(c.tokens) for c in answer.citations],
         "sentence_spans": [list(c.span) for c in answer.citations],
+        "question": answer.question,
+        "passages": [pe.passage.text for pe in answer.passages],
     }
 
 
+# Words an answer uses to speak of the task, not of the world ("According to the passages, the answer is ...").
+TASK_WORDS = frozenset({"answer", "according", "based", "passage", "passages", "document", "documents", "question"})
+
+
+def new_words(sentence: str, question: str) -> set[str]:
+    """The content words a sentence adds to the question: its normalised words less English stop words (scikit-learn's
+    list), TASK_WORDS and the question's. An answer's claim lives there: "The answer is Paris." adds only "paris"."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return _word_set(sentence) - ENGLISH_STOP_WORDS - TASK_WORDS - _word_set(question)
+
+
 def sentence_features(inputs: dict, index: int) -> dict[str, float]:
-    """CHECKED_FEATURES of sentence `index` of a checked answer (`checked_inputs`)."""
+    """CHECKED_FEATURES and VERIFY_FEATURES of sentence `index` of a checked answer (`checked_inputs`)."""
     a, b = inputs["sentence_tokens"][index]
     lps = inputs["token_logprobs"][a:b]
     margins = (inputs.get("token_margins") or [])[a:b]
@@ -196,6 +216,16 @@ def sentence_features(inputs: dict, index: int) -> dict[str, float]:
     def covered(field: str) -> float:
         return len(words & _word_set(top[field] or "")) / len(words) if words and top else 0.0
 
+    if "passages" not in inputs:
+        raise InvalidArgumentError(
+            "checked inputs without the question and passages (written before midlens recorded them): check the "
+            "answers again (eval/check_support.py) to read their features."
+        )
+    added = new_words(inputs["text"][start:end], inputs["question"])
+    everywhere = _word_set(" ".join(inputs["passages"]))
+    cited = _word_set(top["passage"] or "") if top else set()
+    drops = [s["drop"] for s in mine if s.get("drop") is not None]
+
     return {
         # A forced token's log-probability: how far this reader, after the passages, would have said it.
         "mean_logprob": sum(lps) / len(lps) if lps else -20.0,
@@ -209,6 +239,11 @@ def sentence_features(inputs: dict, index: int) -> dict[str, float]:
         "evidence_peak": max(max(0.0, e) for e in evidence) / total if total > 0 else 0.0,
         "words_in_cited_sentence": covered("sentence"),
         "words_in_cited_passage": covered("passage"),
+        # A sentence that adds nothing to the question claims nothing the passages could lack.
+        "new_words_in_passages": len(added & everywhere) / len(added) if added else 1.0,
+        "new_words_in_cited_passage": len(added & cited) / len(added) if added else 1.0,
+        "cited_drop": max(drops) if drops else 0.0,
+        "cited_verified": float(any(s.get("verified") for s in mine)),
     }
 
 
@@ -219,8 +254,19 @@ class CheckedSupport(Support):
 
     sentences: tuple[float, ...] = ()
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether the reader teacher-forced with the method the checked support model's train rows were read with
+        (a model that records none predates the choice and is taken as it is)."""
+        return self.method is None or not self.methods or self.method in self.methods
+
     def under(self, threshold: float) -> CheckedSupport:
-        likely = self.answered and self.passages_given and self.probability >= max(threshold, LIKELY_FLOOR)
+        likely = (
+            self.answered
+            and self.passages_given
+            and self.calibrated
+            and self.probability >= max(threshold, LIKELY_FLOOR)
+        )
         return replace(self, likely=likely, threshold=threshold, threshold_by=BY_CALLER)
 
     def to_dict(self) -> dict:
@@ -248,24 +294,41 @@ class CheckedSupportModel(SupportModel):
     def sentence_probabilities(self, inputs: dict) -> list[float]:
         return [self.probability(sentence_features(inputs, i)) for i in range(len(inputs["sentence_tokens"]))]
 
-    def support(self, inputs: dict) -> CheckedSupport | None:
-        """None for an answer without sentences to read."""
+    def support(self, inputs: dict, method: str | None = None) -> CheckedSupport | None:
+        """None for an answer without sentences to read. `method`: the spec the reader teacher-forced with (None: not
+        recorded); features read by another method than the model's train rows were (`methods`) are another
+        distribution, so the probability is shown but never "likely"."""
         probabilities = self.sentence_probabilities(inputs)
         if not probabilities:
             return None
         p, threshold = min(probabilities), max(self.threshold, LIKELY_FLOOR)
         given = bool(inputs["evidence"])  # one evidence score per passage given
+        calibrated = method is None or not self.methods or method in self.methods
         return CheckedSupport(
-            p, given and p >= threshold, threshold, False, self.name, tuple(probabilities), passages_given=given
+            p,
+            given and calibrated and p >= threshold,
+            threshold,
+            False,
+            self.name,
+            tuple(probabilities),
+            methods=self.methods,
+            method=method,
+            passages_given=given,
         )
 
     @classmethod
     def fit_checked(
-        cls, rows: list[dict], name: str, target_precision: float = TARGET_PRECISION
+        cls,
+        rows: list[dict],
+        name: str,
+        target_precision: float = TARGET_PRECISION,
+        features: tuple[str, ...] = CHECKED_FEATURES,
+        methods: tuple[str, ...] = (),
     ) -> CheckedSupportModel:
         """Fit on train-split check rows (`inputs`, `sentence_labels`, `em`): a logistic regression over every
-        sentence's features, labelled right or not, and the threshold for `target_precision` over the answers'
-        weakest-sentence probabilities (an answer right when its `em` is)."""
+        sentence's `features` (the shipped set unless a feature study asks for another), labelled right or not, and
+        the threshold for `target_precision` over the answers' weakest-sentence probabilities (an answer right when
+        its `em` is). `methods`: the spec the rows' reader teacher-forced with."""
         import numpy as np
 
         from midlens.generators.answering.support import standardised_logistic_fit
@@ -274,18 +337,19 @@ class CheckedSupportModel(SupportModel):
         for r in rows:
             for i, label in enumerate(r["sentence_labels"]):
                 f = sentence_features(r["inputs"], i)
-                x.append([f[k] for k in CHECKED_FEATURES])
+                x.append([f[k] for k in features])
                 y.append(label)
         xa, ya = np.asarray(x, dtype=float), np.asarray(y)
         if len(set(ya.tolist())) < 2:
             raise InvalidArgumentError(f"the {len(y)} train sentences are all of one label: no fit.")
         model = cls(
-            CHECKED_FEATURES,
+            tuple(features),
             *standardised_logistic_fit(xa, ya),
             0.5,
             target_precision,
             "sentence right (planted: not the planted one; else em)",
             name,
+            tuple(methods),
         )
         answers = [r for r in rows if r["sentence_labels"]]
         weakest = [min(model.sentence_probabilities(r["inputs"])) for r in answers]
@@ -295,15 +359,19 @@ class CheckedSupportModel(SupportModel):
     @classmethod
     def from_config(cls, section: dict, artefact: Artefact) -> CheckedSupportModel:
         """The model its "support" section describes, its coefficients zero until `with_tensors` gives the saved
-        ones: CHECKED_FEATURES in this midlens's order, or refused."""
-        if tuple(section["features"]) != CHECKED_FEATURES:
+        ones: features among CHECKED_FEATURES (read by name, so a model fitted on fewer still reads right), or
+        refused."""
+        features = tuple(section["features"])
+        unknown = [f for f in features if f not in CHECKED_FEATURES]
+        if unknown or len(set(features)) != len(features):
             raise ArtefactError(
-                f"checked support model {artefact.meta_file}: features {section['features']} are not this midlens's "
-                f"{list(CHECKED_FEATURES)}; refit it (docs/results/check/support.py fit)."
+                f"checked support model {artefact.meta_file}: features {unknown or list(features)} are not among this "
+                f"midlens's {list(CHECKED_FEATURES)}; refit it (docs/results/check/support.py fit)."
             )
-        zeros = (0.0,) * len(CHECKED_FEATURES)
+        zeros = (0.0,) * len(features)
         label, threshold, precision = section["label"], section["threshold"], section["target_precision"]
-        return cls(CHECKED_FEATURES, zeros, zeros, zeros, 0.0, threshold, precision, label, artefact.path.name)
+        methods = tuple(section.get("methods") or ())  # none recorded: fitted before the reader's method was
+        return cls(features, zeros, zeros, zeros, 0.0, threshold, precision, label, artefact.path.name, methods)
 
 
 def shipped_checked_folder(model: str) -> Path:
@@ -325,8 +393,10 @@ def packaged_checked_support(model: str, model_sha256: Callable[[], str]) -> Che
     return _LOADED[(model, sha)]
 
 
-def checked_support(answer: Answer, model_sha256: Callable[[], str]) -> CheckedSupport | None:
-    """The support of a checked answer under the checked support model shipped for its model; None without one or
-    without citations."""
+def checked_support(
+    answer: Answer, model_sha256: Callable[[], str], method: str | None = None
+) -> CheckedSupport | None:
+    """The support of a checked answer, read with `method` (a spec), under the checked support model shipped for its
+    model; None without one or without citations."""
     model = packaged_checked_support(answer.model, model_sha256)
-    return None if model is None or not answer.citations else model.support(checked_inputs(answer))
+    return None if model is None or not answer.citations else model.support(checked_inputs(answer), method)

@@ -330,7 +330,7 @@ class Generator:
             # the checked support model is fitted on such passes (generators.answering.check).
             from midlens.generators.answering.check import checked_support
 
-            return checked_support(answer, lambda: self.loaded.sha256)
+            return checked_support(answer, lambda: self.loaded.sha256, self.method.spec())
         method = self.method.spec()  # the support model says whether it was fitted on this method's answers
         if verified not in self._support_models:
             self._support_models[verified] = packaged_support(
