@@ -269,3 +269,14 @@ def test_a_reading_by_another_method_than_the_train_rows_is_shown_but_never_like
     assert other.probability == model.support(good, "baseline").probability
     assert not other.likely and not other.calibrated and not other.under(0.01).likely
     assert tuple(other.to_dict()["methods"]) == ("baseline",) and other.to_dict()["method"] == "mudaf(alpha=0)"
+
+
+def test_a_sweep_over_a_file_needs_that_file_to_rebuild_its_prompts(tmp_path):
+    from pathlib import Path
+
+    from midlens.eval.check_support import CheckRunOptions, plan
+
+    sweep = Path(__file__).resolve().parent.parent / "docs" / "results" / "as-shipped" / "smollm2-135m" / "nq-open"
+    options = CheckRunOptions(tmp_path, dataset="kv", n=1, kinds=("sweep",), answers=(sweep,), answers_n=1)
+    with pytest.raises(InvalidArgumentError, match="the sweep read nq-open-mdqa-10.jsonl.gz, a file: pass its path"):
+        plan(options)
