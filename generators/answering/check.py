@@ -6,15 +6,19 @@ confidence features are this model's confidence in tokens it picked. The checked
 pass does mean, per answer sentence (each citation): how probable this reader finds the sentence's tokens after the
 passages (mean, lowest, first log-probability, the steps' top-1 minus top-2 margin), the sentence's length, its
 attention share on the passage it cites and the margin over the next, whether that passage is the prompt's top
-evidence, and how many of its words occur in the cited sentence and passage. A logistic regression over them (the
-generation-time recipe: scikit-learn, standardised features, C = 1) gives each sentence its own probability of being
-right; the answer's support is its weakest sentence's (an answer is right only where every sentence is). Fitted per
-packaged model on train-split checks of the other packaged model's answers, gold answers, wrong ones (a distractor
-passage's entity) and right multi-sentence answers with one planted false sentence (eval/check_support.py,
-docs/results/check/README.md), with its own threshold chosen on those train answers, and shipped as a verified
-artefact (generators/trained/support-checked/<model>/), loaded like any saved part:
-`CheckedSupportModel.load(folder, METHOD_CHECKED, base_model_sha256)`. Without one, the per-sentence verdict is the
-ablation's.
+evidence, how many of its words occur in the cited sentence and passage, and how many of the content words it adds
+to the question occur in any passage and in the cited one (`new_words`: where a sentence's claim lives, and what an
+unsupported clause adds). A logistic regression over them (the generation-time recipe: scikit-learn, standardised
+features, C = 1) gives each sentence its own probability of being right; the answer's support is its weakest
+sentence's (an answer is right only where every sentence is). Fitted per packaged model on train-split checks read
+by the base model (the reader that reads text, not the fine-tune that learned to stop after the entity): the other
+packaged model's answers (short, and sentences under `litm`), gold answers and wrong ones (a distractor passage's
+entity), bare and in sentences, right sentences with an unsupported clause, and right multi-sentence answers with
+one planted false sentence (eval/check_support.py, docs/results/check/README.md), with its own threshold chosen on
+those train answers, and shipped as a verified artefact (generators/trained/support-checked/<model>/) that records
+the reading it is calibrated for (`methods`: a check read with another method is scored but never "likely"), loaded
+like any saved part: `CheckedSupportModel.load(folder, METHOD_CHECKED, base_model_sha256)`. Without one, the
+per-sentence verdict is the ablation's.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@
 base model, and appends one row per unit to docs/results/check/runs-base/<reader>/<dataset>[-train]/, or
 <corpus>-by-<writer>/ for a sweep's answers (resumable: a rerun skips the rows written). runs/ holds the rows read by
 the fine-tunes, the answering default they were taken under. `report` fits
-nothing: it reads the shipped checked support models (generators/trained/support-checked/) and the held-out rows.
+nothing: it reads the shipped checked support models (generators/trained/support-checked/) and the held-out rows
+(sentences.py).
 """
 
 from __future__ import annotations
@@ -87,9 +88,9 @@ def main() -> None:
         runs = sorted((RUNS / args.reader).glob("*-train"))
         print(fit_and_save(runs))
     else:
-        from report import report  # docs/results/check/report.py
+        from sentences import main as report  # docs/results/check/sentences.py: the shipped models, held out
 
-        report(RUNS, HERE)
+        report()
 
 
 if __name__ == "__main__":
