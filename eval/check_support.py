@@ -378,8 +378,8 @@ def plan(options: CheckRunOptions) -> tuple[dict, list[dict], list[list]]:
                 if entity is None:
                     continue
                 unit.update(answer=entity, em=0.0)
-            elif kind == "planted":
-                made = planted_answer(ex, rng)
+            elif kind in ("planted", "added"):  # a right answer with one false sentence: which one is recorded
+                made = (planted_answer if kind == "planted" else added_answer)(ex, rng)
                 if made is None:
                     continue
                 text, planted, spans = made
@@ -391,12 +391,6 @@ def plan(options: CheckRunOptions) -> tuple[dict, list[dict], list[list]]:
                 if entity is None:
                     continue
                 unit.update(answer=sentence_answer(ex.question, entity, rng), em=0.0)
-            elif kind == "added":
-                made = added_answer(ex, rng)
-                if made is None:
-                    continue
-                text, planted, spans = made
-                unit.update(answer=text, em=0.0, planted=list(planted), sentences=[list(s) for s in spans])
             elif kind == "clause":
                 text = clause_answer(ex, rng)
                 if text is None:
@@ -521,17 +515,20 @@ def fit_and_save(runs: list[Path], out: Path | None = None) -> Path:
         raise InvalidArgumentError(f"runs of several readers ({', '.join(readers)}): fit one reader's at a time.")
     reader = readers[0]
     # The features are the reader's readings: rows read by another method (the fine-tune's) are not the same data.
-    reading = sorted({c.get("reader_method", "the answering default of its day") for c, _ in loaded})
+    # None: a run from before the reader's method was recorded (read with the answering default of its day).
+    reading = {c.get("reader_method") for c, _ in loaded}
     if len(reading) != 1:
-        raise InvalidArgumentError(f"runs read by several methods ({', '.join(reading)}): fit one method's at a time.")
+        named = ", ".join(sorted(str(m or "unrecorded") for m in reading))
+        raise InvalidArgumentError(f"runs read by several methods ({named}): fit one method's at a time.")
+    (reader_method,) = reading
     rows = [r for _, rs in loaded for r in rs if r["sentence_labels"]]
     from midlens.generators.methods.registry import method_config
 
-    spec = method_config(reading[0]).spec() if reading[0] in (c.get("reader_method") for c, _ in loaded) else None
-    model = CheckedSupportModel.fit_checked(rows, reader, methods=(spec,) if spec else ())
+    methods = (method_config(reader_method).spec(),) if reader_method else ()
+    model = CheckedSupportModel.fit_checked(rows, reader, methods=methods)
     sentences = [label for r in rows for label in r["sentence_labels"]]
     training = {
-        "reader_method": reading[0],
+        "reader_method": reader_method,
         "estimator": f"sklearn LogisticRegression(C={C}) on standardised per-sentence features",
         "label": model.label,
         "threshold": f"lowest weakest-sentence probability whose train answers are right >= {model.target_precision}",
