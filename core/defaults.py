@@ -91,7 +91,11 @@ RESTACK_MEASURED = "measured"
 # model's positional reading bias on this prompt (as Hsieh et al. 2024 measure it to calibrate it away); the strongest
 # passage goes to the slot that draws most, the next to the next. No sweep and no extra pass, and it follows a model
 # that reads its last slot best (SmolLM2's base measured order starts at 10), where "first" does not.
-SlotPolicy = Literal["measured", "first", "read"]
+# "last" puts the strongest passage in the last slot, the one the question follows, then the one before: no sweep, no
+# extra pass, and it is what attention sorting does (Peysakhovich & Lerer 2023 sort the most-attended document last).
+# Why it is a candidate: both packaged base models' measured orders (HotpotQA's train split) start at slot 10 (SmolLM2
+# 10, 9, 8, ...; Qwen 10, 7, 6, ...), the recency Liu et al. find when the question follows the documents.
+SlotPolicy = Literal["measured", "first", "last", "read"]
 SLOT_POLICIES: tuple[str, ...] = get_args(SlotPolicy)
 
 

@@ -347,6 +347,37 @@ def test_strongest_first_needs_no_measured_order_and_runs_on_a_model_without_one
     assert main([*args, "--restack-methods", "moice", "--out", str(tmp_path / "bad")]) == 2  # not among the methods
 
 
+def test_strongest_last_puts_the_strongest_passage_next_to_the_question_at_any_count(tmp_path, loaded):
+    """slots="last" needs no measured order: the passage the scorer ranks first goes to the last slot (the one the
+    question follows), the next to the slot before, for any passage count; the label and a sweep's config say so."""
+    from midlens.cli import main
+    from midlens.eval.runner import read_rows
+    from midlens.generators.answering.generator import Generator
+    from midlens.generators.answering.restack import Restack, Restacker, slot_order
+
+    last = Restack("baseline", slots="last")
+    assert last.label == "restack(baseline, slots=last)" and last.slot_policy == "last"
+    generator = Generator(loaded)
+    order = slot_order(generator, "last")
+    assert [order.for_count(n) for n in (1, 3, 10, 13)] == [list(range(n, 0, -1)) for n in (1, 3, 10, 13)]
+    answer = Restacker(generator, last).generate(_prompt(generator), max_new_tokens=2)
+    scores, placed = answer.restack["scores"][-1], answer.restack["order"]
+    ranked = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    assert placed == [1 + i for i in reversed(ranked)]  # strongest last, weakest first
+    assert answer.restack["slot_order"] == "strongest-last"
+
+    out = tmp_path / "run"
+    args = ["eval", "sweep", "--dataset", "kv", "--k", "3", "--n", "1", "--positions", "2", "--max-new-tokens", "2"]
+    args += ["--methods", "baseline", "--restack", "baseline", "--restack-slots", "last", "--no-progress"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert {r["method"] for r in read_rows(out / "results.jsonl")} == {
+        "baseline",
+        "baseline+restack(baseline, slots=last)",
+    }
+    config = json.loads((out / "config.json").read_text())
+    assert config["methods"]["baseline+restack(baseline, slots=last)"]["restack"]["slots"] == "last"
+
+
 def test_slots_read_from_the_content_free_pass_place_the_strongest_where_the_prompt_draws_most(tmp_path, loaded):
     """slots="read" needs no measured order either: each prompt's slots are ordered by the attention each drew in the
     scorer's content-free pass (evidence less calibrated evidence), and the strongest passage goes to the slot that

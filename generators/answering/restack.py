@@ -59,10 +59,13 @@ from midlens.generators.models.shipped import SHIPPED as TRAINED
 SHIPPED = TRAINED / "slot-orders"
 STRONGEST_FIRST = "first"  # core.defaults.SLOT_POLICIES: the slot policy that needs no measured order
 STRONGEST_FIRST_SOURCE = "strongest-first"  # what its SlotOrder (and Answer.restack["slot_order"]) says
+STRONGEST_LAST = "last"  # core.defaults.SLOT_POLICIES: the strongest passage nearest the question, no measurement
+STRONGEST_LAST_SOURCE = "strongest-last"
 READ_SLOTS = "read"  # core.defaults.SLOT_POLICIES: the order read per prompt from its content-free evidence
 READ_SOURCE = "read-from-evidence"
-# Orders that are not a measured table: the identity at every passage count until a prompt's scoring places them.
-_UNMEASURED = (STRONGEST_FIRST_SOURCE, READ_SOURCE)
+# Orders that are not a measured table: a rule at every passage count (reversed for "last"), not a relative depth.
+_UNMEASURED = (STRONGEST_FIRST_SOURCE, STRONGEST_LAST_SOURCE, READ_SOURCE)
+_NO_MEASUREMENT = (STRONGEST_FIRST, STRONGEST_LAST, READ_SLOTS)
 _MAP_FIELDS = ("last", "question", "answer", "null_last", "null_question")
 
 
@@ -71,7 +74,8 @@ class Restack:
     """How to restack: `scorer`, the method whose evidence scores the passages (a spec, e.g. "mudaf" or
     "baseline"); `rounds`, scoring passes before answering (interfaces call it `restack_rounds`); `slots`, the prompt
     positions best first (1-based, one per passage), a slot-order JSON file, "first" (strongest first: slot 1, 2,
-    ...; needs no measurement, so any model folder restacks), "read" (per prompt, the slots ordered by how much
+    ...; needs no measurement, so any model folder restacks), "last" (strongest into the last slot, the one nearest
+    the question, then the one before: no measurement either), "read" (per prompt, the slots ordered by how much
     attention each draws in the scorer's content-free pass: also needs no measurement), or None / "measured" for
     the answering model's measured order."""
 
@@ -105,10 +109,11 @@ class Restack:
 
     @property
     def slot_policy(self) -> str:
-        """What a run records and a label shows: "measured", "first", "read", or "given" (slots or a file passed)."""
+        """What a run records and a label shows: "measured", "first", "last", "read", or "given" (slots or a file
+        passed)."""
         if self.slots is None:
             return "measured"
-        return self.slots if self.slots in (STRONGEST_FIRST, READ_SLOTS) else "given"
+        return self.slots if self.slots in _NO_MEASUREMENT else "given"
 
     @property
     def scorer_spec(self) -> str:
@@ -156,6 +161,8 @@ class SlotOrder:
         relative depth (first to first, last to last), ties to the slot nearer that depth, then the earlier."""
         if n == self.k:
             return list(self.order)
+        if self.source == STRONGEST_LAST_SOURCE:  # the last slot first at every count
+            return list(range(n, 0, -1))
         if n <= 1 or self.source in _UNMEASURED:  # the identity at every count
             return list(range(1, n + 1))
         rank = {slot: r for r, slot in enumerate(self.order)}
@@ -212,6 +219,8 @@ def slot_order(generator: Generator, slots: tuple[int, ...] | str | Path | None 
         return SlotOrder(slots, "given")
     if slots == STRONGEST_FIRST:  # any n reads the identity: every slot's relative depth keeps its rank
         return SlotOrder(tuple(range(1, 11)), STRONGEST_FIRST_SOURCE)
+    if slots == STRONGEST_LAST:  # any n reads the reversed identity: the slot nearest the question first
+        return SlotOrder(tuple(range(10, 0, -1)), STRONGEST_LAST_SOURCE)
     if slots == READ_SLOTS:  # each prompt's scoring pass orders its slots (`read_slots`)
         return SlotOrder(tuple(range(1, 11)), READ_SOURCE)
     if slots is not None:

@@ -5,7 +5,8 @@
 # passages of <= 100 words, gold at 1/5/10, n = 200, the CPU's default dtype, one thread a process.
 #   systems: baseline; the current default (finetuned; gemma3-270m: the baseline already);
 #            baseline restacked by its own evidence, strongest first (training-free, no measured order), 1 and 2 rounds
-#            (ROUNDS=2); SLOTS=read restacks into the slots each prompt's content-free pass draws most to instead
+#            (ROUNDS=2); SLOTS=read restacks into the slots each prompt's content-free pass draws most to instead,
+#            SLOTS=last strongest into the last slot (nearest the question), then the one before
 #            (each setting its own folders, e.g. CORPUS-slots-read-sN, CORPUS-rounds-2-sN; METHODS=baseline answers
 #            the baseline alone beside it)
 #   corpora: nq-open (the third corpus: built by eval/build_nq_mdqa.py, nothing here was trained or measured on it),
