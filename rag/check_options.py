@@ -130,9 +130,26 @@ def check_options_from(
     return (options or CheckOptions()).replace(**changes), rest
 
 
-def check_options_only(options: CheckOptions | None, changes: dict[str, Any], shell: str) -> CheckOptions:
-    """`check_options_from` where every keyword must be a field: a shell built around a reader it was given."""
+def check_options_only(
+    options: CheckOptions | None, changes: dict[str, Any], shell: str, reader: str | None = None
+) -> CheckOptions:
+    """`check_options_from` where every keyword must be a field: a shell built around a reader it was given
+    (`reader`, that model's loaded name). A `model` naming another reader is refused: the shell reads with the one
+    it holds, and a model it would not use must not look as if it did."""
     checked, unknown = check_options_from(options, changes, shell)
     if unknown:
         raise InvalidArgumentError(f"unknown option(s) {', '.join(sorted(unknown))}: CheckOptions' fields only.")
+    if reader is not None and checked.model is not None:
+        from pathlib import Path
+
+        from midlens.generators.models.packaged_models import canonical_name
+
+        named, held = Path(checked.model), Path(reader)
+        same_folder = named.exists() and held.exists() and named.resolve() == held.resolve()
+        if canonical_name(checked.model) != reader and not same_folder:
+            raise InvalidArgumentError(
+                f"the pipeline given reads with {reader!r}, and the check reads with the pipeline's model: leave "
+                "model out, or build the shell with from_model(model=...) to read with another.",
+                about=Remedy("model", checked.model),
+            )
     return checked

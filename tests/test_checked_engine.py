@@ -14,7 +14,7 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import TextNode
 
 from midlens.core.errors import InvalidArgumentError
-from midlens.rag.llamaindex import CheckedQueryEngine
+from midlens.rag.llamaindex import CheckedQueryEngine, MidlensEvaluator
 from tests.conftest import PLANTED_FACT, planted_passages
 
 QUESTION = "What is the secret code word of the Zorbland expedition?"
@@ -166,6 +166,13 @@ def test_nothing_to_check_and_bad_parts_are_said_by_name(index, checker, generat
     silent = Pipeline(None, Generator(generator.loaded, method="baseline", citations=None))
     with pytest.raises(InvalidArgumentError, match="reads citations: pass a midlens Pipeline whose generator cites"):
         CheckedQueryEngine(engine, silent)
+    # A model the shell would not read with is refused by name, not silently ignored; the one it holds is accepted.
+    held = checker.generator.loaded.name
+    for shell in (lambda **kw: CheckedQueryEngine(engine, checker, **kw), lambda **kw: MidlensEvaluator(checker, **kw)):
+        with pytest.raises(InvalidArgumentError, match=f"reads with '{held}'.*from_model") as err:
+            shell(model="qwen2.5-coder-0.5b")
+        assert "qwen2.5-coder-0.5b" in str(err.value)
+        assert shell(model=held).options.model == held
 
 
 def test_the_readme_example_checks_another_llms_answer(index, capsys):

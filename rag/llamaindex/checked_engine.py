@@ -80,7 +80,7 @@ class CheckedQueryEngine(BaseQueryEngine):
                 "CheckedQueryEngine reads citations: pass a midlens Pipeline whose generator cites (citations on), "
                 "or build it with CheckedQueryEngine.from_model(engine, model=...)."
             )
-        self.options = check_options_only(options, changes, "llamaindex")
+        self.options = check_options_only(options, changes, "llamaindex", pipeline.generator.loaded.name)
         self._query_engine = query_engine
         self.pipeline = pipeline
         self.mark = mark

@@ -40,7 +40,7 @@ class MidlensEvaluator(BaseEvaluator):
             raise InvalidArgumentError(
                 "MidlensEvaluator reads citations: pass a pipeline whose generator cites (citations on)."
             )
-        self.options = check_options_only(options, changes, "llamaindex")
+        self.options = check_options_only(options, changes, "llamaindex", pipeline.generator.loaded.name)
         self.pipeline = pipeline
 
     @property
