@@ -879,6 +879,8 @@ def test_the_default_rule_needs_every_corpus_right_answers_and_no_worse_position
     assert verdicts["good"].passes and verdicts["em-only"].passes and chosen(judge(rows)) in ("good", "em-only")
     assert not verdicts["hedges"].passes and any("longer answers that lose F1" in r for r in verdicts["hedges"].reasons)
     assert not verdicts["dips"].passes and any("gold@10" in r for r in verdicts["dips"].reasons)
+    # Every dip is said with its paired interval: 25 % of the questions lost at slot 10, none gained.
+    assert any("gold@10 EM 0.0 below 25.0 (paired -25.0 [" in r for r in verdicts["dips"].reasons)
     one_corpus = [r for r in rows if r["dataset"] == "hotpotqa"]
     partial = {v.method: v for v in judge(one_corpus)}
     assert (
@@ -889,6 +891,7 @@ def test_the_default_rule_needs_every_corpus_right_answers_and_no_worse_position
     text = markdown([{"kind": "sweep", "model": "m", "methods": {}}], rows)
     assert "**Supported default: em-only.**" in text or "**Supported default: good.**" in text
     assert "| gap | worst |" in text and "undecided" not in text
+    assert "EM vs baseline per gold slot, paired" in text and "- dips: @1 +25.0 [" in text and "@10 -25.0 [" in text
     assert "undecided: squad, nq-open not run" in markdown([{"kind": "sweep", "model": "m", "methods": {}}], one_corpus)
     renamed = [
         {**r, "method": "mudaf(alpha=0)"} if r["method"] == "good" else r for r in rows if r["method"] != "em-only"

@@ -191,9 +191,10 @@ def _corpus_reasons(t: dict, m: str, against: str, corpus: str) -> list[str]:
             )
     for p in t["positions"]:
         if ours["positions"][p]["em"] < base["positions"][p]["em"]:
+            paired = t["paired"][m].get("em_at", {}).get(p)
             reasons.append(
                 f"{corpus} gold@{p} EM {100 * ours['positions'][p]['em']:.1f} below "
-                f"{100 * base['positions'][p]['em']:.1f}"
+                f"{100 * base['positions'][p]['em']:.1f}" + (f" (paired {_points(*paired)})" if paired else "")
             )
     return reasons
 
@@ -285,7 +286,20 @@ def corpus_table_lines(corpus: str, t: dict, against: str = "baseline") -> list[
             f"{100 * row['gap']:.1f} | @{worst} {min(ems):.1f} | {100 * row['f1']:.1f} | {f1_vs} | "
             f"{row['words']:.1f} | {ratio:.2f}x |"
         )
+    slots = [
+        f"- {m}: " + ", ".join(f"@{p} {_points(*paired['em_at'][p])}" for p in positions if p in paired["em_at"])
+        for m, paired in t["paired"].items()
+        if paired.get("em_at")
+    ]
+    if slots:
+        lines += ["", f"EM vs {against} per gold slot, paired over the same questions [95 %]:", "", *slots]
     return [*lines, ""]
+
+
+def _points(mean: float, interval: tuple[float, float]) -> str:
+    """A paired difference in points with its interval: `-0.5 [-5.5, +4.5]`."""
+    low, high = interval
+    return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
 def markdown_lines(rows: list[dict], against: str = "baseline", configs: list[dict] | None = None) -> list[str]:

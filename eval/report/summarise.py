@@ -65,8 +65,13 @@ def sweep_summary(rows: list[dict], against: str = "baseline") -> dict:
                         per_example_f1[r["example_id"]].append(r["f1"])
                     if "logprob" in r:
                         per_example_logp[r["example_id"]].append(r["logprob"])
+            by_slot = {p: {} for p in positions}  # per gold slot, each question's EM: a slot's paired difference
+            for r in rs:
+                if r["method"] == m and r["example_id"] in complete:
+                    by_slot[r["position"]][r["example_id"]] = r["em"]
             table[m] = {
                 "per_example_em": {e: _mean(v) for e, v in per_example.items()},
+                "per_position_em": by_slot,
                 "per_example_f1": {e: _mean(v) for e, v in per_example_f1.items()},
                 "per_example_logprob": {e: _mean(v) for e, v in per_example_logp.items()},
                 "positions": per_pos,
@@ -114,6 +119,12 @@ def paired_differences(table: dict, against: str = "baseline") -> dict:
             b, x = base[f"per_example_{key}"], t[f"per_example_{key}"]
             diffs = [x[e] - b[e] for e in x if e in b]
             row[key] = (_mean(diffs), bootstrap_ci(diffs))
+        # Per gold slot too: a slot below the reference by a question or two is told from a real loss by its interval.
+        row["em_at"] = {}
+        for p, x in t.get("per_position_em", {}).items():
+            b = base.get("per_position_em", {}).get(p, {})
+            diffs = [x[e] - b[e] for e in x if e in b]
+            row["em_at"][p] = (_mean(diffs), bootstrap_ci(diffs))
         out[m] = row
     return out
 
