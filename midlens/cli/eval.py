@@ -194,8 +194,9 @@ def _restack_args(p: argparse.ArgumentParser) -> None:
         "--restack-slots",
         choices=SLOT_POLICIES,
         default="measured",
-        help="where the strongest passages go: the slot order measured for the packaged model, or first (slot 1, "
-        "2, ...: no measurement needed, any model)",
+        help="where the strongest passages go: the slot order measured for the packaged model; first (slot 1, "
+        "2, ...), last (the last slot, then the one before) or read (the slots each prompt's content-free pass "
+        "draws most to): no measurement needed, any model",
     )
     p.add_argument(
         "--restack-methods",
