@@ -277,9 +277,7 @@ def corpus_table_lines(corpus: str, t: dict, against: str = "baseline") -> list[
         paired = t["paired"].get(m)
         em_vs = f1_vs = ""
         if paired:
-            (d, (lo, hi)), (f, (flo, fhi)) = paired["em"], paired["f1"]
-            em_vs = f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-            f1_vs = f"{100 * f:+.1f} [{100 * flo:+.1f}, {100 * fhi:+.1f}]"
+            em_vs, f1_vs = _points(*paired["em"]), _points(*paired["f1"])
         ratio = row["seconds"] / base_seconds if base_seconds else float("nan")
         lines.append(
             f"| {m} | {' / '.join(f'{e:.1f}' for e in ems)} | {100 * row['avg']:.1f} | {em_vs} | "

@@ -58,17 +58,15 @@ def sweep_summary(rows: list[dict], against: str = "baseline") -> dict:
             per_example = defaultdict(list)  # the average's interval resamples questions, all positions together
             per_example_logp = defaultdict(list)
             per_example_f1 = defaultdict(list)
+            by_slot = {p: {} for p in positions}  # per gold slot, each question's EM: a slot's paired difference
             for r in rs:
                 if r["method"] == m and r["example_id"] in complete:
                     per_example[r["example_id"]].append(r["em"])
+                    by_slot[r["position"]][r["example_id"]] = r["em"]
                     if "f1" in r:
                         per_example_f1[r["example_id"]].append(r["f1"])
                     if "logprob" in r:
                         per_example_logp[r["example_id"]].append(r["logprob"])
-            by_slot = {p: {} for p in positions}  # per gold slot, each question's EM: a slot's paired difference
-            for r in rs:
-                if r["method"] == m and r["example_id"] in complete:
-                    by_slot[r["position"]][r["example_id"]] = r["em"]
             table[m] = {
                 "per_example_em": {e: _mean(v) for e, v in per_example.items()},
                 "per_position_em": by_slot,
